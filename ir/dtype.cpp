@@ -1,0 +1,68 @@
+#include "ir/dtype.h"
+
+#include "ir/error.h"
+
+namespace kiln {
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+    case DType::boolean: return "bool";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_dtype(std::string_view name) {
+  for (DType t : kAllDTypes)
+    if (dtype_name(t) == name) return t;
+  return std::nullopt;
+}
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+    case DType::boolean: return 1;
+  }
+  return 0;
+}
+
+int64_t num_elements(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ",";
+    out += std::to_string(s[i]);
+  }
+  return out + "]";
+}
+
+std::vector<int64_t> strides_of(const Shape& s) {
+  std::vector<int64_t> st(s.size(), 1);
+  for (int64_t i = static_cast<int64_t>(s.size()) - 2; i >= 0; --i) st[i] = st[i + 1] * s[i + 1];
+  return st;
+}
+
+std::string TensorType::str() const { return std::string(dtype_name(dtype)) + shape_str(shape); }
+
+std::string format_location(const std::source_location& loc) {
+  std::string file = loc.file_name();
+  return file + ":" + std::to_string(loc.line());
+}
+
+void internal_error(const char* condition, const std::string& message, std::source_location loc) {
+  throw InternalError("internal error (a bug in Kiln, please report it): " + message + " [" +
+                      condition + " at " + format_location(loc) + "]");
+}
+
+}  // namespace kiln

@@ -1,0 +1,33 @@
+// Errors. A user error (bad input: a malformed file, wrong shapes, a bad flag) is an
+// kiln::Error and is reported as one line; an internal error is a bug in Kiln and is
+// raised by KILN_CHECK, whose message says so.
+#pragma once
+
+#include <source_location>
+#include <stdexcept>
+#include <string>
+
+namespace kiln {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+class InternalError : public std::logic_error {
+ public:
+  explicit InternalError(const std::string& message) : std::logic_error(message) {}
+};
+
+[[noreturn]] void internal_error(const char* condition, const std::string& message,
+                                 std::source_location loc = std::source_location::current());
+
+// "file.cpp:12" for the user's source line, used in builder errors of traced code.
+std::string format_location(const std::source_location& loc);
+
+}  // namespace kiln
+
+#define KILN_CHECK(cond, msg)                              \
+  do {                                                     \
+    if (!(cond)) ::kiln::internal_error(#cond, (msg));     \
+  } while (0)
