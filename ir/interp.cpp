@@ -1,0 +1,410 @@
+// The reference interpreter: graph evaluation, the per-op dispatch, elementwise ops and
+// reductions. Shape ops are in interp_shape.cpp; matmul, convolution, pooling, softmax and
+// one_hot in interp_nn.cpp. Every kernel is a naive loop in the operand's own C++ type.
+#include "ir/interp.h"
+
+#include <set>
+
+#include "ir/interp_internal.h"
+
+namespace kiln {
+
+using namespace interp;
+
+namespace {
+
+// --- Elementwise ------------------------------------------------------------------------
+
+// Integer arithmetic wraps around (two's complement) instead of being undefined.
+template <typename T>
+T wrap_add(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+template <typename T>
+T wrap_sub(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) - static_cast<U>(b));
+  } else {
+    return a - b;
+  }
+}
+template <typename T>
+T wrap_mul(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+  } else {
+    return a * b;
+  }
+}
+template <typename T>
+T divide(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    if (b == 0) throw Error("div: integer division by zero");
+    if (a == std::numeric_limits<T>::min() && b == T(-1)) return a;  // wraps
+    return a / b;  // truncates toward zero
+  } else {
+    return a / b;
+  }
+}
+template <typename T>
+bool is_nan(T x) {
+  if constexpr (std::is_floating_point_v<T>) return std::isnan(x);
+  else return false;
+}
+
+// out[i] = f(x[i]) for every numeric dtype (the shape rules reject bool); f is a generic
+// lambda.
+template <typename F>
+Tensor unary(const Tensor& x, const TensorType& rt, F f) {
+  Tensor out(rt.dtype, rt.shape);
+  visit_dtype(x.dtype(), [&]<typename T>() {
+    if constexpr (std::is_same_v<T, uint8_t>) {
+      internal_error("dtype", "interpreter: unary arithmetic on bool");
+    } else {
+      const T* a = x.data<T>();
+      T* o = out.data<T>();
+      for (int64_t i = 0; i < out.numel(); ++i) o[i] = f(a[i]);
+    }
+  });
+  return out;
+}
+
+// As unary, for the float-only ops.
+template <typename F>
+Tensor unary_float(const Tensor& x, const TensorType& rt, F f) {
+  Tensor out(rt.dtype, rt.shape);
+  visit_float(x.dtype(), [&]<typename T>() {
+    const T* a = x.data<T>();
+    T* o = out.data<T>();
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = f(a[i]);
+  });
+  return out;
+}
+
+// out = f(a, b) with NumPy broadcasting. R is the output element type: the operand type,
+// or uint8_t (bool) for comparisons.
+template <bool kCompare, typename F>
+Tensor binary(const Tensor& a, const Tensor& b, const TensorType& rt, F f) {
+  Tensor out(rt.dtype, rt.shape);
+  visit_dtype(a.dtype(), [&]<typename T>() {
+    using R = std::conditional_t<kCompare, uint8_t, T>;
+    const T* x = a.data<T>();
+    const T* y = b.data<T>();
+    R* o = out.data<R>();
+    BroadcastWalk walk(rt.shape, {&a.shape(), &b.shape()});
+    for (int64_t i = 0; i < out.numel(); ++i, walk.next())
+      o[i] = static_cast<R>(f(x[walk.offset(0)], y[walk.offset(1)]));
+  });
+  return out;
+}
+
+Tensor select(const Tensor& c, const Tensor& a, const Tensor& b, const TensorType& rt) {
+  Tensor out(rt.dtype, rt.shape);
+  visit_dtype(a.dtype(), [&]<typename T>() {
+    const uint8_t* cond = c.data<uint8_t>();
+    const T* x = a.data<T>();
+    const T* y = b.data<T>();
+    T* o = out.data<T>();
+    BroadcastWalk walk(rt.shape, {&c.shape(), &a.shape(), &b.shape()});
+    for (int64_t i = 0; i < out.numel(); ++i, walk.next())
+      o[i] = cond[walk.offset(0)] ? x[walk.offset(1)] : y[walk.offset(2)];
+  });
+  return out;
+}
+
+Tensor cast(const Tensor& x, const TensorType& rt) {
+  Tensor out(rt.dtype, rt.shape);
+  visit_dtype(x.dtype(), [&]<typename S>() {
+    visit_dtype(rt.dtype, [&]<typename D>() {
+      const S* src = x.data<S>();
+      D* dst = out.data<D>();
+      for (int64_t i = 0; i < out.numel(); ++i) dst[i] = convert<D>(src[i]);
+    });
+  });
+  return out;
+}
+
+// --- Reductions -------------------------------------------------------------------------
+
+// The reduced axes (all of them for an empty list) and the input shape with those axes
+// set to 1: the output's keepdims shape, which each input element broadcasts onto.
+struct Reduced {
+  std::set<int64_t> axes;
+  Shape kept;
+  int64_t count = 1;  // elements reduced into each output element
+};
+
+Reduced reduced_axes(const Shape& in, const std::vector<int64_t>& axes) {
+  Reduced r;
+  int64_t rank = static_cast<int64_t>(in.size());
+  for (int64_t a : axes) r.axes.insert(norm_axis(a, rank));
+  if (axes.empty())
+    for (int64_t d = 0; d < rank; ++d) r.axes.insert(d);
+  r.kept = in;
+  for (int64_t d : r.axes) {
+    r.count *= in[d];
+    r.kept[d] = 1;
+  }
+  return r;
+}
+
+enum class ReduceKind { Sum, Mean, Max, Min };
+
+Tensor reduce(const Tensor& x, const AttrMap& attrs, ReduceKind kind, const TensorType& rt) {
+  Reduced r = reduced_axes(x.shape(), attr_ints(attrs, "axes"));
+  Tensor out(rt.dtype, rt.shape);  // the same elements in the same order as r.kept
+  visit_dtype(x.dtype(), [&]<typename T>() {
+    const T* in = x.data<T>();
+    T* o = out.data<T>();
+    std::vector<bool> seen(static_cast<size_t>(out.numel()), false);
+    BroadcastWalk walk(x.shape(), {&r.kept});
+    for (int64_t i = 0; i < x.numel(); ++i, walk.next()) {
+      int64_t j = walk.offset(0);
+      T v = in[i];
+      switch (kind) {
+        case ReduceKind::Sum:
+        case ReduceKind::Mean:
+          o[j] = wrap_add(o[j], v);
+          break;
+        case ReduceKind::Max:  // NaN propagates
+          if (!seen[j] || is_nan(v) || (!is_nan(o[j]) && v > o[j])) o[j] = v;
+          break;
+        case ReduceKind::Min:
+          if (!seen[j] || is_nan(v) || (!is_nan(o[j]) && v < o[j])) o[j] = v;
+          break;
+      }
+      seen[j] = true;
+    }
+    if (kind == ReduceKind::Mean)
+      for (int64_t j = 0; j < out.numel(); ++j) o[j] = o[j] / static_cast<T>(r.count);
+  });
+  return out;
+}
+
+// Index of the first maximum along one axis; NaN counts as the maximum (the first NaN wins).
+Tensor argmax(const Tensor& x, const AttrMap& attrs, const TensorType& rt) {
+  int64_t axis = norm_axis(attr_int(attrs, "axis"), x.rank());
+  Reduced r = reduced_axes(x.shape(), {axis});
+  Tensor out(rt.dtype, rt.shape);
+  visit_dtype(x.dtype(), [&]<typename T>() {
+    const T* in = x.data<T>();
+    int32_t* o = out.data<int32_t>();
+    std::vector<T> best(static_cast<size_t>(out.numel()));
+    BroadcastWalk walk(x.shape(), {&r.kept});
+    for (int64_t i = 0; i < x.numel(); ++i, walk.next()) {
+      int64_t j = walk.offset(0), k = walk.coord(static_cast<size_t>(axis));
+      T v = in[i];
+      // Elements along the axis arrive in increasing k, so strict comparisons keep the first.
+      bool take = k == 0 || (!is_nan(best[j]) && (is_nan(v) || v > best[j]));
+      if (take) {
+        best[j] = v;
+        o[j] = static_cast<int32_t>(k);
+      }
+    }
+  });
+  return out;
+}
+
+Tensor constant(const AttrMap& attrs, const TensorType& rt) {
+  const Tensor& v = attr_tensor(attrs, "value");
+  Tensor c = v.dtype() == rt.dtype ? v : v.cast(rt.dtype);
+  if (c.numel() == rt.numel()) return c.reshaped(rt.shape);
+  KILN_CHECK(c.numel() == 1, "constant: value has neither one element nor the result's count");
+  Tensor out(rt.dtype, rt.shape);
+  size_t size = dtype_size(rt.dtype);
+  for (int64_t i = 0; i < out.numel(); ++i)
+    std::memcpy(out.raw() + i * size, c.raw(), size);
+  return out;
+}
+
+}  // namespace
+
+Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap& given_attrs,
+               const TensorType& result) {
+  // Check the operands against the shape rule first: the kernels trust their inputs.
+  const OpInfo& info = op_info(op);
+  // Complete and check the attributes against the schema unless they already match it (the
+  // usual case, which avoids copying a constant's tensor).
+  bool complete = given_attrs.size() == info.attrs.size();
+  for (const AttrSpec& spec : info.attrs) {
+    auto it = given_attrs.find(spec.name);
+    complete = complete && it != given_attrs.end() && attr_kind(it->second) == spec.kind;
+  }
+  AttrMap completed;
+  const AttrMap* attrs_ptr = &given_attrs;
+  if (!complete) {
+    completed = complete_attrs(op, given_attrs);
+    attrs_ptr = &completed;
+  }
+  const AttrMap& attrs = *attrs_ptr;
+  std::vector<TensorType> types;
+  for (const Tensor* t : operands) {
+    KILN_CHECK(t != nullptr, "eval_op: null operand");
+    types.push_back(t->type());
+  }
+  TensorType expected = infer_type(op, types, attrs);
+  if (expected != result)
+    throw Error(std::string(op_name(op)) + ": result type " + result.str() +
+                " does not match the shape rule's " + expected.str());
+
+  const std::vector<const Tensor*>& in = operands;
+  const TensorType& rt = result;
+  switch (op) {
+    case Op::Neg:
+      return unary(*in[0], rt, [](auto v) {
+        using T = decltype(v);
+        if constexpr (std::is_floating_point_v<T>) return -v;  // -0.0 for 0.0
+        else return wrap_sub(T(0), v);
+      });
+    case Op::Abs:
+      return unary(*in[0], rt, [](auto v) {
+        using T = decltype(v);
+        if constexpr (std::is_floating_point_v<T>) return std::fabs(v);
+        else return v < 0 ? wrap_sub(T(0), v) : v;
+      });
+    case Op::Exp:
+      return unary_float(*in[0], rt, [](auto v) { return std::exp(v); });
+    case Op::Log:
+      return unary_float(*in[0], rt, [](auto v) { return std::log(v); });
+    case Op::Sqrt:
+      return unary_float(*in[0], rt, [](auto v) { return std::sqrt(v); });
+    case Op::Rsqrt:
+      return unary_float(*in[0], rt, [](auto v) { return decltype(v)(1) / std::sqrt(v); });
+    case Op::Tanh:
+      return unary_float(*in[0], rt, [](auto v) { return std::tanh(v); });
+    case Op::Sigmoid:
+      return unary_float(*in[0], rt, [](auto v) {
+        using T = decltype(v);
+        if (v >= 0) return T(1) / (T(1) + std::exp(-v));
+        T e = std::exp(v);  // no overflow for large negative v
+        return e / (T(1) + e);
+      });
+    case Op::Relu:
+      return unary(*in[0], rt, [](auto v) {
+        using T = decltype(v);
+        return is_nan(v) || v > 0 ? v : T(0);
+      });
+
+    case Op::Add:
+      return binary<false>(*in[0], *in[1], rt, [](auto a, auto b) { return wrap_add(a, b); });
+    case Op::Sub:
+      return binary<false>(*in[0], *in[1], rt, [](auto a, auto b) { return wrap_sub(a, b); });
+    case Op::Mul:
+      return binary<false>(*in[0], *in[1], rt, [](auto a, auto b) { return wrap_mul(a, b); });
+    case Op::Div:
+      return binary<false>(*in[0], *in[1], rt, [](auto a, auto b) { return divide(a, b); });
+    case Op::Pow:
+      return binary<false>(*in[0], *in[1], rt, [](auto a, auto b) {
+        using T = decltype(a);
+        if constexpr (std::is_floating_point_v<T>) return std::pow(a, b);
+        else return a;  // unreachable: the shape rule makes pow float-only
+      });
+    case Op::Maximum:
+      return binary<false>(*in[0], *in[1], rt, [](auto a, auto b) {
+        return is_nan(a) ? a : is_nan(b) ? b : a > b ? a : b;
+      });
+    case Op::Minimum:
+      return binary<false>(*in[0], *in[1], rt, [](auto a, auto b) {
+        return is_nan(a) ? a : is_nan(b) ? b : a < b ? a : b;
+      });
+
+    case Op::Eq: return binary<true>(*in[0], *in[1], rt, [](auto a, auto b) { return a == b; });
+    case Op::Ne: return binary<true>(*in[0], *in[1], rt, [](auto a, auto b) { return a != b; });
+    case Op::Lt: return binary<true>(*in[0], *in[1], rt, [](auto a, auto b) { return a < b; });
+    case Op::Le: return binary<true>(*in[0], *in[1], rt, [](auto a, auto b) { return a <= b; });
+    case Op::Gt: return binary<true>(*in[0], *in[1], rt, [](auto a, auto b) { return a > b; });
+    case Op::Ge: return binary<true>(*in[0], *in[1], rt, [](auto a, auto b) { return a >= b; });
+
+    case Op::Select: return select(*in[0], *in[1], *in[2], rt);
+    case Op::Cast: return cast(*in[0], rt);
+
+    case Op::Sum: return reduce(*in[0], attrs, ReduceKind::Sum, rt);
+    case Op::Mean: return reduce(*in[0], attrs, ReduceKind::Mean, rt);
+    case Op::Max: return reduce(*in[0], attrs, ReduceKind::Max, rt);
+    case Op::Min: return reduce(*in[0], attrs, ReduceKind::Min, rt);
+    case Op::Argmax: return argmax(*in[0], attrs, rt);
+
+    case Op::Reshape: return in[0]->reshaped(rt.shape);
+    case Op::Transpose: return eval_transpose(*in[0], attrs, rt);
+    case Op::BroadcastTo: return eval_broadcast_to(*in[0], rt);
+    case Op::Slice: return eval_slice(*in[0], attrs, rt);
+    case Op::Concat: return eval_concat(in, attrs, rt);
+    case Op::Pad: return eval_pad(*in[0], attrs, rt);
+
+    case Op::Matmul: return eval_matmul(*in[0], *in[1], rt);
+    case Op::Conv2d: return eval_conv2d(*in[0], *in[1], in.size() > 2 ? in[2] : nullptr, attrs, rt);
+    case Op::MaxPool2d: return eval_max_pool2d(*in[0], attrs, rt);
+    case Op::AvgPool2d: return eval_avg_pool2d(*in[0], attrs, rt);
+
+    case Op::Softmax: return eval_softmax(*in[0], attrs, /*log=*/false, rt);
+    case Op::LogSoftmax: return eval_softmax(*in[0], attrs, /*log=*/true, rt);
+    case Op::OneHot: return eval_one_hot(*in[0], rt);
+    case Op::Constant: return constant(attrs, rt);
+  }
+  internal_error("op", "eval_op: op " + std::to_string(static_cast<int>(op)) + " has no kernel");
+}
+
+TensorMap interpret(const Graph& g, const TensorMap& inputs) {
+  verify(g);
+  const size_t nvalues = g.values().size();
+  std::vector<const Tensor*> slot(nvalues, nullptr);  // every value's current tensor
+  std::vector<Tensor> owned(nvalues);                 // node results
+
+  for (const auto& [name, tensor] : inputs) {
+    ValueId v = g.find(name);
+    if (!v.valid() || g.value(v).input < 0) {
+      std::string known;
+      for (const GraphInput& gi : g.inputs()) known += (known.empty() ? "%" : ", %") + g.value(gi.value).name;
+      throw Error("unknown input '" + name + "': graph @" + g.name() + " takes " +
+                  (known.empty() ? "no inputs" : known));
+    }
+  }
+
+  for (const GraphInput& gi : g.inputs()) {
+    const Value& v = g.value(gi.value);
+    auto it = inputs.find(v.name);
+    if (it == inputs.end())
+      throw Error("missing input '%" + v.name + "': expected " + v.type.str());
+    if (it->second.type() != v.type)
+      throw Error("input '%" + v.name + "': expected " + v.type.str() + ", got " +
+                  it->second.type().str());
+    slot[gi.value.id] = &it->second;
+  }
+
+  // Free each node result after its last use, unless it is an output.
+  std::vector<int64_t> last_use(nvalues, -1);
+  for (size_t i = 0; i < g.nodes().size(); ++i)
+    for (ValueId v : g.nodes()[i].operands) last_use[v.id] = static_cast<int64_t>(i);
+  for (const GraphOutput& o : g.outputs()) last_use[o.value.id] = std::numeric_limits<int64_t>::max();
+
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    std::vector<const Tensor*> operands;
+    for (ValueId v : n.operands) operands.push_back(slot[v.id]);
+    ValueId r = n.result();
+    try {
+      owned[r.id] = eval_op(n.op, operands, n.attrs, g.type(r));
+    } catch (const Error& e) {
+      const std::string& name = g.value(r).name;
+      throw Error("interpret @" + g.name() + ", node " + (name.empty() ? "#" + std::to_string(i) : "%" + name) +
+                  ": " + e.what());
+    }
+    slot[r.id] = &owned[r.id];
+    if (last_use[r.id] < 0) owned[r.id] = Tensor();  // dead
+    for (ValueId v : n.operands)
+      if (last_use[v.id] == static_cast<int64_t>(i) && g.value(v).node >= 0) owned[v.id] = Tensor();
+  }
+
+  TensorMap out;
+  for (const GraphOutput& o : g.outputs()) out.emplace(o.name, *slot[o.value.id]);
+  return out;
+}
+
+}  // namespace kiln

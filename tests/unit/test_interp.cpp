@@ -1,0 +1,617 @@
+// The reference interpreter against hand-computed values. Every expected value below is
+// written out literally (worked by hand, not recomputed by a second implementation).
+// "interp: every op in ops.def" runs one case function per op through a switch with no
+// default, so a new op does not build until it has a test here.
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_exception.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <cmath>
+#include <limits>
+
+#include "ir/interp.h"
+
+using namespace kiln;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+using Ints = std::vector<int64_t>;
+using Vals = std::vector<double>;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+Tensor make(DType dt, Shape s, Vals v) { return Tensor::from(dt, std::move(s), v); }
+Tensor f32(Shape s, Vals v) { return make(DType::f32, std::move(s), std::move(v)); }
+Tensor f64(Shape s, Vals v) { return make(DType::f64, std::move(s), std::move(v)); }
+Tensor i32(Shape s, Vals v) { return make(DType::i32, std::move(s), std::move(v)); }
+Tensor i64(Shape s, Vals v) { return make(DType::i64, std::move(s), std::move(v)); }
+Tensor b8(Shape s, Vals v) { return make(DType::boolean, std::move(s), std::move(v)); }
+Tensor iota(DType dt, Shape s) {  // 0, 1, 2, ...
+  Tensor t(dt, std::move(s));
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<double>(i));
+  return t;
+}
+
+// Evaluates one op, with the result type from the shape rule.
+Tensor run(Op op, const std::vector<Tensor>& in, AttrMap attrs = {}) {
+  std::vector<TensorType> types;
+  std::vector<const Tensor*> ptrs;
+  for (const Tensor& t : in) {
+    types.push_back(t.type());
+    ptrs.push_back(&t);
+  }
+  TensorType rt = infer_type(op, types, complete_attrs(op, attrs));
+  return eval_op(op, ptrs, attrs, rt);
+}
+
+// Exact comparison when tol == 0, else |got - want| <= tol * (1 + |want|). NaN matches NaN.
+void expect(const Tensor& got, DType dt, const Shape& shape, const Vals& want, double tol = 0) {
+  REQUIRE(got.dtype() == dt);
+  REQUIRE(got.shape() == shape);
+  REQUIRE(got.numel() == static_cast<int64_t>(want.size()));
+  for (size_t i = 0; i < want.size(); ++i) {
+    double g = got.get(static_cast<int64_t>(i)), w = want[i];
+    INFO("element " << i << ": got " << g << ", want " << w);
+    if (std::isnan(w)) CHECK(std::isnan(g));
+    else if (tol == 0 || std::isinf(w)) CHECK(g == w);
+    else CHECK(std::fabs(g - w) <= tol * (1 + std::fabs(w)));
+  }
+}
+constexpr double kF32 = 1e-6;
+constexpr double kF64 = 1e-14;
+
+AttrMap axes(Ints a, bool keepdims = false) { return {{"axes", std::move(a)}, {"keepdims", keepdims}}; }
+
+// --- Unary ------------------------------------------------------------------------------
+
+void case_neg() {
+  Tensor n = run(Op::Neg, {f32({3}, {1, -2.5, 0})});
+  expect(n, DType::f32, {3}, {-1, 2.5, 0});
+  CHECK(std::signbit(n.get(2)));  // -0.0
+  expect(run(Op::Neg, {i32({2}, {3, -4})}), DType::i32, {2}, {-3, 4});
+  // Integers wrap: -INT_MIN is INT_MIN.
+  expect(run(Op::Neg, {i32({1}, {-2147483648.0})}), DType::i32, {1}, {-2147483648.0});
+}
+
+void case_abs() {
+  expect(run(Op::Abs, {f32({3}, {-1.5, 2, -0.0})}), DType::f32, {3}, {1.5, 2, 0});
+  expect(run(Op::Abs, {i64({2}, {-7, 7})}), DType::i64, {2}, {7, 7});
+}
+
+void case_exp() {
+  expect(run(Op::Exp, {f32({4}, {0, 1, -1, -kInf})}), DType::f32, {4},
+         {1, 2.718281828459045, 0.36787944117144233, 0}, kF32);
+}
+
+void case_log() {
+  expect(run(Op::Log, {f32({5}, {1, 2.718281828459045, 0.5, 0, -1})}), DType::f32, {5},
+         {0, 1, -0.6931471805599453, -kInf, kNaN}, kF32);
+}
+
+void case_sqrt() {
+  expect(run(Op::Sqrt, {f32({3}, {4, 2, 0})}), DType::f32, {3}, {2, 1.4142135623730951, 0}, kF32);
+}
+
+void case_rsqrt() {
+  expect(run(Op::Rsqrt, {f32({4}, {4, 0.25, 2, 0})}), DType::f32, {4}, {0.5, 2, 0.7071067811865476, kInf},
+         kF32);
+}
+
+void case_tanh() {
+  expect(run(Op::Tanh, {f32({4}, {0, 1, -2, 50})}), DType::f32, {4},
+         {0, 0.7615941559557649, -0.9640275800758169, 1}, kF32);
+}
+
+void case_sigmoid() {
+  // Large |x| neither overflows nor gives NaN.
+  expect(run(Op::Sigmoid, {f32({7}, {0, 2, -2, 100, -100, 1000, -1000})}), DType::f32, {7},
+         {0.5, 0.8807970779778823, 0.11920292202211755, 1, 3.720075976020836e-44, 1, 0}, kF32);
+  expect(run(Op::Sigmoid, {f64({2}, {-700, 700})}), DType::f64, {2}, {9.85967654375977e-305, 1}, kF64);
+}
+
+void case_relu() {
+  expect(run(Op::Relu, {f32({6}, {-1, 0, 2.5, kNaN, -kInf, kInf})}), DType::f32, {6}, {0, 0, 2.5, kNaN, 0, kInf});
+  expect(run(Op::Relu, {i32({2}, {-3, 5})}), DType::i32, {2}, {0, 5});
+}
+
+// --- Binary -----------------------------------------------------------------------------
+
+void case_add() {
+  // Scalar, [3,1] x [1,4], rank mismatch.
+  expect(run(Op::Add, {f32({2, 2}, {1, 2, 3, 4}), f32({}, {10})}), DType::f32, {2, 2}, {11, 12, 13, 14});
+  expect(run(Op::Add, {f32({3, 1}, {1, 2, 3}), f32({1, 4}, {10, 20, 30, 40})}), DType::f32, {3, 4},
+         {11, 21, 31, 41, 12, 22, 32, 42, 13, 23, 33, 43});
+  expect(run(Op::Add, {f32({2, 3}, {1, 2, 3, 4, 5, 6}), f32({3}, {100, 200, 300})}), DType::f32, {2, 3},
+         {101, 202, 303, 104, 205, 306});
+  expect(run(Op::Add, {f32({2, 1, 2}, {1, 2, 3, 4}), f32({3, 1}, {10, 20, 30})}), DType::f32, {2, 3, 2},
+         {11, 12, 21, 22, 31, 32, 13, 14, 23, 24, 33, 34});
+  expect(run(Op::Add, {i32({2}, {2147483647, -5}), i32({}, {1})}), DType::i32, {2}, {-2147483648.0, -4});
+}
+
+void case_sub() {
+  expect(run(Op::Sub, {f32({2}, {5, 3}), f32({1}, {2})}), DType::f32, {2}, {3, 1});
+  expect(run(Op::Sub, {f32({}, {1}), f32({2}, {5, 3})}), DType::f32, {2}, {-4, -2});
+  expect(run(Op::Sub, {i64({1}, {1}), i64({1}, {3})}), DType::i64, {1}, {-2});
+}
+
+void case_mul() {
+  expect(run(Op::Mul, {f32({2, 2}, {1, 2, 3, 4}), f32({2}, {10, -1})}), DType::f32, {2, 2}, {10, -2, 30, -4});
+  expect(run(Op::Mul, {i32({2}, {65536, -3}), i32({2}, {65536, 4})}), DType::i32, {2}, {0, -12});  // wraps
+}
+
+void case_div() {
+  expect(run(Op::Div, {f32({4}, {7, -7, 1, 0}), f32({4}, {2, 2, 0, 0})}), DType::f32, {4}, {3.5, -3.5, kInf, kNaN});
+  // Integer division truncates toward zero.
+  expect(run(Op::Div, {i32({4}, {7, -7, 7, -7}), i32({4}, {2, 2, -2, -2})}), DType::i32, {4}, {3, -3, -3, 3});
+  expect(run(Op::Div, {i64({2}, {-9, 9}), i64({}, {4})}), DType::i64, {2}, {-2, 2});
+  expect(run(Op::Div, {i32({1}, {-2147483648.0}), i32({1}, {-1})}), DType::i32, {1}, {-2147483648.0});
+  CHECK_THROWS_MATCHES(run(Op::Div, {i32({2}, {1, 2}), i32({2}, {1, 0})}), Error,
+                       Catch::Matchers::Message("div: integer division by zero"));
+}
+
+void case_pow() {
+  expect(run(Op::Pow, {f32({3}, {2, 4, 9}), f32({3}, {3, 0.5, -1})}), DType::f32, {3}, {8, 2, 0.1111111111111111},
+         kF32);
+  expect(run(Op::Pow, {f32({3}, {1, 2, 3}), f32({}, {2})}), DType::f32, {3}, {1, 4, 9});
+}
+
+void case_maximum() {
+  expect(run(Op::Maximum, {f32({4}, {1, 5, kNaN, 2}), f32({4}, {3, 2, 1, kNaN})}), DType::f32, {4},
+         {3, 5, kNaN, kNaN});
+  expect(run(Op::Maximum, {i64({2, 1}, {-1, 4}), i64({2}, {0, 3})}), DType::i64, {2, 2}, {0, 3, 4, 4});
+}
+
+void case_minimum() {
+  expect(run(Op::Minimum, {f32({4}, {1, 5, kNaN, 2}), f32({4}, {3, 2, 1, kNaN})}), DType::f32, {4},
+         {1, 2, kNaN, kNaN});
+  expect(run(Op::Minimum, {i32({2}, {-1, 4}), i32({}, {0})}), DType::i32, {2}, {-1, 0});
+}
+
+// --- Comparisons, select, cast ------------------------------------------------------------
+
+const Tensor kCmpA = f32({4}, {1, 2, 3, kNaN});
+const Tensor kCmpB = f32({}, {2});
+
+void case_eq() {
+  expect(run(Op::Eq, {kCmpA, kCmpB}), DType::boolean, {4}, {0, 1, 0, 0});
+  expect(run(Op::Eq, {b8({2}, {1, 0}), b8({2}, {1, 1})}), DType::boolean, {2}, {1, 0});
+}
+void case_ne() { expect(run(Op::Ne, {kCmpA, kCmpB}), DType::boolean, {4}, {1, 0, 1, 1}); }
+void case_lt() {
+  expect(run(Op::Lt, {kCmpA, kCmpB}), DType::boolean, {4}, {1, 0, 0, 0});
+  expect(run(Op::Lt, {i32({2, 1}, {1, 2}), i32({1, 2}, {1, 2})}), DType::boolean, {2, 2}, {0, 1, 0, 0});
+}
+void case_le() { expect(run(Op::Le, {kCmpA, kCmpB}), DType::boolean, {4}, {1, 1, 0, 0}); }
+void case_gt() { expect(run(Op::Gt, {kCmpA, kCmpB}), DType::boolean, {4}, {0, 0, 1, 0}); }
+void case_ge() {
+  expect(run(Op::Ge, {kCmpA, kCmpB}), DType::boolean, {4}, {0, 1, 1, 0});
+  expect(run(Op::Ge, {i64({3}, {-1, 0, 1}), i64({}, {0})}), DType::boolean, {3}, {0, 1, 1});
+}
+
+void case_select() {
+  // Three-way broadcast: [2,1], [1,3], [].
+  expect(run(Op::Select, {b8({2, 1}, {1, 0}), f32({1, 3}, {1, 2, 3}), f32({}, {-1})}), DType::f32, {2, 3},
+         {1, 2, 3, -1, -1, -1});
+  expect(run(Op::Select, {b8({3}, {0, 1, 0}), i64({3}, {1, 2, 3}), i64({3}, {4, 5, 6})}), DType::i64, {3}, {4, 2, 6});
+}
+
+void case_cast() {
+  auto to = [](DType t) { return AttrMap{{"dtype", t}}; };
+  // Float to integer truncates toward zero; NaN gives 0 and out-of-range values saturate.
+  expect(run(Op::Cast, {f32({5}, {-1.7, 2.9, 0, -0.5, 3})}, to(DType::i32)), DType::i32, {5}, {-1, 2, 0, 0, 3});
+  expect(run(Op::Cast, {f64({3}, {kNaN, 1e10, -1e10})}, to(DType::i32)), DType::i32, {3},
+         {0, 2147483647, -2147483648.0});
+  // Anything to bool is x != 0 (NaN is nonzero); bool to a number is 0 or 1.
+  expect(run(Op::Cast, {f32({4}, {-1.7, 0, kNaN, 0.1})}, to(DType::boolean)), DType::boolean, {4}, {1, 0, 1, 1});
+  expect(run(Op::Cast, {i32({3}, {0, -3, 2})}, to(DType::boolean)), DType::boolean, {3}, {0, 1, 1});
+  expect(run(Op::Cast, {b8({2}, {1, 0})}, to(DType::f32)), DType::f32, {2}, {1, 0});
+  expect(run(Op::Cast, {b8({2}, {1, 0})}, to(DType::i64)), DType::i64, {2}, {1, 0});
+  // Integer to integer and to float.
+  expect(run(Op::Cast, {i32({2}, {-5, 7})}, to(DType::i64)), DType::i64, {2}, {-5, 7});
+  expect(run(Op::Cast, {i64({2}, {4294967297.0, -1})}, to(DType::i32)), DType::i32, {2}, {1, -1});  // wraps
+  expect(run(Op::Cast, {i64({2}, {-3, 9})}, to(DType::f64)), DType::f64, {2}, {-3, 9});
+  expect(run(Op::Cast, {f64({1}, {0.1})}, to(DType::f32)), DType::f32, {1}, {0.10000000149011612});
+}
+
+// --- Reductions ---------------------------------------------------------------------------
+
+// x[i,j,k] = 12i + 4j + k over [2,3,4].
+const Tensor kCube = iota(DType::f32, {2, 3, 4});
+
+void case_sum() {
+  expect(run(Op::Sum, {kCube}, axes({})), DType::f32, {}, {276});
+  expect(run(Op::Sum, {kCube}, axes({0, 2})), DType::f32, {3}, {60, 92, 124});
+  expect(run(Op::Sum, {kCube}, axes({0, 2}, true)), DType::f32, {1, 3, 1}, {60, 92, 124});
+  expect(run(Op::Sum, {kCube}, axes({-1})), DType::f32, {2, 3}, {6, 22, 38, 54, 70, 86});
+  expect(run(Op::Sum, {kCube}, axes({}, true)), DType::f32, {1, 1, 1}, {276});
+  expect(run(Op::Sum, {i32({2, 0}, {})}, axes({1})), DType::i32, {2}, {0, 0});  // empty sum
+  expect(run(Op::Sum, {i64({2, 2}, {1, -2, 3, 4})}, axes({0})), DType::i64, {2}, {4, 2});
+}
+
+void case_mean() {
+  expect(run(Op::Mean, {kCube}, axes({1})), DType::f32, {2, 4}, {4, 5, 6, 7, 16, 17, 18, 19});
+  expect(run(Op::Mean, {kCube}, axes({0, 1, 2}, true)), DType::f32, {1, 1, 1}, {11.5});
+  expect(run(Op::Mean, {f64({3}, {0.1, 0.2, 0.4})}, axes({})), DType::f64, {}, {0.23333333333333334}, kF64);
+}
+
+void case_max() {
+  expect(run(Op::Max, {kCube}, axes({1})), DType::f32, {2, 4}, {8, 9, 10, 11, 20, 21, 22, 23});
+  expect(run(Op::Max, {kCube}, axes({0, 2}, true)), DType::f32, {1, 3, 1}, {15, 19, 23});
+  expect(run(Op::Max, {f32({2, 3}, {1, kNaN, 3, -1, -2, -3})}, axes({1})), DType::f32, {2}, {kNaN, -1});
+  expect(run(Op::Max, {i32({2, 2}, {5, -1, 3, 7})}, axes({})), DType::i32, {}, {7});
+}
+
+void case_min() {
+  expect(run(Op::Min, {kCube}, axes({0, 2}, true)), DType::f32, {1, 3, 1}, {0, 4, 8});
+  expect(run(Op::Min, {i32({2, 2}, {5, -1, 3, 7})}, axes({1})), DType::i32, {2}, {-1, 3});
+  expect(run(Op::Min, {f32({3}, {1, kNaN, -3})}, axes({0})), DType::f32, {}, {kNaN});
+}
+
+void case_argmax() {
+  AttrMap ax1{{"axis", int64_t{1}}}, ax0{{"axis", int64_t{0}}};
+  // Ties go to the first maximum.
+  Tensor x = f32({2, 3}, {1, 3, 3, 2, 2, 1});
+  expect(run(Op::Argmax, {x}, ax1), DType::i32, {2}, {1, 0});
+  expect(run(Op::Argmax, {x}, ax0), DType::i32, {3}, {1, 0, 0});
+  expect(run(Op::Argmax, {x}, {{"axis", int64_t{-1}}, {"keepdims", true}}), DType::i32, {2, 1}, {1, 0});
+  // NaN counts as the maximum; the first NaN wins.
+  expect(run(Op::Argmax, {f32({4}, {1, kNaN, 5, kNaN})}, ax0), DType::i32, {}, {1});
+  expect(run(Op::Argmax, {f32({3}, {kNaN, 1, 2})}, ax0), DType::i32, {}, {0});
+  expect(run(Op::Argmax, {i64({3}, {-5, -2, -2})}, ax0), DType::i32, {}, {1});
+  // Along the middle axis of [2,3,2], with ties.
+  Tensor y = f32({2, 3, 2}, {0, 9, 4, 1, 4, 1, 7, 7, 7, 8, 0, 8});
+  expect(run(Op::Argmax, {y}, ax1), DType::i32, {2, 2}, {1, 0, 0, 1});
+}
+
+// --- Shape ops ----------------------------------------------------------------------------
+
+void case_reshape() {
+  expect(run(Op::Reshape, {iota(DType::f32, {2, 3})}, {{"shape", Ints{3, -1}}}), DType::f32, {3, 2},
+         {0, 1, 2, 3, 4, 5});
+  expect(run(Op::Reshape, {i32({1, 1}, {7})}, {{"shape", Ints{}}}), DType::i32, {}, {7});
+}
+
+void case_transpose() {
+  expect(run(Op::Transpose, {iota(DType::f32, {2, 3})}, {{"perm", Ints{1, 0}}}), DType::f32, {3, 2},
+         {0, 3, 1, 4, 2, 5});
+  // out[k,i,j] = x[i,j,k] = 12i + 4j + k.
+  expect(run(Op::Transpose, {kCube}, {{"perm", Ints{2, 0, 1}}}), DType::f32, {4, 2, 3},
+         {0, 4, 8, 12, 16, 20, 1, 5, 9, 13, 17, 21, 2, 6, 10, 14, 18, 22, 3, 7, 11, 15, 19, 23});
+  expect(run(Op::Transpose, {b8({1, 2}, {1, 0})}, {{"perm", Ints{1, 0}}}), DType::boolean, {2, 1}, {1, 0});
+}
+
+void case_broadcast_to() {
+  expect(run(Op::BroadcastTo, {f32({3, 1}, {1, 2, 3})}, {{"shape", Ints{2, 3, 2}}}), DType::f32, {2, 3, 2},
+         {1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3});
+  expect(run(Op::BroadcastTo, {i64({}, {5})}, {{"shape", Ints{3}}}), DType::i64, {3}, {5, 5, 5});
+}
+
+void case_slice() {
+  // Rows 0 and 2, columns 1 and 3 of x[r,c] = 5r + c.
+  expect(run(Op::Slice, {iota(DType::f32, {3, 5})},
+             {{"start", Ints{0, 1}}, {"stop", Ints{3, 5}}, {"step", Ints{2, 2}}}),
+         DType::f32, {2, 2}, {1, 3, 11, 13});
+  expect(run(Op::Slice, {iota(DType::i32, {7})}, {{"start", Ints{1}}, {"stop", Ints{7}}, {"step", Ints{3}}}),
+         DType::i32, {2}, {1, 4});
+  expect(run(Op::Slice, {iota(DType::f64, {2, 3})},
+             {{"start", Ints{1, 0}}, {"stop", Ints{2, 3}}, {"step", Ints{1, 1}}}),
+         DType::f64, {1, 3}, {3, 4, 5});
+  expect(run(Op::Slice, {iota(DType::f32, {4})}, {{"start", Ints{2}}, {"stop", Ints{2}}, {"step", Ints{1}}}),
+         DType::f32, {0}, {});
+}
+
+void case_concat() {
+  expect(run(Op::Concat, {f32({2, 1}, {1, 2}), f32({2, 2}, {3, 4, 5, 6}), f32({2, 1}, {7, 8})},
+             {{"axis", int64_t{1}}}),
+         DType::f32, {2, 4}, {1, 3, 4, 7, 2, 5, 6, 8});
+  expect(run(Op::Concat, {i32({1, 2}, {1, 2}), i32({2, 2}, {3, 4, 5, 6})}, {{"axis", int64_t{-2}}}), DType::i32,
+         {3, 2}, {1, 2, 3, 4, 5, 6});
+  expect(run(Op::Concat, {b8({1}, {1}), b8({0}, {}), b8({2}, {0, 1})}, {{"axis", int64_t{0}}}), DType::boolean, {3},
+         {1, 0, 1});
+}
+
+void case_pad() {
+  expect(run(Op::Pad, {f32({2, 2}, {1, 2, 3, 4})}, {{"low", Ints{1, 0}}, {"high", Ints{0, 2}}, {"value", 9.0}}),
+         DType::f32, {3, 4}, {9, 9, 9, 9, 1, 2, 9, 9, 3, 4, 9, 9});
+  expect(run(Op::Pad, {i32({2}, {5, 6})}, {{"low", Ints{2}}, {"high", Ints{1}}}), DType::i32, {5}, {0, 0, 5, 6, 0});
+  expect(run(Op::Pad, {i32({1}, {5})}, {{"low", Ints{1}}, {"high", Ints{0}}, {"value", -2.7}}), DType::i32, {2},
+         {-2, 5});
+}
+
+// --- Linear algebra, convolution, pooling -------------------------------------------------
+
+void case_matmul() {
+  expect(run(Op::Matmul, {f32({2, 3}, {1, 2, 3, 4, 5, 6}), f32({3, 2}, {7, 8, 9, 10, 11, 12})}), DType::f32, {2, 2},
+         {58, 64, 139, 154});
+  // Leading dims [2,1] and [3] broadcast to [2,3]: out = a_i . b_j with a = {[1,2],[3,4]},
+  // b = {[1,1],[1,0],[0,-1]} as columns.
+  expect(run(Op::Matmul, {f32({2, 1, 1, 2}, {1, 2, 3, 4}), f32({3, 2, 1}, {1, 1, 1, 0, 0, -1})}), DType::f32,
+         {2, 3, 1, 1}, {3, 1, -2, 7, 3, -4});
+  // [2,2,2] x [2,2]: identity and swap, both times b.
+  expect(run(Op::Matmul, {f32({2, 2, 2}, {1, 0, 0, 1, 0, 1, 1, 0}), f32({2, 2}, {1, 2, 3, 4})}), DType::f32,
+         {2, 2, 2}, {1, 2, 3, 4, 3, 4, 1, 2});
+  expect(run(Op::Matmul, {f64({1, 2}, {0.1, 0.2}), f64({2, 1}, {1, 1})}), DType::f64, {1, 1},
+         {0.30000000000000004});
+}
+
+// x[r,c] = 3r + c + 1 over 3x3: 1..9.
+const Tensor kX3 = f32({1, 1, 3, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9});
+const Tensor kW2 = f32({1, 1, 2, 2}, {1, 2, 3, 4});
+
+void case_conv2d() {
+  auto attrs = [](Ints stride, Ints padding, Ints dilation, int64_t groups) {
+    return AttrMap{{"stride", stride}, {"padding", padding}, {"dilation", dilation}, {"groups", groups}};
+  };
+  // out[0,0] = 1*1 + 2*2 + 3*4 + 4*5 (no kernel flip: cross-correlation).
+  expect(run(Op::Conv2d, {kX3, kW2}), DType::f32, {1, 1, 2, 2}, {37, 47, 67, 77});
+  expect(run(Op::Conv2d, {kX3, kW2, f32({1}, {10})}), DType::f32, {1, 1, 2, 2}, {47, 57, 77, 87});
+  // Stride 2, padding 1: windows start at (-1,-1), (-1,1), (1,-1), (1,1).
+  expect(run(Op::Conv2d, {kX3, kW2}, attrs({2, 2}, {1, 1}, {1, 1}, 1)), DType::f32, {1, 1, 2, 2}, {4, 18, 36, 77});
+  // Dilation 2 on x[r,c] = 4r + c over 4x4: taps at (0,0), (0,2), (2,0), (2,2), so
+  // out[0,0] = 1*0 + 2*2 + 3*8 + 4*10.
+  expect(run(Op::Conv2d, {iota(DType::f32, {1, 1, 4, 4}), kW2}, attrs({1, 1}, {0, 0}, {2, 2}, 1)), DType::f32,
+         {1, 1, 2, 2}, {68, 78, 108, 118});
+  // Input channels are summed: ch0 + 10 * ch1, over a batch of 2.
+  expect(run(Op::Conv2d, {f32({2, 2, 1, 1}, {1, 2, 3, 4}), f32({1, 2, 1, 1}, {1, 10})}), DType::f32,
+         {2, 1, 1, 1}, {21, 43});
+  // Groups 2, 1x1: outputs 0,1 see channel 0 = {1,2,3,4}; outputs 2,3 see channel 1 = {5,6,7,8}.
+  Tensor x2 = f32({1, 2, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
+  Tensor w4 = f32({4, 1, 1, 1}, {1, 2, 3, 4});
+  expect(run(Op::Conv2d, {x2, w4}, attrs({1, 1}, {0, 0}, {1, 1}, 2)), DType::f32, {1, 4, 2, 2},
+         {1, 2, 3, 4, 2, 4, 6, 8, 15, 18, 21, 24, 20, 24, 28, 32});
+  expect(run(Op::Conv2d, {x2, w4, f32({4}, {1, 0, 0, -1})}, attrs({1, 1}, {0, 0}, {1, 1}, 2)), DType::f32,
+         {1, 4, 2, 2}, {2, 3, 4, 5, 2, 4, 6, 8, 15, 18, 21, 24, 19, 23, 27, 31});
+  // All at once: stride 2, padding 1, dilation 2, groups 2, bias. Over a padded 5x5 each
+  // output tap set reaches only the centre pixel (5 in channel 0, 14 in channel 1), with
+  // weight w[3], w[2], w[1], w[0] for outputs (0,0), (0,1), (1,0), (1,1).
+  Tensor x = f32({1, 2, 3, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18});
+  Tensor w = f32({2, 1, 2, 2}, {1, 2, 3, 4, 1, 0, 0, -1});
+  expect(run(Op::Conv2d, {x, w, f32({2}, {100, 200})}, attrs({2, 2}, {1, 1}, {2, 2}, 2)), DType::f32, {1, 2, 2, 2},
+         {120, 115, 110, 105, 186, 200, 200, 214});
+  expect(run(Op::Conv2d, {x, w}, attrs({2, 2}, {1, 1}, {2, 2}, 2)), DType::f32, {1, 2, 2, 2},
+         {20, 15, 10, 5, -14, 0, 0, 14});
+  // f64.
+  expect(run(Op::Conv2d, {kX3.cast(DType::f64), kW2.cast(DType::f64)}), DType::f64, {1, 1, 2, 2}, {37, 47, 67, 77});
+}
+
+AttrMap pool_attrs(Ints kernel, Ints stride, Ints padding) {
+  return {{"kernel", kernel}, {"stride", stride}, {"padding", padding}};
+}
+
+void case_max_pool2d() {
+  expect(run(Op::MaxPool2d, {f32({1, 1, 3, 3}, {1, 5, 2, 8, -1, 3, 0, 4, 7})}, pool_attrs({2, 2}, {1, 1}, {0, 0})),
+         DType::f32, {1, 1, 2, 2}, {8, 5, 8, 7});
+  // Padded cells never win, even over negative values.
+  expect(run(Op::MaxPool2d, {f32({1, 1, 2, 2}, {-1, -2, -3, -4})}, pool_attrs({2, 2}, {2, 2}, {1, 1})), DType::f32,
+         {1, 1, 2, 2}, {-1, -2, -3, -4});
+  expect(run(Op::MaxPool2d, {kX3}, pool_attrs({3, 3}, {2, 2}, {1, 1})), DType::f32, {1, 1, 2, 2}, {5, 6, 8, 9});
+  // Each (n, c) plane is pooled on its own.
+  expect(run(Op::MaxPool2d, {f32({1, 2, 2, 2}, {1, 2, 3, 4, 8, 7, 6, 5})}, pool_attrs({2, 2}, {2, 2}, {0, 0})),
+         DType::f32, {1, 2, 1, 1}, {4, 8});
+  expect(run(Op::MaxPool2d, {f32({1, 1, 1, 2}, {kNaN, 1})}, pool_attrs({1, 2}, {1, 1}, {0, 0})), DType::f32,
+         {1, 1, 1, 1}, {kNaN});
+}
+
+void case_avg_pool2d() {
+  auto attrs = [](Ints k, Ints s, Ints p, bool include) {
+    AttrMap a = pool_attrs(std::move(k), std::move(s), std::move(p));
+    a["count_include_pad"] = include;
+    return a;
+  };
+  expect(run(Op::AvgPool2d, {kX3}, attrs({2, 2}, {1, 1}, {0, 0}, true)), DType::f32, {1, 1, 2, 2}, {3, 4, 6, 7});
+  // Each window holds one real cell.
+  Tensor x = f32({1, 1, 2, 2}, {1, 2, 3, 4});
+  expect(run(Op::AvgPool2d, {x}, attrs({2, 2}, {2, 2}, {1, 1}, true)), DType::f32, {1, 1, 2, 2},
+         {0.25, 0.5, 0.75, 1});
+  expect(run(Op::AvgPool2d, {x}, attrs({2, 2}, {2, 2}, {1, 1}, false)), DType::f32, {1, 1, 2, 2}, {1, 2, 3, 4});
+  // 3x3 windows at stride 2 over padded 1..9: sums 12, 16, 24, 28 over 9 cells, 4 of them real.
+  expect(run(Op::AvgPool2d, {kX3}, attrs({3, 3}, {2, 2}, {1, 1}, true)), DType::f32, {1, 1, 2, 2},
+         {1.3333333333333333, 1.7777777777777777, 2.6666666666666667, 3.1111111111111111}, kF32);
+  expect(run(Op::AvgPool2d, {kX3}, attrs({3, 3}, {2, 2}, {1, 1}, false)), DType::f32, {1, 1, 2, 2}, {3, 4, 6, 7});
+  expect(run(Op::AvgPool2d, {kX3.cast(DType::f64)}, attrs({3, 3}, {2, 2}, {1, 1}, true)), DType::f64, {1, 1, 2, 2},
+         {1.3333333333333333, 1.7777777777777777, 2.6666666666666667, 3.1111111111111111}, kF64);
+}
+
+// --- Normalizations, one_hot, constant ------------------------------------------------------
+
+void case_softmax() {
+  AttrMap last{{"axis", int64_t{1}}};
+  expect(run(Op::Softmax, {f32({2, 3}, {1, 2, 3, 0, 0, 0})}, last), DType::f32, {2, 3},
+         {0.09003057317038046, 0.24472847105479764, 0.6652409557748219, 1.0 / 3, 1.0 / 3, 1.0 / 3}, kF32);
+  // Large inputs do not overflow.
+  expect(run(Op::Softmax, {f32({1, 2}, {1000, 1000})}, last), DType::f32, {1, 2}, {0.5, 0.5}, kF32);
+  // Along axis -2: columns {1,3} and {0,0}.
+  expect(run(Op::Softmax, {f32({2, 2}, {1, 0, 3, 0})}, {{"axis", int64_t{-2}}}), DType::f32, {2, 2},
+         {0.11920292202211755, 0.5, 0.8807970779778823, 0.5}, kF32);
+  expect(run(Op::Softmax, {f64({3}, {1, 2, 3})}, {{"axis", int64_t{0}}}), DType::f64, {3},
+         {0.09003057317038046, 0.24472847105479764, 0.6652409557748219}, kF64);
+}
+
+void case_log_softmax() {
+  AttrMap last{{"axis", int64_t{-1}}};
+  expect(run(Op::LogSoftmax, {f32({2, 3}, {1, 2, 3, 0, 0, 0})}, last), DType::f32, {2, 3},
+         {-2.4076059644443806, -1.4076059644443806, -0.4076059644443806, -1.0986122886681098,
+          -1.0986122886681098, -1.0986122886681098},
+         kF32);
+  expect(run(Op::LogSoftmax, {f32({2}, {1000, 1000})}, last), DType::f32, {2},
+         {-0.6931471805599453, -0.6931471805599453}, kF32);
+  expect(run(Op::LogSoftmax, {f64({2, 1}, {0, -1e300})}, {{"axis", int64_t{0}}}), DType::f64, {2, 1}, {0, -1e300},
+         kF64);
+}
+
+void case_one_hot() {
+  // Out-of-range indices (negative or >= depth) give all zeros.
+  expect(run(Op::OneHot, {i32({2, 2}, {0, 2, -1, 3})}, {{"depth", int64_t{3}}}), DType::f32, {2, 2, 3},
+         {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0});
+  expect(run(Op::OneHot, {i64({2}, {1, 5})}, {{"depth", int64_t{2}}, {"dtype", DType::i32}}), DType::i32, {2, 2},
+         {0, 1, 0, 0});
+  expect(run(Op::OneHot, {i32({}, {1})}, {{"depth", int64_t{2}}, {"dtype", DType::boolean}}), DType::boolean, {2},
+         {0, 1});
+}
+
+void case_constant() {
+  expect(run(Op::Constant, {}, {{"value", f32({2}, {1.5, -2})}}), DType::f32, {2}, {1.5, -2});
+  expect(run(Op::Constant, {}, {{"value", i64({}, {7})}}), DType::i64, {}, {7});
+}
+
+// One case per op; no default, so a new op in ops.def fails to build here until covered.
+void run_case(Op op) {
+  switch (op) {
+    case Op::Neg: return case_neg();
+    case Op::Abs: return case_abs();
+    case Op::Exp: return case_exp();
+    case Op::Log: return case_log();
+    case Op::Sqrt: return case_sqrt();
+    case Op::Rsqrt: return case_rsqrt();
+    case Op::Tanh: return case_tanh();
+    case Op::Sigmoid: return case_sigmoid();
+    case Op::Relu: return case_relu();
+    case Op::Add: return case_add();
+    case Op::Sub: return case_sub();
+    case Op::Mul: return case_mul();
+    case Op::Div: return case_div();
+    case Op::Pow: return case_pow();
+    case Op::Maximum: return case_maximum();
+    case Op::Minimum: return case_minimum();
+    case Op::Eq: return case_eq();
+    case Op::Ne: return case_ne();
+    case Op::Lt: return case_lt();
+    case Op::Le: return case_le();
+    case Op::Gt: return case_gt();
+    case Op::Ge: return case_ge();
+    case Op::Select: return case_select();
+    case Op::Cast: return case_cast();
+    case Op::Sum: return case_sum();
+    case Op::Mean: return case_mean();
+    case Op::Max: return case_max();
+    case Op::Min: return case_min();
+    case Op::Argmax: return case_argmax();
+    case Op::Reshape: return case_reshape();
+    case Op::Transpose: return case_transpose();
+    case Op::BroadcastTo: return case_broadcast_to();
+    case Op::Slice: return case_slice();
+    case Op::Concat: return case_concat();
+    case Op::Pad: return case_pad();
+    case Op::Matmul: return case_matmul();
+    case Op::Conv2d: return case_conv2d();
+    case Op::MaxPool2d: return case_max_pool2d();
+    case Op::AvgPool2d: return case_avg_pool2d();
+    case Op::Softmax: return case_softmax();
+    case Op::LogSoftmax: return case_log_softmax();
+    case Op::OneHot: return case_one_hot();
+    case Op::Constant: return case_constant();
+  }
+  FAIL("no interpreter test for op " << op_name(op));
+}
+
+}  // namespace
+
+TEST_CASE("interp: every op in ops.def", "[interp]") {
+  for (Op op : all_ops()) {
+    DYNAMIC_SECTION(op_name(op)) { run_case(op); }
+  }
+}
+
+TEST_CASE("interp: f64 graphs compute in double", "[interp]") {
+  // 0.1 + 0.2 is 0.30000000000000004 in double and 0.300000011920929 in float.
+  expect(run(Op::Add, {f64({1}, {0.1}), f64({1}, {0.2})}), DType::f64, {1}, {0.30000000000000004});
+  expect(run(Op::Add, {f32({1}, {0.1}), f32({1}, {0.2})}), DType::f32, {1}, {0.30000001192092896});
+  expect(run(Op::Exp, {f64({1}, {1})}), DType::f64, {1}, {2.718281828459045}, 1e-15);
+  expect(run(Op::Sum, {f64({2, 2}, {1e16, 1, -1e16, 1})}, axes({0})), DType::f64, {2}, {0, 2});
+  expect(run(Op::Tanh, {f64({1}, {0.5})}), DType::f64, {1}, {0.46211715726000974}, 1e-15);
+}
+
+TEST_CASE("interp: eval_op rejects operands that do not fit the op", "[interp]") {
+  Tensor a = f32({2}, {1, 2}), b = f32({3}, {1, 2, 3});
+  CHECK_THROWS_AS(eval_op(Op::Add, {&a, &b}, {}, TensorType{DType::f32, {2}}), Error);
+  CHECK_THROWS_WITH(eval_op(Op::Neg, {&a}, {}, TensorType{DType::f32, {3}}),
+                    "neg: result type f32[3] does not match the shape rule's f32[2]");
+  CHECK_THROWS_WITH(eval_op(Op::Sum, {&a}, {{"axes", int64_t{0}}}, TensorType{DType::f32, {}}),
+                    ContainsSubstring("attribute 'axes' must be"));
+  CHECK_THROWS_WITH(eval_op(Op::Sum, {&a}, {{"axis", Ints{0}}}, TensorType{DType::f32, {}}),
+                    ContainsSubstring("unknown attribute 'axis'"));
+  // Missing attributes with defaults are filled in; an int is accepted for a float.
+  expect(eval_op(Op::Pad, {&a}, {{"low", Ints{1}}, {"high", Ints{0}}, {"value", int64_t{3}}},
+                 TensorType{DType::f32, {3}}),
+         DType::f32, {3}, {3, 1, 2});
+}
+
+namespace {
+
+// %h = matmul(%x, %w); %a = add(%h, %b); %y = relu(%a); %s = sum(%y); %z = mul(%y, 2)
+Graph small_graph() {
+  Graph g("small");
+  ValueId x = g.add_input("x", {DType::f32, {2, 3}});
+  ValueId w = g.add_input("w", {DType::f32, {3, 2}}, /*is_state=*/true);
+  ValueId b = g.add_input("b", {DType::f32, {2}});
+  ValueId h = g.add_node(Op::Matmul, {x, w}, {}, "h");
+  ValueId a = g.add_node(Op::Add, {h, b});
+  ValueId y = g.add_node(Op::Relu, {a}, {}, "y");
+  ValueId s = g.add_node(Op::Sum, {y}, {{"axes", Ints{}}});
+  g.add_node(Op::Exp, {h});  // dead
+  ValueId two = g.add_constant(Tensor::scalar(DType::f32, 2));
+  ValueId z = g.add_node(Op::Mul, {y, two});
+  g.add_output("y", y);
+  g.add_output("s", s);
+  g.add_output("z", z);
+  return g;
+}
+
+TensorMap small_inputs() {
+  return {{"x", f32({2, 3}, {1, 2, 3, 4, 5, 6})},
+          {"w", f32({3, 2}, {1, -1, 0, 1, 1, 0})},
+          {"b", f32({2}, {-5, -2})}};
+}
+
+}  // namespace
+
+TEST_CASE("interp: interpret runs a multi-node graph", "[interp]") {
+  // h = [[4, 1], [10, 1]]; a = h + b = [[-1, -1], [5, -1]].
+  TensorMap out = interpret(small_graph(), small_inputs());
+  REQUIRE(out.size() == 3);
+  expect(out.at("y"), DType::f32, {2, 2}, {0, 0, 5, 0});
+  expect(out.at("s"), DType::f32, {}, {5});
+  expect(out.at("z"), DType::f32, {2, 2}, {0, 0, 10, 0});
+
+  // An input can be an output too, and a graph without nodes runs.
+  Graph id("id");
+  ValueId v = id.add_input("v", {DType::i32, {2}});
+  id.add_output("v_out", v);
+  expect(interpret(id, {{"v", i32({2}, {3, 4})}}).at("v_out"), DType::i32, {2}, {3, 4});
+}
+
+TEST_CASE("interp: interpret rejects bad inputs with a clear message", "[interp]") {
+  Graph g = small_graph();
+  TensorMap in = small_inputs();
+  SECTION("missing") {
+    in.erase("b");
+    CHECK_THROWS_MATCHES(interpret(g, in), Error, Catch::Matchers::Message("missing input '%b': expected f32[2]"));
+  }
+  SECTION("unknown") {
+    in["q"] = f32({1}, {0});
+    CHECK_THROWS_MATCHES(interpret(g, in), Error,
+                         Catch::Matchers::Message("unknown input 'q': graph @small takes %x, %w, %b"));
+    in.erase("q");
+    in["h"] = f32({2, 2}, {0, 0, 0, 0});  // a node result is not an input
+    CHECK_THROWS_WITH(interpret(g, in), ContainsSubstring("unknown input 'h'"));
+  }
+  SECTION("wrong shape") {
+    in["x"] = f32({3, 2}, {1, 2, 3, 4, 5, 6});
+    CHECK_THROWS_MATCHES(interpret(g, in), Error,
+                         Catch::Matchers::Message("input '%x': expected f32[2,3], got f32[3,2]"));
+  }
+  SECTION("wrong dtype") {
+    in["w"] = f64({3, 2}, {1, -1, 0, 1, 1, 0});
+    CHECK_THROWS_MATCHES(interpret(g, in), Error,
+                         Catch::Matchers::Message("input '%w': expected f32[3,2], got f64[3,2]"));
+  }
+  SECTION("integer division by zero inside the graph") {
+    Graph d("d");
+    ValueId p = d.add_input("p", {DType::i32, {2}});
+    ValueId q = d.add_input("q", {DType::i32, {2}});
+    d.add_output("r", d.add_node(Op::Div, {p, q}));
+    CHECK_THROWS_MATCHES(interpret(d, {{"p", i32({2}, {1, 2})}, {"q", i32({2}, {1, 0})}}), Error,
+                         Catch::Matchers::Message("interpret @d, node #0: div: integer division by zero"));
+  }
+}
