@@ -1,0 +1,16 @@
+// The canonical text form (.kir). Deterministic: unnamed values are numbered %0, %1, ...
+// in definition order, every attribute is spelled out in schema order, and
+// print(parse(print(g))) == print(g) byte for byte.
+#pragma once
+
+#include <string>
+
+#include "ir/graph.h"
+
+namespace kiln {
+
+std::string print(const Graph& g);
+// One attribute value in its text form ("[1, 1]", "f32", "0.5", "true", a tensor literal).
+std::string print_attr(const Attr& a);
+
+}  // namespace kiln
