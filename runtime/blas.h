@@ -1,0 +1,18 @@
+// BLAS shims called by generated code. C linkage so JIT'ed and AOT code can bind to them
+// by name; everything goes to OpenBLAS.
+#pragma once
+
+#include <cstdint>
+
+extern "C" {
+
+// C[M,N] = alpha * op(A) * op(B) + beta * C, row-major, op = transpose when trans_* != 0.
+void kiln_rt_sgemm(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                   int64_t ldc);
+void kiln_rt_dgemm(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+                   const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+                   int64_t ldc);
+// The BLAS library's own description ("OpenBLAS 0.3.21 ..."), for `kiln info`.
+const char* kiln_rt_blas_config(void);
+}

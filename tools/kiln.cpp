@@ -1,0 +1,216 @@
+// The `kiln` command-line tool: read, inspect and run .kir graphs.
+#include <fmt/core.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "codegen/cpu/host.h"
+#include "ir/dot.h"
+#include "ir/interp.h"
+#include "ir/npy.h"
+#include "ir/parser.h"
+#include "ir/printer.h"
+#include "runtime/blas.h"
+
+namespace {
+
+using kiln::Error;
+
+constexpr const char* kMainHelp = R"(kiln - a deep-learning compiler
+
+usage: kiln <command> [options]
+
+commands:
+  dump FILE.kir     parse and verify a graph, print its canonical form
+  dot FILE.kir      print the graph in Graphviz dot format
+  run FILE.kir      run a graph on .npy inputs, write its outputs as .npy
+  info              show the host CPU, LLVM and BLAS that Kiln uses
+
+FILE may be '-' for standard input. 'kiln <command> --help' describes each command.
+options:
+  -h, --help        show this help
+  --version         show the version
+)";
+
+constexpr const char* kDumpHelp = R"(usage: kiln dump FILE.kir
+
+Parses FILE (or standard input for '-'), verifies it and prints its canonical text form.
+Errors are reported as FILE:LINE:COL: error: ... with exit status 1.
+)";
+
+constexpr const char* kDotHelp = R"(usage: kiln dot FILE.kir
+
+Parses and verifies FILE, prints it as a Graphviz digraph; render with
+  kiln dot model.kir | dot -Tsvg > model.svg
+)";
+
+constexpr const char* kRunHelp = R"(usage: kiln run FILE.kir [--interp] --input NAME=FILE.npy ... [--output-dir DIR]
+
+Runs the graph on the given inputs. Every graph input, state inputs included, needs an
+--input with a .npy file of exactly its dtype and shape.
+
+options:
+  --input NAME=FILE.npy   value of graph input %NAME (repeatable)
+  --output-dir DIR        write each output as DIR/OUTPUT_NAME.npy (DIR is created);
+                          without it, a summary of each output is printed
+  --interp                run with the reference interpreter (today the only engine;
+                          the compiled CPU engine arrives with the LLVM backend)
+)";
+
+constexpr const char* kInfoHelp = R"(usage: kiln info
+
+Prints the host target (triple, CPU, vector features) as LLVM sees it, the LLVM version
+and the BLAS library's configuration.
+)";
+
+bool is_help(const std::string& a) { return a == "-h" || a == "--help"; }
+
+std::string summarize(const kiln::Tensor& t) {
+  std::string s = t.type().str() + " [";
+  int64_t n = std::min<int64_t>(t.numel(), 8);
+  for (int64_t i = 0; i < n; ++i) s += (i ? ", " : "") + fmt::format("{:.6g}", t.get(i));
+  if (t.numel() > n) s += ", ...";
+  return s + "]";
+}
+
+int cmd_dump(const std::vector<std::string>& args, bool dot) {
+  if (!args.empty() && is_help(args[0])) { std::fputs(dot ? kDotHelp : kDumpHelp, stdout); return 0; }
+  if (args.size() != 1)
+    throw Error(fmt::format("{} takes one FILE.kir argument (see 'kiln {} --help')", dot ? "dot" : "dump",
+                            dot ? "dot" : "dump"));
+  kiln::Graph g = kiln::parse_file(args[0]);
+  std::fputs((dot ? kiln::to_dot(g) : kiln::print(g)).c_str(), stdout);
+  return 0;
+}
+
+int cmd_run(const std::vector<std::string>& args) {
+  std::string file, out_dir;
+  std::map<std::string, std::string> input_files;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const char* flag) -> std::string {
+      if (i + 1 >= args.size()) throw Error(fmt::format("{} needs a value (see 'kiln run --help')", flag));
+      return args[++i];
+    };
+    if (is_help(a)) { std::fputs(kRunHelp, stdout); return 0; }
+    if (a == "--interp") continue;
+    if (a == "--input" || a.starts_with("--input=")) {
+      std::string spec = a == "--input" ? value("--input") : a.substr(8);
+      size_t eq = spec.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+        throw Error(fmt::format("--input '{}' must be NAME=FILE.npy", spec));
+      std::string name = spec.substr(0, eq);
+      if (name[0] == '%') name = name.substr(1);
+      if (!input_files.emplace(name, spec.substr(eq + 1)).second)
+        throw Error(fmt::format("--input {} is given twice", name));
+      continue;
+    }
+    if (a == "--output-dir" || a.starts_with("--output-dir=")) {
+      out_dir = a == "--output-dir" ? value("--output-dir") : a.substr(13);
+      continue;
+    }
+    if (a.size() > 1 && a[0] == '-') throw Error(fmt::format("run: unknown option '{}' (see 'kiln run --help')", a));
+    if (!file.empty()) throw Error("run takes one FILE.kir argument (see 'kiln run --help')");
+    file = a;
+  }
+  if (file.empty()) throw Error("run needs a FILE.kir argument (see 'kiln run --help')");
+  kiln::Graph g = kiln::parse_file(file);
+
+  kiln::TensorMap inputs;
+  std::string missing;
+  for (const kiln::GraphInput& in : g.inputs()) {
+    const std::string& name = g.value(in.value).name;
+    auto it = input_files.find(name);
+    if (it == input_files.end()) {
+      missing += (missing.empty() ? "%" : ", %") + name;
+      continue;
+    }
+    kiln::Tensor t = kiln::read_npy(it->second);
+    if (t.type() != g.type(in.value))
+      throw Error(fmt::format("{}: input %{} needs {}, the file holds {}", it->second, name,
+                              g.type(in.value).str(), t.type().str()));
+    inputs.emplace(name, std::move(t));
+    input_files.erase(it);
+  }
+  if (!missing.empty()) throw Error(fmt::format("{}: no --input given for {}", file, missing));
+  if (!input_files.empty())
+    throw Error(fmt::format("{}: graph @{} has no input named %{}", file, g.name(), input_files.begin()->first));
+
+  kiln::TensorMap outputs = kiln::interpret(g, inputs);
+  if (out_dir.empty()) {
+    for (const kiln::GraphOutput& o : g.outputs()) fmt::print("{} = {}\n", o.name, summarize(outputs.at(o.name)));
+    return 0;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) throw Error(fmt::format("{}: cannot create directory: {}", out_dir, ec.message()));
+  for (const kiln::GraphOutput& o : g.outputs()) {
+    std::string path = (std::filesystem::path(out_dir) / (o.name + ".npy")).string();
+    kiln::write_npy(path, outputs.at(o.name));
+    fmt::print("wrote {} ({})\n", path, outputs.at(o.name).type().str());
+  }
+  return 0;
+}
+
+int cmd_info(const std::vector<std::string>& args) {
+  if (!args.empty() && is_help(args[0])) { std::fputs(kInfoHelp, stdout); return 0; }
+  if (!args.empty()) throw Error("info takes no arguments");
+  kiln::cpu::HostInfo host = kiln::cpu::host_info();
+  fmt::print("kiln {}\n", KILN_VERSION);
+  fmt::print("target:   {} ({})\n", host.triple, host.cpu);
+  std::string vec;
+  for (const char* f : {"sse4.2", "avx", "avx2", "fma", "avx512f", "neon"})
+    if (host.has(f)) vec += (vec.empty() ? "" : " ") + std::string(f);
+  fmt::print("vector:   {}\n", vec.empty() ? "(none)" : vec);
+  fmt::print("llvm:     {}\n", host.llvm_version);
+  fmt::print("blas:     {}\n", kiln_rt_blas_config());
+  return 0;
+}
+
+int dispatch(const std::vector<std::string>& argv) {
+  if (argv.empty() || is_help(argv[0])) {
+    std::fputs(kMainHelp, argv.empty() ? stderr : stdout);
+    return argv.empty() ? 1 : 0;
+  }
+  if (argv[0] == "--version") { fmt::print("kiln {}\n", KILN_VERSION); return 0; }
+  std::vector<std::string> rest(argv.begin() + 1, argv.end());
+  const std::string& cmd = argv[0];
+  if (cmd == "dump") return cmd_dump(rest, false);
+  if (cmd == "dot") return cmd_dump(rest, true);
+  if (cmd == "run") return cmd_run(rest);
+  if (cmd == "info") return cmd_info(rest);
+  throw Error(fmt::format("unknown command '{}' (see 'kiln --help')", cmd));
+}
+
+void report(const std::string& msg) {
+  // Errors that carry their own FILE:LINE:COL position are printed as they are.
+  if (msg.find(": error: ") != std::string::npos)
+    fmt::print(stderr, "{}\n", msg);
+  else
+    fmt::print(stderr, "kiln: error: {}\n", msg);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    return dispatch(args);
+  } catch (const kiln::Error& e) {
+    report(e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    report("out of memory");
+    return 1;
+  } catch (const std::exception& e) {
+    report(e.what());
+    return 2;
+  }
+}
