@@ -291,6 +291,42 @@ Sym avg_pool2d(Sym x, std::vector<int64_t> kernel, std::vector<int64_t> stride,
                           loc);
 }
 
+// --- Backward ops ------------------------------------------------------------------------------
+
+Sym conv2d_grad_input(Sym dy, Sym w, std::vector<int64_t> input_size, const Conv2dOptions& options,
+                      std::source_location loc) {
+  AttrMap attrs = conv_attrs(options);
+  attrs["input_size"] = std::move(input_size);
+  return dy.tracer().apply(Op::Conv2dGradInput, {dy, w}, std::move(attrs), loc);
+}
+
+Sym conv2d_grad_weight(Sym x, Sym dy, std::vector<int64_t> kernel, const Conv2dOptions& options,
+                       std::source_location loc) {
+  AttrMap attrs = conv_attrs(options);
+  attrs["kernel"] = std::move(kernel);
+  return x.tracer().apply(Op::Conv2dGradWeight, {x, dy}, std::move(attrs), loc);
+}
+
+Sym max_pool2d_grad(Sym x, Sym dy, std::vector<int64_t> kernel, std::vector<int64_t> stride,
+                    std::vector<int64_t> padding, std::source_location loc) {
+  if (stride.empty()) stride = kernel;
+  return x.tracer().apply(Op::MaxPool2dGrad, {x, dy},
+                          {{"kernel", std::move(kernel)}, {"stride", std::move(stride)},
+                           {"padding", std::move(padding)}},
+                          loc);
+}
+
+Sym avg_pool2d_grad(Sym dy, std::vector<int64_t> input_size, std::vector<int64_t> kernel,
+                    std::vector<int64_t> stride, std::vector<int64_t> padding, bool count_include_pad,
+                    std::source_location loc) {
+  if (stride.empty()) stride = kernel;
+  return dy.tracer().apply(Op::AvgPool2dGrad, {dy},
+                           {{"input_size", std::move(input_size)}, {"kernel", std::move(kernel)},
+                            {"stride", std::move(stride)}, {"padding", std::move(padding)},
+                            {"count_include_pad", count_include_pad}},
+                           loc);
+}
+
 // --- Normalizations and encodings ------------------------------------------------------------
 
 Sym softmax(Sym x, int64_t axis, std::source_location loc) {

@@ -206,6 +206,28 @@ Sym avg_pool2d(Sym x, std::vector<int64_t> kernel, std::vector<int64_t> stride =
                std::vector<int64_t> padding = {0, 0}, bool count_include_pad = true,
                std::source_location loc = std::source_location::current());
 
+// Backward ops, for writing custom backward code (autodiff emits the same ops). Each is
+// the transpose of its forward op; `options`, kernel, stride and padding must be the
+// forward op's, and dy must have the forward result's shape.
+// dy: [N,O,OH,OW], w: [O,C/groups,KH,KW] -> dx: [N,C,H,W], input_size = {H, W}.
+Sym conv2d_grad_input(Sym dy, Sym w, std::vector<int64_t> input_size,
+                      const Conv2dOptions& options = {},
+                      std::source_location loc = std::source_location::current());
+// x: [N,C,H,W], dy: [N,O,OH,OW] -> dw: [O,C/groups,KH,KW], kernel = {KH, KW}.
+Sym conv2d_grad_weight(Sym x, Sym dy, std::vector<int64_t> kernel,
+                       const Conv2dOptions& options = {},
+                       std::source_location loc = std::source_location::current());
+// dx shaped like x: each dy cell goes to the first maximum of its window. Empty stride
+// means stride = kernel.
+Sym max_pool2d_grad(Sym x, Sym dy, std::vector<int64_t> kernel, std::vector<int64_t> stride = {},
+                    std::vector<int64_t> padding = {0, 0},
+                    std::source_location loc = std::source_location::current());
+// dx: [N,C,H,W] with input_size = {H, W}: each dy cell spread over its window's counted cells.
+Sym avg_pool2d_grad(Sym dy, std::vector<int64_t> input_size, std::vector<int64_t> kernel,
+                    std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0, 0},
+                    bool count_include_pad = true,
+                    std::source_location loc = std::source_location::current());
+
 // --- Normalizations and encodings ------------------------------------------------------------
 Sym softmax(Sym x, int64_t axis = -1, std::source_location loc = std::source_location::current());
 Sym log_softmax(Sym x, int64_t axis = -1,

@@ -98,6 +98,10 @@ Tensor eval_conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const A
                    const TensorType& rt);
 Tensor eval_max_pool2d(const Tensor& x, const AttrMap& attrs, const TensorType& rt);
 Tensor eval_avg_pool2d(const Tensor& x, const AttrMap& attrs, const TensorType& rt);
+Tensor eval_conv2d_grad_input(const Tensor& dy, const Tensor& w, const AttrMap& attrs, const TensorType& rt);
+Tensor eval_conv2d_grad_weight(const Tensor& x, const Tensor& dy, const AttrMap& attrs, const TensorType& rt);
+Tensor eval_max_pool2d_grad(const Tensor& x, const Tensor& dy, const AttrMap& attrs, const TensorType& rt);
+Tensor eval_avg_pool2d_grad(const Tensor& dy, const AttrMap& attrs, const TensorType& rt);
 Tensor eval_softmax(const Tensor& x, const AttrMap& attrs, bool log, const TensorType& rt);
 Tensor eval_one_hot(const Tensor& x, const TensorType& rt);
 

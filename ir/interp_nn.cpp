@@ -1,5 +1,5 @@
-// Reference kernels for matmul, conv2d, pooling, softmax / log_softmax and one_hot.
-// Naive loops that accumulate in the operand type.
+// Reference kernels for matmul, conv2d, pooling, their backward ops, softmax / log_softmax
+// and one_hot. Naive loops that accumulate in the operand type.
 #include <cmath>
 #include <limits>
 
@@ -34,44 +34,89 @@ Tensor eval_matmul(const Tensor& a, const Tensor& b, const TensorType& rt) {
   return out;
 }
 
-// x: [N,C,H,W], w: [O,C/groups,KH,KW], bias: [O] -> [N,O,OH,OW], where output pixel (oh, ow)
-// reads input pixel (oh*stride - padding + kh*dilation, ...); out-of-range pixels are zero.
+namespace {
+
+// The geometry of one conv2d: x [N,C,H,W], w [O,C/groups,KH,KW], y [N,O,OH,OW].
+struct ConvGeometry {
+  int64_t N, C, H, W, O, KH, KW, OH, OW, groups;
+  std::vector<int64_t> stride, padding, dilation;
+};
+
+ConvGeometry conv_geometry(const Shape& x, const Shape& w, const Shape& y, const AttrMap& attrs) {
+  return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], attr_int(attrs, "groups"),
+          attr_ints(attrs, "stride"), attr_ints(attrs, "padding"), attr_ints(attrs, "dilation")};
+}
+
+// Calls tap(xi, wi, yi) for every product x[xi] * w[wi] that conv2d adds into y[yi], in the
+// order the forward kernel adds them: output pixel (oh, ow) reads input pixel
+// (oh*stride - padding + kh*dilation, ...), and taps that land in the padding are skipped.
+// The forward kernel and both of its adjoints are this one loop, so they agree by construction.
+template <typename Tap>
+void for_each_conv_tap(const ConvGeometry& g, Tap tap) {
+  int64_t cg = g.C / g.groups, og = g.O / g.groups;  // channels per group, in and out
+  for (int64_t n = 0; n < g.N; ++n)
+    for (int64_t oc = 0; oc < g.O; ++oc) {
+      int64_t group = oc / og;
+      for (int64_t oh = 0; oh < g.OH; ++oh)
+        for (int64_t ow = 0; ow < g.OW; ++ow) {
+          int64_t yi = ((n * g.O + oc) * g.OH + oh) * g.OW + ow;
+          for (int64_t c = 0; c < cg; ++c)
+            for (int64_t kh = 0; kh < g.KH; ++kh)
+              for (int64_t kw = 0; kw < g.KW; ++kw) {
+                int64_t ih = oh * g.stride[0] - g.padding[0] + kh * g.dilation[0];
+                int64_t iw = ow * g.stride[1] - g.padding[1] + kw * g.dilation[1];
+                if (ih < 0 || ih >= g.H || iw < 0 || iw >= g.W) continue;
+                int64_t xi = ((n * g.C + group * cg + c) * g.H + ih) * g.W + iw;
+                tap(xi, ((oc * cg + c) * g.KH + kh) * g.KW + kw, yi);
+              }
+        }
+    }
+}
+
+}  // namespace
+
+// x: [N,C,H,W], w: [O,C/groups,KH,KW], bias: [O] -> [N,O,OH,OW]; out-of-range pixels are zero.
 Tensor eval_conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const AttrMap& attrs,
                    const TensorType& rt) {
-  const auto& stride = attr_ints(attrs, "stride");
-  const auto& padding = attr_ints(attrs, "padding");
-  const auto& dilation = attr_ints(attrs, "dilation");
-  int64_t groups = attr_int(attrs, "groups");
-  int64_t N = x.shape()[0], C = x.shape()[1], H = x.shape()[2], W = x.shape()[3];
-  int64_t O = w.shape()[0], KH = w.shape()[2], KW = w.shape()[3];
-  int64_t OH = rt.shape[2], OW = rt.shape[3];
-  int64_t cg = C / groups, og = O / groups;  // channels per group, in and out
+  ConvGeometry g = conv_geometry(x.shape(), w.shape(), rt.shape, attrs);
   Tensor out(rt.dtype, rt.shape);
   visit_float(x.dtype(), [&]<typename T>() {
     const T* in = x.data<T>();
     const T* wt = w.data<T>();
-    const T* bs = bias ? bias->data<T>() : nullptr;
     T* o = out.data<T>();
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t oc = 0; oc < O; ++oc) {
-        int64_t g = oc / og;
-        for (int64_t oh = 0; oh < OH; ++oh)
-          for (int64_t ow = 0; ow < OW; ++ow) {
-            T acc = 0;
-            for (int64_t c = 0; c < cg; ++c)
-              for (int64_t kh = 0; kh < KH; ++kh)
-                for (int64_t kw = 0; kw < KW; ++kw) {
-                  int64_t ih = oh * stride[0] - padding[0] + kh * dilation[0];
-                  int64_t iw = ow * stride[1] - padding[1] + kw * dilation[1];
-                  if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                  T xv = in[((n * C + g * cg + c) * H + ih) * W + iw];
-                  T wv = wt[((oc * cg + c) * KH + kh) * KW + kw];
-                  acc += xv * wv;
-                }
-            if (bs) acc += bs[oc];
-            o[((n * O + oc) * OH + oh) * OW + ow] = acc;
-          }
-      }
+    for_each_conv_tap(g, [&](int64_t xi, int64_t wi, int64_t yi) { o[yi] += in[xi] * wt[wi]; });
+    if (!bias) return;
+    const T* bs = bias->data<T>();
+    int64_t plane = g.OH * g.OW;
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] += bs[(i / plane) % g.O];
+  });
+  return out;
+}
+
+// The transpose of conv2d in x: every product x[xi] * w[wi] -> y[yi] of the forward op
+// becomes dy[yi] * w[wi] -> dx[xi]. Input pixels that no window reads get zero.
+Tensor eval_conv2d_grad_input(const Tensor& dy, const Tensor& w, const AttrMap& attrs, const TensorType& rt) {
+  ConvGeometry g = conv_geometry(rt.shape, w.shape(), dy.shape(), attrs);
+  Tensor out(rt.dtype, rt.shape);
+  visit_float(dy.dtype(), [&]<typename T>() {
+    const T* d = dy.data<T>();
+    const T* wt = w.data<T>();
+    T* o = out.data<T>();
+    for_each_conv_tap(g, [&](int64_t xi, int64_t wi, int64_t yi) { o[xi] += d[yi] * wt[wi]; });
+  });
+  return out;
+}
+
+// The transpose of conv2d in w: every product x[xi] * w[wi] -> y[yi] becomes
+// x[xi] * dy[yi] -> dw[wi].
+Tensor eval_conv2d_grad_weight(const Tensor& x, const Tensor& dy, const AttrMap& attrs, const TensorType& rt) {
+  ConvGeometry g = conv_geometry(x.shape(), rt.shape, dy.shape(), attrs);
+  Tensor out(rt.dtype, rt.shape);
+  visit_float(x.dtype(), [&]<typename T>() {
+    const T* in = x.data<T>();
+    const T* d = dy.data<T>();
+    T* o = out.data<T>();
+    for_each_conv_tap(g, [&](int64_t xi, int64_t wi, int64_t yi) { o[wi] += in[xi] * d[yi]; });
   });
   return out;
 }
@@ -80,14 +125,15 @@ namespace {
 
 // For each output element of a pooling op: calls cell(i) for every cell of its window,
 // with i the input element's index or -1 for a padding cell, then done(output index).
-// Padding is symmetric; there is no dilation.
+// `x` and `y` are the forward op's input and output shapes. Padding is symmetric; there is
+// no dilation.
 template <typename Cell, typename Done>
-void for_each_window(const Tensor& x, const AttrMap& attrs, const TensorType& rt, Cell cell, Done done) {
+void for_each_window(const Shape& x, const Shape& y, const AttrMap& attrs, Cell cell, Done done) {
   const auto& kernel = attr_ints(attrs, "kernel");
   const auto& stride = attr_ints(attrs, "stride");
   const auto& padding = attr_ints(attrs, "padding");
-  int64_t NC = x.shape()[0] * x.shape()[1], H = x.shape()[2], W = x.shape()[3];
-  int64_t OH = rt.shape[2], OW = rt.shape[3];
+  int64_t NC = x[0] * x[1], H = x[2], W = x[3];
+  int64_t OH = y[2], OW = y[3];
   for (int64_t nc = 0; nc < NC; ++nc)
     for (int64_t oh = 0; oh < OH; ++oh)
       for (int64_t ow = 0; ow < OW; ++ow) {
@@ -112,7 +158,7 @@ Tensor eval_max_pool2d(const Tensor& x, const AttrMap& attrs, const TensorType& 
     T* o = out.data<T>();
     T acc = -std::numeric_limits<T>::infinity();
     for_each_window(
-        x, attrs, rt,
+        x.shape(), rt.shape, attrs,
         [&](int64_t src) {
           if (src < 0) return;  // padding
           T v = in[src];
@@ -136,7 +182,7 @@ Tensor eval_avg_pool2d(const Tensor& x, const AttrMap& attrs, const TensorType& 
     T sum = 0;
     int64_t cells = 0, inside = 0;
     for_each_window(
-        x, attrs, rt,
+        x.shape(), rt.shape, attrs,
         [&](int64_t src) {
           ++cells;
           if (src < 0) return;
@@ -147,6 +193,58 @@ Tensor eval_avg_pool2d(const Tensor& x, const AttrMap& attrs, const TensorType& 
           o[dst] = sum / static_cast<T>(include_pad ? cells : inside);
           sum = 0;
           cells = inside = 0;
+        });
+  });
+  return out;
+}
+
+// The first maximum of each window, found exactly as eval_max_pool2d finds it (padding
+// never wins, the first NaN wins over everything, otherwise the first strict maximum), gets
+// that window's dy. A window whose cells are all -inf sends dy to its first real cell, whose
+// value the forward op returned.
+Tensor eval_max_pool2d_grad(const Tensor& x, const Tensor& dy, const AttrMap& attrs, const TensorType& rt) {
+  Tensor out(rt.dtype, rt.shape);
+  visit_float(x.dtype(), [&]<typename T>() {
+    const T* in = x.data<T>();
+    const T* d = dy.data<T>();
+    T* o = out.data<T>();
+    int64_t best = -1;
+    for_each_window(
+        x.shape(), dy.shape(), attrs,
+        [&](int64_t src) {
+          if (src < 0) return;  // padding
+          T v = in[src];
+          if (best < 0 || (!std::isnan(in[best]) && (std::isnan(v) || v > in[best]))) best = src;
+        },
+        [&](int64_t dst) {
+          if (best >= 0) o[best] += d[dst];  // no real cell only when H or W is 0
+          best = -1;
+        });
+  });
+  return out;
+}
+
+// The transpose of avg_pool2d: each dy cell is divided by its window's divisor (KH*KW when
+// count_include_pad, else the number of real cells) and added to each real cell.
+Tensor eval_avg_pool2d_grad(const Tensor& dy, const AttrMap& attrs, const TensorType& rt) {
+  bool include_pad = attr_bool(attrs, "count_include_pad");
+  Tensor out(rt.dtype, rt.shape);
+  visit_float(dy.dtype(), [&]<typename T>() {
+    const T* d = dy.data<T>();
+    T* o = out.data<T>();
+    std::vector<int64_t> window;  // the real cells of the current window
+    int64_t cells = 0;
+    for_each_window(
+        rt.shape, dy.shape(), attrs,
+        [&](int64_t src) {
+          ++cells;
+          if (src >= 0) window.push_back(src);
+        },
+        [&](int64_t dst) {
+          T share = d[dst] / static_cast<T>(include_pad ? cells : static_cast<int64_t>(window.size()));
+          for (int64_t src : window) o[src] += share;
+          window.clear();
+          cells = 0;
         });
   });
   return out;

@@ -33,6 +33,7 @@ enum OpTrait : uint32_t {
   kShape = 1u << 6,
   kFloatOnly = 1u << 7,          // operands must be f32 or f64
   kNonDifferentiable = 1u << 8,  // gradients stop here
+  kBackwardOnly = 1u << 9,       // emitted by autodiff; has no gradient rule itself
 };
 
 struct AttrSpec {

@@ -101,17 +101,53 @@ int64_t pooled_size(const Rule& r, int64_t in, int64_t k, int64_t s, int64_t p, 
   return out;
 }
 
-TensorType pool(const Rule& r) {
-  const TensorType& x = r.in[0];
-  r.want_float(0);
-  if (x.rank() != 4) r.fail("input must be [N,C,H,W]");
+// The pooled shape of an [N,C,H,W] input `x` (an operand, or rebuilt from input_size).
+Shape pooled_shape(const Rule& r, const Shape& x) {
   const auto& k = r.ints("kernel", 2);
   const auto& s = r.ints("stride", 2);
   const auto& p = r.ints("padding", 2);
   for (int i = 0; i < 2; ++i)
     if (r.mul(p[i], 2) > k[i]) r.fail("padding must be at most half the kernel");
-  return {x.dtype, {x.shape[0], x.shape[1], pooled_size(r, x.shape[2], k[0], s[0], p[0], 1, "height"),
-                    pooled_size(r, x.shape[3], k[1], s[1], p[1], 1, "width")}};
+  return {x[0], x[1], pooled_size(r, x[2], k[0], s[0], p[0], 1, "height"),
+          pooled_size(r, x[3], k[1], s[1], p[1], 1, "width")};
+}
+
+TensorType pool(const Rule& r) {
+  const TensorType& x = r.in[0];
+  r.want_float(0);
+  if (x.rank() != 4) r.fail("input must be [N,C,H,W]");
+  return {x.dtype, pooled_shape(r, x.shape)};
+}
+
+// The conv2d output shape of input `x` [N,C,H,W] and weight `w` [O,C/groups,KH,KW], with
+// C, O and groups already checked to agree.
+Shape conv_shape(const Rule& r, const Shape& x, const Shape& w) {
+  const auto& st = r.ints("stride", 2);
+  const auto& pd = r.ints("padding", 2);
+  const auto& dl = r.ints("dilation", 2);
+  return {x[0], w[0], pooled_size(r, x[2], w[2], st[0], pd[0], dl[0], "height"),
+          pooled_size(r, x[3], w[3], st[1], pd[1], dl[1], "width")};
+}
+
+int64_t groups_of(const Rule& r) {
+  int64_t groups = attr_int(r.attrs, "groups");
+  if (groups <= 0) r.fail("groups must be positive");
+  return groups;
+}
+
+// [H, W] of the forward input, for the backward ops that cannot read it off an operand.
+const std::vector<int64_t>& input_size(const Rule& r) {
+  const auto& hw = r.ints("input_size", 2);
+  if (hw[0] < 0 || hw[1] < 0) r.fail("input_size must be non-negative");
+  return hw;
+}
+
+// The backward ops take dy of the forward op's result shape; `forward` is what the forward
+// op gives for the input the backward op describes.
+void want_dy(const Rule& r, const Shape& dy, const char* forward_op, const Shape& input, const Shape& forward) {
+  if (dy != forward)
+    r.fail("dy is " + shape_str(dy) + " but " + forward_op + " of input " + shape_str(input) + " gives " +
+           shape_str(forward));
 }
 
 }  // namespace
@@ -251,11 +287,7 @@ TensorType infer_type(Op op, const std::vector<TensorType>& in, const AttrMap& a
       r.want_same_dtype(0, 1);
       if (x.rank() != 4) r.fail("input must be [N,C,H,W]");
       if (w.rank() != 4) r.fail("weight must be [O,C/groups,KH,KW]");
-      const auto& st = r.ints("stride", 2);
-      const auto& pd = r.ints("padding", 2);
-      const auto& dl = r.ints("dilation", 2);
-      int64_t groups = attr_int(attrs, "groups");
-      if (groups <= 0) r.fail("groups must be positive");
+      int64_t groups = groups_of(r);
       if (x.shape[1] % groups || w.shape[0] % groups)
         r.fail("channels " + std::to_string(x.shape[1]) + " and " + std::to_string(w.shape[0]) +
                " must both divide by groups " + std::to_string(groups));
@@ -266,12 +298,52 @@ TensorType infer_type(Op op, const std::vector<TensorType>& in, const AttrMap& a
         r.want_same_dtype(0, 2);
         if (in[2].shape != Shape{w.shape[0]}) r.fail("bias must be [" + std::to_string(w.shape[0]) + "]");
       }
-      return {x.dtype, {x.shape[0], w.shape[0], pooled_size(r, x.shape[2], w.shape[2], st[0], pd[0], dl[0], "height"),
-                        pooled_size(r, x.shape[3], w.shape[3], st[1], pd[1], dl[1], "width")}};
+      return {x.dtype, conv_shape(r, x.shape, w.shape)};
     }
     case Op::MaxPool2d:
     case Op::AvgPool2d:
       return pool(r);
+    case Op::Conv2dGradInput: {
+      const TensorType &dy = in[0], &w = in[1];
+      r.want_same_dtype(0, 1);
+      if (dy.rank() != 4) r.fail("dy must be [N,O,OH,OW]");
+      if (w.rank() != 4) r.fail("weight must be [O,C/groups,KH,KW]");
+      const auto& hw = input_size(r);
+      int64_t groups = groups_of(r);
+      if (w.shape[0] % groups)
+        r.fail("output channels " + std::to_string(w.shape[0]) + " must divide by groups " + std::to_string(groups));
+      Shape x{dy.shape[0], r.mul(w.shape[1], groups), hw[0], hw[1]};
+      want_dy(r, dy.shape, "a conv2d", x, conv_shape(r, x, w.shape));
+      return {dy.dtype, x};
+    }
+    case Op::Conv2dGradWeight: {
+      const TensorType &x = in[0], &dy = in[1];
+      r.want_same_dtype(0, 1);
+      if (x.rank() != 4) r.fail("input must be [N,C,H,W]");
+      if (dy.rank() != 4) r.fail("dy must be [N,O,OH,OW]");
+      const auto& k = r.ints("kernel", 2);
+      int64_t groups = groups_of(r);
+      if (x.shape[1] % groups || dy.shape[1] % groups)
+        r.fail("channels " + std::to_string(x.shape[1]) + " and " + std::to_string(dy.shape[1]) +
+               " must both divide by groups " + std::to_string(groups));
+      Shape w{dy.shape[1], x.shape[1] / groups, k[0], k[1]};
+      want_dy(r, dy.shape, "a conv2d", x.shape, conv_shape(r, x.shape, w));
+      return {x.dtype, w};
+    }
+    case Op::MaxPool2dGrad: {
+      r.want_same_dtype(0, 1);
+      TensorType y = pool(r);
+      want_dy(r, in[1].shape, "a max_pool2d", in[0].shape, y.shape);
+      return in[0];
+    }
+    case Op::AvgPool2dGrad: {
+      const TensorType& dy = in[0];
+      if (dy.rank() != 4) r.fail("dy must be [N,C,OH,OW]");
+      const auto& hw = input_size(r);
+      Shape x{dy.shape[0], dy.shape[1], hw[0], hw[1]};
+      want_dy(r, dy.shape, "an avg_pool2d", x, pooled_shape(r, x));
+      return {dy.dtype, x};
+    }
     case Op::Softmax:
     case Op::LogSoftmax:
       if (in[0].rank() == 0) r.fail("operand must have rank 1 or more");

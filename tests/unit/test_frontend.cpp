@@ -115,6 +115,8 @@ TEST_CASE("every op in ops.def has a builder", "[frontend]") {
   Sym k = t.input("k", f32({3, 2, 3, 3}));
   Sym kb = t.input("kb", f32({3}));
   Sym idx = t.input("idx", {DType::i32, {2}});
+  Sym dy = t.input("dy", f32({1, 3, 4, 4}));      // conv2d(img, k, {.padding = {1, 1}})'s shape
+  Sym dpool = t.input("dpool", f32({1, 2, 2, 2}));  // a 2x2 pooling of img
   std::vector<Sym> built = {
       neg(x), abs(x), exp(x), log(x), sqrt(x), rsqrt(x), tanh(x), sigmoid(x), relu(x),
       add(x, x), sub(x, x), mul(x, x), div(x, x), pow(x, 2.0), maximum(x, x), minimum(x, x),
@@ -125,7 +127,10 @@ TEST_CASE("every op in ops.def has a builder", "[frontend]") {
       slice(x, {0, 1}, {2, 3}), concat({x, x}, 0), pad(x, {1, 0}, {0, 2}),
       matmul(x, transpose(x)), conv2d(img, k, kb, {.padding = {1, 1}}),
       max_pool2d(img, {2, 2}), avg_pool2d(img, {2, 2}),
-      softmax(x), log_softmax(x, 0), one_hot(idx, 5), t.constant(Tensor(DType::f32, {2}))};
+      softmax(x), log_softmax(x, 0), one_hot(idx, 5), t.constant(Tensor(DType::f32, {2})),
+      conv2d_grad_input(dy, k, {4, 4}, {.padding = {1, 1}}),
+      conv2d_grad_weight(img, dy, {3, 3}, {.padding = {1, 1}}),
+      max_pool2d_grad(img, dpool, {2, 2}), avg_pool2d_grad(dpool, {4, 4}, {2, 2})};
   std::set<Op> seen;
   for (const Node& n : t.graph().nodes()) seen.insert(n.op);
   for (Op op : all_ops()) {
@@ -149,6 +154,13 @@ TEST_CASE("every op in ops.def has a builder", "[frontend]") {
   CHECK(attr_int(node_of(argmax(x)).attrs, "axis") == 1);
   CHECK(attr_ints(node_of(max_pool2d(img, {2, 2})).attrs, "stride") == std::vector<int64_t>{2, 2});
   CHECK(x.dim(-1) == 3);
+  CHECK(conv2d_grad_input(dy, k, {4, 4}, {.padding = {1, 1}}).type() == img.type());
+  CHECK(conv2d_grad_weight(img, dy, {3, 3}, {.padding = {1, 1}}).type() == k.type());
+  CHECK(max_pool2d_grad(img, dpool, {2, 2}).type() == img.type());
+  CHECK(attr_ints(node_of(max_pool2d_grad(img, dpool, {2, 2})).attrs, "stride") == std::vector<int64_t>{2, 2});
+  CHECK(avg_pool2d_grad(dpool, {4, 4}, {2, 2}, {}, {0, 0}, false).type() == img.type());
+  CHECK(attr_ints(node_of(conv2d_grad_input(dy, k, {4, 4}, {.padding = {1, 1}})).attrs, "input_size") ==
+        std::vector<int64_t>{4, 4});
   CHECK(built.size() > 40);
   CHECK_NOTHROW(t.finish());
 }
@@ -171,6 +183,14 @@ TEST_CASE("shape errors name the user's source line", "[frontend]") {
   line = __LINE__ + 1;
   msg = error_of([&] { return sum(a, {2}); });
   CHECK_THAT(msg, ContainsSubstring("out of range"));
+  CHECK_THAT(msg, ContainsSubstring(here(line)));
+
+  // Backward builders too: dy that no conv2d of a [1,2,5,5] input with this weight gives.
+  Sym dy = t.input("dy", f32({1, 3, 4, 4}));
+  Sym w = t.input("w", f32({3, 2, 3, 3}));
+  line = __LINE__ + 1;
+  msg = error_of([&] { return conv2d_grad_input(dy, w, {5, 5}); });
+  CHECK_THAT(msg, ContainsSubstring("dy is [1,3,4,4] but a conv2d of input [1,2,5,5] gives [1,3,3,3]"));
   CHECK_THAT(msg, ContainsSubstring(here(line)));
 
   // Through a module: the line that applied it.

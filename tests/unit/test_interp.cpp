@@ -6,8 +6,10 @@
 #include <catch2/matchers/catch_matchers_exception.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "ir/interp.h"
 
@@ -413,6 +415,146 @@ void case_avg_pool2d() {
          {1.3333333333333333, 1.7777777777777777, 2.6666666666666667, 3.1111111111111111}, kF64);
 }
 
+// --- Backward ops of conv2d and pooling -----------------------------------------------------
+// dy values are powers of ten where they can be, so each digit of a result shows which
+// output cells reached that element.
+
+const Tensor kDy4 = f32({1, 1, 2, 2}, {1, 10, 100, 1000});
+
+AttrMap conv_grad_attrs(const char* size_name, Ints size, Ints stride = {1, 1}, Ints padding = {0, 0},
+                        Ints dilation = {1, 1}, int64_t groups = 1) {
+  return {{size_name, size}, {"stride", stride}, {"padding", padding}, {"dilation", dilation}, {"groups", groups}};
+}
+
+void case_conv2d_grad_input() {
+  auto attrs = [](Ints size, Ints stride = {1, 1}, Ints padding = {0, 0}, Ints dilation = {1, 1},
+                  int64_t groups = 1) {
+    return conv_grad_attrs("input_size", size, stride, padding, dilation, groups);
+  };
+  // dx[i,j] = sum of dy[oh,ow] * w[i-oh, j-ow]: the kernel scattered from every output cell.
+  expect(run(Op::Conv2dGradInput, {kDy4, kW2}, attrs({3, 3})), DType::f32, {1, 1, 3, 3},
+         {1, 12, 20, 103, 1234, 2040, 300, 3400, 4000});
+  // Stride 2, padding 1: the windows tile the padded 4x4, so each pixel has one (window, tap).
+  expect(run(Op::Conv2dGradInput, {kDy4, kW2}, attrs({3, 3}, {2, 2}, {1, 1})), DType::f32, {1, 1, 3, 3},
+         {4, 30, 40, 200, 1000, 2000, 400, 3000, 4000});
+  // 1x1 kernel at stride 2 over a 3x4 input: rows 1, columns 1 and 3 are never read.
+  expect(run(Op::Conv2dGradInput, {f32({1, 1, 2, 2}, {1, 2, 3, 4}), f32({1, 1, 1, 1}, {2})}, attrs({3, 4}, {2, 2})),
+         DType::f32, {1, 1, 3, 4}, {2, 0, 4, 0, 0, 0, 0, 0, 6, 0, 8, 0});
+  // Dilation 2 over 4x4: pixel (i,j) is tap (i/2, j/2) of output (i%2, j%2).
+  expect(run(Op::Conv2dGradInput, {kDy4, kW2}, attrs({4, 4}, {1, 1}, {0, 0}, {2, 2})), DType::f32, {1, 1, 4, 4},
+         {1, 10, 2, 20, 100, 1000, 200, 2000, 3, 30, 4, 40, 300, 3000, 400, 4000});
+  // Input channels and a batch: dx[n, c] = dy[n] * w[c].
+  expect(run(Op::Conv2dGradInput, {f32({2, 1, 1, 1}, {3, 5}), f32({1, 2, 1, 1}, {1, 10})}, attrs({1, 1})),
+         DType::f32, {2, 2, 1, 1}, {3, 30, 5, 50});
+  // Groups 2, 1x1: channel 0 = 1*dy[0] + 2*dy[1], channel 1 = 3*dy[2] + 4*dy[3].
+  Tensor dy4 = f32({1, 4, 2, 2}, {1, 2, 3, 4, 10, 20, 30, 40, 1, 1, 1, 1, 0, 0, 0, 1});
+  expect(run(Op::Conv2dGradInput, {dy4, f32({4, 1, 1, 1}, {1, 2, 3, 4})}, attrs({2, 2}, {1, 1}, {0, 0}, {1, 1}, 2)),
+         DType::f32, {1, 2, 2, 2}, {21, 42, 63, 84, 3, 3, 3, 7});
+  // All at once (the conv2d case above): every output of a group reads only the centre
+  // pixel, through w[3], w[2], w[1], w[0] for outputs (0,0), (0,1), (1,0), (1,1).
+  Tensor w = f32({2, 1, 2, 2}, {1, 2, 3, 4, 1, 0, 0, -1});
+  Tensor dy = f32({1, 2, 2, 2}, {1, 10, 100, 1000, 1, 2, 3, 4});
+  expect(run(Op::Conv2dGradInput, {dy, w}, attrs({3, 3}, {2, 2}, {1, 1}, {2, 2}, 2)), DType::f32, {1, 2, 3, 3},
+         {0, 0, 0, 0, 1234, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0});
+  expect(run(Op::Conv2dGradInput, {kDy4.cast(DType::f64), kW2.cast(DType::f64)}, attrs({3, 3})), DType::f64,
+         {1, 1, 3, 3}, {1, 12, 20, 103, 1234, 2040, 300, 3400, 4000});
+}
+
+void case_conv2d_grad_weight() {
+  auto attrs = [](Ints kernel, Ints stride = {1, 1}, Ints padding = {0, 0}, Ints dilation = {1, 1},
+                  int64_t groups = 1) {
+    return conv_grad_attrs("kernel", kernel, stride, padding, dilation, groups);
+  };
+  // dw[kh,kw] = sum of x[oh+kh, ow+kw] * dy[oh,ow] over x = 1..9.
+  expect(run(Op::Conv2dGradWeight, {kX3, kDy4}, attrs({2, 2})), DType::f32, {1, 1, 2, 2}, {5421, 6532, 8754, 9865});
+  // Stride 2, padding 1: taps that land in the padding add nothing.
+  expect(run(Op::Conv2dGradWeight, {kX3, kDy4}, attrs({2, 2}, {2, 2}, {1, 1})), DType::f32, {1, 1, 2, 2},
+         {5000, 6400, 8020, 9731});
+  // Dilation 2 over x[r,c] = 4r + c.
+  expect(run(Op::Conv2dGradWeight, {iota(DType::f32, {1, 1, 4, 4}), kDy4}, attrs({2, 2}, {1, 1}, {0, 0}, {2, 2})),
+         DType::f32, {1, 1, 2, 2}, {5410, 7632, 14298, 16520});
+  // 1x1 at stride 2 over x[r,c] = 4r + c, 3x4: reads x[0,0], x[0,2], x[2,0], x[2,2] = 0, 2, 8, 10.
+  expect(run(Op::Conv2dGradWeight, {iota(DType::f32, {1, 1, 3, 4}), kDy4}, attrs({1, 1}, {2, 2})), DType::f32,
+         {1, 1, 1, 1}, {10820});
+  // Channels and a batch: dw[0, c] = sum over n of x[n, c] * dy[n].
+  expect(run(Op::Conv2dGradWeight, {f32({2, 2, 1, 1}, {1, 2, 3, 4}), f32({2, 1, 1, 1}, {10, 100})}, attrs({1, 1})),
+         DType::f32, {1, 2, 1, 1}, {310, 420});
+  // Groups 2, 1x1: outputs 0, 1 see channel 0 = {1,2,3,4}; outputs 2, 3 see {5,6,7,8}.
+  Tensor x2 = f32({1, 2, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
+  Tensor dy = f32({1, 4, 2, 2}, {1, 0, 0, 0, 0, 1, 1, 0, 1, 1, 1, 1, 0, 0, 0, 2});
+  expect(run(Op::Conv2dGradWeight, {x2, dy}, attrs({1, 1}, {1, 1}, {0, 0}, {1, 1}, 2)), DType::f32, {4, 1, 1, 1},
+         {1, 5, 26, 16});
+  // All at once: only the centre pixels (5 and 14) are read, by taps w[3], w[2], w[1], w[0]
+  // of outputs (0,0), (0,1), (1,0), (1,1).
+  Tensor x = f32({1, 2, 3, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18});
+  Tensor dy2 = f32({1, 2, 2, 2}, {1, 10, 100, 1000, 1, 2, 3, 4});
+  expect(run(Op::Conv2dGradWeight, {x, dy2}, attrs({2, 2}, {2, 2}, {1, 1}, {2, 2}, 2)), DType::f32, {2, 1, 2, 2},
+         {5000, 500, 50, 5, 56, 42, 28, 14});
+  expect(run(Op::Conv2dGradWeight, {kX3.cast(DType::f64), kDy4.cast(DType::f64)}, attrs({2, 2})), DType::f64,
+         {1, 1, 2, 2}, {5421, 6532, 8754, 9865});
+}
+
+void case_max_pool2d_grad() {
+  auto grad = [](const Tensor& x, const Tensor& dy, Ints k, Ints s, Ints p) {
+    return run(Op::MaxPool2dGrad, {x, dy}, pool_attrs(std::move(k), std::move(s), std::move(p)));
+  };
+  // Window maxima 8 (twice, at index 3), 5 (index 1) and 7 (index 8).
+  Tensor x = f32({1, 1, 3, 3}, {1, 5, 2, 8, -1, 3, 0, 4, 7});
+  expect(grad(x, kDy4, {2, 2}, {1, 1}, {0, 0}), DType::f32, {1, 1, 3, 3}, {0, 10, 0, 101, 0, 0, 0, 0, 1000});
+  // Ties go to the first maximum in row-major window order; both windows pick index 1.
+  expect(grad(f32({1, 1, 2, 3}, {1, 4, 4, 4, 2, 0}), f32({1, 1, 1, 2}, {1, 10}), {2, 2}, {1, 1}, {0, 0}), DType::f32,
+         {1, 1, 2, 3}, {0, 11, 0, 0, 0, 0});
+  expect(grad(f32({1, 1, 2, 2}, {3, 3, 3, 3}), f32({1, 1, 1, 1}, {7}), {2, 2}, {2, 2}, {0, 0}), DType::f32,
+         {1, 1, 2, 2}, {7, 0, 0, 0});
+  // Padded cells never win, even over negative values: each window's one real cell does.
+  expect(grad(f32({1, 1, 2, 2}, {-1, -2, -3, -4}), f32({1, 1, 2, 2}, {1, 2, 3, 4}), {2, 2}, {2, 2}, {1, 1}),
+         DType::f32, {1, 1, 2, 2}, {1, 2, 3, 4});
+  // 3x3 windows at stride 2 over padded 1..9: maxima 5, 6, 8, 9.
+  expect(grad(kX3, kDy4, {3, 3}, {2, 2}, {1, 1}), DType::f32, {1, 1, 3, 3}, {0, 0, 0, 0, 1, 10, 0, 100, 1000});
+  // Each (n, c) plane on its own.
+  expect(grad(f32({1, 2, 2, 2}, {1, 2, 3, 4, 8, 7, 6, 5}), f32({1, 2, 1, 1}, {1, 10}), {2, 2}, {2, 2}, {0, 0}),
+         DType::f32, {1, 2, 2, 2}, {0, 0, 0, 1, 10, 0, 0, 0});
+  // As in the forward op, the first NaN of a window wins over everything.
+  expect(grad(f32({1, 1, 1, 4}, {5, kNaN, 7, kNaN}), f32({1, 1, 1, 3}, {1, 10, 100}), {1, 2}, {1, 1}, {0, 0}),
+         DType::f32, {1, 1, 1, 4}, {0, 11, 0, 100});
+  // A window of -inf returns -inf, from its first real cell.
+  expect(grad(f32({1, 1, 1, 3}, {-kInf, -kInf, -kInf}), f32({1, 1, 1, 2}, {1, 10}), {1, 2}, {1, 1}, {0, 0}),
+         DType::f32, {1, 1, 1, 3}, {1, 10, 0});
+  expect(grad(f32({1, 1, 1, 2}, {-kInf, -kInf}), f32({1, 1, 1, 2}, {1, 10}), {1, 2}, {1, 2}, {0, 1}), DType::f32,
+         {1, 1, 1, 2}, {1, 10});
+  expect(grad(x.cast(DType::f64), kDy4.cast(DType::f64), {2, 2}, {1, 1}, {0, 0}), DType::f64, {1, 1, 3, 3},
+         {0, 10, 0, 101, 0, 0, 0, 0, 1000});
+}
+
+void case_avg_pool2d_grad() {
+  auto grad = [](const Tensor& dy, Ints size, Ints k, Ints s, Ints p, bool include) {
+    AttrMap a = pool_attrs(std::move(k), std::move(s), std::move(p));
+    a["input_size"] = std::move(size);
+    a["count_include_pad"] = include;
+    return run(Op::AvgPool2dGrad, {dy}, a);
+  };
+  // Each dy cell / 4 onto its 2x2 window.
+  expect(grad(kDy4, {3, 3}, {2, 2}, {1, 1}, {0, 0}, true), DType::f32, {1, 1, 3, 3},
+         {0.25, 2.75, 2.5, 25.25, 277.75, 252.5, 25, 275, 250});
+  // One real cell per window: divided by 4 with count_include_pad, passed through without.
+  Tensor dy = f32({1, 1, 2, 2}, {1, 2, 3, 4});
+  expect(grad(dy, {2, 2}, {2, 2}, {2, 2}, {1, 1}, true), DType::f32, {1, 1, 2, 2}, {0.25, 0.5, 0.75, 1});
+  expect(grad(dy, {2, 2}, {2, 2}, {2, 2}, {1, 1}, false), DType::f32, {1, 1, 2, 2}, {1, 2, 3, 4});
+  // 3x3 windows at stride 2 over a padded 3x3: 4 real cells of 9 in each, so shares of
+  // 1, 2, 4, 8 either way, overlapping in the middle row and column.
+  expect(grad(f32({1, 1, 2, 2}, {9, 18, 36, 72}), {3, 3}, {3, 3}, {2, 2}, {1, 1}, true), DType::f32, {1, 1, 3, 3},
+         {1, 3, 2, 5, 15, 10, 4, 12, 8});
+  expect(grad(f32({1, 1, 2, 2}, {4, 8, 16, 32}), {3, 3}, {3, 3}, {2, 2}, {1, 1}, false), DType::f32, {1, 1, 3, 3},
+         {1, 3, 2, 5, 15, 10, 4, 12, 8});
+  // Stride 2 over 3x5: the last row and column are in no window.
+  expect(grad(f32({1, 1, 1, 2}, {4, 8}), {3, 5}, {2, 2}, {2, 2}, {0, 0}, true), DType::f32, {1, 1, 3, 5},
+         {1, 1, 2, 2, 0, 1, 1, 2, 2, 0, 0, 0, 0, 0, 0});
+  // Planes on their own, in f64.
+  expect(grad(f64({1, 2, 1, 1}, {1, 9}), {3, 3}, {3, 3}, {1, 1}, {0, 0}, true), DType::f64, {1, 2, 3, 3},
+         {1.0 / 9, 1.0 / 9, 1.0 / 9, 1.0 / 9, 1.0 / 9, 1.0 / 9, 1.0 / 9, 1.0 / 9, 1.0 / 9, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+         kF64);
+}
+
 // --- Normalizations, one_hot, constant ------------------------------------------------------
 
 void case_softmax() {
@@ -497,6 +639,10 @@ void run_case(Op op) {
     case Op::Conv2d: return case_conv2d();
     case Op::MaxPool2d: return case_max_pool2d();
     case Op::AvgPool2d: return case_avg_pool2d();
+    case Op::Conv2dGradInput: return case_conv2d_grad_input();
+    case Op::Conv2dGradWeight: return case_conv2d_grad_weight();
+    case Op::MaxPool2dGrad: return case_max_pool2d_grad();
+    case Op::AvgPool2dGrad: return case_avg_pool2d_grad();
     case Op::Softmax: return case_softmax();
     case Op::LogSoftmax: return case_log_softmax();
     case Op::OneHot: return case_one_hot();
@@ -510,6 +656,111 @@ void run_case(Op op) {
 TEST_CASE("interp: every op in ops.def", "[interp]") {
   for (Op op : all_ops()) {
     DYNAMIC_SECTION(op_name(op)) { run_case(op); }
+  }
+}
+
+namespace {
+
+// Uniform values in [-1, 1) from a fixed seed; with probability one no two are equal.
+Tensor random_f64(Shape s, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> u(-1, 1);
+  Tensor t(DType::f64, std::move(s));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = u(rng);
+  return t;
+}
+
+// <a, b> and, for the tolerance, the sum of |a_i * b_i|.
+std::pair<double, double> dot(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.type() == b.type());
+  double sum = 0, scale = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double p = a.data<double>()[i] * b.data<double>()[i];
+    sum += p;
+    scale += std::fabs(p);
+  }
+  return {sum, scale};
+}
+
+// <f(u), dy> == <u, g(dy)>: the backward op is the transpose of the forward op.
+void check_adjoint(const Tensor& fwd, const Tensor& dy, const Tensor& u, const Tensor& back) {
+  auto [lhs, lhs_scale] = dot(fwd, dy);
+  auto [rhs, rhs_scale] = dot(u, back);
+  INFO("<f(u), dy> = " << lhs << ", <u, f^T(dy)> = " << rhs);
+  CHECK(std::fabs(lhs - rhs) <= 1e-12 * std::max(lhs_scale, rhs_scale));
+  CHECK(lhs_scale > 0);  // the case exercises something
+}
+
+}  // namespace
+
+TEST_CASE("interp: conv2d_grad_input and conv2d_grad_weight are the transposes of conv2d", "[interp]") {
+  struct Conv {
+    Shape x, w;
+    Ints stride, padding, dilation;
+    int64_t groups;
+  };
+  const Conv cases[] = {
+      {{2, 3, 5, 5}, {4, 3, 3, 3}, {1, 1}, {0, 0}, {1, 1}, 1},
+      {{1, 4, 7, 6}, {6, 2, 3, 2}, {2, 1}, {1, 0}, {1, 1}, 2},   // groups, non-square kernel
+      {{2, 4, 9, 8}, {4, 1, 2, 3}, {3, 2}, {1, 2}, {2, 1}, 4},   // depthwise, stride 3 leaves rows unread
+      {{1, 2, 6, 7}, {2, 2, 3, 3}, {2, 3}, {2, 1}, {2, 2}, 1},   // odd sizes, stride does not divide
+      {{1, 6, 5, 4}, {3, 2, 1, 1}, {2, 2}, {0, 0}, {1, 1}, 3},   // strided 1x1
+      {{3, 1, 4, 4}, {2, 1, 4, 4}, {1, 1}, {3, 3}, {1, 1}, 1},   // padding as large as the kernel
+      {{1, 2, 3, 3}, {2, 1, 2, 2}, {2, 2}, {1, 1}, {2, 2}, 2},   // the hand-worked all-at-once case
+      {{2, 6, 8, 5}, {4, 3, 3, 2}, {1, 2}, {2, 0}, {3, 2}, 2},
+  };
+  std::mt19937_64 rng(20240607);
+  for (const Conv& c : cases) {
+    CAPTURE(shape_str(c.x), shape_str(c.w), shape_str(c.stride), shape_str(c.padding), shape_str(c.dilation), c.groups);
+    AttrMap fwd_attrs{{"stride", c.stride}, {"padding", c.padding}, {"dilation", c.dilation}, {"groups", c.groups}};
+    Tensor x = random_f64(c.x, rng), w = random_f64(c.w, rng);
+    Tensor y = run(Op::Conv2d, {x, w}, fwd_attrs);
+    Tensor dy = random_f64(y.shape(), rng);
+    AttrMap gi = fwd_attrs, gw = fwd_attrs;
+    gi["input_size"] = Ints{c.x[2], c.x[3]};
+    gw["kernel"] = Ints{c.w[2], c.w[3]};
+    Tensor dx = run(Op::Conv2dGradInput, {dy, w}, gi);
+    Tensor dw = run(Op::Conv2dGradWeight, {x, dy}, gw);
+    REQUIRE(dx.type() == x.type());
+    REQUIRE(dw.type() == w.type());
+    check_adjoint(y, dy, x, dx);  // linear in x for fixed w
+    check_adjoint(y, dy, w, dw);  // linear in w for fixed x
+  }
+}
+
+TEST_CASE("interp: max_pool2d_grad and avg_pool2d_grad are the transposes of pooling", "[interp]") {
+  struct Pool {
+    Shape x;
+    Ints kernel, stride, padding;
+  };
+  const Pool cases[] = {
+      {{2, 3, 6, 6}, {2, 2}, {2, 2}, {0, 0}},
+      {{1, 2, 7, 5}, {3, 2}, {2, 1}, {1, 1}},  // overlapping windows, padding
+      {{1, 1, 8, 9}, {3, 3}, {3, 2}, {1, 0}},  // stride does not divide
+      {{2, 2, 5, 5}, {4, 2}, {1, 3}, {2, 1}},  // padding of half the kernel
+      {{1, 3, 4, 7}, {1, 3}, {1, 1}, {0, 1}},
+      {{1, 1, 3, 3}, {3, 3}, {2, 2}, {1, 1}},
+  };
+  std::mt19937_64 rng(7);
+  for (const Pool& c : cases) {
+    CAPTURE(shape_str(c.x), shape_str(c.kernel), shape_str(c.stride), shape_str(c.padding));
+    AttrMap attrs = pool_attrs(c.kernel, c.stride, c.padding);
+    Tensor x = random_f64(c.x, rng);
+    // max_pool2d is linear in x where x's values are distinct (the winners do not move).
+    Tensor y = run(Op::MaxPool2d, {x}, attrs);
+    Tensor dy = random_f64(y.shape(), rng);
+    Tensor dx = run(Op::MaxPool2dGrad, {x, dy}, attrs);
+    REQUIRE(dx.type() == x.type());
+    check_adjoint(y, dy, x, dx);
+    for (bool include : {true, false}) {
+      CAPTURE(include);
+      AttrMap a = attrs;
+      a["count_include_pad"] = include;
+      Tensor ya = run(Op::AvgPool2d, {x}, a);
+      a["input_size"] = Ints{c.x[2], c.x[3]};
+      Tensor dxa = run(Op::AvgPool2dGrad, {dy}, a);
+      REQUIRE(dxa.type() == x.type());
+      check_adjoint(ya, dy, x, dxa);
+    }
   }
 }
 

@@ -131,6 +131,53 @@ Graph graph_for(Op op, bool alt) {
       r = g.add_node(op, {x}, attrs);
       break;
     }
+    case Op::Conv2dGradInput: {
+      if (!alt) {
+        ValueId dy = g.add_input("dy", f32({1, 4, 5, 5}));
+        ValueId w = g.add_input("w", f32({4, 2, 3, 3}), true);
+        r = g.add_node(op, {dy, w}, {{"input_size", ints({7, 7})}});
+        break;
+      }
+      ValueId dy = g.add_input("dy", f32({1, 4, 4, 3}));
+      ValueId w = g.add_input("w", f32({4, 1, 3, 3}), true);
+      r = g.add_node(op, {dy, w}, {{"input_size", ints({7, 7})}, {"stride", ints({2, 1})}, {"padding", ints({1, 0})},
+                                   {"dilation", ints({1, 2})}, {"groups", int64_t{2}}});
+      break;
+    }
+    case Op::Conv2dGradWeight: {
+      ValueId x = g.add_input("x", f32({1, 2, 7, 7}));
+      if (!alt) {
+        ValueId dy = g.add_input("dy", f32({1, 4, 5, 5}));
+        r = g.add_node(op, {x, dy}, {{"kernel", ints({3, 3})}});
+        break;
+      }
+      ValueId dy = g.add_input("dy", f32({1, 4, 4, 3}));
+      r = g.add_node(op, {x, dy}, {{"kernel", ints({3, 3})}, {"stride", ints({2, 1})}, {"padding", ints({1, 0})},
+                                   {"dilation", ints({1, 2})}, {"groups", int64_t{2}}});
+      break;
+    }
+    case Op::MaxPool2dGrad: {
+      ValueId x = g.add_input("x", f32({1, 2, 6, 6}));
+      if (!alt) {
+        ValueId dy = g.add_input("dy", f32({1, 2, 3, 3}));
+        r = g.add_node(op, {x, dy}, {{"kernel", ints({2, 2})}, {"stride", ints({2, 2})}});
+        break;
+      }
+      ValueId dy = g.add_input("dy", f32({1, 2, 6, 4}));
+      r = g.add_node(op, {x, dy}, {{"kernel", ints({3, 2})}, {"stride", ints({1, 2})}, {"padding", ints({1, 1})}});
+      break;
+    }
+    case Op::AvgPool2dGrad: {
+      if (!alt) {
+        ValueId dy = g.add_input("dy", f32({1, 2, 3, 3}));
+        r = g.add_node(op, {dy}, {{"input_size", ints({6, 6})}, {"kernel", ints({2, 2})}, {"stride", ints({2, 2})}});
+        break;
+      }
+      ValueId dy = g.add_input("dy", TensorType{DType::f64, {1, 2, 6, 4}});
+      r = g.add_node(op, {dy}, {{"input_size", ints({6, 6})}, {"kernel", ints({3, 2})}, {"stride", ints({1, 2})},
+                                {"padding", ints({1, 1})}, {"count_include_pad", false}});
+      break;
+    }
     case Op::Softmax: case Op::LogSoftmax: {
       ValueId x = g.add_input("x", f32({2, 3}));
       r = g.add_node(op, {x}, {{"axis", int64_t{alt ? -1 : 0}}});

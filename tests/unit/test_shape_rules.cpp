@@ -83,6 +83,27 @@ Case case_for(Op op) {
     case Op::AvgPool2d:
       return {{f32({1, 1, 4, 6})}, {{"kernel", Ints{2, 3}}, {"stride", Ints{2, 3}}}, f32({1, 1, 2, 2}),
               {f32({1, 1, 2, 2})}, {{"kernel", Ints{3, 3}}, {"stride", Ints{1, 1}}}, "is larger than the padded height 2"};
+    case Op::Conv2dGradInput:
+      return {{f32({2, 6, 5, 5}), f32({6, 2, 3, 3})},
+              {{"input_size", Ints{9, 9}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}, {"groups", int64_t{2}}},
+              f32({2, 4, 9, 9}), {f32({1, 4, 4, 4}), f32({4, 2, 3, 3})}, {{"input_size", Ints{5, 5}}},
+              "dy is [1,4,4,4] but a conv2d of input [1,2,5,5] gives [1,4,3,3]"};
+    case Op::Conv2dGradWeight:
+      return {{f32({2, 4, 9, 9}), f32({2, 6, 5, 5})},
+              {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}, {"groups", int64_t{2}}},
+              f32({6, 2, 3, 3}), {f32({1, 2, 8, 8}), f32({1, 4, 6, 6})},
+              {{"kernel", Ints{3, 3}}, {"dilation", Ints{2, 2}}},
+              "dy is [1,4,6,6] but a conv2d of input [1,2,8,8] gives [1,4,4,4]"};
+    case Op::MaxPool2dGrad: {
+      AttrMap attrs{{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}};
+      return {{f32({1, 2, 7, 7}), f32({1, 2, 4, 4})}, attrs, f32({1, 2, 7, 7}), {f32({1, 2, 7, 7}), f32({1, 2, 3, 3})},
+              attrs, "dy is [1,2,3,3] but a max_pool2d of input [1,2,7,7] gives [1,2,4,4]"};
+    }
+    case Op::AvgPool2dGrad:
+      return {{f32({1, 1, 2, 2})}, {{"input_size", Ints{4, 6}}, {"kernel", Ints{2, 3}}, {"stride", Ints{2, 3}}},
+              f32({1, 1, 4, 6}), {f32({1, 1, 2, 2})},
+              {{"input_size", Ints{5, 5}}, {"kernel", Ints{2, 2}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}},
+              "dy is [1,1,2,2] but an avg_pool2d of input [1,1,5,5] gives [1,1,3,3]"};
     case Op::Softmax: case Op::LogSoftmax:
       return {{f32({4, 10})}, {{"axis", int64_t{-1}}}, f32({4, 10}), {f32({4, 10})}, {{"axis", int64_t{2}}},
               "axis 2 is out of range for rank 2"};
@@ -161,4 +182,71 @@ TEST_CASE("attributes are checked against the op's schema", "[ir]") {
   CHECK(attr_int(m, "groups") == 1);
   AttrMap p = complete_attrs(Op::Pad, {{"low", Ints{0}}, {"high", Ints{0}}, {"value", int64_t{3}}});
   CHECK(attr_float(p, "value") == 3.0);
+}
+
+TEST_CASE("backward ops check their operands against the forward op", "[ir][shape]") {
+  auto error = [](Op op, std::vector<TensorType> in, AttrMap attrs) -> std::string {
+    try {
+      infer_type(op, in, complete_attrs(op, std::move(attrs)));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  AttrMap hw5{{"input_size", Ints{5, 5}}};
+  AttrMap k3{{"kernel", Ints{3, 3}}};
+  // conv2d_grad_input
+  CHECK(error(Op::Conv2dGradInput, {f32({1, 4, 3, 3}), f32({4, 2, 3})}, hw5) ==
+        "conv2d_grad_input(f32[1,4,3,3], f32[4,2,3]): weight must be [O,C/groups,KH,KW]");
+  CHECK(error(Op::Conv2dGradInput, {f32({4, 3, 3}), f32({4, 2, 3, 3})}, hw5) ==
+        "conv2d_grad_input(f32[4,3,3], f32[4,2,3,3]): dy must be [N,O,OH,OW]");
+  CHECK_THAT(error(Op::Conv2dGradInput, {f32({1, 4, 3, 3}), f32({4, 2, 3, 3})},
+                   {{"input_size", Ints{5, 5}}, {"groups", int64_t{3}}}),
+             ContainsSubstring("output channels 4 must divide by groups 3"));
+  CHECK_THAT(error(Op::Conv2dGradInput, {f32({1, 4, 3, 3}), f32({4, 2, 3, 3})},
+                   {{"input_size", Ints{5, 5}}, {"groups", int64_t{0}}}),
+             ContainsSubstring("groups must be positive"));
+  CHECK_THAT(error(Op::Conv2dGradInput, {f32({1, 4, 3, 3}), f32({4, 2, 3, 3})}, {{"input_size", Ints{-1, 5}}}),
+             ContainsSubstring("input_size must be non-negative"));
+  CHECK_THAT(error(Op::Conv2dGradInput, {f32({1, 4, 3, 3}), f32({4, 2, 3, 3})}, {{"input_size", Ints{5}}}),
+             ContainsSubstring("input_size must have 2 entries, has 1"));
+  CHECK_THAT(error(Op::Conv2dGradInput, {f32({1, 4, 3, 3}), {DType::f64, {4, 2, 3, 3}}}, hw5),
+             ContainsSubstring("must have the same dtype"));
+  CHECK_THAT(error(Op::Conv2dGradInput, {i32({1, 4, 3, 3}), i32({4, 2, 3, 3})}, hw5),
+             ContainsSubstring("operand 0 must be f32 or f64, not i32"));
+  CHECK_THAT(error(Op::Conv2dGradInput, {f32({1, 4, 3, 3}), f32({4, 2, 3, 3})}, {{"input_size", Ints{2, 5}}}),
+             ContainsSubstring("window 3 is larger than the padded height 2"));
+  // The batch and channel counts must agree too.
+  CHECK_THAT(error(Op::Conv2dGradInput, {f32({1, 5, 3, 3}), f32({4, 2, 3, 3})}, hw5),
+             ContainsSubstring("dy is [1,5,3,3] but a conv2d of input [1,2,5,5] gives [1,4,3,3]"));
+  // conv2d_grad_weight
+  CHECK(error(Op::Conv2dGradWeight, {f32({1, 3, 5, 5}), f32({1, 4, 3, 3})},
+              {{"kernel", Ints{3, 3}}, {"groups", int64_t{2}}}) ==
+        "conv2d_grad_weight(f32[1,3,5,5], f32[1,4,3,3]): channels 3 and 4 must both divide by groups 2");
+  CHECK_THAT(error(Op::Conv2dGradWeight, {f32({2, 2, 5, 5}), f32({1, 4, 3, 3})}, k3),
+             ContainsSubstring("dy is [1,4,3,3] but a conv2d of input [2,2,5,5] gives [2,4,3,3]"));
+  CHECK_THAT(error(Op::Conv2dGradWeight, {f32({1, 2, 4, 4}), f32({1, 4, 1, 1})}, {{"kernel", Ints{5, 1}}}),
+             ContainsSubstring("window 5 is larger than the padded height 4"));
+  CHECK_THAT(error(Op::Conv2dGradWeight, {f32({1, 2, 5, 5}), f32({1, 4, 3, 3})}, {{"kernel", Ints{3}}}),
+             ContainsSubstring("kernel must have 2 entries, has 1"));
+  CHECK_THAT(error(Op::Conv2dGradWeight, {f32({2, 5, 5}), f32({1, 4, 3, 3})}, k3),
+             ContainsSubstring("input must be [N,C,H,W]"));
+  // max_pool2d_grad
+  AttrMap pool2{{"kernel", Ints{2, 2}}, {"stride", Ints{2, 2}}};
+  CHECK(error(Op::MaxPool2dGrad, {f32({1, 1, 4, 4}), {DType::f64, {1, 1, 2, 2}}}, pool2) ==
+        "max_pool2d_grad(f32[1,1,4,4], f64[1,1,2,2]): operands 0 and 1 must have the same dtype (insert a cast)");
+  CHECK_THAT(error(Op::MaxPool2dGrad, {f32({1, 1, 4, 4}), f32({1, 2, 2, 2})}, pool2),
+             ContainsSubstring("dy is [1,2,2,2] but a max_pool2d of input [1,1,4,4] gives [1,1,2,2]"));
+  CHECK_THAT(error(Op::MaxPool2dGrad, {f32({1, 1, 4, 4}), f32({1, 1, 2, 2})},
+                   {{"kernel", Ints{2, 2}}, {"stride", Ints{2, 2}}, {"padding", Ints{2, 0}}}),
+             ContainsSubstring("padding must be at most half the kernel"));
+  // avg_pool2d_grad
+  CHECK(error(Op::AvgPool2dGrad, {f32({1, 2, 2})},
+              {{"input_size", Ints{4, 4}}, {"kernel", Ints{2, 2}}, {"stride", Ints{2, 2}}}) ==
+        "avg_pool2d_grad(f32[1,2,2]): dy must be [N,C,OH,OW]");
+  CHECK_THAT(error(Op::AvgPool2dGrad, {f32({1, 1, 2, 2})}, {{"kernel", Ints{2, 2}}, {"stride", Ints{2, 2}}}),
+             ContainsSubstring("missing required attribute 'input_size'"));
+  CHECK_THAT(error(Op::AvgPool2dGrad, {f32({1, 1, 2, 2})},
+                   {{"input_size", Ints{1, 1}}, {"kernel", Ints{2, 2}}, {"stride", Ints{2, 2}}}),
+             ContainsSubstring("window 2 is larger than the padded height 1"));
 }
