@@ -85,8 +85,8 @@ std::string print_attr(const Attr& a) {
   return "?";
 }
 
-std::string print(const Graph& g) {
-  // Names for every value: its own, or the next number for unnamed node results.
+std::vector<std::string> value_names(const Graph& g) {
+  // Every value's own name, or the next number for unnamed node results.
   std::vector<std::string> names(g.values().size());
   int64_t next_number = 0;
   for (const GraphInput& in : g.inputs()) names[in.value.id] = "%" + g.value(in.value).name;
@@ -95,6 +95,11 @@ std::string print(const Graph& g) {
       const std::string& name = g.value(r).name;
       names[r.id] = "%" + (name.empty() ? std::to_string(next_number++) : name);
     }
+  return names;
+}
+
+std::string print(const Graph& g) {
+  std::vector<std::string> names = value_names(g);
   auto ref = [&](ValueId v) -> const std::string& {
     g.value(v);  // range check
     return names[v.id];
