@@ -1,6 +1,7 @@
 // The reference interpreter: graph evaluation, the per-op dispatch, elementwise ops and
-// reductions. Shape ops are in interp_shape.cpp; matmul, convolution, pooling, softmax and
-// one_hot in interp_nn.cpp. Every kernel is a naive loop in the operand's own C++ type.
+// reductions. Shape ops are in interp_shape.cpp; matmul, convolution, pooling (and their
+// backward ops), softmax and one_hot in interp_nn.cpp. Every kernel is a naive loop in the
+// operand's own C++ type.
 #include "ir/interp.h"
 
 #include <set>
@@ -342,6 +343,10 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
     case Op::Conv2d: return eval_conv2d(*in[0], *in[1], in.size() > 2 ? in[2] : nullptr, attrs, rt);
     case Op::MaxPool2d: return eval_max_pool2d(*in[0], attrs, rt);
     case Op::AvgPool2d: return eval_avg_pool2d(*in[0], attrs, rt);
+    case Op::Conv2dGradInput: return eval_conv2d_grad_input(*in[0], *in[1], attrs, rt);
+    case Op::Conv2dGradWeight: return eval_conv2d_grad_weight(*in[0], *in[1], attrs, rt);
+    case Op::MaxPool2dGrad: return eval_max_pool2d_grad(*in[0], *in[1], attrs, rt);
+    case Op::AvgPool2dGrad: return eval_avg_pool2d_grad(*in[0], attrs, rt);
 
     case Op::Softmax: return eval_softmax(*in[0], attrs, /*log=*/false, rt);
     case Op::LogSoftmax: return eval_softmax(*in[0], attrs, /*log=*/true, rt);
@@ -351,38 +356,26 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
   internal_error("op", "eval_op: op " + std::to_string(static_cast<int>(op)) + " has no kernel");
 }
 
-TensorMap interpret(const Graph& g, const TensorMap& inputs) {
-  verify(g);
+namespace {
+
+// The evaluation behind interpret and interpret_step: `in[i]` is graph input i's tensor,
+// already checked against its type. Outputs are moved out of the node results where an
+// output is a result's last use.
+TensorMap run_graph(const Graph& g, const std::vector<const Tensor*>& in) {
   const size_t nvalues = g.values().size();
   std::vector<const Tensor*> slot(nvalues, nullptr);  // every value's current tensor
   std::vector<Tensor> owned(nvalues);                 // node results
-
-  for (const auto& [name, tensor] : inputs) {
-    ValueId v = g.find(name);
-    if (!v.valid() || g.value(v).input < 0) {
-      std::string known;
-      for (const GraphInput& gi : g.inputs()) known += (known.empty() ? "%" : ", %") + g.value(gi.value).name;
-      throw Error("unknown input '" + name + "': graph @" + g.name() + " takes " +
-                  (known.empty() ? "no inputs" : known));
-    }
-  }
-
-  for (const GraphInput& gi : g.inputs()) {
-    const Value& v = g.value(gi.value);
-    auto it = inputs.find(v.name);
-    if (it == inputs.end())
-      throw Error("missing input '%" + v.name + "': expected " + v.type.str());
-    if (it->second.type() != v.type)
-      throw Error("input '%" + v.name + "': expected " + v.type.str() + ", got " +
-                  it->second.type().str());
-    slot[gi.value.id] = &it->second;
-  }
+  for (size_t i = 0; i < g.inputs().size(); ++i) slot[g.inputs()[i].value.id] = in[i];
 
   // Free each node result after its last use, unless it is an output.
   std::vector<int64_t> last_use(nvalues, -1);
   for (size_t i = 0; i < g.nodes().size(); ++i)
     for (ValueId v : g.nodes()[i].operands) last_use[v.id] = static_cast<int64_t>(i);
-  for (const GraphOutput& o : g.outputs()) last_use[o.value.id] = std::numeric_limits<int64_t>::max();
+  std::vector<int> output_uses(nvalues, 0);
+  for (const GraphOutput& o : g.outputs()) {
+    last_use[o.value.id] = std::numeric_limits<int64_t>::max();
+    ++output_uses[o.value.id];
+  }
 
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
@@ -403,8 +396,91 @@ TensorMap interpret(const Graph& g, const TensorMap& inputs) {
   }
 
   TensorMap out;
-  for (const GraphOutput& o : g.outputs()) out.emplace(o.name, *slot[o.value.id]);
+  for (const GraphOutput& o : g.outputs()) {
+    int32_t v = o.value.id;
+    if (--output_uses[v] == 0 && g.value(o.value).node >= 0) out.emplace(o.name, std::move(owned[v]));
+    else out.emplace(o.name, *slot[v]);
+  }
   return out;
+}
+
+std::string input_names(const Graph& g, bool state) {
+  std::string known;
+  for (const GraphInput& gi : g.inputs())
+    if (gi.is_state == state) known += (known.empty() ? "%" : ", %") + g.value(gi.value).name;
+  return known;
+}
+
+// The tensor given for graph input `gi`, checked against its type.
+const Tensor* checked_input(const Graph& g, const GraphInput& gi, const TensorMap& from,
+                            const char* kind) {
+  const Value& v = g.value(gi.value);
+  auto it = from.find(v.name);
+  if (it == from.end())
+    throw Error(std::string("missing ") + kind + " '%" + v.name + "': expected " + v.type.str());
+  if (it->second.type() != v.type)
+    throw Error(std::string(kind) + " '%" + v.name + "': expected " + v.type.str() + ", got " +
+                it->second.type().str());
+  return &it->second;
+}
+
+}  // namespace
+
+TensorMap interpret(const Graph& g, const TensorMap& inputs) {
+  verify(g);
+  for (const auto& [name, tensor] : inputs) {
+    ValueId v = g.find(name);
+    if (!v.valid() || g.value(v).input < 0) {
+      std::string known;
+      for (const GraphInput& gi : g.inputs()) known += (known.empty() ? "%" : ", %") + g.value(gi.value).name;
+      throw Error("unknown input '" + name + "': graph @" + g.name() + " takes " +
+                  (known.empty() ? "no inputs" : known));
+    }
+  }
+  std::vector<const Tensor*> in;
+  for (const GraphInput& gi : g.inputs()) in.push_back(checked_input(g, gi, inputs, "input"));
+  return run_graph(g, in);
+}
+
+TensorMap interpret_step(const Graph& g, TensorMap& state, const TensorMap& inputs) {
+  verify(g);
+  const std::string where = "interpret_step @" + g.name() + ": ";
+  for (const auto& [name, tensor] : inputs) {
+    ValueId v = g.find(name);
+    if (v.valid() && g.value(v).input >= 0 && g.is_state(v))
+      throw Error(where + "'%" + name + "' is a state input: pass it in the state, not the inputs");
+    if (!v.valid() || g.value(v).input < 0) {
+      std::string known = input_names(g, false);
+      throw Error(where + "unknown input '" + name + "': the graph's non-state inputs are " +
+                  (known.empty() ? "none" : known));
+    }
+  }
+  std::vector<const Tensor*> in;
+  try {
+    for (const GraphInput& gi : g.inputs())
+      in.push_back(gi.is_state ? checked_input(g, gi, state, "state") : checked_input(g, gi, inputs, "input"));
+  } catch (const Error& e) {
+    throw Error(where + e.what());
+  }
+  // Check every update before running, so a bad graph leaves the state untouched.
+  for (const GraphOutput& o : g.outputs()) {
+    if (!o.name.ends_with(".next")) continue;
+    std::string name = o.name.substr(0, o.name.size() - 5);
+    auto it = state.find(name);
+    if (it == state.end())
+      throw Error(where + "output '" + o.name + "' updates '" + name + "', which is not in the state");
+    if (it->second.type() != g.type(o.value))
+      throw Error(where + "output '" + o.name + "' is " + g.type(o.value).str() + " but state '" + name +
+                  "' is " + it->second.type().str());
+  }
+
+  TensorMap out = run_graph(g, in);
+  TensorMap rest;
+  for (auto& [name, tensor] : out) {
+    if (name.ends_with(".next")) state.find(name.substr(0, name.size() - 5))->second = std::move(tensor);
+    else rest.emplace(name, std::move(tensor));
+  }
+  return rest;
 }
 
 }  // namespace kiln

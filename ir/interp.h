@@ -19,6 +19,11 @@ using TensorMap = std::map<std::string, Tensor, std::less<>>;
 // unknown or mistyped input.
 TensorMap interpret(const Graph& g, const TensorMap& inputs);
 
+// Runs one step of a graph that updates state (a training step): state inputs are taken
+// from `state`, the others from `inputs`; every output named "X.next" replaces state[X]
+// (same type, checked), and the remaining outputs are returned by name.
+TensorMap interpret_step(const Graph& g, TensorMap& state, const TensorMap& inputs);
+
 // Evaluates a single op on concrete operands; `result` is the type the shape rule gives.
 Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap& attrs,
                const TensorType& result);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -17,6 +18,8 @@
 #include "ir/npy.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
+#include "passes/autodiff.h"
+#include "passes/train_step.h"
 #include "runtime/blas.h"
 
 namespace {
@@ -31,6 +34,9 @@ commands:
   dump FILE.kir     parse and verify a graph, print its canonical form
   dot FILE.kir      print the graph in Graphviz dot format
   run FILE.kir      run a graph on .npy inputs, write its outputs as .npy
+  grad FILE.kir     print the graph extended with gradients of a loss
+  train-step FILE.kir
+                    print the whole training step (forward, backward, optimizer update)
   info              show the host CPU, LLVM and BLAS that Kiln uses
 
 FILE may be '-' for standard input. 'kiln <command> --help' describes each command.
@@ -62,6 +68,31 @@ options:
                           without it, a summary of each output is printed
   --interp                run with the reference interpreter (today the only engine;
                           the compiled CPU engine arrives with the LLVM backend)
+)";
+
+constexpr const char* kGradHelp = R"(usage: kiln grad FILE.kir --loss NAME --wrt NAME[,NAME...]
+
+Prints a graph that computes everything FILE computes plus, for each --wrt value,
+an output grad.NAME = d(loss)/d(NAME). The loss is an output (or value) of FILE
+that is a float scalar; --wrt names graph inputs or named values (repeatable, or
+comma-separated). Each backward node's trailing comment names the forward node it
+differentiates. A --wrt value the loss does not depend on gets a zero gradient and
+a warning on stderr.
+)";
+
+constexpr const char* kTrainStepHelp = R"(usage: kiln train-step FILE.kir [--loss NAME] [--optimizer sgd|adam|adamw] [options]
+
+Prints the training-step graph of a model: FILE's state inputs are its parameters
+and its output --loss (default: loss) is minimized. The step's state adds the
+optimizer's state, the step counter %step and the learning rate %lr.
+
+options:
+  --loss NAME           the output to minimize (default: loss)
+  --optimizer NAME      sgd (default), adam or adamw
+  --lr X                learning rate (default: 0.01 for sgd, 0.001 for adam/adamw)
+  --momentum X          sgd momentum (default 0)
+  --nesterov            sgd with Nesterov momentum
+  --weight-decay X      L2 for sgd/adam, decoupled for adamw (default 0, adamw 0.01)
 )";
 
 constexpr const char* kInfoHelp = R"(usage: kiln info
@@ -159,6 +190,130 @@ int cmd_run(const std::vector<std::string>& args) {
   return 0;
 }
 
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!item.empty() && item[0] == '%') item = item.substr(1);
+    if (!item.empty()) out.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+double parse_number(const std::string& flag, const std::string& text) {
+  try {
+    size_t used = 0;
+    double v = std::stod(text, &used);
+    if (used == text.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw Error(fmt::format("{} expects a number, got '{}'", flag, text));
+}
+
+// Flags of the form --name VALUE or --name=VALUE, plus one positional FILE.
+struct Flags {
+  std::string file;
+  std::map<std::string, std::vector<std::string>> values;
+  std::vector<std::string> switches;
+};
+
+Flags parse_flags(const std::string& cmd, const std::vector<std::string>& args,
+                  const std::vector<std::string>& with_value, const std::vector<std::string>& boolean) {
+  Flags f;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i];
+    if (a.size() > 1 && a[0] == '-') {
+      std::string name = a, value;
+      bool inline_value = false;
+      if (size_t eq = a.find('='); eq != std::string::npos) {
+        name = a.substr(0, eq);
+        value = a.substr(eq + 1);
+        inline_value = true;
+      }
+      if (std::find(boolean.begin(), boolean.end(), name) != boolean.end() && !inline_value) {
+        f.switches.push_back(name);
+        continue;
+      }
+      if (std::find(with_value.begin(), with_value.end(), name) == with_value.end())
+        throw Error(fmt::format("{}: unknown option '{}' (see 'kiln {} --help')", cmd, name, cmd));
+      if (!inline_value) {
+        if (i + 1 >= args.size()) throw Error(fmt::format("{} needs a value (see 'kiln {} --help')", name, cmd));
+        value = args[++i];
+      }
+      f.values[name].push_back(value);
+      continue;
+    }
+    if (!f.file.empty()) throw Error(fmt::format("{} takes one FILE.kir argument (see 'kiln {} --help')", cmd, cmd));
+    f.file = a;
+  }
+  if (f.file.empty()) throw Error(fmt::format("{} needs a FILE.kir argument (see 'kiln {} --help')", cmd, cmd));
+  return f;
+}
+
+void print_warnings(const std::vector<std::string>& warnings) {
+  for (const std::string& w : warnings) fmt::print(stderr, "kiln: warning: {}\n", w);
+}
+
+int cmd_grad(const std::vector<std::string>& args) {
+  if (!args.empty() && is_help(args[0])) { std::fputs(kGradHelp, stdout); return 0; }
+  Flags f = parse_flags("grad", args, {"--loss", "--wrt"}, {});
+  if (f.values["--loss"].size() != 1) throw Error("grad needs one --loss NAME (see 'kiln grad --help')");
+  std::vector<std::string> wrt;
+  for (const std::string& w : f.values["--wrt"])
+    for (std::string& name : split_list(w)) wrt.push_back(std::move(name));
+  if (wrt.empty()) throw Error("grad needs --wrt NAME[,NAME...] (see 'kiln grad --help')");
+  kiln::Graph g = kiln::parse_file(f.file);
+  std::string loss = f.values["--loss"][0];
+  if (!loss.empty() && loss[0] == '%') loss = loss.substr(1);
+  kiln::GradResult r = kiln::grad(g, loss, wrt);
+  print_warnings(r.warnings);
+  std::fputs(kiln::print(r.graph).c_str(), stdout);
+  return 0;
+}
+
+int cmd_train_step(const std::vector<std::string>& args) {
+  if (!args.empty() && is_help(args[0])) { std::fputs(kTrainStepHelp, stdout); return 0; }
+  Flags f = parse_flags("train-step", args, {"--loss", "--optimizer", "--lr", "--momentum", "--weight-decay"},
+                        {"--nesterov"});
+  auto number = [&](const std::string& flag, double fallback) {
+    auto it = f.values.find(flag);
+    return it == f.values.end() ? fallback : parse_number(flag, it->second.back());
+  };
+  std::string opt_name = f.values.count("--optimizer") ? f.values["--optimizer"].back() : "sgd";
+  bool nesterov = !f.switches.empty();
+  kiln::Optimizer opt;
+  if (opt_name == "sgd") {
+    opt = kiln::SGD{number("--lr", 0.01), number("--momentum", 0.0), 0.0, number("--weight-decay", 0.0), nesterov};
+  } else if (opt_name == "adam" || opt_name == "adamw") {
+    if (f.values.count("--momentum") || nesterov)
+      throw Error(fmt::format("--momentum and --nesterov are options of sgd, not {}", opt_name));
+    if (opt_name == "adam") {
+      kiln::Adam a;
+      a.lr = number("--lr", a.lr);
+      a.weight_decay = number("--weight-decay", a.weight_decay);
+      opt = a;
+    } else {
+      kiln::AdamW a;
+      a.lr = number("--lr", a.lr);
+      a.weight_decay = number("--weight-decay", a.weight_decay);
+      opt = a;
+    }
+  } else {
+    throw Error(fmt::format("unknown optimizer '{}' (use sgd, adam or adamw)", opt_name));
+  }
+  kiln::Graph model = kiln::parse_file(f.file);
+  kiln::TrainStepOptions options;
+  if (f.values.count("--loss")) options.loss = f.values["--loss"].back();
+  kiln::TrainStep step = kiln::make_train_step(model, opt, options);
+  print_warnings(step.warnings);
+  std::fputs(kiln::print(step.graph).c_str(), stdout);
+  return 0;
+}
+
 int cmd_info(const std::vector<std::string>& args) {
   if (!args.empty() && is_help(args[0])) { std::fputs(kInfoHelp, stdout); return 0; }
   if (!args.empty()) throw Error("info takes no arguments");
@@ -185,6 +340,8 @@ int dispatch(const std::vector<std::string>& argv) {
   if (cmd == "dump") return cmd_dump(rest, false);
   if (cmd == "dot") return cmd_dump(rest, true);
   if (cmd == "run") return cmd_run(rest);
+  if (cmd == "grad") return cmd_grad(rest);
+  if (cmd == "train-step") return cmd_train_step(rest);
   if (cmd == "info") return cmd_info(rest);
   throw Error(fmt::format("unknown command '{}' (see 'kiln --help')", cmd));
 }

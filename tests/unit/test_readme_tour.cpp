@@ -1,4 +1,5 @@
 // The README's tour, compiled and run, so the documentation cannot drift from the code.
+#include <catch2/catch_approx.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
@@ -42,4 +43,30 @@ TEST_CASE("the README's shape error names the user's line", "[readme]") {
   CHECK_THROWS_WITH(a + b, Catch::Matchers::ContainsSubstring(
                                "add(f32[64,256], f32[10]): shapes [64,256] and [10] do not broadcast (at ") &&
                                Catch::Matchers::ContainsSubstring("test_readme_tour.cpp:" + std::to_string(line)));
+}
+
+#include "passes/train_step.h"
+
+TEST_CASE("the README's training-step snippet runs and updates the state", "[readme]") {
+  kiln::Tracer t("mlp");
+  kiln::nn::Scope scope(t, /*seed=*/42);
+  kiln::nn::Sequential net{kiln::nn::Linear(scope.sub("fc1"), 784, 16), kiln::nn::ReLU(),
+                           kiln::nn::Linear(scope.sub("fc2"), 16, 10)};
+  kiln::Sym x = t.input("x", {kiln::DType::f32, {4, 784}});
+  kiln::Sym y = t.input("y", {kiln::DType::i32, {4}});
+  t.output("loss", kiln::nn::cross_entropy(net(x), y));
+  kiln::Graph g = t.finish();
+  kiln::Tensor images(kiln::DType::f32, {4, 784}), labels(kiln::DType::i32, {4});
+  for (int64_t i = 0; i < images.numel(); ++i) images.set(i, (i % 7) / 7.0);
+
+  kiln::TrainStep step = kiln::make_train_step(g, kiln::SGD{.lr = 0.05, .momentum = 0.9});
+  kiln::TensorMap state = t.parameters();
+  state.merge(kiln::TensorMap(step.initial_state));
+  kiln::Tensor w0 = state.at("fc1.weight");
+  kiln::TensorMap out = kiln::interpret_step(step.graph, state, {{"x", images}, {"y", labels}});
+  state["lr"] = kiln::Tensor::scalar(kiln::DType::f32, 0.01);
+  CHECK(out.count("loss") == 1);
+  CHECK_FALSE(state.at("fc1.weight") == w0);
+  CHECK(state.at("step").get(0) == 1.0);
+  CHECK(state.at("lr").get(0) == Catch::Approx(0.01));
 }

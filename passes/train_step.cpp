@@ -1,0 +1,364 @@
+// make_train_step: the model's forward nodes, copied; the backward nodes from autodiff; the
+// optimizer update as ordinary elementwise IR over the parameters, their gradients and the
+// optimizer's state inputs. Every optimizer node carries a note naming the optimizer, the
+// quantity and the parameter ("adam update of %fc1.weight"), so the printed step explains
+// itself. Hyper-parameters other than the learning rate are constants of the graph; the
+// learning rate is the state input "lr" so a schedule can change it between steps.
+//
+// Arithmetic follows PyTorch's single-tensor implementations (torch/optim/{sgd,adam,adamw}.py),
+// which compute the documented algorithms with the bias corrections folded into scalars:
+//   Adam:  step_size = lr / (1 - b1^t);  denom = sqrt(v) / sqrt(1 - b2^t) + eps;
+//          p -= step_size * m / denom        (= lr * mhat / (sqrt(vhat) + eps))
+//   AdamW: p *= 1 - lr * wd, then the Adam update without the L2 term.
+#include "passes/train_step.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <type_traits>
+
+#include "ir/error.h"
+#include "passes/autodiff.h"
+
+namespace kiln {
+
+namespace {
+
+std::string fmt_double(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+[[noreturn]] void fail(const std::string& message) { throw Error("make_train_step: " + message); }
+
+// PyTorch's constructor checks: the same conditions, the same spirit of message.
+void check_optimizer(const Optimizer& optimizer) {
+  auto non_negative = [](const char* opt, const char* what, double v) {
+    if (!(v >= 0.0))
+      fail(std::string(opt) + ": invalid " + what + " " + fmt_double(v) + " (must be >= 0)");
+  };
+  auto beta = [](const char* opt, const char* what, double v) {
+    if (!(v >= 0.0 && v < 1.0))
+      fail(std::string(opt) + ": invalid " + what + " " + fmt_double(v) + " (must be in [0, 1))");
+  };
+  std::visit(
+      [&](const auto& o) {
+        using T = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<T, SGD>) {
+          non_negative("sgd", "learning rate", o.lr);
+          non_negative("sgd", "momentum", o.momentum);
+          non_negative("sgd", "weight_decay", o.weight_decay);
+          if (!std::isfinite(o.dampening))
+            fail("sgd: invalid dampening " + fmt_double(o.dampening));
+          if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0))
+            fail("sgd: nesterov momentum requires a momentum > 0 and zero dampening (got momentum " +
+                 fmt_double(o.momentum) + ", dampening " + fmt_double(o.dampening) + ")");
+        } else {
+          const char* name = std::is_same_v<T, Adam> ? "adam" : "adamw";
+          non_negative(name, "learning rate", o.lr);
+          non_negative(name, "epsilon", o.eps);
+          beta(name, "beta1", o.beta1);
+          beta(name, "beta2", o.beta2);
+          non_negative(name, "weight_decay", o.weight_decay);
+        }
+      },
+      optimizer);
+}
+
+// The optimizer's state inputs for one parameter, in input order.
+std::vector<std::string> optimizer_state_names(const Optimizer& optimizer, const std::string& p) {
+  if (const SGD* s = std::get_if<SGD>(&optimizer))
+    return s->momentum != 0.0 ? std::vector<std::string>{"sgd.momentum." + p}
+                              : std::vector<std::string>{};
+  return {"adam.m." + p, "adam.v." + p};
+}
+
+// Appends the optimizer's nodes: rank-0 constants shared by (dtype, value), every node noted.
+// Callers sequence their calls in statements (C++ leaves the order of function arguments
+// unspecified, and the printed graph must not depend on the compiler).
+class Emitter {
+ public:
+  Emitter(Graph& g, DType dtype) : g_(g), dtype_(dtype) {}
+
+  // A scalar constant of the parameters' dtype (or of `dtype`); `note` is kept from the
+  // first request for the value.
+  ValueId constant(double v, const std::string& note, std::optional<DType> dtype = std::nullopt) {
+    DType d = dtype.value_or(dtype_);
+    uint64_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    auto [it, fresh] = constants_.try_emplace({d, bits});
+    if (fresh) {
+      it->second = g_.add_constant(Tensor::scalar(d, v));
+      g_.set_note(it->second, note);
+    }
+    return it->second;
+  }
+  ValueId op(Op op, std::vector<ValueId> operands, std::string note, AttrMap attrs = {}) {
+    ValueId v = g_.add_node_at(op, std::move(operands), std::move(attrs), "", "");
+    g_.set_note(v, std::move(note));
+    return v;
+  }
+  ValueId add(ValueId a, ValueId b, std::string note) { return op(Op::Add, {a, b}, std::move(note)); }
+  ValueId sub(ValueId a, ValueId b, std::string note) { return op(Op::Sub, {a, b}, std::move(note)); }
+  ValueId mul(ValueId a, ValueId b, std::string note) { return op(Op::Mul, {a, b}, std::move(note)); }
+  ValueId div(ValueId a, ValueId b, std::string note) { return op(Op::Div, {a, b}, std::move(note)); }
+
+ private:
+  Graph& g_;
+  DType dtype_;
+  std::map<std::pair<DType, uint64_t>, ValueId> constants_;
+};
+
+// One parameter's update: its value, gradient and optimizer state inputs (in the order of
+// optimizer_state_names); fills the next values of the parameter and of that state.
+struct ParamUpdate {
+  std::string name;
+  ValueId param, grad;
+  std::vector<ValueId> state;
+  ValueId param_next;
+  std::vector<ValueId> state_next;
+};
+
+void emit_sgd(Emitter& e, const SGD& o, ValueId step, ValueId lr, std::vector<ParamUpdate>& ps) {
+  ValueId first, momentum, damp, wd;
+  if (o.momentum != 0.0) {
+    ValueId zero = e.constant(0, "", DType::i32);
+    first = e.op(Op::Eq, {step, zero}, "sgd: first step? (the momentum buffer starts as the gradient)");
+    momentum = e.constant(o.momentum, "sgd: momentum");
+    if (o.dampening != 0.0) damp = e.constant(1.0 - o.dampening, "sgd: 1 - dampening");
+  }
+  if (o.weight_decay != 0.0) wd = e.constant(o.weight_decay, "sgd: weight_decay");
+  for (ParamUpdate& p : ps) {
+    std::string of = " of %" + p.name;
+    ValueId g = p.grad;
+    if (wd.valid()) {
+      ValueId decay = e.mul(wd, p.param, "sgd: weight_decay * %" + p.name);
+      g = e.add(g, decay, "sgd: gradient + weight decay" + of);
+    }
+    if (momentum.valid()) {
+      ValueId decayed = e.mul(momentum, p.state[0], "sgd: momentum * buffer" + of);
+      ValueId scaled = damp.valid() ? e.mul(damp, g, "sgd: (1 - dampening) * gradient" + of) : g;
+      ValueId later = e.add(decayed, scaled, "sgd: momentum buffer after the first step" + of);
+      ValueId buf = e.op(Op::Select, {first, g, later}, "sgd: momentum buffer" + of);
+      p.state_next = {buf};
+      if (o.nesterov) {
+        ValueId ahead = e.mul(momentum, buf, "sgd: momentum * buffer (nesterov)" + of);
+        g = e.add(g, ahead, "sgd: nesterov direction" + of);
+      } else {
+        g = buf;
+      }
+    }
+    ValueId delta = e.mul(lr, g, "sgd: lr * direction" + of);
+    p.param_next = e.sub(p.param, delta, "sgd update" + of);
+  }
+}
+
+template <typename AdamLike>
+void emit_adam(Emitter& e, const AdamLike& o, bool decoupled, DType dtype, ValueId t_plus_1,
+               ValueId lr, std::vector<ParamUpdate>& ps) {
+  const std::string opt = decoupled ? "adamw" : "adam";
+  const std::string on = opt + ": ";
+  // Constants and scalars shared by every parameter.
+  ValueId one = e.constant(1.0, "");
+  ValueId beta1 = e.constant(o.beta1, on + "beta1");
+  ValueId beta2 = e.constant(o.beta2, on + "beta2");
+  ValueId one_minus_beta1 = e.constant(1.0 - o.beta1, on + "1 - beta1");
+  ValueId one_minus_beta2 = e.constant(1.0 - o.beta2, on + "1 - beta2");
+  ValueId eps = e.constant(o.eps, on + "eps");
+  ValueId t = e.op(Op::Cast, {t_plus_1}, on + "t = step + 1", {{"dtype", dtype}});
+  ValueId beta1_t = e.op(Op::Pow, {beta1, t}, on + "beta1^t");
+  ValueId bc1 = e.sub(one, beta1_t, on + "bias correction 1 - beta1^t");
+  ValueId beta2_t = e.op(Op::Pow, {beta2, t}, on + "beta2^t");
+  ValueId bc2 = e.sub(one, beta2_t, on + "bias correction 1 - beta2^t");
+  ValueId step_size = e.div(lr, bc1, on + "step size lr / (1 - beta1^t)");
+  ValueId bc2_sqrt = e.op(Op::Sqrt, {bc2}, on + "sqrt(1 - beta2^t)");
+  ValueId wd, shrink;
+  if (o.weight_decay != 0.0) {
+    wd = e.constant(o.weight_decay, on + "weight_decay");
+    if (decoupled) {
+      ValueId lr_wd = e.mul(lr, wd, on + "lr * weight_decay");
+      shrink = e.sub(one, lr_wd, on + "decoupled decay factor 1 - lr * weight_decay");
+    }
+  }
+
+  for (ParamUpdate& p : ps) {
+    std::string of = " of %" + p.name;
+    ValueId g = p.grad, base = p.param;
+    if (wd.valid() && !decoupled) {
+      ValueId decay = e.mul(wd, p.param, on + "weight_decay * %" + p.name);
+      g = e.add(g, decay, on + "gradient + L2 weight decay" + of);
+    }
+    if (shrink.valid()) base = e.mul(p.param, shrink, on + "decoupled weight decay" + of);
+    ValueId m_old = e.mul(beta1, p.state[0], on + "beta1 * m" + of);
+    ValueId m_new = e.mul(one_minus_beta1, g, on + "(1 - beta1) * gradient" + of);
+    ValueId m = e.add(m_old, m_new, on + "first moment" + of);
+    ValueId v_old = e.mul(beta2, p.state[1], on + "beta2 * v" + of);
+    ValueId g2 = e.mul(g, g, on + "gradient^2" + of);
+    ValueId v_new = e.mul(one_minus_beta2, g2, on + "(1 - beta2) * gradient^2" + of);
+    ValueId v = e.add(v_old, v_new, on + "second moment" + of);
+    ValueId sqrt_v = e.op(Op::Sqrt, {v}, on + "sqrt(v)" + of);
+    ValueId corrected = e.div(sqrt_v, bc2_sqrt, on + "sqrt(v) / sqrt(1 - beta2^t)" + of);
+    ValueId denom = e.add(corrected, eps, on + "denominator" + of);
+    ValueId ratio = e.div(m, denom, on + "m / denominator" + of);
+    ValueId delta = e.mul(step_size, ratio, on + "step" + of);
+    p.param_next = e.sub(base, delta, opt + " update" + of);
+    p.state_next = {m, v};
+  }
+}
+
+}  // namespace
+
+TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
+                          const TrainStepOptions& options) {
+  check_optimizer(optimizer);
+  verify(model);
+  const std::string where = "model @" + model.name();
+
+  // The loss.
+  ValueId loss = model.find_output(options.loss);
+  if (!loss.valid()) {
+    std::string outs;
+    for (const GraphOutput& o : model.outputs()) outs += (outs.empty() ? "" : ", ") + o.name;
+    fail(where + " has no output '" + options.loss + "' to minimize (" +
+         (outs.empty() ? "it has no outputs" : "its outputs: " + outs) + ")");
+  }
+  if (model.type(loss).rank() != 0 || !is_float(model.type(loss).dtype))
+    fail("loss '" + options.loss + "' of " + where + " must be a float scalar (f32[] or f64[]), got " +
+         model.type(loss).str());
+
+  // Parameters: float state inputs the model does not update itself (an output "X.next" of
+  // the model makes X a buffer, like batch-norm statistics, whose update the model owns).
+  std::vector<const GraphInput*> params;
+  for (const GraphInput& in : model.inputs()) {
+    const Value& v = model.value(in.value);
+    if (in.is_state && is_float(v.type.dtype) && !model.find_output(v.name + ".next").valid())
+      params.push_back(&in);
+  }
+  if (params.empty())
+    fail(where + " has no float state inputs (parameters) to train");
+  const DType dtype = model.type(params[0]->value).dtype;
+  for (const GraphInput* p : params)
+    if (model.type(p->value).dtype != dtype)
+      fail("parameters of " + where + " mix dtypes (%" + model.value(params[0]->value).name + " is " +
+           std::string(dtype_name(dtype)) + ", %" + model.value(p->value).name + " is " +
+           std::string(dtype_name(model.type(p->value).dtype)) + "); one learning rate needs one dtype");
+
+  // The names the step adds must be free.
+  std::vector<std::string> added;
+  for (const GraphInput* p : params)
+    for (std::string& s : optimizer_state_names(optimizer, model.value(p->value).name))
+      added.push_back(std::move(s));
+  added.push_back("step");
+  added.push_back("lr");
+  for (const std::string& name : added) {
+    if (model.find(name).valid())
+      fail(where + " already has a value named '%" + name +
+           "', which the training step adds as optimizer state; rename it");
+    if (model.find_output(name).valid() || model.find_output(name + ".next").valid())
+      fail(where + " already has an output named '" +
+           (model.find_output(name).valid() ? name : name + ".next") +
+           "', which the training step adds; rename it");
+  }
+
+  TrainStep result;
+  Graph& g = result.graph;
+  g.set_name(model.name() + "_train_step");
+
+  // The model, copied: inputs in order, then every node with the same attributes, names,
+  // notes and source lines.
+  std::vector<ValueId> map(model.values().size());
+  for (const GraphInput& in : model.inputs()) {
+    const Value& v = model.value(in.value);
+    map[in.value.id] = g.add_input(v.name, v.type, in.is_state);
+  }
+  for (const Node& n : model.nodes()) {
+    if (n.results.size() != 1)
+      fail(where + ": node %" + model.value(n.results[0]).name + " (" + std::string(op_name(n.op)) +
+           ") has " + std::to_string(n.results.size()) + " results; train before fusing");
+    std::vector<ValueId> operands;
+    for (ValueId v : n.operands) operands.push_back(map[v.id]);
+    ValueId r = g.add_node_at(n.op, std::move(operands), n.attrs, model.value(n.result()).name,
+                              n.location);
+    if (!n.note.empty()) g.set_note(r, n.note);
+    map[n.result().id] = r;
+  }
+  result.nodes.forward = g.nodes().size();
+
+  // Optimizer state, "step" and "lr".
+  std::vector<ParamUpdate> updates;
+  for (const GraphInput* p : params) {
+    ParamUpdate u;
+    u.name = model.value(p->value).name;
+    u.param = map[p->value.id];
+    const TensorType& type = model.type(p->value);
+    for (const std::string& s : optimizer_state_names(optimizer, u.name)) {
+      u.state.push_back(g.add_input(s, type, /*is_state=*/true));
+      result.initial_state.emplace(s, Tensor(type.dtype, type.shape));
+    }
+    updates.push_back(std::move(u));
+  }
+  ValueId step = g.add_input("step", {DType::i32, {}}, true);
+  result.initial_state.emplace("step", Tensor::scalar(DType::i32, 0));
+  ValueId lr = g.add_input("lr", {dtype, {}}, true);
+  result.initial_state.emplace(
+      "lr", Tensor::scalar(dtype, std::visit([](const auto& o) { return o.lr; }, optimizer)));
+
+  // The backward pass.
+  std::vector<ValueId> wrt;
+  for (const ParamUpdate& u : updates) wrt.push_back(u.param);
+  std::vector<ValueId> grads = append_gradients(g, map[loss.id], wrt, &result.warnings);
+  KILN_CHECK(grads.size() == updates.size(), "append_gradients returned a wrong count");
+  size_t before_optimizer = g.nodes().size();
+  result.nodes.backward = before_optimizer - result.nodes.forward;
+
+  // The optimizer.
+  Emitter e(g, dtype);
+  for (size_t i = 0; i < updates.size(); ++i) {
+    ParamUpdate& u = updates[i];
+    u.grad = grads[i];
+    const TensorType& pt = g.type(u.param);
+    const TensorType& gt = g.type(u.grad);
+    if (gt.dtype != pt.dtype || gt.numel() > pt.numel())
+      internal_error("grad type", "gradient of %" + u.name + " is " + gt.str() + " for a " + pt.str());
+    if (gt.shape != pt.shape)  // a splat zero for a parameter the loss ignores
+      u.grad = e.op(Op::BroadcastTo, {u.grad}, "gradient of %" + u.name + " (unused)",
+                    {{"shape", pt.shape}});
+  }
+  ValueId one_step = e.constant(1, "", DType::i32);
+  ValueId step_next = e.add(step, one_step, "step + 1");
+  std::visit(
+      [&](const auto& o) {
+        using T = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<T, SGD>) emit_sgd(e, o, step, lr, updates);
+        else emit_adam(e, o, std::is_same_v<T, AdamW>, dtype, step_next, lr, updates);
+      },
+      optimizer);
+  result.nodes.optimizer = g.nodes().size() - before_optimizer;
+
+  // Outputs: the loss, the model's other outputs, then every state input's next value.
+  g.add_output(options.loss, map[loss.id]);
+  for (const GraphOutput& o : model.outputs())
+    if (o.name != options.loss) g.add_output(o.name, map[o.value.id]);
+  size_t next_param = 0;
+  for (const GraphInput& in : model.inputs()) {
+    if (!in.is_state) continue;
+    const std::string& name = model.value(in.value).name;
+    if (next_param < updates.size() && updates[next_param].name == name)
+      g.add_output(name + ".next", updates[next_param++].param_next);
+    else if (!model.find_output(name + ".next").valid())
+      g.add_output(name + ".next", map[in.value.id]);  // state the model never changes
+  }
+  for (const ParamUpdate& u : updates)
+    for (size_t k = 0; k < u.state.size(); ++k)
+      g.add_output(g.value(u.state[k]).name + ".next", u.state_next[k]);
+  g.add_output("step.next", step_next);
+  g.add_output("lr.next", lr);
+
+  verify(g);
+  return result;
+}
+
+}  // namespace kiln

@@ -1,0 +1,79 @@
+// The whole training step as one graph: forward, loss, backward and optimizer update.
+//
+// make_train_step takes a model graph whose state inputs are its parameters and one of
+// whose outputs is a float scalar loss, and returns a graph with
+//   inputs:  the model's non-state inputs (batch, labels, ...)
+//   state:   every float parameter; the optimizer's state per parameter
+//            ("sgd.momentum.P", "adam.m.P", "adam.v.P"); "step" (i32[], steps taken so
+//            far) and "lr" (a scalar of the parameters' dtype). The learning rate is
+//            state, so a schedule changes it between steps without recompiling.
+//   outputs: the model's outputs (loss first; logits, accuracy, ... as the model has them)
+//            and "X.next" for every state input X.
+// Update formulas follow PyTorch's documentation for SGD (momentum, dampening, Nesterov,
+// weight decay), Adam (L2 weight decay) and AdamW (decoupled weight decay); SGD's momentum
+// buffer is the gradient itself on step 0, as PyTorch's first step sets it.
+// A state input the model already returns as "X.next" is a buffer the model updates itself
+// (not trained); a non-float state input is passed through unchanged.
+// Throws kiln::Error for: no such loss output or a loss that is not a float scalar; no float
+// parameters, or parameters of mixed float dtypes; a model value or output already named
+// like something the step adds ("step", "lr", "adam.m.P", ...); hyper-parameters PyTorch
+// rejects (negative lr, momentum, eps or weight decay, betas outside [0, 1), Nesterov
+// without momentum or with dampening).
+#pragma once
+
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/interp.h"
+
+namespace kiln {
+
+struct SGD {
+  double lr = 0.01;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+};
+
+struct Adam {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // L2: added to the gradient
+};
+
+struct AdamW {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;  // decoupled: p -= lr * wd * p
+};
+
+using Optimizer = std::variant<SGD, Adam, AdamW>;
+
+struct TrainStepOptions {
+  std::string loss = "loss";  // the model output to minimize
+};
+
+struct TrainStep {
+  Graph graph;
+  // Initial values of the state the step adds: optimizer state (zeros), "step" (0) and
+  // "lr". Together with the model's parameters, this is the whole state.
+  TensorMap initial_state;
+  std::vector<std::string> warnings;  // from autodiff (parameters the loss ignores)
+  // How many of graph's nodes each phase added: the model's (forward and loss), autodiff's
+  // and the optimizer's, in that order.
+  struct NodeCounts {
+    size_t forward = 0, backward = 0, optimizer = 0;
+  } nodes;
+};
+
+TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
+                          const TrainStepOptions& options = {});
+
+}  // namespace kiln
