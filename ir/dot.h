@@ -1,4 +1,5 @@
-// Graphviz export: one node per graph input and op, edges labelled with tensor types.
+// Graphviz export: one node per graph input and op, edges labelled with tensor types; a
+// fused node is a cluster around its body.
 #pragma once
 
 #include <string>

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <source_location>
 #include <string>
 #include <string_view>
@@ -30,6 +31,8 @@ struct Value {
   int32_t input = -1; // index into Graph::inputs(), or -1
 };
 
+class Graph;
+
 struct Node {
   Op op;
   std::vector<ValueId> operands;
@@ -37,6 +40,9 @@ struct Node {
   std::vector<ValueId> results;  // one for every op in ops.def; fused ops may have more
   std::string note;              // printed as a trailing comment (e.g. what a node came from)
   std::string location;          // user source line for traced code; not printed
+  // Op::Fused only: the fused computation. Its inputs take the operands (same types, in
+  // order; never state) and its outputs are the node's results, in order.
+  std::shared_ptr<const Graph> body;
   ValueId result() const { return results.at(0); }
 };
 
@@ -67,6 +73,11 @@ class Graph {
   ValueId add_node_at(Op op, std::vector<ValueId> operands, AttrMap attrs, std::string name,
                       std::string location);
   ValueId add_constant(const Tensor& value, std::string name = "");
+  // Appends an Op::Fused node computing `body` on `operands`: one result per body output,
+  // with the body output's type, named by `result_names` (empty or "" = unnamed). Throws
+  // kiln::Error if the body is invalid or its inputs do not match the operands.
+  std::vector<ValueId> add_fused(std::vector<ValueId> operands, Graph body,
+                                 std::vector<std::string> result_names = {});
   void add_output(std::string name, ValueId v);
   void set_note(ValueId v, std::string note);
 
@@ -102,9 +113,15 @@ AttrMap complete_attrs(Op op, AttrMap given);
 // Throws kiln::Error naming the op and operand types.
 TensorType infer_type(Op op, const std::vector<TensorType>& operands, const AttrMap& attrs);
 // Checks a whole graph: operands defined before use, arity, attributes, types agree with
-// the shape rules, unique names, outputs defined, state outputs match their inputs.
-// Throws kiln::Error with the offending node.
+// the shape rules, unique names, outputs defined, state outputs match their inputs. A fused
+// node's body is verified too (recursively): its inputs take the operands' types, its
+// outputs give the results' types, and it nests at most kMaxFusedNesting deep. Throws
+// kiln::Error naming the offending node (and the body it is in).
 void verify(const Graph& g);
+
+// How deep fused bodies may nest (a fused node inside a body inside a body ...): the
+// printer, parser, verifier and interpreter recurse once per level.
+inline constexpr int kMaxFusedNesting = 16;
 
 // Valid value names: a letter or '_' then letters, digits, '_' and '.'.
 bool is_valid_name(std::string_view name);

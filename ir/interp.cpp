@@ -229,8 +229,11 @@ Tensor constant(const AttrMap& attrs, const TensorType& rt) {
 
 Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap& given_attrs,
                const TensorType& result) {
-  // Check the operands against the shape rule first: the kernels trust their inputs.
   const OpInfo& info = op_info(op);
+  if (info.has(kRegion))
+    throw Error(std::string(info.spelling) + ": eval_op cannot run a " + std::string(info.spelling) +
+                " node without its body (interpret the graph that holds the node)");
+  // Check the operands against the shape rule first: the kernels trust their inputs.
   // Complete and check the attributes against the schema unless they already match it (the
   // usual case, which avoids copying a constant's tensor).
   bool complete = given_attrs.size() == info.attrs.size();
@@ -352,16 +355,30 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
     case Op::LogSoftmax: return eval_softmax(*in[0], attrs, /*log=*/true, rt);
     case Op::OneHot: return eval_one_hot(*in[0], rt);
     case Op::Constant: return constant(attrs, rt);
+    case Op::Fused: break;  // rejected above: the kernel is the node's body
   }
   internal_error("op", "eval_op: op " + std::to_string(static_cast<int>(op)) + " has no kernel");
 }
 
 namespace {
 
-// The evaluation behind interpret and interpret_step: `in[i]` is graph input i's tensor,
-// already checked against its type. Outputs are moved out of the node results where an
-// output is a result's last use.
-TensorMap run_graph(const Graph& g, const std::vector<const Tensor*>& in) {
+std::vector<Tensor> run_graph(const Graph& g, const std::vector<const Tensor*>& in);
+
+// One node's results: its op's kernel, or for a fused node its body run on the operands.
+std::vector<Tensor> eval_node(const Graph& g, const Node& n, const std::vector<const Tensor*>& operands) {
+  if (n.op == Op::Fused) {
+    KILN_CHECK(n.body != nullptr, "interpreter: fused node without a body (verify rejects it)");
+    return run_graph(*n.body, operands);
+  }
+  std::vector<Tensor> out;
+  out.push_back(eval_op(n.op, operands, n.attrs, g.type(n.result())));
+  return out;
+}
+
+// The evaluation behind interpret and interpret_step (and of fused bodies): `in[i]` is
+// graph input i's tensor, already checked against its type. Returns the outputs in order,
+// moved out of the node results where an output is a result's last use.
+std::vector<Tensor> run_graph(const Graph& g, const std::vector<const Tensor*>& in) {
   const size_t nvalues = g.values().size();
   std::vector<const Tensor*> slot(nvalues, nullptr);  // every value's current tensor
   std::vector<Tensor> owned(nvalues);                 // node results
@@ -381,26 +398,39 @@ TensorMap run_graph(const Graph& g, const std::vector<const Tensor*>& in) {
     const Node& n = g.nodes()[i];
     std::vector<const Tensor*> operands;
     for (ValueId v : n.operands) operands.push_back(slot[v.id]);
-    ValueId r = n.result();
+    std::vector<Tensor> results;
     try {
-      owned[r.id] = eval_op(n.op, operands, n.attrs, g.type(r));
+      results = eval_node(g, n, operands);
     } catch (const Error& e) {
-      const std::string& name = g.value(r).name;
+      const std::string& name = g.value(n.result()).name;
       throw Error("interpret @" + g.name() + ", node " + (name.empty() ? "#" + std::to_string(i) : "%" + name) +
                   ": " + e.what());
     }
-    slot[r.id] = &owned[r.id];
-    if (last_use[r.id] < 0) owned[r.id] = Tensor();  // dead
+    KILN_CHECK(results.size() == n.results.size(), "interpreter: node gave the wrong number of results");
+    for (size_t k = 0; k < results.size(); ++k) {
+      int32_t r = n.results[k].id;
+      owned[r] = std::move(results[k]);
+      slot[r] = &owned[r];
+      if (last_use[r] < 0) owned[r] = Tensor();  // dead
+    }
     for (ValueId v : n.operands)
       if (last_use[v.id] == static_cast<int64_t>(i) && g.value(v).node >= 0) owned[v.id] = Tensor();
   }
 
-  TensorMap out;
+  std::vector<Tensor> out;
   for (const GraphOutput& o : g.outputs()) {
     int32_t v = o.value.id;
-    if (--output_uses[v] == 0 && g.value(o.value).node >= 0) out.emplace(o.name, std::move(owned[v]));
-    else out.emplace(o.name, *slot[v]);
+    if (--output_uses[v] == 0 && g.value(o.value).node >= 0) out.push_back(std::move(owned[v]));
+    else out.push_back(*slot[v]);
   }
+  return out;
+}
+
+// run_graph's outputs by name.
+TensorMap run_named(const Graph& g, const std::vector<const Tensor*>& in) {
+  std::vector<Tensor> values = run_graph(g, in);
+  TensorMap out;
+  for (size_t i = 0; i < values.size(); ++i) out.emplace(g.outputs()[i].name, std::move(values[i]));
   return out;
 }
 
@@ -439,7 +469,7 @@ TensorMap interpret(const Graph& g, const TensorMap& inputs) {
   }
   std::vector<const Tensor*> in;
   for (const GraphInput& gi : g.inputs()) in.push_back(checked_input(g, gi, inputs, "input"));
-  return run_graph(g, in);
+  return run_named(g, in);
 }
 
 TensorMap interpret_step(const Graph& g, TensorMap& state, const TensorMap& inputs) {
@@ -474,7 +504,7 @@ TensorMap interpret_step(const Graph& g, TensorMap& state, const TensorMap& inpu
                   "' is " + it->second.type().str());
   }
 
-  TensorMap out = run_graph(g, in);
+  TensorMap out = run_named(g, in);
   TensorMap rest;
   for (auto& [name, tensor] : out) {
     if (name.ends_with(".next")) state.find(name.substr(0, name.size() - 5))->second = std::move(tensor);

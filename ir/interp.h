@@ -25,6 +25,8 @@ TensorMap interpret(const Graph& g, const TensorMap& inputs);
 TensorMap interpret_step(const Graph& g, TensorMap& state, const TensorMap& inputs);
 
 // Evaluates a single op on concrete operands; `result` is the type the shape rule gives.
+// Throws kiln::Error for fused, whose kernel is its node's body: interpret() runs a fused
+// node by interpreting its body on the operands (results = the body's outputs, in order).
 Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap& attrs,
                const TensorType& result);
 

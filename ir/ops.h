@@ -34,6 +34,7 @@ enum OpTrait : uint32_t {
   kFloatOnly = 1u << 7,          // operands must be f32 or f64
   kNonDifferentiable = 1u << 8,  // gradients stop here
   kBackwardOnly = 1u << 9,       // emitted by autodiff; has no gradient rule itself
+  kRegion = 1u << 10,            // has a body (Node::body); results come from it
 };
 
 struct AttrSpec {

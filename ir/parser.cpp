@@ -1,10 +1,12 @@
 // Parser for the canonical text form (see ir/printer.cpp for the grammar by example).
 //
-// A hand-written recursive-descent parser over bytes, without recursion deeper than one
-// attribute list, so no input can exhaust the stack. Every failure is a kiln::Error that
-// names FILE:LINE:COL, what was found there and what was expected. The graph is built
-// with the ordinary builders, so shape rules and attribute schemas are checked exactly as
-// for traced code; the declared result type of each node must match the inferred one.
+// A hand-written recursive-descent parser over bytes. It recurses only into a fused node's
+// body (a nested graph, parsed by a child Parser with its own value namespace), at most
+// kMaxFusedNesting deep, so no input can exhaust the stack. Every failure is a kiln::Error
+// that names FILE:LINE:COL, what was found there and what was expected. The graph is
+// built with the ordinary builders, so shape rules and attribute schemas are checked
+// exactly as for traced code; the declared result type of each node must match the
+// inferred one (for a fused node: its body's output types).
 #include "ir/parser.h"
 
 #include <algorithm>
@@ -50,7 +52,10 @@ struct Literal {
 
 class Parser {
  public:
-  Parser(std::string_view src, std::string_view file) : src_(src), file_(file) {}
+  // `parent`: the parser of the graph whose fused node this parser reads the body of.
+  Parser(std::string_view src, std::string_view file, const Parser* parent = nullptr)
+      : src_(src), file_(file), parent_(parent), depth_(parent ? parent->depth_ + 1 : 0) {}
+  // The whole input: one graph, then end of input; the result is verified.
   Graph parse_graph();
 
  private:
@@ -75,11 +80,15 @@ class Parser {
   std::string_view word();
   Token scalar(const std::string& what);
   // Grammar.
+  void parse_graph_def();
   void parse_input();
   void parse_node();
+  void parse_fused(const std::vector<ValueRef>& results, size_t op_at, std::vector<ValueId> operands,
+                   const std::vector<size_t>& operand_at);
+  Graph parse_body();
   void parse_return();
   ValueRef parse_value_ref();
-  ValueId use_value();
+  ValueId use_value(size_t* at = nullptr);
   void check_new(const ValueRef& def) const;
   TensorType parse_type();
   Attr parse_attr(const AttrSpec& spec, Literal& literal);
@@ -92,6 +101,8 @@ class Parser {
 
   std::string_view src_;
   std::string file_;
+  const Parser* parent_;
+  int depth_;  // how many fused bodies this graph is nested in
   size_t pos_ = 0;
   Graph g_;
   struct Def {
@@ -217,11 +228,24 @@ T Parser::to_float(Token tok, const std::string& what) const {
 }
 
 Graph Parser::parse_graph() {
+  parse_graph_def();
+  skip_ws();
+  if (!at_end()) fail_expected("end of input after the graph");
+  try {
+    verify(g_);
+  } catch (const Error& e) {
+    fail(pos_, e.what());
+  }
+  return std::move(g_);
+}
+
+// graph @NAME(INPUTS) { NODES return OUTPUTS }
+void Parser::parse_graph_def() {
   skip_ws();
   size_t at = pos_;
   if (word() != "graph") {
     pos_ = at;
-    fail_expected("'graph'");
+    fail_expected(parent_ ? "'graph' to start the body of fused" : "'graph'");
   }
   expect('@', "before the graph name");
   std::string_view name = word();
@@ -249,14 +273,6 @@ Graph Parser::parse_graph() {
     fail_expected("a value definition or 'return'");
   }
   expect('}', "after the return statement");
-  skip_ws();
-  if (!at_end()) fail_expected("end of input after the graph");
-  try {
-    verify(g_);
-  } catch (const Error& e) {
-    fail(pos_, e.what());
-  }
-  return std::move(g_);
 }
 
 Parser::ValueRef Parser::parse_value_ref() {
@@ -272,10 +288,17 @@ Parser::ValueRef Parser::parse_value_ref() {
   return {std::move(key), at, numbered};
 }
 
-ValueId Parser::use_value() {
+ValueId Parser::use_value(size_t* at) {
   ValueRef ref = parse_value_ref();
+  if (at) *at = ref.pos;
   auto it = defs_.find(ref.key);
-  if (it == defs_.end()) fail(ref.pos, "unknown value '%" + ref.key + "'");
+  if (it == defs_.end()) {
+    for (const Parser* p = parent_; p; p = p->parent_)
+      if (p->defs_.count(ref.key))
+        fail(ref.pos, "unknown value '%" + ref.key + "' in body @" + g_.name() +
+                          ": a fused body sees only its own inputs (pass '%" + ref.key + "' as an operand)");
+    fail(ref.pos, "unknown value '%" + ref.key + "'");
+  }
   return it->second.value;
 }
 
@@ -290,6 +313,7 @@ void Parser::parse_input() {
   size_t at = pos_;
   bool is_state = word() == "state";
   if (!is_state) pos_ = at;
+  if (is_state && parent_) fail(at, "the inputs of a fused body cannot be state");
   ValueRef ref = parse_value_ref();
   if (ref.numbered) fail(ref.pos, "graph input '%" + ref.key + "' needs a name, not a number");
   check_new(ref);
@@ -411,9 +435,17 @@ Tensor Parser::build_tensor(const Literal& lit, const TensorType& type, size_t t
 }
 
 void Parser::parse_node() {
-  ValueRef result = parse_value_ref();
-  check_new(result);
-  expect('=', "after '%" + result.key + "'");
+  // One result, or several for a fused node: %0, %h = fused(...).
+  std::vector<ValueRef> results;
+  std::unordered_map<std::string, size_t> listed;  // key -> position, for duplicates in the list
+  do {
+    ValueRef r = parse_value_ref();
+    check_new(r);
+    auto [it, added] = listed.emplace(r.key, r.pos);
+    if (!added) fail(r.pos, "duplicate value name '%" + r.key + "' (first defined at " + line_col(it->second) + ")");
+    results.push_back(std::move(r));
+  } while (consume(','));
+  expect('=', "after '%" + results.back().key + "'");
   skip_ws();
   size_t op_at = pos_;
   std::string_view op_text = word();
@@ -421,23 +453,34 @@ void Parser::parse_node() {
   std::optional<Op> op = parse_op(op_text);
   if (!op) fail(op_at, "unknown op '" + std::string(op_text) + "'");
   const OpInfo& info = op_info(*op);
+  if (results.size() > 1 && !info.has(kRegion))
+    fail(results[1].pos, std::string(info.spelling) + " has one result, not " + std::to_string(results.size()) +
+                             " (only fused nodes have several)");
 
   expect('(', "after the op name");
   std::vector<ValueId> operands;
+  std::vector<size_t> operand_at;
   if (!consume(')')) {
-    do operands.push_back(use_value());
-    while (consume(','));
+    do {
+      operand_at.push_back(0);
+      operands.push_back(use_value(&operand_at.back()));
+    } while (consume(','));
     expect(')', "after operands");
   }
 
   AttrMap attrs;
   std::vector<std::pair<std::string, Literal>> literals;
+  skip_ws();
+  size_t brace_at = pos_;
   if (consume('{') && !consume('}')) {
     do {
       skip_ws();
       size_t name_at = pos_;
       std::string name(word());
       if (name.empty()) fail_expected("an attribute name");
+      if (info.has(kRegion) && name == "graph")
+        fail(brace_at, "the body of " + std::string(info.spelling) +
+                           " comes after the result types: fused(OPERANDS) : TYPES { graph @NAME(...) { ... } }");
       const AttrSpec* spec = info.find_attr(name);
       if (!spec) {
         std::string known;
@@ -454,6 +497,9 @@ void Parser::parse_node() {
     expect('}', "after attributes");
   }
 
+  if (info.has(kRegion)) return parse_fused(results, op_at, std::move(operands), operand_at);
+
+  const ValueRef& result = results[0];
   expect(':', "before the result type");
   skip_ws();
   size_t type_at = pos_;
@@ -469,8 +515,80 @@ void Parser::parse_node() {
   if (g_.type(v) != declared)
     fail(type_at, "declared " + declared.str() + " but " + std::string(info.spelling) + " gives " +
                       g_.type(v).str());
+  // Only fused nodes have a body; say so rather than "expected a value definition".
+  size_t after = pos_;
+  skip_ws();
+  if (peek() == '{') fail(pos_, std::string(info.spelling) + " has no body (only fused nodes have one)");
+  pos_ = after;
   defs_[result.key] = Def{v, result.pos};
   parse_note(v);
+}
+
+// The rest of a fused node, after its operands: `: TYPES { graph @NAME(...) { ... } }`.
+void Parser::parse_fused(const std::vector<ValueRef>& results, size_t op_at, std::vector<ValueId> operands,
+                         const std::vector<size_t>& operand_at) {
+  expect(':', "before the result types");
+  std::vector<std::pair<TensorType, size_t>> declared;
+  do {
+    skip_ws();
+    size_t at = pos_;
+    declared.emplace_back(parse_type(), at);
+  } while (consume(','));
+  if (declared.size() > results.size())
+    fail(declared[results.size()].second, "fused defines " + std::to_string(results.size()) +
+                                              " result(s) but declares " + std::to_string(declared.size()) + " types");
+  if (declared.size() < results.size())
+    fail_expected("',' and the type of result " + std::to_string(declared.size()) + " (fused defines " +
+                  std::to_string(results.size()) + " results)");
+  skip_ws();
+  size_t body_at = pos_;
+  if (!consume('{')) fail_expected("'{' to start the body of fused");
+  skip_ws();
+  size_t graph_at = pos_;
+  Graph body = parse_body();
+  expect('}', "after the body of fused");
+
+  const std::string body_name = "body @" + body.name();
+  if (body.inputs().size() != operands.size())
+    fail(graph_at, body_name + " takes " + std::to_string(body.inputs().size()) + " input(s) but fused has " +
+                       std::to_string(operands.size()) + " operand(s)");
+  for (size_t k = 0; k < operands.size(); ++k) {
+    const Value& in = body.value(body.inputs()[k].value);
+    if (in.type != g_.type(operands[k]))
+      fail(operand_at[k], "operand " + std::to_string(k) + " is " + g_.type(operands[k]).str() + " but " +
+                              body_name + " input %" + in.name + " is " + in.type.str());
+  }
+  const auto& outs = body.outputs();
+  if (outs.size() != results.size())
+    fail(body_at, "fused defines " + std::to_string(results.size()) + " result(s) but " + body_name + " returns " +
+                      std::to_string(outs.size()) + " output(s)");
+  for (size_t k = 0; k < outs.size(); ++k)
+    if (body.type(outs[k].value) != declared[k].first)
+      fail(declared[k].second, "declared " + declared[k].first.str() + " for result " + std::to_string(k) +
+                                   " but " + body_name + " output '" + outs[k].name + "' is " +
+                                   body.type(outs[k].value).str());
+
+  std::vector<std::string> names;
+  for (const ValueRef& r : results) names.push_back(r.numbered ? "" : r.key);
+  std::vector<ValueId> vs;
+  try {
+    vs = g_.add_fused(std::move(operands), std::move(body), std::move(names));
+  } catch (const Error& e) {
+    fail(op_at, e.what());
+  }
+  for (size_t k = 0; k < results.size(); ++k) defs_[results[k].key] = Def{vs[k], results[k].pos};
+  parse_note(vs[0]);
+}
+
+// A fused node's body: a whole graph in a namespace of its own, parsed by a child parser.
+Graph Parser::parse_body() {
+  if (depth_ + 1 > kMaxFusedNesting)
+    fail(pos_, "fused bodies nest more than " + std::to_string(kMaxFusedNesting) + " deep");
+  Parser sub(src_, file_, this);
+  sub.pos_ = pos_;
+  sub.parse_graph_def();
+  pos_ = sub.pos_;
+  return std::move(sub.g_);
 }
 
 // A comment on the same line as a node is its note.

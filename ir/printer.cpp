@@ -1,6 +1,14 @@
 // The canonical text form. Every choice here is what makes the output deterministic and
 // parseable back (ir/parser.cpp): unnamed values are numbered in definition order, every
-// attribute is printed in schema order, floats use the shortest round-trip spelling.
+// attribute is printed in schema order, floats use the shortest round-trip spelling. A
+// fused node's body is printed by the same function after the result types, between
+// braces and indented by four more spaces, in its own value namespace:
+//   %5, %h = fused(%1, %b) : f32[64,256], f32[64,256] {
+//     graph @fused_0(%a: f32[64,256], %c: f32[256]) {
+//       ...
+//       return r0 = %0, r1 = %1
+//     }
+//   }  // the node's note
 #include "ir/printer.h"
 
 #include <charconv>
@@ -61,6 +69,20 @@ std::string clean_note(const std::string& note) {
   size_t end = s.find_last_not_of(" \t");
   s.resize(end == std::string::npos ? 0 : end + 1);
   return s;
+}
+
+// Prefixes every line of `text` with `prefix`.
+std::string indent(const std::string& text, const std::string& prefix) {
+  std::string out;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t nl = text.find('\n', start);
+    size_t end = nl == std::string::npos ? text.size() : nl + 1;
+    out += prefix;
+    out.append(text, start, end - start);
+    start = end;
+  }
+  return out;
 }
 
 }  // namespace
@@ -134,6 +156,7 @@ std::string print(const Graph& g) {
     }
     out += " : ";
     for (size_t i = 0; i < n.results.size(); ++i) out += (i ? ", " : "") + g.type(n.results[i]).str();
+    if (n.body) out += " {\n" + indent(print(*n.body), "    ") + "  }";
     std::string note = clean_note(n.note);
     if (!note.empty()) out += "  // " + note;
     out += "\n";

@@ -12,7 +12,8 @@ namespace kiln {
 
 std::string print(const Graph& g);
 // The name print() gives each value, indexed by ValueId::id ("%x", "%3"). Appending nodes
-// to a graph never changes the names of the values already in it.
+// to a graph never changes the names of the values already in it. Only `g`'s own values:
+// a fused node's results are numbered like any other, its body has its own namespace.
 std::vector<std::string> value_names(const Graph& g);
 // One attribute value in its text form ("[1, 1]", "f32", "0.5", "true", a tensor literal).
 std::string print_attr(const Attr& a);

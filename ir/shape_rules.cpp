@@ -357,6 +357,8 @@ TensorType infer_type(Op op, const std::vector<TensorType>& in, const AttrMap& a
       s.push_back(depth);
       return {attr_dtype(attrs, "dtype"), s};
     }
+    case Op::Fused:
+      r.fail("a fused node's result types come from its body (build it with Graph::add_fused)");
     case Op::Constant:
       return attr_tensor(attrs, "value").type();
   }

@@ -116,8 +116,11 @@ std::vector<ValueId> append_gradients(Graph& g, ValueId loss, const std::vector<
   for (size_t i = num_forward; i-- > 0;) {
     // Copy: emitting nodes may reallocate the node list.
     const Node n = g.nodes()[i];
+    bool needed = false;
+    for (ValueId r : n.results) needed = needed || (adjoint[r.id].valid() && depends[r.id]);
+    if (!needed) continue;
+    if (n.results.size() != 1) autodiff::vjp(e, n, ValueId{}, {});  // regions: throws "no gradient rule"
     ValueId y = n.result();
-    if (!adjoint[y.id].valid() || !depends[y.id]) continue;
     e.set_note("grad of " + names[y.id] + " = " + std::string(op_name(n.op)));
     std::vector<bool> need;
     for (ValueId v : n.operands) need.push_back(depends[v.id]);

@@ -102,7 +102,8 @@ std::vector<ValueId> vjp(Emitter& e, const Node& n, ValueId dy, const std::vecto
     case Op::Rsqrt: return {e.mul(e.mul(dy, -0.5), e.mul(y, e.mul(y, y)))};
     case Op::Tanh: return {e.mul(dy, e.sub(e.scalar(1.0, dt), e.mul(y, y)))};
     case Op::Sigmoid: return {e.mul(dy, e.mul(y, e.sub(e.scalar(1.0, dt), y)))};
-    case Op::Relu: return {e.select(e.op(Op::Gt, {x(0), zero()}), dy, zero())};
+    // relu(x) > 0 exactly where x > 0; reading the output lets the pre-activation die early.
+    case Op::Relu: return {e.select(e.op(Op::Gt, {y, zero()}), dy, zero())};
     case Op::Add: return {when(0, [&] { return ub(dy, 0); }), when(1, [&] { return ub(dy, 1); })};
     case Op::Sub: return {when(0, [&] { return ub(dy, 0); }), when(1, [&] { return ub(e.neg(dy), 1); })};
     case Op::Mul:
@@ -219,6 +220,9 @@ std::vector<ValueId> vjp(Emitter& e, const Node& n, ValueId dy, const std::vecto
     }
     case Op::OneHot: return {ValueId{}};
     case Op::Constant: return {};
+    case Op::Fused:
+      throw Error("grad: fused has no gradient rule (differentiate before fusing: autodiff runs before the "
+                  "fusion passes)");
     case Op::Conv2dGradInput: case Op::Conv2dGradWeight: case Op::MaxPool2dGrad: case Op::AvgPool2dGrad:
       throw Error("grad: " + std::string(op_name(n.op)) +
                   " has no gradient rule (Kiln computes first-order gradients only)");

@@ -1,5 +1,6 @@
 // Structural properties of the backward graph (numerics are in test_gradcheck.cpp).
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <iostream>
 
@@ -61,4 +62,17 @@ TEST_CASE("every backward node says which forward node it differentiates", "[aut
     CAPTURE(i, note);
     CHECK((note.starts_with("grad of %") || note.starts_with("d %") || note.starts_with("sum of gradients of %")));
   }
+}
+
+TEST_CASE("a loss reached through any result of a fused node is an error, not a zero gradient", "[autodiff]") {
+  Graph body("body");
+  ValueId a = body.add_input("a", {DType::f32, {3}});
+  ValueId t = body.add_node(Op::Tanh, {a});
+  body.add_output("r0", t);
+  body.add_output("r1", body.add_node(Op::Exp, {t}));
+  Graph g("g");
+  ValueId x = g.add_input("x", {DType::f32, {3}});
+  std::vector<ValueId> rs = g.add_fused({x}, body);
+  g.add_output("loss", g.add_node(Op::Sum, {rs[1]}, {{"axes", std::vector<int64_t>{}}}));
+  CHECK_THROWS_WITH(grad(g, "loss", {"x"}), Catch::Matchers::ContainsSubstring("fused has no gradient rule"));
 }

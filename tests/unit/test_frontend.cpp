@@ -135,7 +135,8 @@ TEST_CASE("every op in ops.def has a builder", "[frontend]") {
   for (const Node& n : t.graph().nodes()) seen.insert(n.op);
   for (Op op : all_ops()) {
     INFO("op " << op_name(op));
-    CHECK(seen.count(op) == 1);
+    // Region ops (fused) are made by the fusion passes with Graph::add_fused, never traced.
+    CHECK(seen.count(op) == (op_info(op).has(kRegion) ? 0u : 1u));
   }
 
   // A sample of result types and attributes.

@@ -134,12 +134,14 @@ class CaseBuilder {
 };
 
 // What an op contributes to this test.
-enum class Marker { Differentiable, NonDifferentiable, BackwardOnly };
+// Region: no gradient rule, autodiff runs before fusion (ops with trait kRegion).
+enum class Marker { Differentiable, NonDifferentiable, BackwardOnly, Region };
 
 struct OpCases {
   Marker marker;
   // Differentiable: checks of the op itself. NonDifferentiable: graphs that use the op and
-  // whose gradient flows around it. BackwardOnly: graphs through which grad must refuse.
+  // whose gradient flows around it. BackwardOnly and Region: graphs through which grad must
+  // refuse.
   std::vector<std::function<CheckCase()>> cases;
 };
 
@@ -567,6 +569,20 @@ OpCases cases_for(Op op) {
                                     {{"input_size", Ints{4, 4}}, {"kernel", Ints{2, 2}}, {"stride", Ints{2, 2}}});
           },
           "avg_pool2d_grad in a forward graph");
+
+    case Op::Fused: {  // region: no gradient rule, autodiff runs before fusion
+      OpCases c{Marker::Region, {}};
+      c.cases.push_back([] {
+        B b("fused tanh(x) * x");
+        Sym x = b.wrt("x", {2, 3});
+        Graph body("fused_0");
+        ValueId a = body.add_input("a", {f64, {2, 3}});
+        body.add_output("r0", body.add_node(Op::Mul, {body.add_node(Op::Tanh, {a}), a}));
+        Graph& g = b.tracer().graph();
+        return b.weighted(Sym(&b.tracer(), g.add_fused({x.value()}, std::move(body))[0]));
+      });
+      return c;
+    }
   }
   FAIL("cases_for: op " << spell(op) << " fell through the switch");
   return {};
@@ -604,6 +620,7 @@ TEST_CASE("gradcheck: every op in ops.def", "[gradcheck]") {
       // The marker agrees with the traits in ops.def.
       CHECK((oc.marker == Marker::NonDifferentiable) == info.has(kNonDifferentiable));
       CHECK((oc.marker == Marker::BackwardOnly) == info.has(kBackwardOnly));
+      CHECK((oc.marker == Marker::Region) == info.has(kRegion));
       CHECK_FALSE((info.has(kNonDifferentiable) && info.has(kBackwardOnly)));
       // Every op has cases: checks of its gradient, of the gradient around it, or of grad's
       // refusal to differentiate through it.
@@ -616,6 +633,9 @@ TEST_CASE("gradcheck: every op in ops.def", "[gradcheck]") {
           CHECK_THROWS_MATCHES(grad(c.graph, "loss", c.wrt), Error,
                                MessageMatches(ContainsSubstring(std::string(info.spelling)) &&
                                               ContainsSubstring("no gradient rule")));
+        } else if (oc.marker == Marker::Region) {
+          CHECK_THROWS_MATCHES(grad(c.graph, "loss", c.wrt), Error,
+                               MessageMatches(ContainsSubstring(std::string(info.spelling) + " has no gradient rule")));
         } else {
           run_check(c);
         }
@@ -631,7 +651,7 @@ TEST_CASE("gradcheck: the op table has cases for every op", "[gradcheck]") {
     total += oc.cases.size();
     if (oc.marker == Marker::Differentiable) ++differentiable;
   }
-  // 47 ops less 6 compares, argmax, one_hot, constant and the 4 backward-only ops.
+  // 48 ops less 6 compares, argmax, one_hot, constant, the 4 backward-only ops and fused.
   CHECK(differentiable == 34);
   CHECK(total > 150);
 }

@@ -597,6 +597,30 @@ void case_constant() {
   expect(run(Op::Constant, {}, {{"value", i64({}, {7})}}), DType::i64, {}, {7});
 }
 
+void case_fused() {
+  // A fused node's kernel is its body, which eval_op does not have.
+  Tensor one = f32({2}, {1, 2});
+  CHECK_THROWS_MATCHES(eval_op(Op::Fused, {&one}, {}, TensorType{DType::f32, {2}}), Error,
+                       Catch::Matchers::Message("fused: eval_op cannot run a fused node without its body "
+                                                "(interpret the graph that holds the node)"));
+  // interpret runs the body on the operands; the results are its outputs in order.
+  Graph body("fused_0");
+  ValueId a = body.add_input("a", {DType::f32, {2, 3}});
+  ValueId c = body.add_input("c", {DType::f32, {3}});
+  ValueId pre = body.add_node(Op::Add, {a, c});
+  body.add_output("r0", body.add_node(Op::Relu, {pre}));
+  body.add_output("r1", pre);
+  Graph g("g");
+  ValueId x = g.add_input("x", {DType::f32, {2, 3}});
+  ValueId b = g.add_input("b", {DType::f32, {3}});
+  std::vector<ValueId> r = g.add_fused({x, b}, std::move(body));
+  g.add_output("relu", r[0]);
+  g.add_output("pre", r[1]);
+  TensorMap out = interpret(g, {{"x", f32({2, 3}, {1, -2, 3, -4, 5, -6})}, {"b", f32({3}, {0.5, 1, -1})}});
+  expect(out.at("pre"), DType::f32, {2, 3}, {1.5, -1, 2, -3.5, 6, -7});
+  expect(out.at("relu"), DType::f32, {2, 3}, {1.5, 0, 2, 0, 6, 0});
+}
+
 // One case per op; no default, so a new op in ops.def fails to build here until covered.
 void run_case(Op op) {
   switch (op) {
@@ -647,6 +671,7 @@ void run_case(Op op) {
     case Op::LogSoftmax: return case_log_softmax();
     case Op::OneHot: return case_one_hot();
     case Op::Constant: return case_constant();
+    case Op::Fused: return case_fused();
   }
   FAIL("no interpreter test for op " << op_name(op));
 }

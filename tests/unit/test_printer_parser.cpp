@@ -1,6 +1,7 @@
 // The canonical text form: printing, parsing, round trips for every op, error messages
 // with positions, and byte-level robustness of the parser.
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <cmath>
 #include <limits>
@@ -19,6 +20,18 @@ namespace {
 
 TensorType f32(Shape s) { return {DType::f32, std::move(s)}; }
 TensorType i32(Shape s) { return {DType::i32, std::move(s)}; }
+
+// The body of an elementwise chain with a broadcast operand and two results.
+Graph chain_body() {
+  Graph b("fused_0");
+  ValueId a = b.add_input("a", f32({2, 3}));
+  ValueId c = b.add_input("c", f32({3}));
+  ValueId s = b.add_node(Op::Add, {a, c});
+  b.set_note(s, "bias");
+  b.add_output("r0", s);
+  b.add_output("r1", b.add_node(Op::Relu, {s}));
+  return b;
+}
 
 // One small valid graph using `op`; `alt` picks non-default attributes and operand
 // variants (optional operands, keepdims, negative axes, other dtypes).
@@ -190,6 +203,30 @@ Graph graph_for(Op op, bool alt) {
       r = g.add_node(op, {x}, attrs);
       break;
     }
+    case Op::Fused: {
+      ValueId x = g.add_input("x", f32({2, 3}));
+      ValueId b = g.add_input("b", f32({3}));
+      if (!alt) {
+        r = g.add_fused({x, b}, chain_body(), {"", "h"})[0];
+        break;
+      }
+      // A reduction with an elementwise prologue in a nested fused node, a constant and a
+      // body output that is a body input.
+      Graph inner("inner");
+      ValueId p = inner.add_input("p", f32({2, 3}));
+      ValueId q = inner.add_input("q", f32({3}));
+      inner.add_output("e", inner.add_node(Op::Exp, {inner.add_node(Op::Mul, {p, q})}));
+      Graph body("fused_1");
+      ValueId u = body.add_input("u", f32({2, 3}));
+      ValueId v = body.add_input("v", f32({3}));
+      ValueId e = body.add_fused({u, v}, std::move(inner))[0];
+      ValueId s = body.add_node(Op::Sum, {e}, {{"axes", ints({1})}}, "s");
+      ValueId half = body.add_constant(Tensor::scalar(DType::f32, 0.5));
+      body.add_output("mean", body.add_node(Op::Mul, {s, half}));
+      body.add_output("v", v);
+      r = g.add_fused({x, b}, std::move(body), {"out", ""})[0];
+      break;
+    }
     case Op::Constant: {
       if (!alt) {
         r = g.add_constant(Tensor::from(DType::f32, {2, 3}, std::vector<float>{1, -2.5f, 3e-7f, 0, 1e30f, 7}));
@@ -236,6 +273,29 @@ const char* kMlp = R"(graph @mlp(%x: f32[64,784], %y: i32[64], state %w1: f32[78
   %3 = constant() {value=[1, 2, 3]} : i32[3]
   %4 = add(%1, %2) : f32[]  // a trailing comment on a node line is that node's note
   return loss = %4, w1.next = %w1
+}
+)";
+
+// Fused nodes: matmul, then bias + relu with both results kept (a broadcast operand), then
+// a reduction with an elementwise prologue and epilogue.
+const char* kFusedText = R"(graph @block(%x: f32[4,8], state %w: f32[8,16], state %b: f32[16]) {
+  %0 = matmul(%x, %w) : f32[4,16]
+  %1, %h = fused(%0, %b) : f32[4,16], f32[4,16] {
+    graph @fused_0(%a: f32[4,16], %c: f32[16]) {
+      %0 = add(%a, %c) : f32[4,16]  // bias
+      %1 = relu(%0) : f32[4,16]
+      return r0 = %0, r1 = %1
+    }
+  }  // bias + relu
+  %2 = fused(%h) : f32[4] {
+    graph @fused_1(%a: f32[4,16]) {
+      %0 = mul(%a, %a) : f32[4,16]
+      %1 = sum(%0) {axes=[1], keepdims=false} : f32[4]
+      %2 = sqrt(%1) : f32[4]
+      return norm = %2
+    }
+  }
+  return pre = %1, y = %2, w.next = %w
 }
 )";
 
@@ -424,6 +484,143 @@ TEST_CASE("bad input gives one error with file, line and column", "[parser]") {
   }
 }
 
+TEST_CASE("fused nodes print with their bodies and parse back", "[printer][parser][fused]") {
+  Graph g("block");
+  ValueId x = g.add_input("x", f32({4, 8}));
+  ValueId w = g.add_input("w", f32({8, 16}), true);
+  ValueId b = g.add_input("b", f32({16}), true);
+  ValueId mm = g.add_node(Op::Matmul, {x, w});
+  Graph epilogue("fused_0");
+  ValueId a = epilogue.add_input("a", f32({4, 16}));
+  ValueId c = epilogue.add_input("c", f32({16}));
+  ValueId pre = epilogue.add_node(Op::Add, {a, c});
+  epilogue.set_note(pre, "bias");
+  epilogue.add_output("r0", pre);
+  epilogue.add_output("r1", epilogue.add_node(Op::Relu, {pre}));
+  std::vector<ValueId> r = g.add_fused({mm, b}, std::move(epilogue), {"", "h"});
+  REQUIRE(r.size() == 2);
+  g.set_note(r[0], "bias + relu");
+  Graph norm("fused_1");
+  ValueId na = norm.add_input("a", f32({4, 16}));
+  ValueId sq = norm.add_node(Op::Mul, {na, na});
+  ValueId sum = norm.add_node(Op::Sum, {sq}, {{"axes", std::vector<int64_t>{1}}});
+  norm.add_output("norm", norm.add_node(Op::Sqrt, {sum}));
+  ValueId y = g.add_fused({r[1]}, std::move(norm))[0];
+  g.add_output("pre", r[0]);
+  g.add_output("y", y);
+  g.add_output("w.next", w);
+
+  CHECK(print(g) == kFusedText);
+  Graph back = parse(kFusedText, "fused.kir");
+  CHECK(print(back) == kFusedText);
+  REQUIRE(back.nodes().size() == 3);
+  const Node& f = back.nodes()[1];
+  CHECK(f.op == Op::Fused);
+  CHECK(f.results.size() == 2);
+  CHECK(f.note == "bias + relu");
+  REQUIRE(f.body != nullptr);
+  CHECK(f.body->name() == "fused_0");
+  CHECK(f.body->nodes()[0].note == "bias");
+  CHECK(back.value(f.results[1]).name == "h");
+  // value_names: the outer graph's values only, fused results numbered in order.
+  CHECK(value_names(back) == std::vector<std::string>{"%x", "%w", "%b", "%0", "%1", "%h", "%2"});
+  CHECK(value_names(*f.body) == std::vector<std::string>{"%a", "%c", "%0", "%1"});
+}
+
+TEST_CASE("fused bodies nest, up to a limit", "[printer][parser][fused]") {
+  // depth levels of fused(%x) { graph @lN(%x) { ... neg ... } }.
+  auto nested = [](int depth) {
+    Graph g("l" + std::to_string(depth));
+    ValueId x = g.add_input("x", f32({2}));
+    g.add_output("y", g.add_node(Op::Neg, {x}));
+    for (int level = depth - 1; level >= 0; --level) {
+      Graph outer("l" + std::to_string(level));
+      ValueId ox = outer.add_input("x", f32({2}));
+      outer.add_output("y", outer.add_fused({ox}, std::move(g))[0]);
+      g = std::move(outer);
+    }
+    return g;
+  };
+  Graph ok = nested(kMaxFusedNesting);
+  std::string text = print(ok);
+  CHECK(text.find(std::string(2 * kMaxFusedNesting + 2, ' ') + "%0 = neg(%x) : f32[2]\n") != std::string::npos);
+  CHECK(print(parse(text)) == text);
+  // One level more: add_fused accepts each body (16 deep itself), verify rejects the whole.
+  Graph deep = nested(kMaxFusedNesting + 1);
+  CHECK_THROWS_WITH(verify(deep), Catch::Matchers::ContainsSubstring("fused bodies nest more than 16 deep"));
+  std::string deep_text = print(deep);
+  CHECK_THAT(error_of(deep_text), Catch::Matchers::StartsWith("bad.kir:35:") &&
+                                       Catch::Matchers::EndsWith("error: fused bodies nest more than 16 deep"));
+  // A hostile input nests without end: still one positioned error.
+  std::string hostile = "graph @g(%x: f32[2]) {\n";
+  for (int i = 0; i < 10000; ++i) hostile += "%y = fused(%x) : f32[2] { graph @b(%x: f32[2]) {\n";
+  CHECK_THAT(error_of(hostile), Catch::Matchers::EndsWith("error: fused bodies nest more than 16 deep"));
+}
+
+TEST_CASE("bad fused nodes give one positioned error", "[parser][fused]") {
+  // Swaps one line of kFusedText for another and returns the error.
+  auto bad = [](std::string_view line, std::string_view replacement) {
+    std::string text = kFusedText;
+    size_t at = text.find(line);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, line.size(), replacement);
+    return error_of(text);
+  };
+  SECTION("a body sees only its inputs") {
+    CHECK(bad("%1 = relu(%0)", "%1 = relu(%x)") == "bad.kir:6:17: error: unknown value '%x' in body @fused_0: a fused "
+                                                    "body sees only its own inputs (pass '%x' as an operand)");
+    // Not even the node's own results.
+    CHECK(bad("%1 = relu(%0)", "%1 = relu(%h)") == "bad.kir:6:17: error: unknown value '%h'");
+    CHECK(bad("%0 = add(%a, %c)", "%0 = add(%a, %b)") ==
+          "bad.kir:5:20: error: unknown value '%b' in body @fused_0: a fused body sees only its own inputs (pass "
+          "'%b' as an operand)");
+    CHECK(bad("%0 = add(%a, %c)", "%0 = add(%a, %q)") == "bad.kir:5:20: error: unknown value '%q'");
+  }
+  SECTION("results and the body's outputs disagree") {
+    CHECK(bad("%1, %h = fused(%0, %b) : f32[4,16], f32[4,16]", "%1, %h = fused(%0, %b) : f32[4,16]") ==
+          "bad.kir:3:38: error: expected ',' and the type of result 1 (fused defines 2 results), found '{'");
+    CHECK(bad("%1, %h = fused(%0, %b) : f32[4,16], f32[4,16]", "%1, %h = fused(%0, %b) : f32[4,16], f32[4,16], f32[4]") ==
+          "bad.kir:3:50: error: fused defines 2 result(s) but declares 3 types");
+    CHECK(bad("%1, %h = fused(%0, %b) : f32[4,16], f32[4,16]", "%1, %h = fused(%0, %b) : f32[4,16], f32[4,15]") ==
+          "bad.kir:3:39: error: declared f32[4,15] for result 1 but body @fused_0 output 'r1' is f32[4,16]");
+    CHECK(bad("return r0 = %0, r1 = %1", "return r0 = %0") ==
+          "bad.kir:3:49: error: fused defines 2 result(s) but body @fused_0 returns 1 output(s)");
+  }
+  SECTION("operands and the body's inputs disagree") {
+    CHECK(bad("%1, %h = fused(%0, %b)", "%1, %h = fused(%0, %x)") ==
+          "bad.kir:3:22: error: operand 1 is f32[4,8] but body @fused_0 input %c is f32[16]");
+    CHECK(bad("%1, %h = fused(%0, %b)", "%1, %h = fused(%0)") ==
+          "bad.kir:4:5: error: body @fused_0 takes 2 input(s) but fused has 1 operand(s)");
+    CHECK(bad("graph @fused_0(%a: f32[4,16], %c", "graph @fused_0(%a: f32[4,16], state %c") ==
+          "bad.kir:4:35: error: the inputs of a fused body cannot be state");
+  }
+  SECTION("missing, misplaced and unexpected bodies") {
+    CHECK(error_of("graph @g(%a: f32[2]) {\n  %0 = fused(%a) : f32[2]\n  return r = %0\n}\n") ==
+          "bad.kir:3:3: error: expected '{' to start the body of fused, found 'return'");
+    CHECK(error_of("graph @g(%a: f32[2]) {\n  %0 = fused(%a) : f32[2] {\n  }\n  return r = %0\n}\n") ==
+          "bad.kir:3:3: error: expected 'graph' to start the body of fused, found '}'");
+    CHECK(error_of("graph @g(%a: f32[2]) {\n  %0 = fused(%a) {graph @b(%x: f32[2]) {\n return y = %x\n}} : f32[2]\n"
+                   "  return r = %0\n}\n") ==
+          "bad.kir:2:18: error: the body of fused comes after the result types: fused(OPERANDS) : TYPES "
+          "{ graph @NAME(...) { ... } }");
+    CHECK(error_of("graph @g(%a: f32[2]) {\n  %0 = fused(%a) {x=1} : f32[2]\n  return r = %0\n}\n") ==
+          "bad.kir:2:19: error: unknown attribute 'x' for fused (it takes none)");
+    CHECK(bad("%0 = matmul(%x, %w) : f32[4,16]", "%0 = matmul(%x, %w) : f32[4,16] {\n  }") ==
+          "bad.kir:2:35: error: matmul has no body (only fused nodes have one)");
+    CHECK(bad("%0 = matmul(%x, %w) : f32[4,16]", "%0, %9 = matmul(%x, %w) : f32[4,16]") ==
+          "bad.kir:2:7: error: matmul has one result, not 2 (only fused nodes have several)");
+    CHECK(bad("%1, %h = fused", "%1, %1 = fused") == "bad.kir:3:7: error: duplicate value name '%1' (first defined at 3:3)");
+    CHECK(bad("%1, %h = fused", "%1, %x = fused") == "bad.kir:3:7: error: duplicate value name '%x' (first defined at 1:14)");
+  }
+  SECTION("errors inside the body") {
+    CHECK(bad("%1 = relu(%0)", "%1 = relux(%0)") == "bad.kir:6:12: error: unknown op 'relux'");
+    CHECK(bad("%1 = relu(%0) : f32[4,16]", "%1 = relu(%0) : f32[4]") ==
+          "bad.kir:6:23: error: declared f32[4] but relu gives f32[4,16]");
+    CHECK(bad("return r0 = %0, r1 = %1\n", "return r0 = %0, r1 = %1\n  }\n") ==
+          "bad.kir:10:3: error: expected a value definition or 'return', found '}'");
+  }
+}
+
 TEST_CASE("parse_file reads files and reports ones it cannot open", "[parser]") {
   CHECK_THROWS_AS(parse_file("/nonexistent/x.kir"), Error);
   try {
@@ -446,11 +643,28 @@ TEST_CASE("dot output names every input, op and output", "[dot]") {
   CHECK(dot.ends_with("}\n"));
 }
 
+TEST_CASE("dot draws a fused node as a cluster around its body", "[dot][fused]") {
+  std::string dot = to_dot(parse(kFusedText));
+  INFO(dot);
+  CHECK(dot.find("  subgraph \"cluster_n1\" {\n    style=\"rounded,dashed\";\n    label=\"fused %1 %h @fused_0\";\n") !=
+        std::string::npos);
+  CHECK(dot.find("    n1_in1 [shape=box, label=\"%c\\nf32[16]\"];\n") != std::string::npos);
+  CHECK(dot.find("    n1_n1 [shape=ellipse, label=\"relu %1\"];\n") != std::string::npos);
+  CHECK(dot.find("    n1_n0 -> n1_n1 [label=\"f32[4,16]\"];\n") != std::string::npos);
+  CHECK(dot.find("    n1_out1 [shape=house, style=dashed, label=\"r1\"];\n") != std::string::npos);
+  // Operands flow into the body's inputs, results out of the body's outputs.
+  CHECK(dot.find("  n0 -> n1_in0 [label=\"f32[4,16]\"];\n") != std::string::npos);
+  CHECK(dot.find("  in2 -> n1_in1 [label=\"f32[16]\"];\n") != std::string::npos);
+  CHECK(dot.find("  n1_out1 -> n2_in0 [label=\"f32[4,16]\"];\n") != std::string::npos);
+  CHECK(dot.find("  n1_out0 -> out0 [label=\"f32[4,16]\"];\n") != std::string::npos);
+  CHECK(dot.find("    n2_n1 [shape=ellipse, label=\"sum %1\\naxes=[1]\\nkeepdims=false\"];\n") != std::string::npos);
+}
+
 namespace {
 
 // Texts that cover every op, for the robustness checks below.
 std::vector<std::string> corpus() {
-  std::vector<std::string> texts{kMlp};
+  std::vector<std::string> texts{kMlp, kFusedText};
   for (Op op : all_ops())
     for (bool alt : {false, true}) texts.push_back(print(graph_for(op, alt)));
   return texts;
@@ -506,7 +720,17 @@ TEST_CASE("the parser survives truncated and corrupted input", "[parser][fuzz]")
 }
 
 TEST_CASE("the parser survives hostile input", "[parser][fuzz]") {
+  std::string many_results, many_types;
+  for (int i = 0; i < 100000; ++i) {
+    many_results += (i ? ", %r" : "%r") + std::to_string(i);
+    many_types += i ? ", f32[2]" : "f32[2]";
+  }
   std::vector<std::string> inputs = {
+      "graph @g(%a: f32[2]) {\n  " + many_results + " = neg(%a) : f32[2]\n  return\n}",
+      "graph @g(%a: f32[2]) {\n  " + many_results + " = fused(%a) : " + many_types +
+          " {\n    graph @b(%x: f32[2]) {\n      return y = %x\n    }\n  }\n  return\n}",
+      "graph @g(%a: f32[2]) {\n  %0 = fused(%a) : f32[2] {\n    graph @b(%x: f32[2]) {\n      return " +
+          std::string(100000, 'y') + " = %x\n    }\n  }\n  return r = %0\n}",
       "",
       std::string("\0\0\0", 3),
       "graph",
