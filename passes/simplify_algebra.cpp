@@ -1,0 +1,223 @@
+// simplify_algebra: exact algebraic identities, one node at a time. Each node of the source
+// is looked at with its operands already rewritten, so chains collapse in one pass
+// (transpose(transpose(transpose x)) becomes one transpose). The identities and why each
+// is exact are listed in passes/simplify.h.
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "ir/error.h"
+#include "passes/rebuild.h"
+#include "passes/simplify.h"
+
+namespace kiln {
+
+namespace {
+
+// A node's replacement: an existing value of the new graph, or one new node.
+struct Replacement {
+  ValueId existing;
+  Op op = Op::Constant;
+  std::vector<ValueId> operands;
+  AttrMap attrs;
+};
+
+Replacement use(ValueId v) { return {v, Op::Constant, {}, {}}; }
+Replacement make(Op op, std::vector<ValueId> operands, AttrMap attrs) {
+  return {ValueId{}, op, std::move(operands), std::move(attrs)};
+}
+
+class Simplifier {
+ public:
+  explicit Simplifier(Graph& dst) : dst_(dst) {}
+
+  // The replacement of a node with operands `x` (in the new graph) and result type `rt`,
+  // or nullopt to keep it.
+  std::optional<Replacement> rewrite(const Node& n, const std::vector<ValueId>& x, const TensorType& rt);
+
+ private:
+  const TensorType& type(ValueId v) const { return dst_.type(v); }
+  // The defining node of `v` if it is an `op` node.
+  const Node* def(ValueId v, Op op) const {
+    const Node* d = dst_.defining_node(v);
+    return d != nullptr && d->op == op ? d : nullptr;
+  }
+  // True when `v` is a constant every element of which is `want`, bit for bit for floats
+  // (so -0.0 is not 0.0).
+  bool is_all(ValueId v, double want) const;
+  // `v` as a value of type `rt` (same dtype; `v`'s shape broadcasts to rt's).
+  Replacement as_result(ValueId v, const TensorType& rt) const {
+    KILN_CHECK(type(v).dtype == rt.dtype, "simplify_algebra: dtype changed");
+    if (type(v) == rt) return use(v);
+    return make(Op::BroadcastTo, {v}, {{"shape", rt.shape}});
+  }
+
+  Graph& dst_;
+};
+
+bool Simplifier::is_all(ValueId v, double want) const {
+  const Node* c = def(v, Op::Constant);
+  if (c == nullptr) return false;
+  const Tensor& t = attr_tensor(c->attrs, "value");
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    double e = t.get(i);
+    if (e != want || (is_float(t.dtype()) && std::signbit(e) != std::signbit(want))) return false;
+  }
+  return true;
+}
+
+bool is_identity_perm(const std::vector<int64_t>& p) {
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p[i] != static_cast<int64_t>(i)) return false;
+  return true;
+}
+
+std::optional<Replacement> Simplifier::rewrite(const Node& n, const std::vector<ValueId>& x,
+                                               const TensorType& rt) {
+  const bool fp = is_float(rt.dtype);
+  // The additive identity that is exact: x + (-0.0) == x for every float x.
+  const double add_zero = fp ? -0.0 : 0.0;
+  switch (n.op) {
+    case Op::Add:
+      if (is_all(x[1], add_zero)) return as_result(x[0], rt);
+      if (is_all(x[0], add_zero)) return as_result(x[1], rt);
+      return std::nullopt;
+    case Op::Sub:
+      if (is_all(x[1], 0.0)) return as_result(x[0], rt);  // x - (+0.0)
+      return std::nullopt;
+    case Op::Mul:
+      if (is_all(x[1], 1.0)) return as_result(x[0], rt);
+      if (is_all(x[0], 1.0)) return as_result(x[1], rt);
+      return std::nullopt;
+    case Op::Div:
+    case Op::Pow:
+      if (is_all(x[1], 1.0)) return as_result(x[0], rt);
+      return std::nullopt;
+    case Op::Maximum:
+    case Op::Minimum:
+      if (x[0] == x[1]) return use(x[0]);
+      return std::nullopt;
+
+    case Op::Neg:
+      if (const Node* d = def(x[0], Op::Neg)) return use(d->operands[0]);
+      return std::nullopt;
+    case Op::Abs:
+      if (def(x[0], Op::Abs)) return use(x[0]);
+      if (const Node* d = def(x[0], Op::Neg)) return make(Op::Abs, {d->operands[0]}, {});
+      return std::nullopt;
+    case Op::Relu:
+      if (def(x[0], Op::Relu)) return use(x[0]);
+      return std::nullopt;
+
+    case Op::Select:
+      if (x[1] == x[2] || is_all(x[0], 1.0)) return as_result(x[1], rt);
+      if (is_all(x[0], 0.0)) return as_result(x[2], rt);
+      return std::nullopt;
+    case Op::Cast:
+      if (type(x[0]) == rt) return use(x[0]);
+      return std::nullopt;
+
+    case Op::Sum:
+    case Op::Max:
+    case Op::Min: {
+      // Sum of floats computes 0.0 + x, which is not x for x = -0.0: left alone.
+      if (n.op == Op::Sum && fp) return std::nullopt;
+      const Shape& in = type(x[0]).shape;
+      const auto& axes = attr_ints(n.attrs, "axes");
+      int64_t rank = static_cast<int64_t>(in.size());
+      for (int64_t a : axes)
+        if (in[static_cast<size_t>(a < 0 ? a + rank : a)] != 1) return std::nullopt;
+      if (axes.empty())
+        for (int64_t d : in)
+          if (d != 1) return std::nullopt;
+      if (type(x[0]) == rt) return use(x[0]);
+      return make(Op::Reshape, {x[0]}, {{"shape", rt.shape}});
+    }
+    case Op::Mean:  // float only: 0.0 + x, then / 1 (see Sum)
+      return std::nullopt;
+
+    case Op::Reshape:
+      if (type(x[0]) == rt) return use(x[0]);
+      if (const Node* d = def(x[0], Op::Reshape)) {
+        ValueId inner = d->operands[0];
+        if (type(inner) == rt) return use(inner);
+        return make(Op::Reshape, {inner}, {{"shape", rt.shape}});
+      }
+      return std::nullopt;
+    case Op::Transpose: {
+      const auto& q = attr_ints(n.attrs, "perm");
+      if (is_identity_perm(q)) return use(x[0]);
+      if (const Node* d = def(x[0], Op::Transpose)) {
+        const auto& p = attr_ints(d->attrs, "perm");
+        std::vector<int64_t> perm(q.size());
+        for (size_t i = 0; i < q.size(); ++i) perm[i] = p[static_cast<size_t>(q[i])];
+        ValueId inner = d->operands[0];
+        if (is_identity_perm(perm)) return use(inner);
+        return make(Op::Transpose, {inner}, {{"perm", perm}});
+      }
+      return std::nullopt;
+    }
+    case Op::BroadcastTo:
+      if (type(x[0]) == rt) return use(x[0]);
+      if (const Node* d = def(x[0], Op::BroadcastTo)) return as_result(d->operands[0], rt);
+      return std::nullopt;
+    case Op::Slice: {
+      const auto& start = attr_ints(n.attrs, "start");
+      bool from_zero = std::all_of(start.begin(), start.end(), [](int64_t s) { return s == 0; });
+      if (from_zero && type(x[0]) == rt) return use(x[0]);
+      return std::nullopt;
+    }
+    case Op::Pad: {
+      const auto& lo = attr_ints(n.attrs, "low");
+      const auto& hi = attr_ints(n.attrs, "high");
+      auto zero = [](int64_t p) { return p == 0; };
+      if (std::all_of(lo.begin(), lo.end(), zero) && std::all_of(hi.begin(), hi.end(), zero)) return use(x[0]);
+      return std::nullopt;
+    }
+    case Op::Concat:
+      if (x.size() == 1) return use(x[0]);
+      return std::nullopt;
+
+    case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh: case Op::Sigmoid:
+    case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt: case Op::Ge:
+    case Op::Argmax: case Op::Matmul: case Op::Conv2d: case Op::MaxPool2d: case Op::AvgPool2d:
+    case Op::Softmax: case Op::LogSoftmax: case Op::OneHot: case Op::Constant:
+    case Op::Conv2dGradInput: case Op::Conv2dGradWeight: case Op::MaxPool2dGrad:
+    case Op::AvgPool2dGrad: case Op::Fused:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Graph simplify_algebra(const Graph& g, const PassOptions&) {
+  Rebuilder rb(g);
+  Graph& dst = rb.dst();
+  Simplifier s(dst);
+  for (const Node& n : g.nodes()) {
+    if (n.results.size() != 1) {
+      rb.copy(n);
+      continue;
+    }
+    std::vector<ValueId> x;
+    for (ValueId v : n.operands) x.push_back(rb.map(v));
+    const TensorType& rt = g.type(n.result());
+    std::optional<Replacement> r = s.rewrite(n, x, rt);
+    if (!r) {
+      rb.copy(n);
+      continue;
+    }
+    ValueId v = r->existing;
+    if (!v.valid()) {
+      v = dst.add_node_at(r->op, std::move(r->operands), std::move(r->attrs), g.value(n.result()).name, n.location);
+      if (!n.note.empty()) dst.set_note(v, n.note);
+    }
+    KILN_CHECK(dst.type(v) == rt, "simplify_algebra: " + std::string(op_name(n.op)) + " gave " +
+                                      dst.type(v).str() + " for " + rt.str());
+    rb.set(n.result(), v);
+  }
+  return rb.finish();
+}
+
+}  // namespace kiln
