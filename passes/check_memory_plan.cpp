@@ -1,0 +1,206 @@
+// The memory plan checker (see check_memory_plan.h). Deliberately written without the
+// planner's code: liveness is recomputed here from scratch by scanning every node for each
+// value, and the in-place rules are restated, so a planner bug cannot hide behind itself.
+#include "passes/check_memory_plan.h"
+
+#include <algorithm>
+
+#include "ir/printer.h"
+
+namespace kiln {
+
+namespace {
+
+struct Checker {
+  const Graph& g;
+  const MemoryPlan& plan;
+  std::vector<std::string> names;
+  int32_t end_of_graph = 0;
+  std::vector<int32_t> first, last;  // live interval per value, recomputed
+
+  [[noreturn]] void fail(const std::string& message) const {
+    internal_error("check_memory_plan", "memory plan of @" + g.name() + ": " + message);
+  }
+
+  std::string interval(ValueId v) const {
+    return (first[v.id] < 0 ? std::string("in") : std::to_string(first[v.id])) + ".." +
+           (last[v.id] >= end_of_graph ? std::string("out") : std::to_string(last[v.id]));
+  }
+  std::string describe(ValueId v) const {
+    const ValuePlan& p = plan.values[v.id];
+    std::string s = names[v.id] + " (" + g.type(v).str() + ", live " + interval(v);
+    if (p.kind == BufferKind::Arena)
+      s += ", bytes [" + std::to_string(p.offset) + ", " + std::to_string(p.offset + p.bytes) + ")";
+    return s + ")";
+  }
+
+  // Liveness, the simple way: a value is live from its definition to its last reader.
+  void compute_liveness() {
+    end_of_graph = static_cast<int32_t>(g.nodes().size());
+    for (size_t id = 0; id < g.values().size(); ++id) {
+      const ValueId v{static_cast<int32_t>(id)};
+      first.push_back(g.value(v).node);
+      int32_t end = g.value(v).node;
+      for (int32_t i = 0; i < end_of_graph; ++i) {
+        const auto& ops = g.nodes()[i].operands;
+        if (std::count(ops.begin(), ops.end(), v) > 0) end = i;
+      }
+      for (const GraphOutput& o : g.outputs())
+        if (o.value == v) end = end_of_graph;
+      last.push_back(end);
+    }
+  }
+
+  // May node `n` write `result` over `operand`? Restated from memory_plan.h: same shape and
+  // bytes, and `operand` is read only elementwise on the way to `result`. For a fused node,
+  // each body value is asked whether it depends on the operand; every body op that does
+  // must be elementwise over the operand's shape, and the result must be one of them.
+  bool in_place_ok(const Node& n, ValueId operand, ValueId result) const {
+    const TensorType& t = g.type(operand);
+    const TensorType& rt = g.type(result);
+    if (t.shape != rt.shape || t.numel() * int64_t(dtype_size(t.dtype)) != rt.numel() * int64_t(dtype_size(rt.dtype)))
+      return false;
+    if (!reads(n, operand)) return false;
+    if (n.op != Op::Fused) return op_info(n.op).has(kElementwise);
+    if (n.body == nullptr) return false;
+    const Graph& body = *n.body;
+    std::vector<int> memo(body.values().size(), -1);  // -1 unknown, 0 no, 1 yes
+    auto depends = [&](auto&& self, ValueId v) -> bool {
+      if (memo[v.id] >= 0) return memo[v.id] == 1;
+      bool d = false;
+      const Value& bv = body.value(v);
+      if (bv.node < 0) {
+        d = n.operands.at(bv.input) == operand;
+      } else {
+        for (ValueId o : body.nodes()[bv.node].operands) d = d || self(self, o);
+      }
+      memo[v.id] = d ? 1 : 0;
+      return d;
+    };
+    for (const Node& b : body.nodes())
+      for (ValueId r : b.results)
+        if (depends(depends, r) && (!op_info(b.op).has(kElementwise) || body.type(r).shape != t.shape)) return false;
+    size_t index = 0;
+    while (n.results.at(index) != result) ++index;
+    return depends(depends, body.outputs().at(index).value);
+  }
+
+  bool reads(const Node& n, ValueId v) const {
+    return std::find(n.operands.begin(), n.operands.end(), v) != n.operands.end();
+  }
+
+  // a and b are arena values at overlapping bytes and overlapping lifetimes: is it one
+  // value written in place over the other?
+  bool legal_in_place(ValueId a, ValueId b) const {
+    if (first[a.id] > first[b.id]) std::swap(a, b);
+    const ValueId operand = a, result = b;
+    const ValuePlan& po = plan.values[operand.id];
+    const ValuePlan& pr = plan.values[result.id];
+    if (first[operand.id] == first[result.id]) return false;  // two results of one node
+    if (po.offset != pr.offset || po.bytes != pr.bytes) return false;
+    if (last[operand.id] != first[result.id]) return false;  // operand must die right there
+    return in_place_ok(g.nodes()[first[result.id]], operand, result);
+  }
+
+  void check_values() {
+    if (plan.values.size() != g.values().size())
+      fail("plans " + std::to_string(plan.values.size()) + " values, the graph has " +
+           std::to_string(g.values().size()));
+    if (plan.alignment <= 0) fail("alignment " + std::to_string(plan.alignment));
+    for (size_t id = 0; id < g.values().size(); ++id) {
+      const ValueId v{static_cast<int32_t>(id)};
+      const Value& value = g.value(v);
+      const ValuePlan& p = plan.values[id];
+      const int64_t bytes = value.type.numel() * static_cast<int64_t>(dtype_size(value.type.dtype));
+      if (p.bytes != bytes)
+        fail(describe(v) + " is planned as " + std::to_string(p.bytes) + " bytes, not " + std::to_string(bytes));
+      if (p.start != first[id] || p.end != last[id])
+        fail(describe(v) + " has planned interval " + std::to_string(p.start) + ".." + std::to_string(p.end));
+      BufferKind expected = BufferKind::Arena;
+      if (value.node < 0)
+        expected = g.is_state(v) ? BufferKind::State : BufferKind::Input;
+      else if (g.nodes()[value.node].op == Op::Constant)
+        expected = BufferKind::Constant;
+      const bool kind_ok = p.kind == expected ||
+                           (expected == BufferKind::Arena && p.kind == BufferKind::StateInPlace);
+      if (!kind_ok)
+        fail(describe(v) + " is planned as " + std::string(buffer_kind_name(p.kind)) + ", expected " +
+             std::string(buffer_kind_name(expected)));
+      if (p.kind == BufferKind::StateInPlace) check_state_in_place(v);
+      if (p.kind != BufferKind::Arena) continue;
+      if (p.offset < 0 || p.offset % plan.alignment != 0)
+        fail(describe(v) + " is not aligned to " + std::to_string(plan.alignment) + " bytes");
+      if (p.offset + p.bytes > plan.report.arena_bytes)
+        fail(describe(v) + " ends past the arena's " + std::to_string(plan.report.arena_bytes) + " bytes");
+      if (p.buffer < 0 || p.buffer >= static_cast<int32_t>(plan.buffers.size()))
+        fail(describe(v) + " has no buffer");
+      const Buffer& b = plan.buffers[p.buffer];
+      if (std::count(b.values.begin(), b.values.end(), v) != 1 || b.offset != p.offset || b.bytes != p.bytes)
+        fail(describe(v) + " disagrees with its buffer b" + std::to_string(p.buffer));
+    }
+    for (size_t b = 0; b < plan.buffers.size(); ++b)
+      for (ValueId v : plan.buffers[b].values)
+        if (!v.valid() || v.id >= static_cast<int32_t>(plan.values.size()) ||
+            plan.values[v.id].kind != BufferKind::Arena || plan.values[v.id].buffer != static_cast<int32_t>(b))
+          fail("buffer b" + std::to_string(b) + " lists a value not planned in it");
+  }
+
+  void check_state_in_place(ValueId v) {
+    const ValueId x = plan.values[v.id].state;
+    if (!x.valid() || x.id >= static_cast<int32_t>(g.values().size()) || g.value(x).node >= 0 || !g.is_state(x))
+      fail(describe(v) + " is in a state buffer, but not of a state input");
+    const std::string next_name = g.value(x).name + ".next";
+    bool is_next = false;
+    for (const GraphOutput& o : g.outputs()) {
+      if (o.value == x) fail(describe(v) + " overwrites " + describe(x) + ", which is an output");
+      is_next |= o.name == next_name && o.value == v;
+    }
+    if (!is_next) fail(describe(v) + " is in the buffer of " + describe(x) + " but is not its output " + next_name);
+    const int32_t at = first[v.id];
+    for (int32_t i = 0; i < end_of_graph; ++i) {
+      if (!reads(g.nodes()[i], x)) continue;
+      if (i > at)
+        fail(describe(v) + " overwrites " + describe(x) + ", which node " + std::to_string(i) + " reads later");
+      if (i == at && (!in_place_ok(g.nodes()[i], x, v) || g.type(x) != g.type(v)))
+        fail(describe(v) + " overwrites " + describe(x) + " in a node that reads it other than elementwise");
+    }
+    for (size_t id = 0; id < plan.values.size(); ++id)
+      if (static_cast<int32_t>(id) != v.id && plan.values[id].kind == BufferKind::StateInPlace &&
+          plan.values[id].state == x)
+        fail(describe(v) + " and " + describe(ValueId{static_cast<int32_t>(id)}) + " are both in the buffer of " +
+             describe(x));
+  }
+
+  // Every pair of arena values overlapping in memory (by a sweep over offsets) must not be
+  // live at once, unless one is written in place over the other.
+  void check_overlaps() {
+    std::vector<ValueId> arena;
+    for (size_t id = 0; id < plan.values.size(); ++id)
+      if (plan.values[id].kind == BufferKind::Arena && plan.values[id].bytes > 0)
+        arena.push_back(ValueId{static_cast<int32_t>(id)});
+    std::sort(arena.begin(), arena.end(), [&](ValueId a, ValueId b) {
+      return plan.values[a.id].offset != plan.values[b.id].offset ? plan.values[a.id].offset < plan.values[b.id].offset
+                                                                   : a.id < b.id;
+    });
+    for (size_t i = 0; i < arena.size(); ++i) {
+      const ValuePlan& a = plan.values[arena[i].id];
+      for (size_t j = i + 1; j < arena.size() && plan.values[arena[j].id].offset < a.offset + a.bytes; ++j) {
+        const ValueId x = arena[i], y = arena[j];
+        const bool live_together = first[x.id] <= last[y.id] && first[y.id] <= last[x.id];
+        if (live_together && !legal_in_place(x, y))
+          fail(describe(x) + " and " + describe(y) + " overlap in memory while both live");
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void check_memory_plan(const Graph& g, const MemoryPlan& plan) {
+  Checker c{g, plan, value_names(g), 0, {}, {}};
+  c.compute_liveness();
+  c.check_values();
+  c.check_overlaps();
+}
+
+}  // namespace kiln

@@ -1,0 +1,281 @@
+// Memory planning (see memory_plan.h for the conventions). Three steps:
+//  1. liveness and kinds: each value's interval; state outputs go into their state's
+//     buffer where legal; results take over a dying operand's buffer where legal;
+//  2. placement: each buffer (a group of values sharing storage) gets the lowest aligned
+//     offset, or the tightest gap, clear of every placed buffer whose interval meets its
+//     own; several orders are tried (largest first, earliest first, longest-lived first)
+//     and the smallest arena wins;
+//  3. the report.
+#include "passes/memory_plan.h"
+
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+
+#include "ir/printer.h"
+
+namespace kiln {
+
+namespace {
+
+int64_t bytes_of(const TensorType& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype)); }
+int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+struct Analysis {
+  std::vector<ValuePlan> values;
+  std::vector<Buffer> buffers;  // offsets not assigned yet
+};
+
+Analysis analyze(const Graph& g) {
+  const auto num_nodes = static_cast<int32_t>(g.nodes().size());
+  Analysis a;
+  a.values.resize(g.values().size());
+  for (size_t id = 0; id < g.values().size(); ++id) {
+    const Value& v = g.values()[id];
+    ValuePlan& p = a.values[id];
+    p.bytes = bytes_of(v.type);
+    p.start = p.end = v.node;
+    if (v.node < 0)
+      p.kind = g.inputs().at(v.input).is_state ? BufferKind::State : BufferKind::Input;
+    else
+      p.kind = g.nodes()[v.node].op == Op::Constant ? BufferKind::Constant : BufferKind::Arena;
+  }
+  for (int32_t i = 0; i < num_nodes; ++i)
+    for (ValueId v : g.nodes()[i].operands) a.values[v.id].end = i;  // nodes in order: the max
+  for (const GraphOutput& o : g.outputs()) a.values[o.value.id].end = num_nodes;
+
+  // State outputs X.next into X's own buffer, where legal.
+  for (const GraphOutput& o : g.outputs()) {
+    if (!o.name.ends_with(".next")) continue;
+    ValueId x = g.find(std::string_view(o.name).substr(0, o.name.size() - 5));
+    if (!x.valid() || g.value(x).node >= 0 || !g.is_state(x)) continue;
+    ValuePlan& next = a.values[o.value.id];
+    const ValuePlan& state = a.values[x.id];
+    if (next.kind != BufferKind::Arena || g.type(x) != g.type(o.value)) continue;
+    if (state.end == num_nodes) continue;  // X itself is an output: its old value must survive
+    if (state.end > next.start) continue;  // read after X.next is written
+    if (state.end == next.start && !can_write_in_place(g, g.nodes()[next.start], x, o.value))
+      continue;  // X.next's own node reads X, and not only elementwise
+    bool taken = false;  // another output already put a value in X's buffer
+    for (const ValuePlan& p : a.values) taken |= p.kind == BufferKind::StateInPlace && p.state == x;
+    if (taken) continue;
+    next.kind = BufferKind::StateInPlace;
+    next.state = x;
+  }
+
+  // Buffers: each arena result starts one, or takes over a dying operand's (in place).
+  for (int32_t i = 0; i < num_nodes; ++i) {
+    const Node& n = g.nodes()[i];
+    std::vector<int32_t> taken;  // buffers this node's results already took over
+    for (ValueId r : n.results) {
+      ValuePlan& rp = a.values[r.id];
+      if (rp.kind != BufferKind::Arena) continue;
+      int32_t chosen = -1;
+      for (ValueId o : n.operands) {
+        const ValuePlan& op = a.values[o.id];
+        if (op.kind != BufferKind::Arena || op.end != i || !can_write_in_place(g, n, o, r)) continue;
+        if (std::find(taken.begin(), taken.end(), op.buffer) != taken.end()) continue;
+        chosen = op.buffer;
+        break;
+      }
+      if (chosen < 0) {
+        chosen = static_cast<int32_t>(a.buffers.size());
+        a.buffers.push_back(Buffer{{}, 0, rp.bytes, rp.start, rp.end});
+      } else {
+        taken.push_back(chosen);
+      }
+      Buffer& b = a.buffers[chosen];
+      b.values.push_back(r);
+      b.end = std::max(b.end, rp.end);
+      rp.buffer = chosen;
+    }
+  }
+  return a;
+}
+
+int64_t peak_of(const std::vector<Buffer>& buffers, size_t num_nodes) {
+  std::vector<int64_t> delta(num_nodes + 2, 0);
+  for (const Buffer& b : buffers) {
+    delta[b.start] += b.bytes;
+    delta[b.end + 1] -= b.bytes;
+  }
+  int64_t live = 0, peak = 0;
+  for (int64_t d : delta) peak = std::max(peak, live += d);
+  return peak;
+}
+
+// Places buffers in the given order; returns the arena size and fills `offsets`.
+int64_t place(const std::vector<Buffer>& buffers, const std::vector<int32_t>& order, bool best_fit,
+              int64_t alignment, std::vector<int64_t>& offsets) {
+  offsets.assign(buffers.size(), 0);
+  std::vector<int32_t> placed;
+  std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of placed buffers live meanwhile
+  int64_t arena = 0;
+  for (int32_t b : order) {
+    const Buffer& buf = buffers[b];
+    if (buf.bytes == 0) continue;  // empty: offset 0, overlaps nothing
+    busy.clear();
+    for (int32_t p : placed) {
+      const Buffer& q = buffers[p];
+      if (q.start <= buf.end && buf.start <= q.end) busy.emplace_back(offsets[p], offsets[p] + q.bytes);
+    }
+    std::sort(busy.begin(), busy.end());
+    int64_t candidate = 0, best = -1, best_gap = 0;
+    for (const auto& [begin, end] : busy) {
+      if (candidate + buf.bytes <= begin) {
+        int64_t gap = begin - candidate;
+        if (best < 0 || (best_fit && gap < best_gap)) best = candidate, best_gap = gap;
+        if (!best_fit) break;
+      }
+      candidate = std::max(candidate, align_up(end, alignment));
+    }
+    if (best < 0) best = candidate;  // past everything live meanwhile
+    offsets[b] = best;
+    arena = std::max(arena, best + buf.bytes);
+    placed.push_back(b);
+  }
+  return align_up(arena, alignment);
+}
+
+}  // namespace
+
+std::string_view buffer_kind_name(BufferKind k) {
+  switch (k) {
+    case BufferKind::Arena: return "arena";
+    case BufferKind::Input: return "input";
+    case BufferKind::State: return "state";
+    case BufferKind::StateInPlace: return "state-in-place";
+    case BufferKind::Constant: return "constant";
+  }
+  return "?";
+}
+
+bool can_write_in_place(const Graph& g, const Node& n, ValueId operand, ValueId result) {
+  const TensorType& type = g.type(operand);
+  if (type.shape != g.type(result).shape || bytes_of(type) != bytes_of(g.type(result))) return false;
+  if (std::find(n.operands.begin(), n.operands.end(), operand) == n.operands.end()) return false;
+  const auto at = std::find(n.results.begin(), n.results.end(), result);
+  if (at == n.results.end()) return false;
+  if (n.op != Op::Fused) return op_info(n.op).has(kElementwise);
+  if (!n.body) return false;
+
+  // The operand's elementwise cone in the body: every body value computed from it.
+  const Graph& body = *n.body;
+  std::vector<bool> cone(body.values().size(), false);
+  for (size_t k = 0; k < n.operands.size(); ++k)
+    if (n.operands[k] == operand) cone[body.inputs().at(k).value.id] = true;
+  for (const Node& b : body.nodes()) {
+    bool reads_cone = false;
+    for (ValueId v : b.operands) reads_cone |= cone[v.id];
+    if (!reads_cone) continue;
+    if (!op_info(b.op).has(kElementwise)) return false;
+    for (ValueId r : b.results) {
+      if (body.type(r).shape != type.shape) return false;
+      cone[r.id] = true;
+    }
+  }
+  return cone[body.outputs().at(at - n.results.begin()).value.id];
+}
+
+MemoryPlan plan_memory(const Graph& g, const PassOptions& options) {
+  KILN_CHECK(options.alignment > 0, "plan_memory: alignment must be positive");
+  Analysis a = analyze(g);
+  MemoryPlan plan;
+  plan.alignment = options.alignment;
+
+  // Candidate orders; ties keep the buffer index (definition order), so it is deterministic.
+  std::vector<int32_t> by_index(a.buffers.size());
+  for (size_t i = 0; i < by_index.size(); ++i) by_index[i] = static_cast<int32_t>(i);
+  auto sorted = [&](auto less) {
+    std::vector<int32_t> o = by_index;
+    std::stable_sort(o.begin(), o.end(), [&](int32_t x, int32_t y) { return less(a.buffers[x], a.buffers[y]); });
+    return o;
+  };
+  const std::vector<std::vector<int32_t>> orders = {
+      sorted([](const Buffer& x, const Buffer& y) { return x.bytes > y.bytes; }),
+      sorted([](const Buffer& x, const Buffer& y) { return x.start < y.start; }),
+      sorted([](const Buffer& x, const Buffer& y) {
+        return x.end - x.start != y.end - y.start ? x.end - x.start > y.end - y.start : x.bytes > y.bytes;
+      }),
+  };
+  int64_t best = -1;
+  std::vector<int64_t> offsets, best_offsets;
+  for (const auto& order : orders) {
+    for (bool best_fit : {false, true}) {
+      int64_t arena = place(a.buffers, order, best_fit, options.alignment, offsets);
+      if (best < 0 || arena < best) best = arena, best_offsets = offsets;
+    }
+  }
+  plan.report.arena_bytes = std::max<int64_t>(best, 0);
+
+  for (size_t b = 0; b < a.buffers.size(); ++b) {
+    a.buffers[b].offset = best_offsets[b];
+    for (ValueId v : a.buffers[b].values) a.values[v.id].offset = best_offsets[b];
+  }
+  MemoryReport& r = plan.report;
+  r.peak_live_bytes = peak_of(a.buffers, g.nodes().size());
+  r.buffer_count = static_cast<int64_t>(a.buffers.size());
+  for (const ValuePlan& p : a.values) {
+    switch (p.kind) {
+      case BufferKind::Arena: r.value_bytes += p.bytes; break;
+      case BufferKind::Input: r.input_bytes += p.bytes; break;
+      case BufferKind::State: r.state_bytes += p.bytes; break;
+      case BufferKind::StateInPlace: ++r.state_in_place; break;
+      case BufferKind::Constant: r.constant_bytes += p.bytes; break;
+    }
+  }
+  for (const Buffer& b : a.buffers) r.in_place_values += static_cast<int64_t>(b.values.size()) - 1;
+  plan.values = std::move(a.values);
+  plan.buffers = std::move(a.buffers);
+  return plan;
+}
+
+int64_t peak_live_bytes(const Graph& g) { return peak_of(analyze(g).buffers, g.nodes().size()); }
+
+std::string format_memory_report(const MemoryPlan& plan) {
+  const MemoryReport& r = plan.report;
+  std::ostringstream out;
+  out << "arena: " << r.arena_bytes << " bytes in " << r.buffer_count << " buffers (alignment " << plan.alignment
+      << ")\n";
+  out << "sum of values: " << r.value_bytes << " bytes (arena values, as if nothing shared)\n";
+  out << "peak live: " << r.peak_live_bytes << " bytes (a lower bound for the arena)\n";
+  out << "in place: " << r.in_place_values << " values over an operand's buffer, " << r.state_in_place
+      << " state updates in their state's buffer\n";
+  out << "external: inputs " << r.input_bytes << " bytes, state " << r.state_bytes << " bytes, constants "
+      << r.constant_bytes << " bytes\n";
+  return out.str();
+}
+
+std::string format_memory_plan(const Graph& g, const MemoryPlan& plan) {
+  const std::vector<std::string> names = value_names(g);
+  const auto num_nodes = static_cast<int32_t>(g.nodes().size());
+  std::vector<std::vector<std::string>> rows = {{"value", "type", "kind", "buffer", "offset", "bytes", "live"}};
+  for (size_t id = 0; id < plan.values.size() && id < g.values().size(); ++id) {
+    const ValuePlan& p = plan.values[id];
+    std::string buffer = "-", offset = "-";
+    if (p.kind == BufferKind::Arena) buffer = "b" + std::to_string(p.buffer), offset = std::to_string(p.offset);
+    if (p.kind == BufferKind::StateInPlace && p.state.valid()) buffer = names.at(p.state.id);
+    std::string live = (p.start < 0 ? std::string("in") : std::to_string(p.start)) + ".." +
+                       (p.end >= num_nodes ? std::string("out") : std::to_string(p.end));
+    rows.push_back({names[id], g.values()[id].type.str(), std::string(buffer_kind_name(p.kind)), buffer, offset,
+                    std::to_string(p.bytes), live});
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows)
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  std::ostringstream out;
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size(); ++c) {
+      bool numeric = c == 4 || c == 5;  // offset, bytes: right-aligned
+      if (c + 1 == row.size()) {
+        out << row[c];
+      } else {
+        out << (numeric ? std::right : std::left) << std::setw(static_cast<int>(width[c])) << row[c] << "  ";
+      }
+    }
+    out << '\n';
+  }
+  return out.str() + format_memory_report(plan);
+}
+
+}  // namespace kiln

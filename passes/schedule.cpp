@@ -1,0 +1,142 @@
+// Greedy list scheduling for low peak memory (see schedule.h).
+#include "passes/schedule.h"
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+#include <tuple>
+
+#include "passes/memory_plan.h"
+#include "passes/rebuild.h"
+
+namespace kiln {
+
+namespace {
+
+enum class TieBreak { Original, Recent, DepthFirst };
+
+int64_t bytes_of(const TensorType& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype)); }
+
+std::vector<int32_t> greedy_order(const Graph& g, TieBreak tie) {
+  const std::vector<Node>& nodes = g.nodes();
+  const auto num_nodes = static_cast<int32_t>(nodes.size());
+  const size_t num_values = g.values().size();
+  auto producer = [&](ValueId v) { return g.value(v).node; };
+  auto is_constant = [&](int32_t i) { return nodes[i].op == Op::Constant; };
+
+  std::vector<int64_t> bytes(num_values);
+  std::vector<bool> in_arena(num_values), is_output(num_values);
+  for (size_t id = 0; id < num_values; ++id) {
+    const Value& v = g.values()[id];
+    bytes[id] = bytes_of(v.type);
+    in_arena[id] = v.node >= 0 && !is_constant(v.node);
+  }
+  for (const GraphOutput& o : g.outputs()) is_output[o.value.id] = true;
+
+  // For each result that is some state's X.next: X.
+  std::vector<ValueId> next_of(num_values);
+  for (const GraphOutput& o : g.outputs()) {
+    if (!o.name.ends_with(".next") || next_of[o.value.id].valid()) continue;
+    ValueId x = g.find(std::string_view(o.name).substr(0, o.name.size() - 5));
+    if (x.valid() && g.value(x).node < 0 && g.is_state(x) && in_arena[o.value.id]) next_of[o.value.id] = x;
+  }
+
+  std::vector<std::vector<ValueId>> operands(num_nodes);  // distinct, in operand order
+  std::vector<std::vector<int32_t>> readers(num_values);   // distinct reading nodes
+  std::vector<int32_t> readers_left(num_values, 0), pending(num_nodes, 0);
+  for (int32_t i = 0; i < num_nodes; ++i) {
+    for (ValueId v : nodes[i].operands) {
+      if (std::find(operands[i].begin(), operands[i].end(), v) != operands[i].end()) continue;
+      operands[i].push_back(v);
+      readers[v.id].push_back(i);
+      ++readers_left[v.id];
+      if (in_arena[v.id]) ++pending[i];  // constants and inputs are always available
+    }
+  }
+
+  std::vector<int32_t> order, position(num_nodes, -1), ready;
+  std::vector<bool> emitted(num_nodes, false);
+  auto emit = [&](int32_t i) {
+    position[i] = static_cast<int32_t>(order.size());
+    order.push_back(i);
+    emitted[i] = true;
+  };
+  for (int32_t i = 0; i < num_nodes; ++i)
+    if (!is_constant(i) && pending[i] == 0) ready.push_back(i);
+
+  while (!ready.empty()) {
+    std::optional<std::tuple<bool, int64_t, int64_t, int32_t>> best_key;
+    size_t best = 0;
+    for (size_t k = 0; k < ready.size(); ++k) {
+      const int32_t i = ready[k];
+      int64_t freed = 0, kept = 0, recency = -1;
+      bool deferred = false;
+      for (ValueId v : operands[i]) {
+        if (!in_arena[v.id]) continue;
+        recency = std::max<int64_t>(recency, position[producer(v)]);
+        if (!is_output[v.id] && readers_left[v.id] == 1) freed += bytes[v.id];
+      }
+      for (ValueId r : nodes[i].results) {
+        if (ValueId x = next_of[r.id]; x.valid()) {
+          bool self = std::find(operands[i].begin(), operands[i].end(), x) != operands[i].end();
+          if (readers_left[x.id] - (self ? 1 : 0) > 0)
+            deferred = true;  // X still has other readers: X.next could not go into X's buffer
+          else if (!is_output[x.id])
+            continue;  // written into X's buffer, not the arena
+        }
+        if (readers[r.id].empty() && !is_output[r.id]) continue;  // dead: freed at once
+        kept += bytes[r.id];
+      }
+      const int64_t net = kept - freed;
+      std::tuple<bool, int64_t, int64_t, int32_t> key;
+      switch (tie) {
+        case TieBreak::Original: key = {deferred, net, 0, i}; break;
+        case TieBreak::Recent: key = {deferred, net, -recency, i}; break;
+        case TieBreak::DepthFirst: key = {deferred, -recency, net, i}; break;
+      }
+      if (!best_key || key < *best_key) best_key = key, best = k;
+    }
+    const int32_t i = ready[best];
+    ready.erase(ready.begin() + static_cast<std::ptrdiff_t>(best));
+    for (ValueId v : operands[i])
+      if (int32_t p = producer(v); p >= 0 && is_constant(p) && !emitted[p]) emit(p);
+    emit(i);
+    for (ValueId v : operands[i]) --readers_left[v.id];
+    for (ValueId r : nodes[i].results)
+      for (int32_t c : readers[r.id])
+        if (--pending[c] == 0) ready.push_back(c);
+  }
+  for (int32_t i = 0; i < num_nodes; ++i)
+    if (!emitted[i]) {
+      KILN_CHECK(is_constant(i), "schedule: node " + std::to_string(i) + " of @" + g.name() + " never became ready");
+      emit(i);
+    }
+  return order;
+}
+
+Graph rebuild_in_order(const Graph& g, const std::vector<int32_t>& order) {
+  Rebuilder rb(g);
+  for (int32_t i : order) rb.copy(g.nodes()[i]);
+  return rb.finish();
+}
+
+}  // namespace
+
+Graph schedule(const Graph& g, const PassOptions& /*options*/) {
+  std::vector<int32_t> original(g.nodes().size());
+  std::iota(original.begin(), original.end(), 0);
+  std::vector<std::vector<int32_t>> tried = {original};
+  int64_t best_peak = peak_live_bytes(g);
+  std::optional<Graph> best;
+  for (TieBreak tie : {TieBreak::Original, TieBreak::Recent, TieBreak::DepthFirst}) {
+    std::vector<int32_t> order = greedy_order(g, tie);
+    if (std::find(tried.begin(), tried.end(), order) != tried.end()) continue;
+    tried.push_back(order);
+    Graph h = rebuild_in_order(g, order);
+    if (int64_t peak = peak_live_bytes(h); peak < best_peak) best_peak = peak, best = std::move(h);
+  }
+  if (best) return std::move(*best);
+  return rebuild_in_order(g, original);
+}
+
+}  // namespace kiln
