@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -19,6 +20,9 @@
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "passes/autodiff.h"
+#include "passes/check_memory_plan.h"
+#include "passes/memory_plan.h"
+#include "passes/pipeline.h"
 #include "passes/train_step.h"
 #include "runtime/blas.h"
 
@@ -34,6 +38,7 @@ commands:
   dump FILE.kir     parse and verify a graph, print its canonical form
   dot FILE.kir      print the graph in Graphviz dot format
   run FILE.kir      run a graph on .npy inputs, write its outputs as .npy
+  opt FILE.kir      run passes (simplify, fuse, schedule) and print the result
   grad FILE.kir     print the graph extended with gradients of a loss
   train-step FILE.kir
                     print the whole training step (forward, backward, optimizer update)
@@ -95,6 +100,28 @@ options:
   --weight-decay X      L2 for sgd/adam, decoupled for adamw (default 0, adamw 0.01)
 )";
 
+constexpr const char* kOptHelp = R"(usage: kiln opt FILE.kir [options]
+
+Runs a pipeline of passes over the graph and prints the result.
+
+options:
+  --passes=A,B,...       the passes to run, in order (default: the default pipeline)
+  --list-passes          list the passes and the default pipeline
+  --print-after-all      print the graph after every pass
+  --print-after=NAME     print the graph after pass NAME (repeatable)
+  --verify-each          verify the graph after every pass (on in debug builds)
+  --no-verify-each       do not
+  --stop-after=N         run only the first N passes (to bisect by hand)
+  --time-passes          print how long each pass took and the node counts
+  --print-plan           plan memory for the result and print the plan and its report
+                         (arena bytes, sum of buffers, peak live bytes, buffer count)
+  --bisect               run the interpreter after each pass on the --input values and
+                         name the first pass whose outputs differ from the unoptimized
+                         graph's beyond the tolerance; exit status 1 if one does
+  --input NAME=FILE.npy  a graph input for --bisect (every input, state included)
+  --rtol X, --atol X     the --bisect tolerance (defaults 1e-5, 1e-6)
+)";
+
 constexpr const char* kInfoHelp = R"(usage: kiln info
 
 Prints the host target (triple, CPU, vector features) as LLVM sees it, the LLVM version
@@ -118,75 +145,6 @@ int cmd_dump(const std::vector<std::string>& args, bool dot) {
                             dot ? "dot" : "dump"));
   kiln::Graph g = kiln::parse_file(args[0]);
   std::fputs((dot ? kiln::to_dot(g) : kiln::print(g)).c_str(), stdout);
-  return 0;
-}
-
-int cmd_run(const std::vector<std::string>& args) {
-  std::string file, out_dir;
-  std::map<std::string, std::string> input_files;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](const char* flag) -> std::string {
-      if (i + 1 >= args.size()) throw Error(fmt::format("{} needs a value (see 'kiln run --help')", flag));
-      return args[++i];
-    };
-    if (is_help(a)) { std::fputs(kRunHelp, stdout); return 0; }
-    if (a == "--interp") continue;
-    if (a == "--input" || a.starts_with("--input=")) {
-      std::string spec = a == "--input" ? value("--input") : a.substr(8);
-      size_t eq = spec.find('=');
-      if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
-        throw Error(fmt::format("--input '{}' must be NAME=FILE.npy", spec));
-      std::string name = spec.substr(0, eq);
-      if (name[0] == '%') name = name.substr(1);
-      if (!input_files.emplace(name, spec.substr(eq + 1)).second)
-        throw Error(fmt::format("--input {} is given twice", name));
-      continue;
-    }
-    if (a == "--output-dir" || a.starts_with("--output-dir=")) {
-      out_dir = a == "--output-dir" ? value("--output-dir") : a.substr(13);
-      continue;
-    }
-    if (a.size() > 1 && a[0] == '-') throw Error(fmt::format("run: unknown option '{}' (see 'kiln run --help')", a));
-    if (!file.empty()) throw Error("run takes one FILE.kir argument (see 'kiln run --help')");
-    file = a;
-  }
-  if (file.empty()) throw Error("run needs a FILE.kir argument (see 'kiln run --help')");
-  kiln::Graph g = kiln::parse_file(file);
-
-  kiln::TensorMap inputs;
-  std::string missing;
-  for (const kiln::GraphInput& in : g.inputs()) {
-    const std::string& name = g.value(in.value).name;
-    auto it = input_files.find(name);
-    if (it == input_files.end()) {
-      missing += (missing.empty() ? "%" : ", %") + name;
-      continue;
-    }
-    kiln::Tensor t = kiln::read_npy(it->second);
-    if (t.type() != g.type(in.value))
-      throw Error(fmt::format("{}: input %{} needs {}, the file holds {}", it->second, name,
-                              g.type(in.value).str(), t.type().str()));
-    inputs.emplace(name, std::move(t));
-    input_files.erase(it);
-  }
-  if (!missing.empty()) throw Error(fmt::format("{}: no --input given for {}", file, missing));
-  if (!input_files.empty())
-    throw Error(fmt::format("{}: graph @{} has no input named %{}", file, g.name(), input_files.begin()->first));
-
-  kiln::TensorMap outputs = kiln::interpret(g, inputs);
-  if (out_dir.empty()) {
-    for (const kiln::GraphOutput& o : g.outputs()) fmt::print("{} = {}\n", o.name, summarize(outputs.at(o.name)));
-    return 0;
-  }
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  if (ec) throw Error(fmt::format("{}: cannot create directory: {}", out_dir, ec.message()));
-  for (const kiln::GraphOutput& o : g.outputs()) {
-    std::string path = (std::filesystem::path(out_dir) / (o.name + ".npy")).string();
-    kiln::write_npy(path, outputs.at(o.name));
-    fmt::print("wrote {} ({})\n", path, outputs.at(o.name).type().str());
-  }
   return 0;
 }
 
@@ -314,6 +272,111 @@ int cmd_train_step(const std::vector<std::string>& args) {
   return 0;
 }
 
+kiln::TensorMap read_inputs(const kiln::Graph& g, const std::string& file, const std::vector<std::string>& specs) {
+  std::map<std::string, std::string> input_files;
+  for (const std::string& spec : specs) {
+    size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+      throw Error(fmt::format("--input '{}' must be NAME=FILE.npy", spec));
+    std::string name = spec.substr(0, eq);
+    if (name[0] == '%') name = name.substr(1);
+    if (!input_files.emplace(name, spec.substr(eq + 1)).second) throw Error(fmt::format("--input {} is given twice", name));
+  }
+  kiln::TensorMap inputs;
+  std::string missing;
+  for (const kiln::GraphInput& in : g.inputs()) {
+    const std::string& name = g.value(in.value).name;
+    auto it = input_files.find(name);
+    if (it == input_files.end()) {
+      missing += (missing.empty() ? "%" : ", %") + name;
+      continue;
+    }
+    kiln::Tensor t = kiln::read_npy(it->second);
+    if (t.type() != g.type(in.value))
+      throw Error(fmt::format("{}: input %{} needs {}, the file holds {}", it->second, name, g.type(in.value).str(),
+                              t.type().str()));
+    inputs.emplace(name, std::move(t));
+    input_files.erase(it);
+  }
+  if (!missing.empty()) throw Error(fmt::format("{}: no --input given for {}", file, missing));
+  if (!input_files.empty())
+    throw Error(fmt::format("{}: graph @{} has no input named %{}", file, g.name(), input_files.begin()->first));
+  return inputs;
+}
+
+int cmd_run(const std::vector<std::string>& args) {
+  if (!args.empty() && is_help(args[0])) { std::fputs(kRunHelp, stdout); return 0; }
+  Flags f = parse_flags("run", args, {"--input", "--output-dir"}, {"--interp"});
+  kiln::Graph g = kiln::parse_file(f.file);
+  kiln::TensorMap inputs = read_inputs(g, f.file, f.values["--input"]);
+  std::string out_dir = f.values.count("--output-dir") ? f.values["--output-dir"].back() : "";
+  kiln::TensorMap outputs = kiln::interpret(g, inputs);
+  if (out_dir.empty()) {
+    for (const kiln::GraphOutput& o : g.outputs()) fmt::print("{} = {}\n", o.name, summarize(outputs.at(o.name)));
+    return 0;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) throw Error(fmt::format("{}: cannot create directory: {}", out_dir, ec.message()));
+  for (const kiln::GraphOutput& o : g.outputs()) {
+    std::string path = (std::filesystem::path(out_dir) / (o.name + ".npy")).string();
+    kiln::write_npy(path, outputs.at(o.name));
+    fmt::print("wrote {} ({})\n", path, outputs.at(o.name).type().str());
+  }
+  return 0;
+}
+
+int cmd_opt(const std::vector<std::string>& args) {
+  if (!args.empty() && is_help(args[0])) { std::fputs(kOptHelp, stdout); return 0; }
+  if (!args.empty() && args[0] == "--list-passes") {
+    for (const kiln::PassInfo& p : kiln::registered_passes()) fmt::print("{:<22} {}\n", p.name, p.summary);
+    std::string def;
+    for (const std::string& n : kiln::default_pipeline()) def += (def.empty() ? "" : ",") + n;
+    fmt::print("\ndefault pipeline: {}\n", def);
+    return 0;
+  }
+  Flags f = parse_flags("opt", args, {"--passes", "--print-after", "--stop-after", "--input", "--rtol", "--atol"},
+                        {"--print-after-all", "--verify-each", "--no-verify-each", "--time-passes", "--print-plan",
+                         "--bisect"});
+  auto has = [&](const char* s) { return std::find(f.switches.begin(), f.switches.end(), s) != f.switches.end(); };
+  kiln::PipelineOptions o;
+  if (f.values.count("--passes")) {
+    for (const std::string& list : f.values["--passes"])
+      for (std::string& name : split_list(list)) o.passes.push_back(std::move(name));
+    if (o.passes.empty()) throw Error("--passes needs at least one pass name");
+  }
+  if (f.values.count("--print-after"))
+    for (const std::string& name : f.values["--print-after"]) o.print_after.insert(name);
+  o.print_after_all = has("--print-after-all");
+  if (has("--verify-each")) o.verify_each = true;
+  if (has("--no-verify-each")) o.verify_each = false;
+  o.time_passes = has("--time-passes");
+  if (f.values.count("--stop-after")) {
+    double n = parse_number("--stop-after", f.values["--stop-after"].back());
+    if (n < 0 || n != std::floor(n)) throw Error("--stop-after expects a pass count (0, 1, 2, ...)");
+    o.stop_after = static_cast<int>(n);
+  }
+  o.log = &std::cout;
+  kiln::Graph g = kiln::parse_file(f.file);
+  if (has("--bisect")) {
+    kiln::TensorMap inputs = read_inputs(g, f.file, f.values["--input"]);
+    double rtol = f.values.count("--rtol") ? parse_number("--rtol", f.values["--rtol"].back()) : 1e-5;
+    double atol = f.values.count("--atol") ? parse_number("--atol", f.values["--atol"].back()) : 1e-6;
+    kiln::BisectReport r = kiln::bisect_numerics(g, inputs, o, rtol, atol);
+    std::fputs(kiln::format_bisect(r).c_str(), stdout);
+    return r.diverged ? 1 : 0;
+  }
+  if (f.values.count("--input")) throw Error("--input is for --bisect (see 'kiln opt --help')");
+  kiln::PipelineResult r = kiln::run_pipeline(g, o);
+  std::cout << kiln::print(r.graph);
+  if (has("--print-plan")) {
+    kiln::MemoryPlan plan = kiln::plan_memory(r.graph, o.pass_options);
+    kiln::check_memory_plan(r.graph, plan);
+    std::cout << kiln::format_memory_plan(r.graph, plan);
+  }
+  return 0;
+}
+
 int cmd_info(const std::vector<std::string>& args) {
   if (!args.empty() && is_help(args[0])) { std::fputs(kInfoHelp, stdout); return 0; }
   if (!args.empty()) throw Error("info takes no arguments");
@@ -340,6 +403,7 @@ int dispatch(const std::vector<std::string>& argv) {
   if (cmd == "dump") return cmd_dump(rest, false);
   if (cmd == "dot") return cmd_dump(rest, true);
   if (cmd == "run") return cmd_run(rest);
+  if (cmd == "opt") return cmd_opt(rest);
   if (cmd == "grad") return cmd_grad(rest);
   if (cmd == "train-step") return cmd_train_step(rest);
   if (cmd == "info") return cmd_info(rest);

@@ -61,7 +61,7 @@ TEST_CASE("kiln --help and every command's --help exit 0", "[cli]") {
   auto r = run_kiln("--help");
   CHECK(r.status == 0);
   CHECK_THAT(r.output, ContainsSubstring("usage: kiln <command>"));
-  for (const char* cmd : {"dump", "dot", "run", "grad", "train-step", "info"}) {
+  for (const char* cmd : {"dump", "dot", "run", "opt", "grad", "train-step", "info"}) {
     auto h = run_kiln(std::string(cmd) + " --help");
     CHECK(h.status == 0);
     CHECK_THAT(h.output, StartsWith("usage: kiln " + std::string(cmd)));

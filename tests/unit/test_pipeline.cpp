@@ -1,0 +1,193 @@
+// The pass manager, the default pipeline end to end, fusion structure, and numerical
+// bisection. Property: the interpreter gives the same results before and after.
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <iostream>
+#include <sstream>
+
+#include "frontend/losses.h"
+#include "frontend/nn.h"
+#include "ir/printer.h"
+#include "passes/check_memory_plan.h"
+#include "passes/memory_plan.h"
+#include "passes/fuse.h"
+#include "passes/pipeline.h"
+#include "passes/train_step.h"
+#include "random_graph.h"
+
+using namespace kiln;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+struct Model {
+  Graph step;
+  TensorMap inputs;  // batch + all state
+};
+
+Model training_step(bool cnn, int64_t batch, const Optimizer& opt) {
+  Tracer t(cnn ? "lenet" : "mlp");
+  nn::Scope s(t, 7);
+  Sym x = t.input("x", {DType::f32, cnn ? Shape{batch, 1, 28, 28} : Shape{batch, 784}});
+  Sym y = t.input("y", {DType::i32, {batch}});
+  Sym logits = cnn ? nn::lenet(s)(x) : nn::mlp(s, {784, 256, 10})(x);
+  t.output("loss", nn::cross_entropy(logits, y));
+  t.output("accuracy", nn::accuracy(logits, y));
+  TrainStep ts = make_train_step(t.finish(), opt);
+  Model m{ts.graph, t.parameters()};
+  for (auto& [k, v] : ts.initial_state) m.inputs[k] = v;
+  Tensor xs(DType::f32, cnn ? Shape{batch, 1, 28, 28} : Shape{batch, 784});
+  for (int64_t i = 0; i < xs.numel(); ++i) xs.set(i, ((i * 7919) % 256) / 255.0);
+  Tensor ys(DType::i32, {batch});
+  for (int64_t i = 0; i < batch; ++i) ys.set(i, (i * 3) % 10);
+  m.inputs["x"] = xs;
+  m.inputs["y"] = ys;
+  // A few steps in: momentum and Adam buffers are non-zero.
+  m.inputs["step"] = Tensor::scalar(DType::i32, 3);
+  return m;
+}
+
+size_t kernels(const Graph& g) {
+  size_t n = 0;
+  for (const Node& node : g.nodes()) n += node.op != Op::Constant;
+  return n;
+}
+
+size_t count_fused(const Graph& g, const std::string& note) {
+  size_t n = 0;
+  for (const Node& node : g.nodes()) n += node.op == Op::Fused && node.note == note;
+  return n;
+}
+
+void require_same_outputs(const Graph& before, const Graph& after, const TensorMap& inputs, double rtol,
+                          double atol) {
+  TensorMap a = interpret(before, inputs), b = interpret(after, inputs);
+  for (const GraphOutput& o : before.outputs()) {
+    CAPTURE(o.name, max_abs_diff(a.at(o.name), b.at(o.name)));
+    REQUIRE(b.count(o.name) == 1);
+    CHECK(all_close(b.at(o.name), a.at(o.name), rtol, atol));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the default pipeline keeps random graphs' results and plans valid memory", "[pipeline]") {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    DType dt = seed % 2 ? DType::f32 : DType::f64;
+    testing::RandomGraph r = testing::random_graph(seed, dt);
+    CAPTURE(seed, print(r.graph));
+    PipelineOptions o;
+    o.verify_each = true;
+    Graph opt = run_pipeline(r.graph, o).graph;
+    CHECK(opt.nodes().size() <= r.graph.nodes().size());
+    require_same_outputs(r.graph, opt, r.inputs, dt == DType::f32 ? 1e-5 : 1e-12, dt == DType::f32 ? 1e-6 : 1e-14);
+    MemoryPlan plan = plan_memory(opt, o.pass_options);
+    check_memory_plan(opt, plan);
+  }
+}
+
+TEST_CASE("the MLP and LeNet training steps: same results after the pipeline, fewer kernels", "[pipeline]") {
+  struct Case {
+    bool cnn;
+    const char* opt_name;
+    Optimizer opt;
+  };
+  for (const Case& c : {Case{false, "sgd", SGD{0.05, 0.9}}, Case{false, "adam", Adam{}}, Case{true, "sgd", SGD{0.05, 0.9}},
+                        Case{true, "adam", Adam{}}}) {
+    Model m = training_step(c.cnn, c.cnn ? 8 : 16, c.opt);
+    CAPTURE(m.step.name(), c.opt_name);
+    PipelineOptions o;
+    o.verify_each = true;
+    PipelineResult r = run_pipeline(m.step, o);
+    require_same_outputs(m.step, r.graph, m.inputs, 1e-4, 1e-6);
+    MemoryPlan plan = plan_memory(r.graph, o.pass_options);
+    check_memory_plan(r.graph, plan);
+    CHECK(kernels(r.graph) < kernels(m.step) / 2);
+    // The GEMM epilogue of the first layer, forward.
+    if (!c.cnn) CHECK(count_fused(r.graph, "matmul+add+relu") == 1);
+    if (c.cnn) CHECK(count_fused(r.graph, "conv2d+relu") == 2);
+    std::cout << m.step.name() << " (" << c.opt_name << "): " << m.step.nodes().size() << " nodes, "
+              << kernels(m.step) << " kernels -> " << r.graph.nodes().size() << " nodes, " << kernels(r.graph)
+              << " kernels\n";
+  }
+}
+
+TEST_CASE("fusion keeps a value that a non-fused consumer needs, materialized once", "[pipeline][fuse]") {
+  Graph g("g");
+  ValueId x = g.add_input("x", {DType::f32, {4, 8}});
+  ValueId w = g.add_input("w", {DType::f32, {8, 3}});
+  ValueId b = g.add_input("b", {DType::f32, {3}});
+  ValueId pre = g.add_node(Op::Add, {g.add_node(Op::Matmul, {x, w}), b}, {}, "pre");
+  ValueId act = g.add_node(Op::Relu, {pre});
+  ValueId mask = g.add_node(Op::Gt, {pre, g.add_constant(Tensor::scalar(DType::f32, 0))});
+  g.add_output("act", act);
+  g.add_output("mask", mask);
+  Graph f = fuse_matmul_epilogue(g, {});
+  REQUIRE(count_fused(f, "matmul+add+relu") == 1);
+  const Node* fused = nullptr;
+  for (const Node& n : f.nodes())
+    if (n.op == Op::Fused) fused = &n;
+  REQUIRE(fused->results.size() == 2);  // pre (for the mask) and the activation
+  CHECK(f.value(fused->results[0]).name == "pre");
+  TensorMap in{{"x", Tensor(DType::f32, {4, 8})}, {"w", Tensor(DType::f32, {8, 3})}, {"b", Tensor::from<float>(DType::f32, {3}, {1, -1, 0})}};
+  require_same_outputs(g, f, in, 0, 0);
+}
+
+TEST_CASE("pipeline options: stop-after, print-after, timings, unknown passes", "[pipeline]") {
+  testing::RandomGraph r = testing::random_graph(5);
+  std::ostringstream log;
+  PipelineOptions o;
+  o.log = &log;
+  o.stop_after = 2;
+  o.print_after = {"simplify"};
+  o.time_passes = true;
+  PipelineResult res = run_pipeline(r.graph, o);
+  CHECK(res.records.size() == 2);
+  CHECK_THAT(log.str(), ContainsSubstring("// -- after pass 1: simplify ("));
+  CHECK_THAT(log.str(), ContainsSubstring("// -- pass timings --"));
+  o.passes = {"cse", "frobnicate"};
+  CHECK_THROWS_WITH(run_pipeline(r.graph, o), ContainsSubstring("unknown pass 'frobnicate' (passes: fold_constants"));
+  o.passes = {"cse"};
+  o.print_after = {"dce"};
+  CHECK_THROWS_WITH(run_pipeline(r.graph, o), ContainsSubstring("the pipeline has no pass 'dce'"));
+}
+
+TEST_CASE("bisection names the first pass that changes the results", "[pipeline][bisect]") {
+  // A faulty pass: nudges every float constant by 1%.
+  register_pass({"test_nudge_constants", "test only: changes constants", [](const Graph& g, const PassOptions&) {
+                   Graph out(g.name());
+                   std::vector<ValueId> map(g.values().size());
+                   for (const GraphInput& in : g.inputs())
+                     map[in.value.id] = out.add_input(g.value(in.value).name, g.type(in.value), in.is_state);
+                   for (const Node& n : g.nodes()) {
+                     std::vector<ValueId> ops;
+                     for (ValueId v : n.operands) ops.push_back(map[v.id]);
+                     AttrMap attrs = n.attrs;
+                     if (n.op == Op::Constant && is_float(g.type(n.result()).dtype)) {
+                       Tensor t = attr_tensor(attrs, "value");
+                       for (int64_t i = 0; i < t.numel(); ++i) t.set(i, t.get(i) * 1.01 + 0.01);
+                       attrs["value"] = t;
+                     }
+                     KILN_CHECK(n.op != Op::Fused, "test pass sees no fused nodes");
+                     map[n.result().id] = out.add_node_at(n.op, ops, attrs, g.value(n.result()).name, "");
+                   }
+                   for (const GraphOutput& o : g.outputs()) out.add_output(o.name, map[o.value.id]);
+                   return out;
+                 }});
+  Model m = training_step(false, 4, SGD{0.05, 0.9});
+  PipelineOptions o;
+  o.passes = {"cse", "dce", "test_nudge_constants", "fuse_elementwise"};
+  BisectReport r = bisect_numerics(m.step, m.inputs, o);
+  REQUIRE(r.diverged);
+  CHECK(r.steps.size() == 4);
+  CHECK(r.steps[0].within_tolerance);
+  CHECK(r.steps[1].within_tolerance);
+  CHECK(r.steps[r.first_bad].pass == "test_nudge_constants");
+  std::string text = format_bisect(r);
+  CHECK_THAT(text, ContainsSubstring("first pass that changes the results: test_nudge_constants (pass 3 of 4): output '"));
+  o.passes = {};
+  BisectReport clean = bisect_numerics(m.step, m.inputs, o, 1e-4, 1e-6);
+  CHECK_FALSE(clean.diverged);
+  CHECK_THAT(format_bisect(clean), ContainsSubstring("no pass changes the results beyond the tolerance"));
+}
