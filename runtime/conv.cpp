@@ -1,0 +1,305 @@
+// conv2d and its two gradients as im2col + GEMM (ir/interp_nn.cpp has the semantics).
+//
+// For one image n and one group g, with K = C/groups*KH*KW rows and P = OH*OW columns:
+//   forward      Y[n,g] [O/g, P]  = W[g] [O/g, K] . col(X[n,g]) [K, P]
+//   grad_input   dX[n,g]          = col2im(W[g]^T . dY[n,g])          (dcol is [K, P])
+//   grad_weight  dW[g] [O/g, K]   = sum over n of dY[n,g] . col(X[n,g])^T
+// A 1x1 stride-1 unpadded conv needs no im2col: col(X[n,g]) is X[n,g] itself.
+//
+// Parallelism: with at least as many (image, group) pairs as threads, the pairs are split
+// over the pool and each GEMM runs single-threaded inside its chunk (the column buffer is
+// per thread and stays in cache); with fewer, the pairs run one after another and each
+// GEMM is split over the pool by kiln_rt_sgemm/dgemm. grad_weight accumulates the images
+// of each chunk into that chunk's own partial sum and adds the partials in chunk order,
+// so its result depends only on the thread count.
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "runtime/blas.h"
+#include "runtime/kernels.h"
+#include "runtime/thread_pool.h"
+
+namespace {
+
+struct ConvShape {
+  int64_t n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups;
+  int64_t cg, og;  // channels per group, in and out
+  int64_t k;       // rows of the column matrix: cg * kh * kw
+  int64_t p;       // columns: oh * ow
+  bool pointwise;  // 1x1, stride 1, no padding: the column matrix is the input itself
+
+  explicit ConvShape(const int64_t* a)
+      : n(a[0]), c(a[1]), h(a[2]), w(a[3]), o(a[4]), kh(a[5]), kw(a[6]), oh(a[7]), ow(a[8]), sh(a[9]),
+        sw(a[10]), ph(a[11]), pw(a[12]), dh(a[13]), dw(a[14]), groups(a[15]) {
+    cg = c / groups;
+    og = o / groups;
+    k = cg * kh * kw;
+    p = oh * ow;
+    pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && oh == h && ow == w;
+  }
+};
+
+// C = A . B (+ C when accumulate), row-major, with the degenerate sizes BLAS rejects handled here.
+template <typename T>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
+          bool accumulate, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, T(0));
+    return;
+  }
+  T beta = accumulate ? T(1) : T(0);
+  if constexpr (std::is_same_v<T, float>)
+    kiln_rt_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+  else
+    kiln_rt_dgemm(ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc);
+}
+
+// A per-thread buffer of at least `count` elements, kept between calls.
+template <typename T>
+T* scratch(int64_t count) {
+  thread_local std::vector<T> buffer;
+  if (buffer.size() < static_cast<size_t>(count)) buffer.resize(static_cast<size_t>(count));
+  return buffer.data();
+}
+
+// The output columns [lo, hi) of one kernel column kx whose input column ox*stride + off
+// lies inside [0, size).
+struct Span {
+  int64_t lo, hi, off;
+};
+Span inside(int64_t size, int64_t out, int64_t stride, int64_t off) {
+  int64_t lo = off >= 0 ? 0 : (-off + stride - 1) / stride;
+  int64_t hi = size - off <= 0 ? 0 : (size - 1 - off) / stride + 1;
+  lo = std::min(lo, out);
+  hi = std::clamp(hi, lo, out);
+  return {lo, hi, off};
+}
+
+// Unit stride with output rows as wide as input rows ("same" padding, the common case):
+// output (oy, ox) of kernel tap (ky, kx) reads input element oy * W + ox + shift of the
+// channel plane, so a whole row of the column matrix is one shifted copy of the plane
+// (elements [lo, hi) of it), with the cells that wrap around a row's edge fixed up after.
+struct FlatTap {
+  int64_t lo, hi;      // the row elements that come from the plane
+  int64_t shift;       // plane index - row index
+  int64_t oy0, oy1;    // the output rows whose input row exists
+};
+FlatTap flat_tap(const ConvShape& s, int64_t ky, int64_t kx) {
+  int64_t dy = ky * s.dh - s.ph, dx = kx * s.dw - s.pw;
+  int64_t oy0 = std::clamp<int64_t>(-dy, 0, s.oh), oy1 = std::clamp<int64_t>(s.h - dy, oy0, s.oh);
+  int64_t shift = dy * s.w + dx;
+  int64_t lo = std::max(oy0 * s.w, -shift), hi = std::min(oy1 * s.w, s.h * s.w - shift);
+  return {lo, std::max(lo, hi), shift, oy0, oy1};
+}
+bool is_flat(const ConvShape& s) { return s.sh == 1 && s.sw == 1 && s.ow == s.w; }
+
+// Zeroes the cells of output rows [oy0, oy1) outside columns [sp.lo, sp.hi): typically
+// one column at one edge, so a strided store per row.
+template <typename T>
+void zero_edges(const ConvShape& s, const Span& sp, int64_t oy0, int64_t oy1, T* row) {
+  const int64_t ow = s.ow;
+  if (sp.lo == 1)
+    for (int64_t oy = oy0; oy < oy1; ++oy) row[oy * ow] = 0;
+  else if (sp.lo > 1)
+    for (int64_t oy = oy0; oy < oy1; ++oy)
+      for (int64_t ox = 0; ox < sp.lo; ++ox) row[oy * ow + ox] = 0;
+  if (sp.hi == ow - 1)
+    for (int64_t oy = oy0; oy < oy1; ++oy) row[oy * ow + ow - 1] = 0;
+  else if (sp.hi < ow - 1)
+    for (int64_t oy = oy0; oy < oy1; ++oy)
+      for (int64_t ox = sp.hi; ox < ow; ++ox) row[oy * ow + ox] = 0;
+}
+
+// col [K, P] from the cg channels of one image group x [cg, H, W]; padding reads as zero.
+template <typename T>
+void im2col(const ConvShape& s, const T* x, T* col) {
+  const bool flat = is_flat(s);
+  const int64_t plane_size = s.h * s.w, taps = s.kh * s.kw;
+  for (int64_t ky = 0; ky < s.kh; ++ky)
+    for (int64_t kx = 0; kx < s.kw; ++kx) {
+      const Span sp = inside(s.w, s.ow, s.sw, kx * s.dw - s.pw);
+      const FlatTap t = flat ? flat_tap(s, ky, kx) : FlatTap{};
+      for (int64_t c = 0; c < s.cg; ++c) {
+        T* row = col + (c * taps + ky * s.kw + kx) * s.p;
+        const T* plane = x + c * plane_size;
+        if (flat) {
+          for (int64_t i = 0; i < t.lo; ++i) row[i] = 0;
+          for (int64_t i = t.lo; i < t.hi; ++i) row[i] = plane[i + t.shift];
+          for (int64_t i = t.hi; i < s.p; ++i) row[i] = 0;
+          zero_edges(s, sp, t.oy0, t.oy1, row);
+          continue;
+        }
+        for (int64_t oy = 0; oy < s.oh; ++oy) {
+          T* out = row + oy * s.ow;
+          int64_t iy = oy * s.sh - s.ph + ky * s.dh;
+          if (iy < 0 || iy >= s.h) {
+            for (int64_t ox = 0; ox < s.ow; ++ox) out[ox] = 0;
+            continue;
+          }
+          const T* in = plane + iy * s.w + sp.off;
+          for (int64_t ox = 0; ox < sp.lo; ++ox) out[ox] = 0;
+          if (s.sw == 1)
+            for (int64_t ox = sp.lo; ox < sp.hi; ++ox) out[ox] = in[ox];
+          else
+            for (int64_t ox = sp.lo; ox < sp.hi; ++ox) out[ox] = in[ox * s.sw];
+          for (int64_t ox = sp.hi; ox < s.ow; ++ox) out[ox] = 0;
+        }
+      }
+    }
+}
+
+// The adjoint of im2col: adds col [K, P] into x [cg, H, W]; padding cells are dropped.
+// `col` is scratch: the flat path zeroes its cells that have no input cell.
+template <typename T>
+void col2im(const ConvShape& s, T* col, T* x) {
+  const bool flat = is_flat(s);
+  const int64_t plane_size = s.h * s.w, taps = s.kh * s.kw;
+  for (int64_t ky = 0; ky < s.kh; ++ky)
+    for (int64_t kx = 0; kx < s.kw; ++kx) {
+      const Span sp = inside(s.w, s.ow, s.sw, kx * s.dw - s.pw);
+      const FlatTap t = flat ? flat_tap(s, ky, kx) : FlatTap{};
+      for (int64_t c = 0; c < s.cg; ++c) {
+        T* row = col + (c * taps + ky * s.kw + kx) * s.p;
+        T* plane = x + c * plane_size;
+        if (flat) {
+          zero_edges(s, sp, t.oy0, t.oy1, row);  // so what wraps around a row's edge adds nothing
+          for (int64_t i = t.lo; i < t.hi; ++i) plane[i + t.shift] += row[i];
+          continue;
+        }
+        for (int64_t oy = 0; oy < s.oh; ++oy) {
+          int64_t iy = oy * s.sh - s.ph + ky * s.dh;
+          if (iy < 0 || iy >= s.h) continue;
+          const T* in = row + oy * s.ow;
+          T* out = plane + iy * s.w + sp.off;
+          if (s.sw == 1)
+            for (int64_t ox = sp.lo; ox < sp.hi; ++ox) out[ox] += in[ox];
+          else
+            for (int64_t ox = sp.lo; ox < sp.hi; ++ox) out[ox * s.sw] += in[ox];
+        }
+      }
+    }
+}
+
+// Runs body(begin, end) over the (image, group) pairs [0, items): split over the pool when
+// there are enough pairs to keep every thread busy, else on this thread (whose GEMMs then
+// split themselves).
+template <typename F>
+void for_each_item(int64_t items, F&& body) {
+  if (items >= kiln_rt_num_threads() || kiln::rt::in_parallel_region())
+    kiln::rt::parallel_for(items, 1, body);
+  else
+    body(int64_t{0}, items);
+}
+
+template <typename T>
+void conv2d(const T* x, const T* w, const T* bias, T* y, const int64_t* params) {
+  const ConvShape s(params);
+  for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {
+    T* col = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
+    for (int64_t item = begin; item < end; ++item) {
+      int64_t n = item / s.groups, g = item % s.groups;
+      const T* xg = x + (n * s.c + g * s.cg) * s.h * s.w;
+      if (!s.pointwise) im2col(s, xg, col);
+      T* yg = y + (n * s.o + g * s.og) * s.p;
+      if (bias)  // the GEMM adds onto the bias
+        for (int64_t oc = 0; oc < s.og; ++oc) std::fill_n(yg + oc * s.p, s.p, bias[g * s.og + oc]);
+      gemm<T>(false, false, s.og, s.p, s.k, w + g * s.og * s.k, s.k, s.pointwise ? xg : col, s.p, bias != nullptr, yg,
+              s.p);
+    }
+  });
+}
+
+template <typename T>
+void conv2d_grad_input(const T* dy, const T* w, T* dx, const int64_t* params) {
+  const ConvShape s(params);
+  for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {
+    T* dcol = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
+    for (int64_t item = begin; item < end; ++item) {
+      int64_t n = item / s.groups, g = item % s.groups;
+      const T* dyg = dy + (n * s.o + g * s.og) * s.p;
+      const T* wg = w + g * s.og * s.k;
+      T* dxg = dx + (n * s.c + g * s.cg) * s.h * s.w;
+      if (s.pointwise) {
+        gemm<T>(true, false, s.k, s.p, s.og, wg, s.k, dyg, s.p, false, dxg, s.p);
+        continue;
+      }
+      gemm<T>(true, false, s.k, s.p, s.og, wg, s.k, dyg, s.p, false, dcol, s.p);
+      std::fill_n(dxg, s.cg * s.h * s.w, T(0));
+      col2im(s, dcol, dxg);
+    }
+  });
+}
+
+template <typename T>
+void conv2d_grad_weight(const T* x, const T* dy, T* dw, const int64_t* params) {
+  const ConvShape s(params);
+  int64_t size = s.o * s.k;
+  if (s.n == 0) {
+    std::fill_n(dw, size, T(0));
+    return;
+  }
+  // Chunk i sums images [n*i/chunks, n*(i+1)/chunks) into partial i (chunk 0 into dw).
+  bool parallel = s.n >= kiln_rt_num_threads() && !kiln::rt::in_parallel_region();
+  int64_t chunks = parallel ? kiln_rt_num_threads() : 1;
+  std::vector<T> partials(static_cast<size_t>((chunks - 1) * size));
+  auto body = [&](int64_t begin, int64_t end) {
+    for (int64_t chunk = begin; chunk < end; ++chunk) {
+      T* out = chunk == 0 ? dw : partials.data() + (chunk - 1) * size;
+      T* col = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
+      int64_t first = s.n * chunk / chunks, last = s.n * (chunk + 1) / chunks;
+      for (int64_t n = first; n < last; ++n)
+        for (int64_t g = 0; g < s.groups; ++g) {
+          const T* xg = x + (n * s.c + g * s.cg) * s.h * s.w;
+          if (!s.pointwise) im2col(s, xg, col);
+          gemm<T>(false, true, s.og, s.k, s.p, dy + (n * s.o + g * s.og) * s.p, s.p, s.pointwise ? xg : col, s.p,
+                  n != first, out + g * s.og * s.k, s.k);
+        }
+    }
+  };
+  if (parallel)
+    kiln::rt::parallel_for(chunks, 1, body);
+  else
+    body(0, 1);
+  for (int64_t chunk = 1; chunk < chunks; ++chunk) {
+    const T* part = partials.data() + (chunk - 1) * size;
+    for (int64_t i = 0; i < size; ++i) dw[i] += part[i];
+  }
+}
+
+// Entry points must not throw into generated code; the only exception here is running out
+// of memory for a column buffer.
+template <typename F>
+void guarded(const char* name, F&& f) {
+  try {
+    f();
+  } catch (...) {
+    kiln::rt::fatal(name);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+void kiln_rt_conv2d_f32(const float* x, const float* w, const float* bias, float* y, const int64_t* p) {
+  guarded("conv2d: out of memory", [&] { conv2d(x, w, bias, y, p); });
+}
+void kiln_rt_conv2d_f64(const double* x, const double* w, const double* bias, double* y, const int64_t* p) {
+  guarded("conv2d: out of memory", [&] { conv2d(x, w, bias, y, p); });
+}
+void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const int64_t* p) {
+  guarded("conv2d_grad_input: out of memory", [&] { conv2d_grad_input(dy, w, dx, p); });
+}
+void kiln_rt_conv2d_grad_input_f64(const double* dy, const double* w, double* dx, const int64_t* p) {
+  guarded("conv2d_grad_input: out of memory", [&] { conv2d_grad_input(dy, w, dx, p); });
+}
+void kiln_rt_conv2d_grad_weight_f32(const float* x, const float* dy, float* dw, const int64_t* p) {
+  guarded("conv2d_grad_weight: out of memory", [&] { conv2d_grad_weight(x, dy, dw, p); });
+}
+void kiln_rt_conv2d_grad_weight_f64(const double* x, const double* dy, double* dw, const int64_t* p) {
+  guarded("conv2d_grad_weight: out of memory", [&] { conv2d_grad_weight(x, dy, dw, p); });
+}
+}

@@ -1,0 +1,306 @@
+// max_pool2d / avg_pool2d and their gradients (ir/interp_nn.cpp has the semantics).
+//
+// Each (n, c) plane is independent, so planes are split over the thread pool. Within a
+// plane every window sees its cells in the interpreter's order (row-major, padding cells
+// skipped) and every input cell receives its gradient contributions in the interpreter's
+// order (row-major over outputs), so every result, gradients included, is bit-for-bit the
+// interpreter's.
+//
+// Speed: the window loops are branch-free (random data would mispredict every other
+// comparison of a maximum), and for the common 2x2 and 3x3 windows with column stride 1
+// or 2, the windows that lie wholly inside the input are done by loops of fixed size
+// across a run of outputs, which the compiler vectorizes (this file is built at -O3).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "runtime/kernels.h"
+#include "runtime/thread_pool.h"
+
+namespace {
+
+struct PoolShape {
+  int64_t n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
+
+  explicit PoolShape(const int64_t* a)
+      : n(a[0]), c(a[1]), h(a[2]), w(a[3]), oh(a[4]), ow(a[5]), kh(a[6]), kw(a[7]), sh(a[8]), sw(a[9]), ph(a[10]),
+        pw(a[11]) {}
+};
+
+// The cells of a window of fixed size wholly inside the input, its top-left cell at plane
+// index `base`, as a cells(f) functor (see for_each_window).
+template <int KH, int KW>
+auto fixed_cells(int64_t base, int64_t w) {
+  return [base, w](auto&& f) {
+    for (int64_t ky = 0; ky < KH; ++ky)
+      for (int64_t kx = 0; kx < KW; ++kx) f(base + ky * w + kx);
+  };
+}
+
+// Walks the outputs of a plane in row-major order. For an output whose window is clipped
+// by the input's edges (or for every output when KH = 0) it calls visit(oy, ox, count,
+// cells), where count is the number of real (non-padding) cells of the window and cells(f)
+// calls f(plane index) for each of them in row-major order. With KH, KW, SW > 0 (the
+// window size and column stride, fixed at compile time), each run of outputs whose windows
+// lie wholly inside the input goes to interior(oy, lo, hi, base) instead: outputs
+// [lo, hi) of row oy, output ox's window having its top-left cell at base + ox * SW.
+template <int KH, int KW, int SW, typename Visit, typename Interior>
+void for_each_window(const PoolShape& s, Visit&& visit, Interior&& interior) {
+  auto clipped = [&](int64_t oy, int64_t ox) {
+    int64_t iy = oy * s.sh - s.ph, ix = ox * s.sw - s.pw;
+    int64_t y0 = std::max<int64_t>(iy, 0), y1 = std::min(iy + s.kh, s.h);
+    int64_t x0 = std::max<int64_t>(ix, 0), x1 = std::min(ix + s.kw, s.w);
+    int64_t count = y1 > y0 && x1 > x0 ? (y1 - y0) * (x1 - x0) : 0;
+    visit(oy, ox, count, [&](auto&& f) {
+      for (int64_t y = y0; y < y1; ++y)
+        for (int64_t x = x0; x < x1; ++x) f(y * s.w + x);
+    });
+  };
+  if constexpr (KH == 0 || KW == 0 || SW == 0) {
+    for (int64_t oy = 0; oy < s.oh; ++oy)
+      for (int64_t ox = 0; ox < s.ow; ++ox) clipped(oy, ox);
+  } else {
+    // Outputs [xlo, xhi) of a row have windows inside the input's columns.
+    int64_t xhi = s.w + s.pw - KW < 0 ? 0 : std::min((s.w + s.pw - KW) / SW + 1, s.ow);
+    int64_t xlo = std::min((s.pw + SW - 1) / SW, xhi);
+    for (int64_t oy = 0; oy < s.oh; ++oy) {
+      int64_t iy = oy * s.sh - s.ph;
+      if (iy < 0 || iy + KH > s.h) {
+        for (int64_t ox = 0; ox < s.ow; ++ox) clipped(oy, ox);
+        continue;
+      }
+      for (int64_t ox = 0; ox < xlo; ++ox) clipped(oy, ox);
+      if (xlo < xhi) interior(oy, xlo, xhi, iy * s.w - s.pw);
+      for (int64_t ox = xhi; ox < s.ow; ++ox) clipped(oy, ox);
+    }
+  }
+}
+
+// Runs plane_kernel<KH, KW, SW>(plane) over the n*c planes, split over the pool in chunks
+// of enough work to be worth a thread. The common window shapes get their size and column
+// stride fixed at compile time (their interior loops vectorize); others get 0, 0, 0.
+template <typename Kernel>
+void for_each_plane(const PoolShape& s, Kernel&& kernel) {
+  constexpr int64_t kMinWork = 1 << 14;  // window cells per chunk
+  int64_t per_plane = std::max<int64_t>(1, s.oh * s.ow * s.kh * s.kw);
+  kiln::rt::parallel_for(s.n * s.c, kMinWork / per_plane + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t plane = begin; plane < end; ++plane) {
+      if (s.kh == 2 && s.kw == 2 && s.sw == 2)
+        kernel.template operator()<2, 2, 2>(plane);
+      else if (s.kh == 2 && s.kw == 2 && s.sw == 1)
+        kernel.template operator()<2, 2, 1>(plane);
+      else if (s.kh == 3 && s.kw == 3 && s.sw == 2)
+        kernel.template operator()<3, 3, 2>(plane);
+      else if (s.kh == 3 && s.kw == 3 && s.sw == 1)
+        kernel.template operator()<3, 3, 1>(plane);
+      else
+        kernel.template operator()<0, 0, 0>(plane);
+    }
+  });
+}
+
+// The interpreter's rule: padding never wins (it is skipped), the first NaN wins over
+// everything, otherwise the first strict maximum.
+template <typename T>
+bool replaces(T best, T v) {
+  return !std::isnan(best) && (std::isnan(v) || v > best);
+}
+
+// The first maximum of a window by the interpreter's rule: its plane index, or -1 for a
+// window with no real cell.
+//
+// Branch-free where that is exact (random data would mispredict every other comparison of
+// a branching loop): the index of the window's largest value, ties to the first cell, by
+// max and a select. That misses only NaN (which then poisons `check`; +inf with -inf does
+// too, which costs only a recheck) and windows whose cells are all -inf or that have none
+// (index -1); those go through the rule itself.
+template <typename T, typename Cells>
+int64_t first_max(const T* in, Cells&& cells) {
+  T best = -std::numeric_limits<T>::infinity(), check = 0;
+  int64_t at = -1;
+  cells([&](int64_t i) {
+    T v = in[i];
+    int64_t take = -static_cast<int64_t>(v > best);
+    at = (i & take) | (at & ~take);
+    best = std::max(best, v);  // keeps best unless v > best
+    check += v;
+  });
+  if (!std::isnan(check) && at >= 0) return at;
+  at = -1;
+  cells([&](int64_t i) {
+    if (at < 0 || replaces(in[at], in[i])) at = i;
+  });
+  return at;
+}
+
+// The value of the first maximum: -inf for a window whose cells are all -inf.
+template <typename T, typename Cells>
+T window_max(const T* in, Cells&& cells) {
+  T best = -std::numeric_limits<T>::infinity(), check = 0;
+  cells([&](int64_t i) {
+    best = std::max(best, in[i]);
+    check += in[i];
+  });
+  if (!std::isnan(check)) return best;
+  int64_t at = first_max(in, cells);
+  return at < 0 ? -std::numeric_limits<T>::infinity() : in[at];
+}
+
+// best[ox - lo] = the largest value of each window of an interior run, ties to the first
+// cell, and with kCell, cell[ox - lo] = its position in the window (row-major). Exact
+// unless the run holds a NaN, which the result then says. Vectorizes across outputs.
+template <int KH, int KW, int SW, bool kCell, typename T>
+bool interior_max(const T* in, int64_t w, int64_t lo, int64_t hi, int64_t base, T* best, int32_t* cell) {
+  int nan = 0;
+  for (int64_t ox = lo; ox < hi; ++ox) {
+    const T* q = in + base + ox * SW;
+    T b = -std::numeric_limits<T>::infinity();
+    int32_t at = 0;
+    for (int64_t ky = 0; ky < KH; ++ky)
+      for (int64_t kx = 0; kx < KW; ++kx) {
+        T v = q[ky * w + kx];
+        if constexpr (kCell) {  // at = v > b ? ky * KW + kx : at, as arithmetic, which vectorizes
+          int32_t take = -static_cast<int32_t>(v > b);
+          at += (static_cast<int32_t>(ky * KW + kx) - at) & take;
+        }
+        b = std::max(b, v);  // keeps b unless v > b
+        nan |= v != v;
+      }
+    best[ox - lo] = b;
+    if constexpr (kCell) cell[ox - lo] = at;
+  }
+  return nan != 0;
+}
+
+constexpr int64_t kBlock = 256;  // outputs of an interior run handled at a time
+
+template <typename T>
+void max_pool2d(const T* x, T* y, const int64_t* params) {
+  const PoolShape s(params);
+  for_each_plane(s, [&]<int KH, int KW, int SW>(int64_t plane) {
+    const T* in = x + plane * s.h * s.w;
+    T* out = y + plane * s.oh * s.ow;
+    const int64_t w = s.w;
+    for_each_window<KH, KW, SW>(
+        s, [&](int64_t oy, int64_t ox, int64_t, auto&& cells) { out[oy * s.ow + ox] = window_max(in, cells); },
+        [&](int64_t oy, int64_t lo, int64_t hi, int64_t base) {
+          T* o = out + oy * s.ow;
+          if (interior_max<KH, KW, SW, false>(in, w, lo, hi, base, o + lo, nullptr))
+            for (int64_t ox = lo; ox < hi; ++ox) o[ox] = window_max(in, fixed_cells<KH, KW>(base + ox * SW, w));
+        });
+  });
+}
+
+template <typename T>
+void max_pool2d_grad(const T* x, const T* dy, T* dx, const int64_t* params) {
+  const PoolShape s(params);
+  for_each_plane(s, [&]<int KH, int KW, int SW>(int64_t plane) {
+    const T* in = x + plane * s.h * s.w;
+    const T* d = dy + plane * s.oh * s.ow;
+    T* out = dx + plane * s.h * s.w;
+    const int64_t w = s.w;
+    std::fill_n(out, s.h * s.w, T(0));
+    // Row-major over outputs, as the interpreter adds overlapping windows' shares.
+    for_each_window<KH, KW, SW>(
+        s,
+        [&](int64_t oy, int64_t ox, int64_t, auto&& cells) {
+          int64_t at = first_max(in, cells);
+          if (at >= 0) out[at] += d[oy * s.ow + ox];
+        },
+        [&](int64_t oy, int64_t lo, int64_t hi, int64_t base) {
+          T best[kBlock];
+          int32_t cell[kBlock];
+          for (int64_t b = lo; b < hi; b += kBlock) {
+            int64_t e = std::min(b + kBlock, hi);
+            bool nan = interior_max<KH, KW, SW, true>(in, w, b, e, base, best, cell);
+            for (int64_t ox = b; ox < e; ++ox) {
+              // A window of all -inf keeps cell 0, its first cell, as the rule does.
+              int64_t q = base + ox * SW, c = cell[ox - b];
+              int64_t at = nan ? first_max(in, fixed_cells<KH, KW>(q, w)) : q + (c / KW) * w + c % KW;
+              out[at] += d[oy * s.ow + ox];
+            }
+          }
+        });
+  });
+}
+
+template <typename T>
+void avg_pool2d(const T* x, T* y, const int64_t* params, bool include_pad) {
+  const PoolShape s(params);
+  for_each_plane(s, [&]<int KH, int KW, int SW>(int64_t plane) {
+    const T* in = x + plane * s.h * s.w;
+    T* out = y + plane * s.oh * s.ow;
+    const int64_t w = s.w;
+    for_each_window<KH, KW, SW>(
+        s,
+        [&](int64_t oy, int64_t ox, int64_t count, auto&& cells) {
+          T sum = 0;
+          cells([&](int64_t i) { sum += in[i]; });
+          out[oy * s.ow + ox] = sum / static_cast<T>(include_pad ? s.kh * s.kw : count);
+        },
+        [&](int64_t oy, int64_t lo, int64_t hi, int64_t base) {
+          // The interior's windows have no padding: both divisors are the window size.
+          T* o = out + oy * s.ow;
+          for (int64_t ox = lo; ox < hi; ++ox) {
+            const T* q = in + base + ox * SW;
+            T sum = 0;
+            for (int64_t ky = 0; ky < KH; ++ky)
+              for (int64_t kx = 0; kx < KW; ++kx) sum += q[ky * w + kx];
+            o[ox] = sum / static_cast<T>(KH * KW);
+          }
+        });
+  });
+}
+
+template <typename T>
+void avg_pool2d_grad(const T* dy, T* dx, const int64_t* params, bool include_pad) {
+  const PoolShape s(params);
+  for_each_plane(s, [&]<int KH, int KW, int SW>(int64_t plane) {
+    const T* d = dy + plane * s.oh * s.ow;
+    T* out = dx + plane * s.h * s.w;
+    const int64_t w = s.w;
+    std::fill_n(out, s.h * s.w, T(0));
+    // Row-major over outputs, as the interpreter adds overlapping windows' shares.
+    for_each_window<KH, KW, SW>(
+        s,
+        [&](int64_t oy, int64_t ox, int64_t count, auto&& cells) {
+          T share = d[oy * s.ow + ox] / static_cast<T>(include_pad ? s.kh * s.kw : count);
+          cells([&](int64_t i) { out[i] += share; });
+        },
+        [&](int64_t oy, int64_t lo, int64_t hi, int64_t base) {
+          for (int64_t ox = lo; ox < hi; ++ox) {
+            T share = d[oy * s.ow + ox] / static_cast<T>(KH * KW);
+            const int64_t q = base + ox * SW;
+            for (int64_t ky = 0; ky < KH; ++ky)
+              for (int64_t kx = 0; kx < KW; ++kx) out[q + ky * w + kx] += share;
+          }
+        });
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+void kiln_rt_max_pool2d_f32(const float* x, float* y, const int64_t* p) { max_pool2d(x, y, p); }
+void kiln_rt_max_pool2d_f64(const double* x, double* y, const int64_t* p) { max_pool2d(x, y, p); }
+void kiln_rt_max_pool2d_grad_f32(const float* x, const float* dy, float* dx, const int64_t* p) {
+  max_pool2d_grad(x, dy, dx, p);
+}
+void kiln_rt_max_pool2d_grad_f64(const double* x, const double* dy, double* dx, const int64_t* p) {
+  max_pool2d_grad(x, dy, dx, p);
+}
+void kiln_rt_avg_pool2d_f32(const float* x, float* y, const int64_t* p, int32_t count_include_pad) {
+  avg_pool2d(x, y, p, count_include_pad != 0);
+}
+void kiln_rt_avg_pool2d_f64(const double* x, double* y, const int64_t* p, int32_t count_include_pad) {
+  avg_pool2d(x, y, p, count_include_pad != 0);
+}
+void kiln_rt_avg_pool2d_grad_f32(const float* dy, float* dx, const int64_t* p, int32_t count_include_pad) {
+  avg_pool2d_grad(dy, dx, p, count_include_pad != 0);
+}
+void kiln_rt_avg_pool2d_grad_f64(const double* dy, double* dx, const int64_t* p, int32_t count_include_pad) {
+  avg_pool2d_grad(dy, dx, p, count_include_pad != 0);
+}
+}

@@ -1,0 +1,217 @@
+// The runtime's thread pool: KILN_NUM_THREADS threads in all (default: every core), the
+// caller being one of them, so KILN_NUM_THREADS - 1 workers, started on first use and kept
+// for the life of the process.
+//
+// kiln_rt_parallel_for splits [0, n) into min(threads, n / grain) contiguous chunks of
+// near-equal size (at least one chunk), fixed by (n, grain, threads) alone. Which thread
+// runs which chunk varies from run to run; the chunk boundaries never do, so a kernel that
+// reduces per chunk and combines chunks in order is reproducible. Nested calls, calls that
+// find the pool busy with another thread's loop, and calls in a forked child run the same
+// chunks one after another on the calling thread.
+//
+// Threads wait for work by spinning briefly and then sleeping on a futex (C++20
+// atomic wait): kernels in a training step come back to back, and waking a sleeping
+// thread costs more than many of them take.
+#include "runtime/thread_pool.h"
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kiln::rt {
+namespace {
+
+thread_local bool t_in_region = false;
+std::atomic<bool> g_forked_child{false};  // the pool's workers do not survive fork()
+
+constexpr int kMaxThreads = 1024;  // chunk counts must fit the 16 bits Pool gives them
+constexpr auto kSpinTime = std::chrono::microseconds(100);
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Waits until `a` holds something other than `old` and returns it: spins for up to
+// kSpinTime, then sleeps.
+uint32_t wait_change(const std::atomic<uint32_t>& a, uint32_t old) {
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 1;; ++i) {
+    uint32_t v = a.load(std::memory_order_acquire);
+    if (v != old) return v;
+    cpu_relax();
+    if (i % 256 == 0 && std::chrono::steady_clock::now() - start > kSpinTime) break;
+  }
+  for (;;) {
+    a.wait(old, std::memory_order_acquire);
+    uint32_t v = a.load(std::memory_order_acquire);
+    if (v != old) return v;
+  }
+}
+
+// KILN_NUM_THREADS if it is a sensible integer, else the number of cores.
+int threads_from_env() {
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (cores < 1) cores = 1;
+  if (cores > kMaxThreads) cores = kMaxThreads;
+  const char* s = std::getenv("KILN_NUM_THREADS");
+  if (!s || !*s) return cores;
+  char* end = nullptr;
+  errno = 0;
+  long v = std::strtol(s, &end, 10);
+  if (errno || *end || v < 1 || v > kMaxThreads) {
+    std::fprintf(stderr, "kiln runtime: ignoring KILN_NUM_THREADS='%s' (want an integer in 1..%d); using %d\n",
+                 s, kMaxThreads, cores);
+    return cores;
+  }
+  return static_cast<int>(v);
+}
+
+int64_t chunk_count(int64_t n, int64_t grain, int threads) {
+  if (grain < 1) grain = 1;
+  int64_t most = n / grain;
+  if (most < 1) return 1;
+  return most < threads ? most : threads;
+}
+
+// Chunk i of `chunks` near-equal contiguous pieces of [0, n): the first n % chunks get one more.
+int64_t chunk_begin(int64_t n, int64_t chunks, int64_t i) {
+  int64_t q = n / chunks, r = n % chunks;
+  return i * q + (i < r ? i : r);
+}
+
+void run_inline(int64_t n, int64_t chunks, kiln_rt_task fn, void* ctx) {
+  for (int64_t i = 0; i < chunks; ++i) fn(ctx, chunk_begin(n, chunks, i), chunk_begin(n, chunks, i + 1));
+}
+
+class Pool {
+ public:
+  // Runs with fewer threads if the system will not start as many as asked for.
+  explicit Pool(int threads) {
+    try {
+      workers_.reserve(static_cast<size_t>(threads - 1));
+      for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker(); });
+    } catch (...) {
+      std::fprintf(stderr, "kiln runtime: could start only %zu of %d threads\n", workers_.size() + 1, threads);
+    }
+    threads_ = static_cast<int>(workers_.size()) + 1;
+  }
+
+  int threads() const { return threads_; }
+
+  // Runs the chunks of one loop on the pool, the caller taking chunks too, and returns when
+  // all are done; false (nothing run) when another thread's loop holds the pool. The caller
+  // waits for chunks, not for workers: a worker that wakes late (a busy machine) finds the
+  // chunks taken and goes back to sleep.
+  bool try_run(int64_t n, int64_t chunks, kiln_rt_task fn, void* ctx) {
+    std::unique_lock<std::mutex> lock(submit_, std::try_to_lock);
+    if (!lock.owns_lock()) return false;
+    fn_ = fn;
+    ctx_ = ctx;
+    n_ = n;
+    done_.store(0, std::memory_order_relaxed);
+    uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
+    next_.store(uint64_t{gen} << 32 | static_cast<uint64_t>(chunks) << 16, std::memory_order_release);
+    generation_.store(gen, std::memory_order_release);
+    generation_.notify_all();
+    work(gen);
+    for (uint32_t d; (d = done_.load(std::memory_order_acquire)) != chunks;) wait_change(done_, d);
+    return true;
+  }
+
+ private:
+  void worker() {
+    uint32_t seen = 0;
+    for (;;) {
+      seen = wait_change(generation_, seen);
+      work(seen);
+    }
+  }
+
+  // Takes chunks of job `gen` until none is left (or the job is already over).
+  void work(uint32_t gen) {
+    t_in_region = true;
+    try {
+      uint64_t cur = next_.load(std::memory_order_acquire);
+      for (;;) {
+        uint64_t i = cur & 0xffff, chunks = cur >> 16 & 0xffff;
+        if (static_cast<uint32_t>(cur >> 32) != gen || i >= chunks) break;
+        if (!next_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire))
+          continue;
+        // A claimed chunk keeps its job alive, so the job's fields are stable until it is done.
+        auto c = static_cast<int64_t>(chunks), k = static_cast<int64_t>(i);
+        fn_(ctx_, chunk_begin(n_, c, k), chunk_begin(n_, c, k + 1));
+        if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) done_.notify_one();
+        cur = next_.load(std::memory_order_acquire);
+      }
+    } catch (...) {
+      fatal("an exception escaped a kiln_rt_parallel_for task");
+    }
+    t_in_region = false;
+  }
+
+  int threads_ = 1;
+  std::vector<std::thread> workers_;
+  std::mutex submit_;  // one loop at a time
+  // The current job, written by the submitter before it publishes next_.
+  kiln_rt_task fn_ = nullptr;
+  void* ctx_ = nullptr;
+  int64_t n_ = 0;
+  // Generation (32 bits) | chunk count (16) | next chunk to take (16): a chunk is taken by
+  // bumping it, and only by a thread that saw the same generation.
+  std::atomic<uint64_t> next_{0};
+  std::atomic<uint32_t> generation_{0};  // the current job's; workers sleep on it
+  std::atomic<uint32_t> done_{0};        // chunks of the current job finished
+};
+
+// Created on first use and never destroyed: its threads may still be waiting when static
+// destructors run, and joining them there buys nothing.
+Pool& pool() {
+  static Pool* p = [] {
+    init_blas_threading();
+    pthread_atfork(nullptr, nullptr, [] { g_forked_child.store(true, std::memory_order_relaxed); });
+    try {
+      return new Pool(threads_from_env());
+    } catch (...) {
+      fatal("out of memory starting the thread pool");
+    }
+  }();
+  return *p;
+}
+
+}  // namespace
+
+bool in_parallel_region() { return t_in_region; }
+
+void fatal(const char* what) {
+  std::fprintf(stderr, "kiln runtime: %s\n", what);
+  std::abort();
+}
+
+}  // namespace kiln::rt
+
+extern "C" {
+
+void kiln_rt_parallel_for(int64_t n, int64_t grain, kiln_rt_task fn, void* ctx) {
+  using namespace kiln::rt;
+  if (n <= 0) return;
+  Pool& p = pool();
+  int64_t chunks = chunk_count(n, grain, p.threads());
+  if (chunks == 1) {
+    fn(ctx, 0, n);
+    return;
+  }
+  if (t_in_region || g_forked_child.load(std::memory_order_relaxed) || !p.try_run(n, chunks, fn, ctx))
+    run_inline(n, chunks, fn, ctx);
+}
+
+int32_t kiln_rt_num_threads(void) { return kiln::rt::pool().threads(); }
+}

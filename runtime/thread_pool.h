@@ -1,0 +1,38 @@
+// Runtime-internal helpers around the thread pool (runtime/thread_pool.cpp) and the BLAS
+// threading policy (runtime/blas.cpp). Not part of the C interface that generated code sees.
+//
+// Threading policy: all parallelism in a Kiln process comes from the runtime's one pool.
+// OpenBLAS is switched to a single thread the first time the runtime touches the pool or
+// a GEMM, so its own threads never compete with ours; kiln_rt_sgemm/dgemm instead split a
+// large GEMM into column (or row) blocks over the pool, and run it in one piece when
+// called from inside a parallel_for chunk (nested parallelism always runs inline).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "runtime/kernels.h"
+
+namespace kiln::rt {
+
+// True while this thread runs chunks of a multi-chunk kiln_rt_parallel_for (a pool worker
+// or the calling thread taking part). Parallel loops started there run inline.
+bool in_parallel_region();
+
+// Switches OpenBLAS to one thread, once per process; cheap to call again.
+void init_blas_threading();
+
+// Prints "kiln runtime: <what>" to stderr and aborts. Entry points called from generated
+// code must not let an exception escape, so they end here instead.
+[[noreturn]] void fatal(const char* what);
+
+// kiln_rt_parallel_for over a C++ callable f(begin, end).
+template <typename F>
+void parallel_for(int64_t n, int64_t grain, F&& f) {
+  using Fn = std::remove_reference_t<F>;
+  kiln_rt_parallel_for(
+      n, grain, [](void* ctx, int64_t begin, int64_t end) { (*static_cast<Fn*>(ctx))(begin, end); },
+      const_cast<void*>(static_cast<const void*>(&f)));
+}
+
+}  // namespace kiln::rt

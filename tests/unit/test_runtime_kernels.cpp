@@ -1,0 +1,628 @@
+// The runtime's library kernels (runtime/kernels.h) against the reference interpreter, and
+// its thread pool. Convolutions go through GEMM and may sum in another order, so they are
+// compared to a tolerance; pooling visits windows in the interpreter's order and must match
+// it bit for bit.
+#include <catch2/catch_test_macros.hpp>
+
+#include <cblas.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/interp.h"
+#include "runtime/blas.h"
+#include "runtime/kernels.h"
+
+using namespace kiln;
+
+namespace {
+
+using Ints = std::vector<int64_t>;
+
+Tensor random_tensor(DType dt, Shape shape, std::mt19937& rng) {
+  Tensor t(dt, std::move(shape));
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, u(rng));
+  return t;
+}
+
+// A tensor of the given type whose every element is NaN, so a kernel that skips an output
+// element is caught.
+Tensor poisoned(const TensorType& type) {
+  Tensor t(type.dtype, type.shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, std::numeric_limits<double>::quiet_NaN());
+  return t;
+}
+
+// The interpreter's result for one op.
+Tensor reference(Op op, const std::vector<const Tensor*>& in, const AttrMap& given) {
+  AttrMap attrs = complete_attrs(op, given);
+  std::vector<TensorType> types;
+  for (const Tensor* t : in) types.push_back(t->type());
+  return eval_op(op, in, attrs, infer_type(op, types, attrs));
+}
+
+// max |got - want| <= rtol * max(1, max |want|).
+void check_close(const Tensor& got, const Tensor& want, double rtol) {
+  REQUIRE(got.type() == want.type());
+  double scale = 1, worst = 0;
+  int64_t worst_at = -1;
+  for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, std::fabs(want.get(i)));
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    double d = std::fabs(got.get(i) - want.get(i));
+    if (!(d <= worst)) {  // catches NaN too
+      worst = d;
+      worst_at = i;
+    }
+  }
+  INFO("worst element " << worst_at << " of " << want.numel() << ": |diff| " << worst << ", scale " << scale);
+  CHECK(worst <= rtol * scale);
+}
+
+// Bit-for-bit equal, except that any NaN matches any NaN.
+void check_exact(const Tensor& got, const Tensor& want) {
+  REQUIRE(got.type() == want.type());
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    double g = got.get(i), w = want.get(i);
+    bool same = (std::isnan(g) && std::isnan(w)) || (g == w && std::signbit(g) == std::signbit(w));
+    if (!same && bad++ == 0) first = i;
+  }
+  INFO(bad << " elements differ, first at " << first);
+  CHECK(bad == 0);
+}
+
+double tolerance(DType dt) { return dt == DType::f64 ? 1e-12 : 1e-5; }
+
+struct ConvCase {
+  int64_t n, c, h, w, o, kh, kw;
+  Ints stride, padding, dilation;
+  int64_t groups;
+};
+
+std::string describe(const ConvCase& k) {
+  auto pair = [](const Ints& v) { return "[" + std::to_string(v[0]) + "," + std::to_string(v[1]) + "]"; };
+  return "x [" + std::to_string(k.n) + "," + std::to_string(k.c) + "," + std::to_string(k.h) + "," +
+         std::to_string(k.w) + "] w [" + std::to_string(k.o) + "," + std::to_string(k.c / k.groups) + "," +
+         std::to_string(k.kh) + "," + std::to_string(k.kw) + "] stride " + pair(k.stride) + " padding " +
+         pair(k.padding) + " dilation " + pair(k.dilation) + " groups " + std::to_string(k.groups);
+}
+
+// Runs conv2d (with and without bias) and both gradients through the runtime and the
+// interpreter.
+void check_conv(const ConvCase& k, DType dt, std::mt19937& rng) {
+  INFO(describe(k) << " " << dtype_name(dt));
+  AttrMap attrs{{"stride", k.stride}, {"padding", k.padding}, {"dilation", k.dilation}, {"groups", k.groups}};
+  Tensor x = random_tensor(dt, {k.n, k.c, k.h, k.w}, rng);
+  Tensor w = random_tensor(dt, {k.o, k.c / k.groups, k.kh, k.kw}, rng);
+  Tensor bias = random_tensor(dt, {k.o}, rng);
+  Tensor want_y = reference(Op::Conv2d, {&x, &w}, attrs);
+  Tensor want_yb = reference(Op::Conv2d, {&x, &w, &bias}, attrs);
+  const Shape& ys = want_y.shape();
+  Tensor dy = random_tensor(dt, ys, rng);
+  AttrMap gi = attrs, gw = attrs;
+  gi["input_size"] = Ints{k.h, k.w};
+  gw["kernel"] = Ints{k.kh, k.kw};
+  Tensor want_dx = reference(Op::Conv2dGradInput, {&dy, &w}, gi);
+  Tensor want_dw = reference(Op::Conv2dGradWeight, {&x, &dy}, gw);
+
+  int64_t p[KILN_CONV_PARAMS] = {k.n,         k.c,         k.h,          k.w,          k.o,          k.kh,
+                                 k.kw,        ys[2],       ys[3],        k.stride[0],  k.stride[1],  k.padding[0],
+                                 k.padding[1], k.dilation[0], k.dilation[1], k.groups};
+  Tensor y = poisoned(want_y.type()), yb = poisoned(want_y.type());
+  Tensor dx = poisoned(x.type()), dw = poisoned(w.type());
+  if (dt == DType::f32) {
+    kiln_rt_conv2d_f32(x.data<float>(), w.data<float>(), nullptr, y.data<float>(), p);
+    kiln_rt_conv2d_f32(x.data<float>(), w.data<float>(), bias.data<float>(), yb.data<float>(), p);
+    kiln_rt_conv2d_grad_input_f32(dy.data<float>(), w.data<float>(), dx.data<float>(), p);
+    kiln_rt_conv2d_grad_weight_f32(x.data<float>(), dy.data<float>(), dw.data<float>(), p);
+  } else {
+    kiln_rt_conv2d_f64(x.data<double>(), w.data<double>(), nullptr, y.data<double>(), p);
+    kiln_rt_conv2d_f64(x.data<double>(), w.data<double>(), bias.data<double>(), yb.data<double>(), p);
+    kiln_rt_conv2d_grad_input_f64(dy.data<double>(), w.data<double>(), dx.data<double>(), p);
+    kiln_rt_conv2d_grad_weight_f64(x.data<double>(), dy.data<double>(), dw.data<double>(), p);
+  }
+  double tol = tolerance(dt);
+  {
+    INFO("conv2d");
+    check_close(y, want_y, tol);
+  }
+  {
+    INFO("conv2d with bias");
+    check_close(yb, want_yb, tol);
+  }
+  {
+    INFO("conv2d_grad_input");
+    check_close(dx, want_dx, tol);
+  }
+  {
+    INFO("conv2d_grad_weight");
+    check_close(dw, want_dw, tol);
+  }
+}
+
+struct PoolCase {
+  Ints kernel, stride, padding;
+};
+
+enum class Fill { uniform, ties, specials, zeros };
+
+// Values for pooling inputs: uniform, few distinct values (ties everywhere), with NaN and
+// infinities sprinkled in, or only -0, +0 and -inf (ties that differ in their bits, and
+// windows of nothing but -inf).
+Tensor pool_input(DType dt, const Shape& shape, Fill fill, std::mt19937& rng) {
+  Tensor t = random_tensor(dt, shape, rng);
+  std::uniform_int_distribution<int> pick(0, 9);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    int r = pick(rng);
+    if (fill == Fill::ties) t.set(i, r % 3 - 1);
+    if (fill == Fill::zeros) t.set(i, r < 3 ? -0.0 : r < 6 ? 0.0 : -std::numeric_limits<double>::infinity());
+    if (fill == Fill::specials) {
+      if (r == 0) t.set(i, std::numeric_limits<double>::quiet_NaN());
+      if (r == 1) t.set(i, -std::numeric_limits<double>::infinity());
+      if (r == 2) t.set(i, std::numeric_limits<double>::infinity());
+    }
+  }
+  return t;
+}
+
+void check_pool(const Shape& xs, const PoolCase& k, DType dt, Fill fill, std::mt19937& rng) {
+  INFO("x [" << xs[0] << "," << xs[1] << "," << xs[2] << "," << xs[3] << "] kernel [" << k.kernel[0] << ","
+             << k.kernel[1] << "] stride [" << k.stride[0] << "," << k.stride[1] << "] padding [" << k.padding[0]
+             << "," << k.padding[1] << "] " << dtype_name(dt) << " fill " << static_cast<int>(fill));
+  AttrMap attrs{{"kernel", k.kernel}, {"stride", k.stride}, {"padding", k.padding}};
+  Tensor x = pool_input(dt, xs, fill, rng);
+  Tensor want_max = reference(Op::MaxPool2d, {&x}, attrs);
+  const Shape& ys = want_max.shape();
+  Tensor dy = random_tensor(dt, ys, rng);
+  Tensor want_max_grad = reference(Op::MaxPool2dGrad, {&x, &dy}, attrs);
+  int64_t p[KILN_POOL_PARAMS] = {xs[0], xs[1], xs[2], xs[3], ys[2], ys[3], k.kernel[0], k.kernel[1],
+                                 k.stride[0], k.stride[1], k.padding[0], k.padding[1]};
+  Tensor y = poisoned(want_max.type()), dx = poisoned(x.type());
+  if (dt == DType::f32) {
+    kiln_rt_max_pool2d_f32(x.data<float>(), y.data<float>(), p);
+    kiln_rt_max_pool2d_grad_f32(x.data<float>(), dy.data<float>(), dx.data<float>(), p);
+  } else {
+    kiln_rt_max_pool2d_f64(x.data<double>(), y.data<double>(), p);
+    kiln_rt_max_pool2d_grad_f64(x.data<double>(), dy.data<double>(), dx.data<double>(), p);
+  }
+  {
+    INFO("max_pool2d");
+    check_exact(y, want_max);
+  }
+  {
+    INFO("max_pool2d_grad");
+    check_exact(dx, want_max_grad);
+  }
+  for (bool include_pad : {true, false}) {
+    INFO("count_include_pad " << include_pad);
+    AttrMap a = attrs;
+    a["count_include_pad"] = include_pad;
+    Tensor want_avg = reference(Op::AvgPool2d, {&x}, a);
+    a["input_size"] = Ints{xs[2], xs[3]};
+    Tensor want_avg_grad = reference(Op::AvgPool2dGrad, {&dy}, a);
+    Tensor avg = poisoned(want_avg.type()), avg_grad = poisoned(x.type());
+    if (dt == DType::f32) {
+      kiln_rt_avg_pool2d_f32(x.data<float>(), avg.data<float>(), p, include_pad);
+      kiln_rt_avg_pool2d_grad_f32(dy.data<float>(), avg_grad.data<float>(), p, include_pad);
+    } else {
+      kiln_rt_avg_pool2d_f64(x.data<double>(), avg.data<double>(), p, include_pad);
+      kiln_rt_avg_pool2d_grad_f64(dy.data<double>(), avg_grad.data<double>(), p, include_pad);
+    }
+    {
+      INFO("avg_pool2d");
+      check_exact(avg, want_avg);
+    }
+    {
+      INFO("avg_pool2d_grad");
+      check_exact(avg_grad, want_avg_grad);
+    }
+  }
+}
+
+int hardware_threads() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+
+// The thread count the pool should have picked from the environment.
+int expected_threads() {
+  const char* s = std::getenv("KILN_NUM_THREADS");
+  if (!s || !*s) return hardware_threads();
+  char* end = nullptr;
+  long v = std::strtol(s, &end, 10);
+  return *end || v < 1 || v > 1024 ? hardware_threads() : static_cast<int>(v);
+}
+
+struct Chunk {
+  int64_t begin, end;
+  std::thread::id thread;
+};
+
+// The chunks one parallel_for hands out, sorted by begin.
+std::vector<Chunk> chunks_of(int64_t n, int64_t grain) {
+  struct Ctx {
+    std::mutex m;
+    std::vector<Chunk> chunks;
+  } ctx;
+  kiln_rt_parallel_for(
+      n, grain,
+      [](void* p, int64_t b, int64_t e) {
+        auto* c = static_cast<Ctx*>(p);
+        std::lock_guard<std::mutex> lock(c->m);
+        c->chunks.push_back({b, e, std::this_thread::get_id()});
+      },
+      &ctx);
+  std::sort(ctx.chunks.begin(), ctx.chunks.end(), [](const Chunk& a, const Chunk& b) { return a.begin < b.begin; });
+  return ctx.chunks;
+}
+
+// Runs parallel_for(threads, 1) whose chunks each wait until all of them have started:
+// true when that many threads really run at once (false after a generous timeout).
+bool runs_concurrently(int threads) {
+  struct Ctx {
+    std::atomic<int> arrived{0};
+    std::atomic<bool> timed_out{false};
+    int want = 0;
+  } ctx;
+  ctx.want = threads;
+  kiln_rt_parallel_for(
+      threads, 1,
+      [](void* p, int64_t, int64_t) {
+        auto* c = static_cast<Ctx*>(p);
+        c->arrived.fetch_add(1);
+        auto start = std::chrono::steady_clock::now();
+        while (c->arrived.load() < c->want)
+          if (std::chrono::steady_clock::now() - start > std::chrono::seconds(20)) {
+            c->timed_out = true;
+            return;
+          }
+      },
+      &ctx);
+  return !ctx.timed_out;
+}
+
+// Naive row-major C = op(A) op(B) for the GEMM shim tests.
+template <typename T>
+std::vector<T> naive_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const std::vector<T>& a, int64_t lda,
+                          const std::vector<T>& b, int64_t ldb) {
+  std::vector<T> c(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      T acc = 0;
+      for (int64_t p = 0; p < k; ++p)
+        acc += (ta ? a[p * lda + i] : a[i * lda + p]) * (tb ? b[j * ldb + p] : b[p * ldb + j]);
+      c[i * n + j] = acc;
+    }
+  return c;
+}
+
+template <typename T>
+void check_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k) {
+  INFO("gemm trans_a " << ta << " trans_b " << tb << " m " << m << " n " << n << " k " << k << " "
+                       << (sizeof(T) == 4 ? "f32" : "f64"));
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<T> u(-1, 1);
+  int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;  // padded leading dims
+  std::vector<T> a(static_cast<size_t>((ta ? k : m) * lda)), b(static_cast<size_t>((tb ? n : k) * ldb));
+  std::vector<T> c(static_cast<size_t>(m * ldc));
+  for (T& v : a) v = u(rng);
+  for (T& v : b) v = u(rng);
+  for (T& v : c) v = u(rng);
+  std::vector<T> c0 = c;
+  std::vector<T> want = naive_gemm(ta, tb, m, n, k, a, lda, b, ldb);
+  if constexpr (sizeof(T) == 4)
+    kiln_rt_sgemm(ta, tb, m, n, k, 2.0f, a.data(), lda, b.data(), ldb, 0.5f, c.data(), ldc);
+  else
+    kiln_rt_dgemm(ta, tb, m, n, k, 2.0, a.data(), lda, b.data(), ldb, 0.5, c.data(), ldc);
+  double worst = 0, tol = sizeof(T) == 4 ? 1e-4 : 1e-11;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j)
+      worst = std::max(worst, std::fabs(double(c[i * ldc + j]) - (2.0 * want[i * n + j] + 0.5 * c0[i * ldc + j])));
+    for (int64_t j = n; j < ldc; ++j) REQUIRE(c[i * ldc + j] == c0[i * ldc + j]);  // padding untouched
+  }
+  CHECK(worst <= tol * double(k));
+}
+
+}  // namespace
+
+TEST_CASE("runtime: conv2d and its gradients over strides, padding, dilation and groups", "[runtime][conv]") {
+  std::mt19937 rng(1234);
+  for (DType dt : {DType::f32, DType::f64})
+    for (int64_t s : {1, 2})
+      for (int64_t pad : {0, 1, 2})
+        for (int64_t d : {1, 2})
+          for (int64_t g : {1, 2, 4})
+            // Non-square input and kernel; groups 4 with 4 input channels is depthwise (x2).
+            check_conv({3, 4, 9, 7, 8, 3, 2, {s, s}, {pad, pad}, {d, d}, g}, dt, rng);
+}
+
+TEST_CASE("runtime: conv2d special shapes", "[runtime][conv]") {
+  std::mt19937 rng(99);
+  std::vector<ConvCase> cases = {
+      {2, 6, 5, 6, 6, 3, 3, {1, 1}, {1, 1}, {1, 1}, 6},     // depthwise, multiplier 1
+      {3, 8, 5, 4, 6, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1},     // pointwise: a plain GEMM
+      {3, 8, 5, 4, 6, 1, 1, {1, 1}, {0, 0}, {2, 2}, 2},     // pointwise with groups (dilation moot)
+      {2, 4, 7, 5, 3, 1, 1, {2, 1}, {0, 0}, {1, 1}, 1},     // 1x1 with stride: im2col
+      {2, 4, 3, 4, 3, 1, 1, {1, 1}, {1, 0}, {1, 1}, 1},     // 1x1 with padding: im2col
+      {2, 3, 3, 2, 4, 2, 2, {1, 1}, {2, 2}, {1, 1}, 1},     // windows entirely in the padding
+      {2, 2, 8, 9, 3, 2, 2, {3, 3}, {0, 1}, {1, 1}, 1},     // stride > kernel: pixels no window reads
+      {2, 3, 9, 11, 4, 2, 3, {2, 3}, {1, 2}, {2, 1}, 1},    // every attribute differs between H and W
+      {1, 16, 20, 20, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1}, // batch 1: GEMMs split over the pool
+      {1, 4, 12, 12, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2},   // batch 1 with groups
+      {5, 1, 28, 28, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},   // LeNet conv1
+      {5, 8, 14, 14, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},  // LeNet conv2
+      {7, 2, 5, 5, 2, 5, 5, {1, 1}, {0, 0}, {1, 1}, 1},     // kernel as large as the input
+  };
+  for (DType dt : {DType::f32, DType::f64})
+    for (const ConvCase& k : cases) check_conv(k, dt, rng);
+}
+
+TEST_CASE("runtime: conv2d_grad_weight is reproducible run to run", "[runtime][conv]") {
+  std::mt19937 rng(5);
+  ConvCase k{9, 4, 10, 10, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1};
+  Tensor x = random_tensor(DType::f32, {k.n, k.c, k.h, k.w}, rng);
+  Tensor dy = random_tensor(DType::f32, {k.n, k.o, 10, 10}, rng);
+  int64_t p[KILN_CONV_PARAMS] = {9, 4, 10, 10, 8, 3, 3, 10, 10, 1, 1, 1, 1, 1, 1, 1};
+  Tensor first(DType::f32, {8, 4, 3, 3});
+  kiln_rt_conv2d_grad_weight_f32(x.data<float>(), dy.data<float>(), first.data<float>(), p);
+  for (int run = 0; run < 20; ++run) {
+    Tensor again = poisoned(first.type());
+    kiln_rt_conv2d_grad_weight_f32(x.data<float>(), dy.data<float>(), again.data<float>(), p);
+    REQUIRE(again == first);
+  }
+}
+
+TEST_CASE("runtime: pooling matches the interpreter bit for bit", "[runtime][pool]") {
+  std::mt19937 rng(4321);
+  std::vector<PoolCase> cases = {
+      {{2, 2}, {2, 2}, {0, 0}},  // the LeNet case
+      {{3, 3}, {2, 2}, {1, 1}},  // overlapping, padded
+      {{3, 3}, {1, 1}, {1, 1}},  // every cell in up to 9 windows
+      {{2, 2}, {1, 1}, {0, 0}},  // overlapping, unpadded
+      {{3, 2}, {2, 1}, {1, 0}},  // non-square everything
+      {{2, 3}, {3, 2}, {1, 1}},  // stride > kernel in H
+      {{1, 1}, {1, 1}, {0, 0}},  // identity
+      {{4, 4}, {2, 3}, {2, 2}},  // padding = half the kernel: windows that are mostly padding
+      {{3, 3}, {2, 2}, {0, 0}},  // the fixed-size 3x3 paths, unpadded
+      {{2, 2}, {2, 1}, {1, 0}},  // 2x2 with column stride 1, padded rows
+      {{2, 2}, {1, 2}, {0, 1}},  // 2x2 with column stride 2, padded columns
+  };
+  for (DType dt : {DType::f32, DType::f64})
+    for (Fill fill : {Fill::uniform, Fill::ties, Fill::specials, Fill::zeros})
+      for (const PoolCase& k : cases) check_pool({2, 3, 7, 6}, k, dt, fill, rng);
+  // Big enough to be split over the pool.
+  for (DType dt : {DType::f32, DType::f64})
+    for (Fill fill : {Fill::uniform, Fill::ties, Fill::specials}) {
+      check_pool({6, 8, 28, 28}, {{2, 2}, {2, 2}, {0, 0}}, dt, fill, rng);
+      check_pool({1, 2, 9, 600}, {{3, 3}, {1, 1}, {1, 1}}, dt, fill, rng);  // rows longer than one block
+      check_pool({5, 16, 14, 14}, {{3, 3}, {2, 2}, {1, 1}}, dt, fill, rng);
+    }
+}
+
+TEST_CASE("runtime: max pooling picks the first maximum and lets NaN win", "[runtime][pool]") {
+  // One 2x3 window over a whole plane: ties go to the first cell; a NaN wins wherever it is.
+  int64_t p[KILN_POOL_PARAMS] = {1, 1, 2, 3, 1, 1, 2, 3, 1, 1, 0, 0};
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  float x1[6] = {1, 5, 2, 5, 0, 5}, x2[6] = {1, 5, nan, 7, nan, 5}, dy = 3, y = 0;
+  float dx[6];
+  kiln_rt_max_pool2d_f32(x1, &y, p);
+  CHECK(y == 5);
+  kiln_rt_max_pool2d_grad_f32(x1, &dy, dx, p);
+  CHECK(std::vector<float>(dx, dx + 6) == std::vector<float>{0, 3, 0, 0, 0, 0});
+  kiln_rt_max_pool2d_f32(x2, &y, p);
+  CHECK(std::isnan(y));
+  kiln_rt_max_pool2d_grad_f32(x2, &dy, dx, p);
+  CHECK(std::vector<float>(dx, dx + 6) == std::vector<float>{0, 0, 3, 0, 0, 0});
+}
+
+TEST_CASE("runtime: parallel_for covers every index once in fixed chunks", "[runtime][threads]") {
+  int threads = kiln_rt_num_threads();
+  for (int64_t n : {1, 2, 3, 7, 64, 100, 1000, 12345})
+    for (int64_t grain : {0, 1, 3, 64, 1000, 100000}) {
+      INFO("n " << n << " grain " << grain);
+      std::vector<Chunk> chunks = chunks_of(n, grain);
+      int64_t g = std::max<int64_t>(grain, 1);
+      size_t want = static_cast<size_t>(std::clamp<int64_t>(n / g, 1, threads));
+      REQUIRE(chunks.size() == want);
+      int64_t at = 0;
+      for (const Chunk& c : chunks) {
+        CHECK(c.begin == at);
+        CHECK(c.end > c.begin);
+        if (chunks.size() > 1) CHECK(c.end - c.begin >= g);
+        at = c.end;
+      }
+      CHECK(at == n);
+      // The same chunks every time.
+      for (int run = 0; run < 5; ++run) {
+        std::vector<Chunk> again = chunks_of(n, grain);
+        REQUIRE(again.size() == chunks.size());
+        for (size_t i = 0; i < chunks.size(); ++i) {
+          CHECK(again[i].begin == chunks[i].begin);
+          CHECK(again[i].end == chunks[i].end);
+        }
+      }
+    }
+  CHECK(chunks_of(0, 1).empty());
+  CHECK(chunks_of(-5, 1).empty());
+}
+
+TEST_CASE("runtime: parallel_for writes every element exactly once", "[runtime][threads]") {
+  for (int64_t n : {1, 5, 1000, 100003})
+    for (int64_t grain : {1, 17, 4096}) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      kiln_rt_parallel_for(
+          n, grain,
+          [](void* p, int64_t b, int64_t e) {
+            auto* h = static_cast<std::atomic<int>*>(p);
+            for (int64_t i = b; i < e; ++i) h[i].fetch_add(1);
+          },
+          hits.data());
+      int64_t wrong = 0;
+      for (auto& h : hits) wrong += h.load() != 1;
+      INFO("n " << n << " grain " << grain);
+      CHECK(wrong == 0);
+    }
+}
+
+TEST_CASE("runtime: nested parallel_for runs inline on the calling thread", "[runtime][threads]") {
+  struct Ctx {
+    std::vector<std::atomic<int>> hits = std::vector<std::atomic<int>>(8 * 100);
+    std::atomic<int> wrong_thread{0};
+  } ctx;
+  kiln_rt_parallel_for(
+      8, 1,
+      [](void* p, int64_t b, int64_t e) {
+        auto* c = static_cast<Ctx*>(p);
+        for (int64_t outer = b; outer < e; ++outer) {
+          struct Inner {
+            Ctx* c;
+            int64_t outer;
+            std::thread::id self;
+          } inner{c, outer, std::this_thread::get_id()};
+          kiln_rt_parallel_for(
+              100, 1,
+              [](void* q, int64_t ib, int64_t ie) {
+                auto* in = static_cast<Inner*>(q);
+                if (std::this_thread::get_id() != in->self) in->c->wrong_thread.fetch_add(1);
+                for (int64_t i = ib; i < ie; ++i) in->c->hits[static_cast<size_t>(in->outer * 100 + i)].fetch_add(1);
+              },
+              &inner);
+        }
+      },
+      &ctx);
+  CHECK(ctx.wrong_thread.load() == 0);
+  for (auto& h : ctx.hits) REQUIRE(h.load() == 1);
+}
+
+TEST_CASE("runtime: parallel_for from several threads at once", "[runtime][threads]") {
+  // Loops that find the pool busy run their chunks inline; all must still be complete.
+  std::vector<std::thread> users;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 3; ++t)
+    users.emplace_back([&failures] {
+      for (int round = 0; round < 200; ++round) {
+        std::vector<int> v(5000, 0);
+        kiln_rt_parallel_for(
+            5000, 64,
+            [](void* p, int64_t b, int64_t e) {
+              for (int64_t i = b; i < e; ++i) static_cast<int*>(p)[i] += 1;
+            },
+            v.data());
+        if (std::count(v.begin(), v.end(), 1) != 5000) failures.fetch_add(1);
+      }
+    });
+  for (auto& u : users) u.join();
+  CHECK(failures.load() == 0);
+}
+
+TEST_CASE("runtime: a chunked reduction gives the same bits every run", "[runtime][threads]") {
+  std::vector<float> data(1 << 16);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& v : data) v = u(rng);
+  auto reduce = [&] {
+    struct Ctx {
+      const float* data;
+      float partial[1024];
+      int64_t begin[1024];
+      std::atomic<int> count{0};
+    } ctx{};
+    ctx.data = data.data();
+    kiln_rt_parallel_for(
+        static_cast<int64_t>(data.size()), 1000,
+        [](void* p, int64_t b, int64_t e) {
+          auto* c = static_cast<Ctx*>(p);
+          float s = 0;
+          for (int64_t i = b; i < e; ++i) s += c->data[i];
+          int slot = c->count.fetch_add(1);
+          c->partial[slot] = s;
+          c->begin[slot] = b;
+        },
+        &ctx);
+    std::vector<std::pair<int64_t, float>> parts;
+    for (int i = 0; i < ctx.count.load(); ++i) parts.emplace_back(ctx.begin[i], ctx.partial[i]);
+    std::sort(parts.begin(), parts.end());
+    float total = 0;
+    for (auto& [b, s] : parts) total += s;
+    return total;
+  };
+  float first = reduce();
+  for (int run = 0; run < 50; ++run) REQUIRE(reduce() == first);
+}
+
+TEST_CASE("runtime: the pool has KILN_NUM_THREADS threads", "[runtime][threads]") {
+  CHECK(kiln_rt_num_threads() == expected_threads());
+  CHECK(runs_concurrently(kiln_rt_num_threads()));
+  // OpenBLAS is kept to one thread so that it never competes with the pool.
+  CHECK(openblas_get_num_threads() == 1);
+
+  // The environment is read once per process, so other counts are checked in a child.
+  char exe[4096];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  REQUIRE(len > 0);
+  exe[len] = 0;
+  auto child = [&](const std::string& env, int expect) {
+    std::string cmd = "KILN_NUM_THREADS=" + env + " KILN_EXPECT_THREADS=" + std::to_string(expect) + " '" + exe +
+                      "' '[.runtime_threads_env]' >/dev/null 2>&1";
+    return std::system(cmd.c_str());
+  };
+  CHECK(child("3", 3) == 0);
+  CHECK(child("1", 1) == 0);
+  CHECK(child("nonsense", hardware_threads()) == 0);
+  CHECK(child("0", hardware_threads()) == 0);
+  CHECK(child("2", 5) != 0);  // the child really checks
+}
+
+// Run by the test above in a child process with KILN_NUM_THREADS set.
+TEST_CASE("runtime: child with KILN_NUM_THREADS", "[.runtime_threads_env]") {
+  const char* want = std::getenv("KILN_EXPECT_THREADS");
+  REQUIRE(want != nullptr);
+  int threads = std::atoi(want);
+  REQUIRE(kiln_rt_num_threads() == threads);
+  REQUIRE(runs_concurrently(threads));
+  std::set<std::thread::id> ids;
+  for (const Chunk& c : chunks_of(1000, 1)) ids.insert(c.thread);
+  REQUIRE(ids.size() <= static_cast<size_t>(threads));
+  if (threads == 1) REQUIRE(*ids.begin() == std::this_thread::get_id());
+}
+
+TEST_CASE("runtime: GEMM shims, split over the pool or not", "[runtime][blas]") {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      check_gemm<float>(ta, tb, 37, 531, 65);   // split along N
+      check_gemm<float>(ta, tb, 531, 37, 65);   // split along M
+      check_gemm<float>(ta, tb, 5, 7, 3);       // small: one call
+      check_gemm<double>(ta, tb, 37, 531, 65);
+      check_gemm<double>(ta, tb, 531, 37, 65);
+      check_gemm<double>(ta, tb, 5, 7, 3);
+    }
+  // Inside a parallel loop the GEMM runs in one piece on the chunk's thread.
+  struct Ctx {
+    std::atomic<int> failures{0};
+  } ctx;
+  kiln_rt_parallel_for(
+      4, 1,
+      [](void* p, int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          int64_t m = 200, n = 300, k = 40;
+          std::vector<float> a(static_cast<size_t>(m * k), 1.0f), bm(static_cast<size_t>(k * n), 0.5f),
+              c(static_cast<size_t>(m * n), -1.0f);
+          kiln_rt_sgemm(0, 0, m, n, k, 1.0f, a.data(), k, bm.data(), n, 0.0f, c.data(), n);
+          if (std::count(c.begin(), c.end(), 20.0f) != m * n) static_cast<Ctx*>(p)->failures.fetch_add(1);
+        }
+      },
+      &ctx);
+  CHECK(ctx.failures.load() == 0);
+}
