@@ -1,0 +1,705 @@
+// The CPU backend (codegen/cpu/compile.h) against the reference interpreter: every op,
+// random fused graphs, the MLP and LeNet training steps, determinism, vector code.
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <random>
+
+#include "codegen/cpu/compile.h"
+#include "codegen/cpu/host.h"
+#include "frontend/losses.h"
+#include "frontend/nn.h"
+#include "ir/printer.h"
+#include "passes/pipeline.h"
+#include "passes/train_step.h"
+#include "random_graph.h"
+#include "runtime/kernels.h"
+#include "runtime/profile.h"
+
+using namespace kiln;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+// Element-wise closeness; NaN matches NaN, infinities must be equal; integers/bools exact.
+bool close(const Tensor& got, const Tensor& want, double rtol, double atol, std::string& why) {
+  if (got.type() != want.type()) {
+    why = "type " + got.type().str() + " vs " + want.type().str();
+    return false;
+  }
+  bool fl = is_float(want.dtype());
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    double a = got.get(i), b = want.get(i);
+    bool ok = fl ? ((std::isnan(a) && std::isnan(b)) || a == b || std::fabs(a - b) <= atol + rtol * std::fabs(b))
+                 : got.get_int(i) == want.get_int(i);
+    if (!ok) {
+      why = "element " + std::to_string(i) + ": got " + std::to_string(a) + ", want " + std::to_string(b);
+      return false;
+    }
+  }
+  return true;
+}
+
+void check_outputs(const TensorMap& got, const TensorMap& want, double rtol, double atol) {
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, w] : want) {
+    REQUIRE(got.count(name) == 1);
+    std::string why;
+    CAPTURE(name);
+    bool ok = close(got.at(name), w, rtol, atol, why);
+    CAPTURE(why);
+    CHECK(ok);
+  }
+}
+
+// Compiles `g` (with and without the pass pipeline) and compares with the interpreter.
+void check_graph(const Graph& g, const TensorMap& inputs, double rtol, double atol, bool both = true) {
+  CAPTURE(print(g));
+  TensorMap want = interpret(g, inputs);
+  for (bool opt : {false, true}) {
+    if (!opt && !both) continue;
+    cpu::CompileOptions o;
+    o.optimize_graph = opt;
+    auto c = cpu::compile(g, o);
+    CAPTURE(opt, print(c->graph()));
+    check_outputs(c->run(inputs), want, rtol, atol);
+  }
+}
+
+Tensor random_tensor(DType dt, const Shape& s, double lo, double hi, std::mt19937_64& rng, bool integral = false) {
+  Tensor t(dt, s);
+  std::uniform_real_distribution<double> u(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    double v = u(rng);
+    if (integral || !is_float(dt)) v = std::round(v);
+    if (dt == DType::boolean) v = v > 0 ? 1 : 0;
+    t.set(i, v);
+  }
+  return t;
+}
+
+struct OpCase {
+  Graph g{"op"};
+  TensorMap inputs;
+  double rtol = 0, atol = 0;
+};
+
+using Attrs = AttrMap;
+using Ints = std::vector<int64_t>;
+
+// Small graphs exercising `op`: several dtypes, shapes and attribute combinations.
+std::vector<OpCase> op_cases(Op op) {
+  std::vector<OpCase> cases;
+  std::mt19937_64 rng(static_cast<uint64_t>(op) * 7919 + 1);
+  auto add = [&](DType dt, std::vector<std::pair<Shape, std::pair<double, double>>> ins, Op o, Attrs attrs,
+                 double rtol, double atol, DType in_dt = DType::f32, bool integral = false) {
+    OpCase c;
+    std::vector<ValueId> vs;
+    for (size_t i = 0; i < ins.size(); ++i) {
+      DType d = i == 0 && in_dt != DType::f32 ? in_dt : dt;
+      std::string name = "x" + std::to_string(i);
+      vs.push_back(c.g.add_input(name, {d, ins[i].first}));
+      c.inputs[name] = random_tensor(d, ins[i].first, ins[i].second.first, ins[i].second.second, rng, integral);
+    }
+    c.g.add_output("out", c.g.add_node(o, vs, attrs));
+    c.rtol = rtol;
+    c.atol = atol;
+    cases.push_back(std::move(c));
+  };
+  const DType floats[] = {DType::f32, DType::f64};
+  const DType numeric[] = {DType::f32, DType::f64, DType::i32, DType::i64};
+  auto tol = [](DType dt) { return dt == DType::f64 ? 1e-13 : 2e-6; };
+  switch (op) {
+    case Op::Neg: case Op::Abs: case Op::Relu:
+      for (DType dt : numeric) {
+        add(dt, {{{3, 17}, {-50, 50}}}, op, {}, 0, 0);
+        add(dt, {{{}, {-5, 5}}}, op, {}, 0, 0);
+      }
+      break;
+    case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh: case Op::Sigmoid: {
+      bool pos = op == Op::Log || op == Op::Sqrt || op == Op::Rsqrt;
+      for (DType dt : floats) add(dt, {{{5, 37}, {pos ? 1e-3 : -30, 30}}}, op, {}, tol(dt), 0);
+      break;
+    }
+    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow: case Op::Maximum: case Op::Minimum:
+    case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt: case Op::Ge: {
+      bool cmp = op_info(op).has(kCompare);
+      for (DType dt : numeric) {
+        if (op == Op::Pow && !is_float(dt)) continue;
+        double lo = op == Op::Pow ? 0.1 : -6, hi = 6;
+        double blo = op == Op::Div && !is_float(dt) ? 1 : lo;  // integer divisors nonzero
+        const std::vector<std::pair<Shape, Shape>> shapes = {
+            {{4, 33}, {4, 33}}, {{4, 1, 5}, {3, 5}}, {{}, {7}}, {{2, 3, 1}, {1, 1, 9}}, {{6}, {}}};
+        for (const auto& [sa, sb] : shapes)
+          add(dt, {{sa, {lo, hi}}, {sb, {blo, hi}}}, op, {}, cmp ? 0 : tol(dt), 0, DType::f32, cmp);
+      }
+      break;
+    }
+    case Op::Select:
+      for (DType dt : numeric) {
+        OpCase c;
+        ValueId cond = c.g.add_input("c", {DType::boolean, {4, 1}});
+        ValueId a = c.g.add_input("a", {dt, {4, 6}});
+        ValueId b = c.g.add_input("b", {dt, {6}});
+        c.g.add_output("out", c.g.add_node(Op::Select, {cond, a, b}));
+        c.inputs["c"] = random_tensor(DType::boolean, {4, 1}, -1, 1, rng);
+        c.inputs["a"] = random_tensor(dt, {4, 6}, -9, 9, rng);
+        c.inputs["b"] = random_tensor(dt, {6}, -9, 9, rng);
+        cases.push_back(std::move(c));
+      }
+      break;
+    case Op::Cast:
+      for (DType from : kAllDTypes)
+        for (DType to : kAllDTypes) {
+          OpCase c;
+          ValueId x = c.g.add_input("x", {from, {13}});
+          c.g.add_output("out", c.g.add_node(Op::Cast, {x}, {{"dtype", to}}));
+          Tensor t = random_tensor(from, {13}, -100, 100, rng);
+          if (is_float(from)) {  // NaN, huge, negative zero, fractional values
+            t.set(0, std::nan(""));
+            t.set(1, 1e30);
+            t.set(2, -1e30);
+            t.set(3, -0.0);
+            t.set(4, 2.75);
+            t.set(5, -2.75);
+          }
+          c.inputs["x"] = t;
+          cases.push_back(std::move(c));
+        }
+      break;
+    case Op::Sum: case Op::Mean: case Op::Max: case Op::Min:
+      for (DType dt : numeric) {
+        if (op == Op::Mean && !is_float(dt)) continue;
+        for (const Ints& axes : {Ints{}, Ints{1}, Ints{0, 2}, Ints{-1}, Ints{0}, Ints{1, 2}})
+          for (bool keep : {false, true})
+            add(dt, {{{3, 4, 5}, {-9, 9}}}, op, {{"axes", axes}, {"keepdims", keep}}, is_float(dt) ? 1e-5 : 0, 1e-6);
+      }
+      break;
+    case Op::Argmax:
+      for (DType dt : numeric)
+        for (int64_t axis : {0, 1, -1})
+          for (bool keep : {false, true})
+            add(dt, {{{4, 5, 6}, {-3, 3}}}, op, {{"axis", axis}, {"keepdims", keep}}, 0, 0, DType::f32, true);
+      break;
+    case Op::Reshape:
+      for (DType dt : kAllDTypes) add(dt, {{{3, 4}, {-3, 3}}}, op, {{"shape", Ints{2, 6}}}, 0, 0);
+      break;
+    case Op::Transpose:
+      for (DType dt : kAllDTypes) {
+        add(dt, {{{3, 4, 5}, {-3, 3}}}, op, {{"perm", Ints{2, 0, 1}}}, 0, 0);
+        add(dt, {{{3, 4}, {-3, 3}}}, op, {{"perm", Ints{1, 0}}}, 0, 0);
+      }
+      break;
+    case Op::BroadcastTo:
+      for (DType dt : kAllDTypes) add(dt, {{{3, 1}, {-3, 3}}}, op, {{"shape", Shape{2, 3, 4}}}, 0, 0);
+      break;
+    case Op::Slice:
+      for (DType dt : kAllDTypes) {
+        add(dt, {{{6, 7}, {-3, 3}}}, op, {{"start", Ints{1, 0}}, {"stop", Ints{5, 7}}, {"step", Ints{2, 3}}}, 0, 0);
+        add(dt, {{{6, 7}, {-3, 3}}}, op, {{"start", Ints{0, 2}}, {"stop", Ints{6, 5}}, {"step", Ints{1, 1}}}, 0, 0);
+      }
+      break;
+    case Op::Concat:
+      for (DType dt : kAllDTypes) {
+        add(dt, {{{2, 3}, {-3, 3}}, {{2, 4}, {-3, 3}}, {{2, 1}, {-3, 3}}}, op, {{"axis", int64_t{1}}}, 0, 0);
+        add(dt, {{{2, 3}, {-3, 3}}, {{1, 3}, {-3, 3}}}, op, {{"axis", int64_t{0}}}, 0, 0);
+      }
+      break;
+    case Op::Pad:
+      for (DType dt : numeric)
+        add(dt, {{{3, 4}, {-3, 3}}}, op, {{"low", Ints{1, 0}}, {"high", Ints{2, 3}}, {"value", 1.5}}, 0, 0);
+      break;
+    case Op::Matmul:
+      for (DType dt : floats) {
+        double t = dt == DType::f32 ? 1e-4 : 1e-10;
+        add(dt, {{{5, 7}, {-1, 1}}, {{7, 3}, {-1, 1}}}, op, {}, t, t);
+        add(dt, {{{2, 1, 5, 7}, {-1, 1}}, {{3, 7, 4}, {-1, 1}}}, op, {}, t, t);
+        add(dt, {{{64, 33}, {-1, 1}}, {{33, 70}, {-1, 1}}}, op, {}, t, t);
+        // Transposed operands: folded into the GEMM flags.
+        OpCase c;
+        ValueId a = c.g.add_input("a", {dt, {2, 7, 5}});
+        ValueId b = c.g.add_input("b", {dt, {3, 7}});
+        ValueId at = c.g.add_node(Op::Transpose, {a}, {{"perm", Ints{0, 2, 1}}});
+        ValueId bt = c.g.add_node(Op::Transpose, {b}, {{"perm", Ints{1, 0}}});
+        c.g.add_output("out", c.g.add_node(Op::Matmul, {at, bt}));
+        c.inputs["a"] = random_tensor(dt, {2, 7, 5}, -1, 1, rng);
+        c.inputs["b"] = random_tensor(dt, {3, 7}, -1, 1, rng);
+        c.rtol = c.atol = t;
+        cases.push_back(std::move(c));
+      }
+      break;
+    case Op::Conv2d:
+      for (DType dt : floats) {
+        double t = dt == DType::f32 ? 1e-4 : 1e-10;
+        add(dt, {{{2, 3, 9, 9}, {-1, 1}}, {{4, 3, 3, 3}, {-1, 1}}, {{4}, {-1, 1}}}, op,
+            {{"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, t, t);
+        add(dt, {{{1, 4, 8, 7}, {-1, 1}}, {{6, 2, 3, 2}, {-1, 1}}}, op,
+            {{"groups", int64_t{2}}, {"dilation", Ints{2, 1}}}, t, t);
+      }
+      break;
+    case Op::Conv2dGradInput:
+      for (DType dt : floats) {
+        double t = dt == DType::f32 ? 1e-4 : 1e-10;
+        add(dt, {{{2, 4, 5, 5}, {-1, 1}}, {{4, 3, 3, 3}, {-1, 1}}}, op,
+            {{"input_size", Ints{9, 9}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, t, t);
+      }
+      break;
+    case Op::Conv2dGradWeight:
+      for (DType dt : floats) {
+        double t = dt == DType::f32 ? 1e-4 : 1e-10;
+        add(dt, {{{2, 3, 9, 9}, {-1, 1}}, {{2, 4, 5, 5}, {-1, 1}}}, op,
+            {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, t, t);
+      }
+      break;
+    case Op::MaxPool2d:
+      for (DType dt : floats)
+        add(dt, {{{2, 3, 8, 8}, {-1, 1}}}, op, {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, 0, 0);
+      break;
+    case Op::AvgPool2d:
+      for (DType dt : floats)
+        for (bool inc : {false, true})
+          add(dt, {{{2, 3, 8, 8}, {-1, 1}}}, op,
+              {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}, {"count_include_pad", inc}}, tol(dt), 1e-7);
+      break;
+    case Op::MaxPool2dGrad:
+      for (DType dt : floats)
+        add(dt, {{{2, 3, 8, 8}, {-1, 1}}, {{2, 3, 4, 4}, {-1, 1}}}, op,
+            {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, tol(dt), 1e-7);
+      break;
+    case Op::AvgPool2dGrad:
+      for (DType dt : floats)
+        for (bool inc : {false, true})
+          add(dt, {{{2, 3, 4, 4}, {-1, 1}}}, op,
+              {{"input_size", Ints{8, 8}}, {"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}},
+               {"count_include_pad", inc}}, tol(dt), 1e-7);
+      break;
+    case Op::Softmax: case Op::LogSoftmax:
+      for (DType dt : floats)
+        for (int64_t axis : {-1, 0, 1}) add(dt, {{{4, 10, 3}, {-20, 20}}}, op, {{"axis", axis}}, tol(dt), 1e-7);
+      break;
+    case Op::OneHot:
+      for (DType idx : {DType::i32, DType::i64})
+        for (DType dt : {DType::f32, DType::i32, DType::boolean}) {
+          OpCase c;
+          ValueId x = c.g.add_input("x", {idx, {3, 4}});
+          c.g.add_output("out", c.g.add_node(Op::OneHot, {x}, {{"depth", int64_t{5}}, {"dtype", dt}}));
+          c.inputs["x"] = random_tensor(idx, {3, 4}, -2, 7, rng);
+          cases.push_back(std::move(c));
+        }
+      break;
+    case Op::Constant:
+      for (DType dt : kAllDTypes) {
+        OpCase c;
+        ValueId x = c.g.add_input("x", {dt, {2, 3}});
+        ValueId k = c.g.add_constant(random_tensor(dt, {2, 3}, -5, 5, rng));
+        ValueId s = c.g.add_constant(Tensor::scalar(dt, 1));
+        c.g.add_output("k", k);
+        c.g.add_output("s", s);
+        c.g.add_output("out", c.g.add_node(Op::Select, {c.g.add_node(Op::Eq, {x, k}), x, k}));
+        c.inputs["x"] = random_tensor(dt, {2, 3}, -5, 5, rng);
+        cases.push_back(std::move(c));
+      }
+      break;
+    case Op::Fused: {
+      // A fused elementwise chain with a broadcast operand, a reduction and its epilogue.
+      OpCase c;
+      ValueId x = c.g.add_input("x", {DType::f32, {8, 20}});
+      ValueId b = c.g.add_input("b", {DType::f32, {20}});
+      ValueId h = c.g.add_node(Op::Relu, {c.g.add_node(Op::Add, {x, b})});
+      ValueId e = c.g.add_node(Op::Exp, {c.g.add_node(Op::Neg, {h})});
+      ValueId s = c.g.add_node(Op::Sum, {c.g.add_node(Op::Mul, {e, e})}, {{"axes", Ints{1}}, {"keepdims", true}});
+      c.g.add_output("out", c.g.add_node(Op::Div, {e, s}));
+      c.g.add_output("h", h);
+      c.inputs["x"] = random_tensor(DType::f32, {8, 20}, -2, 2, rng);
+      c.inputs["b"] = random_tensor(DType::f32, {20}, -2, 2, rng);
+      c.rtol = 1e-5;
+      c.atol = 1e-6;
+      cases.push_back(std::move(c));
+      break;
+    }
+  }
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("cpu codegen: every op matches the interpreter", "[cpu][codegen]") {
+  for (Op op : all_ops()) {
+    std::vector<OpCase> cases = op_cases(op);
+    CAPTURE(op_name(op));
+    CHECK(!cases.empty());
+    for (const OpCase& c : cases) check_graph(c.g, c.inputs, c.rtol, c.atol);
+  }
+}
+
+TEST_CASE("cpu codegen: fused bodies become one loop and match the interpreter", "[cpu][codegen]") {
+  std::vector<OpCase> cases = op_cases(Op::Fused);
+  const OpCase& c = cases.at(0);
+  auto compiled = cpu::compile(c.g);
+  size_t fused = 0;
+  for (const Node& n : compiled->graph().nodes()) fused += n.op == Op::Fused;
+  CHECK(fused >= 1);
+  check_outputs(compiled->run(c.inputs), interpret(c.g, c.inputs), 1e-5, 1e-6);
+}
+
+TEST_CASE("cpu codegen: NaN propagation and integer corner cases", "[cpu][codegen]") {
+  Graph g("nan");
+  ValueId a = g.add_input("a", {DType::f32, {6}});
+  ValueId b = g.add_input("b", {DType::f32, {6}});
+  g.add_output("max", g.add_node(Op::Maximum, {a, b}));
+  g.add_output("min", g.add_node(Op::Minimum, {a, b}));
+  g.add_output("relu", g.add_node(Op::Relu, {a}));
+  g.add_output("rmax", g.add_node(Op::Max, {a}, {{"axes", Ints{}}}));
+  g.add_output("argmax", g.add_node(Op::Argmax, {a}, {{"axis", int64_t{0}}}));
+  ValueId i = g.add_input("i", {DType::i32, {4}});
+  ValueId j = g.add_input("j", {DType::i32, {4}});
+  g.add_output("idiv", g.add_node(Op::Div, {i, j}));
+  g.add_output("ineg", g.add_node(Op::Neg, {i}));
+  double nan = std::nan("");
+  TensorMap in;
+  in["a"] = Tensor::from<double>(DType::f32, {6}, {1, nan, 3, -1, nan, 0});
+  in["b"] = Tensor::from<double>(DType::f32, {6}, {nan, 2, 1, -2, nan, -0.0});
+  in["i"] = Tensor::from<double>(DType::i32, {4}, {-2147483648.0, 7, -7, 9});
+  in["j"] = Tensor::from<double>(DType::i32, {4}, {-1, 2, 2, -4});
+  check_graph(g, in, 0, 0);
+}
+
+TEST_CASE("cpu codegen: integer division by zero gives 0", "[cpu][codegen]") {
+  Graph g("div0");
+  ValueId i = g.add_input("i", {DType::i64, {3}});
+  ValueId j = g.add_input("j", {DType::i64, {3}});
+  g.add_output("q", g.add_node(Op::Div, {i, j}));
+  auto c = cpu::compile(g);
+  TensorMap out = c->run({{"i", Tensor::from<int64_t>(DType::i64, {3}, {5, 6, 7})},
+                          {"j", Tensor::from<int64_t>(DType::i64, {3}, {0, 2, 0})}});
+  CHECK(out.at("q") == Tensor::from<int64_t>(DType::i64, {3}, {0, 3, 0}));
+}
+
+TEST_CASE("cpu codegen: random fused graphs match the interpreter", "[cpu][codegen]") {
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    DType dt = seed % 2 ? DType::f32 : DType::f64;
+    testing::RandomGraph r = testing::random_graph(seed, dt);
+    CAPTURE(seed);
+    check_graph(r.graph, r.inputs, dt == DType::f32 ? 1e-4 : 1e-11, dt == DType::f32 ? 1e-5 : 1e-12);
+  }
+}
+
+TEST_CASE("cpu codegen: opt levels and compile errors", "[cpu][codegen]") {
+  testing::RandomGraph r = testing::random_graph(5, DType::f32);
+  TensorMap want = interpret(r.graph, r.inputs);
+  for (int level : {0, 1, 2, 3}) {
+    cpu::CompileOptions o;
+    o.opt_level = level;
+    CAPTURE(level);
+    check_outputs(cpu::compile(r.graph, o)->run(r.inputs), want, 1e-4, 1e-5);
+  }
+  auto c = cpu::compile(r.graph);
+  CHECK_THROWS_WITH(c->run({}), ContainsSubstring("missing input"));
+  CHECK_THAT(c->llvm_ir(), ContainsSubstring("define void @kiln_entry"));
+}
+
+namespace {
+
+struct Model {
+  Graph step;
+  TensorMap state;
+  TensorMap batch;
+};
+
+Model training_model(bool cnn, int64_t batch, const Optimizer& opt) {
+  Tracer t(cnn ? "lenet" : "mlp");
+  nn::Scope s(t, 7);
+  Sym x = t.input("x", {DType::f32, cnn ? Shape{batch, 1, 28, 28} : Shape{batch, 784}});
+  Sym y = t.input("y", {DType::i32, {batch}});
+  Sym logits = cnn ? nn::lenet(s)(x) : nn::mlp(s, {784, 256, 10})(x);
+  t.output("loss", nn::cross_entropy(logits, y));
+  t.output("accuracy", nn::accuracy(logits, y));
+  TrainStep ts = make_train_step(t.finish(), opt);
+  Model m{ts.graph, t.parameters(), {}};
+  for (auto& [k, v] : ts.initial_state) m.state[k] = v;
+  Tensor xs(DType::f32, cnn ? Shape{batch, 1, 28, 28} : Shape{batch, 784});
+  for (int64_t i = 0; i < xs.numel(); ++i) xs.set(i, ((i * 7919) % 256) / 255.0);
+  Tensor ys(DType::i32, {batch});
+  for (int64_t i = 0; i < batch; ++i) ys.set(i, (i * 3) % 10);
+  m.batch["x"] = xs;
+  m.batch["y"] = ys;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("cpu codegen: MLP and LeNet training steps match interpret_step", "[cpu][codegen][train]") {
+  struct Case {
+    bool cnn;
+    const char* name;
+    Optimizer opt;
+  };
+  for (const Case& c : {Case{false, "sgd", SGD{0.05, 0.9}}, Case{false, "adam", Adam{}}, Case{true, "sgd", SGD{0.05, 0.9}},
+                        Case{true, "adam", Adam{}}}) {
+    Model m = training_model(c.cnn, c.cnn ? 8 : 16, c.opt);
+    CAPTURE(m.step.name(), c.name);
+    auto t0 = std::chrono::steady_clock::now();
+    auto compiled = cpu::compile(m.step);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::cout << "cpu codegen: " << m.step.name() << " (" << c.name << ") training step compiled in " << ms
+              << " ms\n";
+    TensorMap ref_state = m.state, jit_state = m.state;
+    for (int step = 0; step < 3; ++step) {
+      CAPTURE(step);
+      TensorMap ref = interpret_step(m.step, ref_state, m.batch);
+      TensorMap got = compiled->run_step(jit_state, m.batch);
+      check_outputs(got, ref, 1e-3, 1e-5);
+      check_outputs(jit_state, ref_state, 1e-3, 1e-5);
+    }
+  }
+}
+
+TEST_CASE("cpu codegen: the same inputs give bitwise-identical outputs", "[cpu][codegen]") {
+  Model m = training_model(false, 16, Adam{});
+  auto compiled = cpu::compile(m.step);
+  TensorMap a = m.state, b = m.state;
+  TensorMap ra = compiled->run_step(a, m.batch);
+  TensorMap rb = compiled->run_step(b, m.batch);
+  for (const auto& [k, v] : ra) CHECK(v == rb.at(k));
+  for (const auto& [k, v] : a) CHECK(v == b.at(k));
+  testing::RandomGraph r = testing::random_graph(11, DType::f32);
+  auto c = cpu::compile(r.graph);
+  TensorMap x = c->run(r.inputs), y = c->run(r.inputs);
+  for (const auto& [k, v] : x) CHECK(v == y.at(k));
+}
+
+TEST_CASE("cpu codegen: a fused elementwise kernel uses 256-bit vectors on AVX2", "[cpu][codegen]") {
+  if (!cpu::host_info().has("avx2")) {
+    SKIP("the host has no AVX2");
+  }
+  Graph g("vec");
+  ValueId x = g.add_input("x", {DType::f32, {1024}});
+  ValueId y = g.add_input("y", {DType::f32, {1024}});
+  ValueId t = g.add_node(Op::Relu, {g.add_node(Op::Add, {g.add_node(Op::Mul, {x, y}), x})});
+  g.add_output("out", g.add_node(Op::Maximum, {t, y}));
+  // The host may prefer 512-bit vectors (AVX-512: zmm); at least 256-bit either way.
+  std::string host_asm = cpu::compile(g)->assembly();
+  CHECK((host_asm.find("ymm") != std::string::npos || host_asm.find("zmm") != std::string::npos));
+  // For an AVX2 target (haswell) the loop is on ymm registers.
+  cpu::CompileOptions o;
+  o.cpu = "haswell";
+  auto c = cpu::compile(g, o);
+  std::string asm_text = c->assembly();
+  CHECK_THAT(asm_text, ContainsSubstring("ymm"));
+  CHECK(asm_text.find("zmm") == std::string::npos);
+  CHECK(asm_text.find("vmulps") != std::string::npos);
+}
+
+// ---- Parallel loops, GEMM epilogues, profiling ------------------------------------------
+
+namespace {
+
+// x: [rows, cols] -> an 8-op elementwise chain with a broadcast row, a trailing sum, a
+// softmax, an argmax and a transpose: every loop kind that can go parallel.
+Graph parallel_graph(int64_t rows, int64_t cols) {
+  Graph g("par");
+  ValueId x = g.add_input("x", {DType::f32, {rows, cols}});
+  ValueId y = g.add_input("y", {DType::f32, {rows, cols}});
+  ValueId b = g.add_input("b", {DType::f32, {cols}});
+  ValueId half = g.add_node(Op::Constant, {}, {{"value", Tensor::scalar(DType::f32, 0.5)}});
+  ValueId t = g.add_node(Op::Mul, {x, y});
+  t = g.add_node(Op::Add, {t, b});
+  t = g.add_node(Op::Tanh, {t});
+  t = g.add_node(Op::Sub, {t, y});
+  t = g.add_node(Op::Mul, {t, half});
+  t = g.add_node(Op::Maximum, {t, x});
+  t = g.add_node(Op::Exp, {t});
+  t = g.add_node(Op::Relu, {t});
+  g.add_output("chain", t);
+  g.add_output("sum", g.add_node(Op::Sum, {t}, {{"axes", Ints{1}}}));
+  g.add_output("softmax", g.add_node(Op::Softmax, {x}, {{"axis", int64_t{1}}}));
+  g.add_output("argmax", g.add_node(Op::Argmax, {y}, {{"axis", int64_t{1}}}));
+  g.add_output("transpose", g.add_node(Op::Transpose, {x}, {{"perm", Ints{1, 0}}}));
+  return g;
+}
+
+TensorMap parallel_inputs(int64_t rows, int64_t cols) {
+  std::mt19937_64 rng(5);
+  return {{"x", random_tensor(DType::f32, {rows, cols}, -2, 2, rng)},
+          {"y", random_tensor(DType::f32, {rows, cols}, -2, 2, rng)},
+          {"b", random_tensor(DType::f32, {cols}, -1, 1, rng)}};
+}
+
+}  // namespace
+
+TEST_CASE("cpu codegen: parallel loops give the serial results bitwise", "[cpu][codegen][parallel]") {
+  // 512 x 1024 = 512K elements: every loop here is over the parallel threshold.
+  Graph g = parallel_graph(512, 1024);
+  TensorMap in = parallel_inputs(512, 1024);
+  TensorMap want = interpret(g, in);  // the serial reference
+  for (bool opt : {false, true}) {
+    CAPTURE(opt, kiln_rt_num_threads());
+    cpu::CompileOptions o;
+    o.optimize_graph = opt;
+    auto c = cpu::compile(g, o);
+    CHECK_THAT(c->llvm_ir(), ContainsSubstring("kiln_rt_parallel_for"));
+    TensorMap a = c->run(in), b2 = c->run(in);
+    // Elementwise results and in-order reductions equal the interpreter's bitwise.
+    for (const char* k : {"chain", "sum", "argmax", "transpose"}) {
+      CAPTURE(k);
+      CHECK(a.at(k) == want.at(k));
+    }
+    check_outputs({{"softmax", a.at("softmax")}}, {{"softmax", want.at("softmax")}}, 1e-5, 1e-7);
+    for (const auto& [k, v] : a) CHECK(v == b2.at(k));  // run to run
+    o.profile = true;  // different code around the same loops
+    TensorMap p = cpu::compile(g, o)->run(in);
+    for (const auto& [k, v] : a) CHECK(v == p.at(k));
+  }
+  // The task functions get the target's features too: a parallel loop is vector code.
+  if (cpu::host_info().has("avx2")) {
+    Graph v("vec_par");
+    ValueId x = v.add_input("x", {DType::f32, {512, 1024}});
+    ValueId y = v.add_input("y", {DType::f32, {512, 1024}});
+    v.add_output("out", v.add_node(Op::Relu, {v.add_node(Op::Add, {v.add_node(Op::Mul, {x, y}), x})}));
+    std::string text = cpu::compile(v)->assembly();
+    size_t task = text.find("kiln_task.0:");
+    REQUIRE(task != std::string::npos);
+    std::string body = text.substr(task, text.find(".Lfunc_end", task) - task);
+    CHECK((body.find("ymm") != std::string::npos || body.find("zmm") != std::string::npos));
+  }
+  // A small graph stays serial (no task functions).
+  Graph small = parallel_graph(8, 16);
+  auto cs = cpu::compile(small);
+  CHECK(cs->llvm_ir().find("kiln_rt_parallel_for") == std::string::npos);
+  TensorMap sin = parallel_inputs(8, 16);
+  TensorMap sw = interpret(small, sin), sg = cs->run(sin);
+  for (const char* k : {"chain", "sum", "argmax", "transpose"}) CHECK(sg.at(k) == sw.at(k));
+}
+
+TEST_CASE("cpu codegen: a fused GEMM writes its epilogue's output in place", "[cpu][codegen][parallel]") {
+  std::mt19937_64 rng(9);
+  for (DType dt : {DType::f32, DType::f64}) {
+    CAPTURE(dtype_name(dt));
+    Graph g("gemm_epilogue");
+    ValueId x = g.add_input("x", {dt, {64, 300}});
+    ValueId w = g.add_input("w", {dt, {300, 200}});
+    ValueId b = g.add_input("b", {dt, {200}});
+    ValueId c = g.add_input("c", {dt, {64, 200}}, /*is_state=*/true);
+    ValueId mm = g.add_node(Op::Matmul, {x, w});
+    g.add_output("h", g.add_node(Op::Relu, {g.add_node(Op::Add, {mm, b})}));
+    g.add_output("t", g.add_node(Op::Tanh, {mm}));
+    // In place over a state: the GEMM must not clobber %c before the epilogue reads it.
+    ValueId w2 = g.add_input("w2", {dt, {300, 200}});
+    ValueId m2 = g.add_node(Op::Matmul, {x, w2});
+    g.add_output("c.next", g.add_node(Op::Add, {g.add_node(Op::Mul, {c, b}), m2}));
+    TensorMap in = {{"x", random_tensor(dt, {64, 300}, -1, 1, rng)},
+                    {"w", random_tensor(dt, {300, 200}, -1, 1, rng)},
+                    {"w2", random_tensor(dt, {300, 200}, -1, 1, rng)},
+                    {"b", random_tensor(dt, {200}, -1, 1, rng)}};
+    TensorMap state = {{"c", random_tensor(dt, {64, 200}, -1, 1, rng)}};
+    TensorMap ref_state = state;
+    TensorMap want = interpret_step(g, ref_state, in);
+    cpu::CompileOptions o;
+    o.use_cache = false;
+    auto compiled = cpu::compile(g, o);
+    TensorMap start = state;
+    TensorMap got = compiled->run_step(state, in);
+    double rtol = dt == DType::f32 ? 1e-4 : 1e-10;
+    check_outputs(got, want, rtol, rtol);
+    check_outputs(state, ref_state, rtol, rtol);
+    // The same graph lowered without the in-place epilogue (and without parallel loops,
+    // which these sizes do not reach): different code, bitwise the same results.
+    ::setenv("KILN_CODEGEN_BASELINE", "1", 1);
+    auto baseline = cpu::compile(g, o);
+    ::unsetenv("KILN_CODEGEN_BASELINE");
+    CHECK(baseline->llvm_ir() != compiled->llvm_ir());
+    TensorMap got2 = baseline->run_step(start, in);
+    for (const auto& [k, v] : got) CHECK(v == got2.at(k));
+    for (const auto& [k, v] : state) CHECK(v == start.at(k));
+  }
+}
+
+TEST_CASE("cpu codegen: profiling counts every node once per run", "[cpu][codegen][profile]") {
+  Model m = training_model(false, 64, SGD{0.05, 0.9});
+  cpu::CompileOptions o;
+  o.profile = true;
+  auto c = cpu::compile(m.step, o);
+  auto n = static_cast<int32_t>(c->graph().nodes().size());
+  kiln_rt_prof_reset(n);
+  TensorMap state = m.state;
+  for (int i = 0; i < 3; ++i) c->run_step(state, m.batch);
+  std::vector<int64_t> ns(static_cast<size_t>(n)), calls(static_cast<size_t>(n));
+  REQUIRE(kiln_rt_prof_read(ns.data(), calls.data(), n) == n);
+  int64_t matmul_ns = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    CAPTURE(i, op_name(c->graph().nodes()[static_cast<size_t>(i)].op));
+    CHECK(calls[static_cast<size_t>(i)] == 3);
+    CHECK(ns[static_cast<size_t>(i)] >= 0);
+    bool gemm = c->graph().nodes()[static_cast<size_t>(i)].op == Op::Matmul ||
+                c->graph().nodes()[static_cast<size_t>(i)].op == Op::Fused;
+    if (gemm) matmul_ns = std::max(matmul_ns, ns[static_cast<size_t>(i)]);
+  }
+  CHECK(matmul_ns > 0);
+  // Code compiled without profiling calls nothing.
+  kiln_rt_prof_reset(n);
+  cpu::compile(m.step)->run_step(state, m.batch);
+  REQUIRE(kiln_rt_prof_read(ns.data(), calls.data(), n) == n);
+  for (int64_t k : calls) CHECK(k == 0);
+  CHECK(c->llvm_ir().find("kiln_rt_prof_begin") != std::string::npos);
+}
+
+// Timings (hidden; run with `kiln_tests "[bench]"`): the MLP training step and a fused
+// 8-op elementwise chain over 16M floats against memcpy.
+TEST_CASE("cpu codegen: timings", "[.][bench]") {
+  using clock = std::chrono::steady_clock;
+  auto secs = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  {
+    Model m = training_model(false, 64, SGD{0.05, 0.9});
+    auto c = cpu::compile(m.step);
+    TensorMap state = m.state;
+    for (int i = 0; i < 20; ++i) c->run_step(state, m.batch);
+    int steps = 500;
+    auto t0 = clock::now();
+    for (int i = 0; i < steps; ++i) c->run_step(state, m.batch);
+    double s = secs(t0, clock::now());
+    std::cout << "bench: mlp 784-256-10 batch 64 sgd-momentum: " << steps / s << " steps/s (" << 1e6 * s / steps
+              << " us/step, " << kiln_rt_num_threads() << " threads)\n";
+  }
+  {
+    const int64_t n = int64_t{1} << 24;
+    Graph chain("chain");
+    ValueId x = chain.add_input("x", {DType::f32, {n}});
+    ValueId y = chain.add_input("y", {DType::f32, {n}});
+    ValueId half = chain.add_node(Op::Constant, {}, {{"value", Tensor::scalar(DType::f32, 0.5)}});
+    ValueId t = chain.add_node(Op::Mul, {x, y});
+    t = chain.add_node(Op::Add, {t, x});
+    t = chain.add_node(Op::Relu, {t});
+    t = chain.add_node(Op::Sub, {t, y});
+    t = chain.add_node(Op::Mul, {t, half});
+    t = chain.add_node(Op::Maximum, {t, x});
+    t = chain.add_node(Op::Abs, {t});
+    t = chain.add_node(Op::Add, {t, y});
+    chain.add_output("out", t);
+    auto c = cpu::compile(chain);
+    std::mt19937_64 rng(1);
+    Tensor xs = random_tensor(DType::f32, {n}, -1, 1, rng), ys = random_tensor(DType::f32, {n}, -1, 1, rng);
+    std::vector<void*> buffers;
+    for (const GraphInput& gi : c->graph().inputs())
+      buffers.push_back(c->graph().value(gi.value).name == "x" ? static_cast<void*>(xs.raw())
+                                                               : static_cast<void*>(ys.raw()));
+    c->call(buffers);
+    int reps = 20;
+    auto t0 = clock::now();
+    for (int i = 0; i < reps; ++i) c->call(buffers);
+    double s = secs(t0, clock::now()) / reps;
+    double bytes = 3.0 * static_cast<double>(n) * 4;  // two streams in, one out
+    std::vector<float> src(static_cast<size_t>(n), 1.0f), dst(static_cast<size_t>(n), 0.0f);
+    std::memcpy(dst.data(), src.data(), static_cast<size_t>(n) * 4);
+    auto m0 = clock::now();
+    for (int i = 0; i < reps; ++i) std::memcpy(dst.data(), src.data(), static_cast<size_t>(n) * 4);
+    double ms = secs(m0, clock::now()) / reps;
+    std::cout << "bench: fused 8-op chain over 16M f32: " << 1e3 * s << " ms, " << bytes / s / 1e9
+              << " GB/s; memcpy 64 MB: " << 1e3 * ms << " ms, " << 2.0 * static_cast<double>(n) * 4 / ms / 1e9
+              << " GB/s (" << kiln_rt_num_threads() << " threads)\n";
+    CHECK(dst[0] == 1.0f);
+  }
+}
