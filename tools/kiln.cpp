@@ -9,10 +9,13 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
 
+#include "codegen/cpu/compile.h"
+#include "codegen/cpu/executable.h"
 #include "codegen/cpu/host.h"
 #include "ir/dot.h"
 #include "ir/interp.h"
@@ -50,10 +53,15 @@ options:
   --version         show the version
 )";
 
-constexpr const char* kDumpHelp = R"(usage: kiln dump FILE.kir
+constexpr const char* kDumpHelp = R"(usage: kiln dump FILE.kir [--emit=kir|llvm|asm]
 
 Parses FILE (or standard input for '-'), verifies it and prints its canonical text form.
 Errors are reported as FILE:LINE:COL: error: ... with exit status 1.
+
+options:
+  --emit=kir    the canonical text form (the default)
+  --emit=llvm   the LLVM IR the CPU backend generates, after optimization
+  --emit=asm    the host assembly the CPU backend generates
 )";
 
 constexpr const char* kDotHelp = R"(usage: kiln dot FILE.kir
@@ -64,15 +72,17 @@ Parses and verifies FILE, prints it as a Graphviz digraph; render with
 
 constexpr const char* kRunHelp = R"(usage: kiln run FILE.kir [--interp] --input NAME=FILE.npy ... [--output-dir DIR]
 
-Runs the graph on the given inputs. Every graph input, state inputs included, needs an
---input with a .npy file of exactly its dtype and shape.
+Compiles the graph with the CPU backend (LLVM JIT) and runs it on the given inputs.
+Every graph input, state inputs included, needs an --input with a .npy file of exactly
+its dtype and shape.
 
 options:
   --input NAME=FILE.npy   value of graph input %NAME (repeatable)
   --output-dir DIR        write each output as DIR/OUTPUT_NAME.npy (DIR is created);
                           without it, a summary of each output is printed
-  --interp                run with the reference interpreter (today the only engine;
-                          the compiled CPU engine arrives with the LLVM backend)
+  --interp                run with the reference interpreter instead of the JIT
+  --profile               after the outputs, print the time spent in each compiled
+                          kernel (fused regions, GEMMs, ...), slowest first
 )";
 
 constexpr const char* kGradHelp = R"(usage: kiln grad FILE.kir --loss NAME --wrt NAME[,NAME...]
@@ -138,15 +148,7 @@ std::string summarize(const kiln::Tensor& t) {
   return s + "]";
 }
 
-int cmd_dump(const std::vector<std::string>& args, bool dot) {
-  if (!args.empty() && is_help(args[0])) { std::fputs(dot ? kDotHelp : kDumpHelp, stdout); return 0; }
-  if (args.size() != 1)
-    throw Error(fmt::format("{} takes one FILE.kir argument (see 'kiln {} --help')", dot ? "dot" : "dump",
-                            dot ? "dot" : "dump"));
-  kiln::Graph g = kiln::parse_file(args[0]);
-  std::fputs((dot ? kiln::to_dot(g) : kiln::print(g)).c_str(), stdout);
-  return 0;
-}
+
 
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
@@ -214,6 +216,27 @@ Flags parse_flags(const std::string& cmd, const std::vector<std::string>& args,
 
 void print_warnings(const std::vector<std::string>& warnings) {
   for (const std::string& w : warnings) fmt::print(stderr, "kiln: warning: {}\n", w);
+}
+
+int cmd_dump(const std::vector<std::string>& args, bool dot) {
+  const char* cmd = dot ? "dot" : "dump";
+  if (!args.empty() && is_help(args[0])) { std::fputs(dot ? kDotHelp : kDumpHelp, stdout); return 0; }
+  Flags f = parse_flags(cmd, args, dot ? std::vector<std::string>{} : std::vector<std::string>{"--emit"}, {});
+  kiln::Graph g = kiln::parse_file(f.file);
+  if (dot) {
+    std::fputs(kiln::to_dot(g).c_str(), stdout);
+    return 0;
+  }
+  std::string emit = f.values.count("--emit") ? f.values["--emit"].back() : "kir";
+  if (emit == "kir") {
+    std::fputs(kiln::print(g).c_str(), stdout);
+  } else if (emit == "llvm" || emit == "asm") {
+    std::unique_ptr<kiln::cpu::CompiledGraph> code = kiln::cpu::compile(g);
+    std::fputs(emit == "llvm" ? code->llvm_ir().c_str() : code->assembly().c_str(), stdout);
+  } else {
+    throw Error(fmt::format("--emit={} is not one of kir, llvm, asm", emit));
+  }
+  return 0;
 }
 
 int cmd_grad(const std::vector<std::string>& args) {
@@ -306,13 +329,33 @@ kiln::TensorMap read_inputs(const kiln::Graph& g, const std::string& file, const
 
 int cmd_run(const std::vector<std::string>& args) {
   if (!args.empty() && is_help(args[0])) { std::fputs(kRunHelp, stdout); return 0; }
-  Flags f = parse_flags("run", args, {"--input", "--output-dir"}, {"--interp"});
+  Flags f = parse_flags("run", args, {"--input", "--output-dir"}, {"--interp", "--profile"});
   kiln::Graph g = kiln::parse_file(f.file);
   kiln::TensorMap inputs = read_inputs(g, f.file, f.values["--input"]);
   std::string out_dir = f.values.count("--output-dir") ? f.values["--output-dir"].back() : "";
-  kiln::TensorMap outputs = kiln::interpret(g, inputs);
+  auto has = [&](const char* s) { return std::find(f.switches.begin(), f.switches.end(), s) != f.switches.end(); };
+  if (has("--interp") && has("--profile")) throw Error("--profile times compiled kernels; it does not go with --interp");
+  kiln::TensorMap outputs;
+  std::string profile;
+  if (has("--interp")) {
+    outputs = kiln::interpret(g, inputs);
+  } else if (has("--profile")) {
+    kiln::cpu::CompileOptions options;
+    options.profile = true;
+    kiln::cpu::Executable exe(g, options);
+    kiln::TensorMap state, rest;
+    for (auto& [name, t] : inputs) (g.is_state(g.find(name)) ? state : rest).emplace(name, t);
+    exe.set_state(state);
+    outputs = exe.run(rest);
+    for (const kiln::GraphOutput& o : g.outputs())
+      if (!outputs.count(o.name)) outputs.emplace(o.name, exe.state(o.name.substr(0, o.name.size() - 5)));
+    profile = exe.profile_report();
+  } else {
+    outputs = kiln::cpu::compile(g)->run(inputs);
+  }
   if (out_dir.empty()) {
     for (const kiln::GraphOutput& o : g.outputs()) fmt::print("{} = {}\n", o.name, summarize(outputs.at(o.name)));
+    std::fputs(profile.c_str(), stdout);
     return 0;
   }
   std::error_code ec;
@@ -323,6 +366,7 @@ int cmd_run(const std::vector<std::string>& args) {
     kiln::write_npy(path, outputs.at(o.name));
     fmt::print("wrote {} ({})\n", path, outputs.at(o.name).type().str());
   }
+  std::fputs(profile.c_str(), stdout);
   return 0;
 }
 

@@ -70,3 +70,31 @@ TEST_CASE("the README's training-step snippet runs and updates the state", "[rea
   CHECK(state.at("step").get(0) == 1.0);
   CHECK(state.at("lr").get(0) == Catch::Approx(0.01));
 }
+
+#include "codegen/cpu/executable.h"
+
+TEST_CASE("the README's compile-and-run snippet trains natively and shares state", "[readme][cpu]") {
+  kiln::Tracer t("mlp");
+  kiln::nn::Scope scope(t, /*seed=*/42);
+  kiln::nn::Sequential net{kiln::nn::Linear(scope.sub("fc1"), 784, 16), kiln::nn::ReLU(),
+                           kiln::nn::Linear(scope.sub("fc2"), 16, 10)};
+  kiln::Sym x = t.input("x", {kiln::DType::f32, {4, 784}});
+  kiln::Sym y = t.input("y", {kiln::DType::i32, {4}});
+  kiln::Sym logits = net(x);
+  t.output("loss", kiln::nn::cross_entropy(logits, y));
+  kiln::Graph g = t.finish();
+  kiln::TrainStep step = kiln::make_train_step(g, kiln::SGD{.lr = 0.05, .momentum = 0.9});
+  kiln::TensorMap state = t.parameters();
+  state.merge(kiln::TensorMap(step.initial_state));
+  kiln::Tensor images(kiln::DType::f32, {4, 784}), labels(kiln::DType::i32, {4});
+  for (int64_t i = 0; i < images.numel(); ++i) images.set(i, (i % 5) / 5.0);
+
+  auto train = kiln::cpu::compile_executable(step.graph);
+  train->set_state(state);
+  kiln::TensorMap out = train->run({{"x", images}, {"y", labels}});
+  auto infer = kiln::cpu::compile_executable(g);
+  infer->share_state_with(*train);
+  CHECK(out.count("loss") == 1);
+  CHECK(&infer->state("fc1.weight") == &train->state("fc1.weight"));
+  CHECK(train->state("step").get(0) == 1.0);
+}
