@@ -456,25 +456,27 @@ const Tensor* checked_input(const Graph& g, const GraphInput& gi, const TensorMa
 
 }  // namespace
 
-TensorMap interpret(const Graph& g, const TensorMap& inputs) {
-  verify(g);
+std::vector<const Tensor*> check_arguments(const Graph& g, const TensorMap& inputs, const std::string& where) {
   for (const auto& [name, tensor] : inputs) {
     ValueId v = g.find(name);
     if (!v.valid() || g.value(v).input < 0) {
       std::string known;
       for (const GraphInput& gi : g.inputs()) known += (known.empty() ? "%" : ", %") + g.value(gi.value).name;
-      throw Error("unknown input '" + name + "': graph @" + g.name() + " takes " +
+      throw Error(where + "unknown input '" + name + "': graph @" + g.name() + " takes " +
                   (known.empty() ? "no inputs" : known));
     }
   }
   std::vector<const Tensor*> in;
-  for (const GraphInput& gi : g.inputs()) in.push_back(checked_input(g, gi, inputs, "input"));
-  return run_named(g, in);
+  try {
+    for (const GraphInput& gi : g.inputs()) in.push_back(checked_input(g, gi, inputs, "input"));
+  } catch (const Error& e) {
+    throw Error(where + e.what());
+  }
+  return in;
 }
 
-TensorMap interpret_step(const Graph& g, TensorMap& state, const TensorMap& inputs) {
-  verify(g);
-  const std::string where = "interpret_step @" + g.name() + ": ";
+std::vector<const Tensor*> check_step_arguments(const Graph& g, const TensorMap& state, const TensorMap& inputs,
+                                                const std::string& where) {
   for (const auto& [name, tensor] : inputs) {
     ValueId v = g.find(name);
     if (v.valid() && g.value(v).input >= 0 && g.is_state(v))
@@ -492,7 +494,7 @@ TensorMap interpret_step(const Graph& g, TensorMap& state, const TensorMap& inpu
   } catch (const Error& e) {
     throw Error(where + e.what());
   }
-  // Check every update before running, so a bad graph leaves the state untouched.
+  // Every update is checked before running, so a bad graph leaves the state untouched.
   for (const GraphOutput& o : g.outputs()) {
     if (!o.name.ends_with(".next")) continue;
     std::string name = o.name.substr(0, o.name.size() - 5);
@@ -503,7 +505,17 @@ TensorMap interpret_step(const Graph& g, TensorMap& state, const TensorMap& inpu
       throw Error(where + "output '" + o.name + "' is " + g.type(o.value).str() + " but state '" + name +
                   "' is " + it->second.type().str());
   }
+  return in;
+}
 
+TensorMap interpret(const Graph& g, const TensorMap& inputs) {
+  verify(g);
+  return run_named(g, check_arguments(g, inputs));
+}
+
+TensorMap interpret_step(const Graph& g, TensorMap& state, const TensorMap& inputs) {
+  verify(g);
+  std::vector<const Tensor*> in = check_step_arguments(g, state, inputs, "interpret_step @" + g.name() + ": ");
   TensorMap out = run_named(g, in);
   TensorMap rest;
   for (auto& [name, tensor] : out) {

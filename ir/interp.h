@@ -24,6 +24,15 @@ TensorMap interpret(const Graph& g, const TensorMap& inputs);
 // (same type, checked), and the remaining outputs are returned by name.
 TensorMap interpret_step(const Graph& g, TensorMap& state, const TensorMap& inputs);
 
+// The argument checks of interpret (every input by name, exact types, nothing unknown)
+// and of interpret_step (non-state inputs in `inputs`, state in `state`, and every X.next
+// output updating a state entry of its type), shared with the compiled backends. They
+// return the tensor for each graph input in Graph::inputs() order; errors are kiln::Error
+// prefixed with `where`.
+std::vector<const Tensor*> check_arguments(const Graph& g, const TensorMap& inputs, const std::string& where = "");
+std::vector<const Tensor*> check_step_arguments(const Graph& g, const TensorMap& state, const TensorMap& inputs,
+                                                const std::string& where);
+
 // Evaluates a single op on concrete operands; `result` is the type the shape rule gives.
 // Throws kiln::Error for fused, whose kernel is its node's body: interpret() runs a fused
 // node by interpreting its body on the operands (results = the body's outputs, in order).

@@ -523,35 +523,18 @@ std::unique_ptr<CompiledGraph> compile(const Graph& input, const CompileOptions&
   return instantiate(std::move(code), false, elapsed());
 }
 
-namespace {
-
-const Tensor& checked(const Graph& g, const GraphInput& gi, const TensorMap& from, const char* kind) {
-  const Value& v = g.value(gi.value);
-  auto it = from.find(v.name);
-  if (it == from.end()) throw Error(std::string("missing ") + kind + " '%" + v.name + "': expected " + v.type.str());
-  if (it->second.type() != v.type)
-    throw Error(std::string(kind) + " '%" + v.name + "': expected " + v.type.str() + ", got " + it->second.type().str());
-  return it->second;
-}
-
-}  // namespace
-
 TensorMap CompiledGraph::run(const TensorMap& inputs) {
   const Graph& g = graph();
-  for (const auto& [name, t] : inputs) {
-    ValueId v = g.find(name);
-    if (!v.valid() || g.value(v).input < 0) throw Error("unknown input '" + name + "': graph @" + g.name());
-  }
+  std::vector<const Tensor*> in = check_arguments(g, inputs);
   std::vector<Tensor> state_copies;  // state buffers may be written in place
   state_copies.reserve(g.inputs().size());
   std::vector<void*> buffers;
-  for (const GraphInput& gi : g.inputs()) {
-    const Tensor& t = checked(g, gi, inputs, "input");
-    if (gi.is_state) {
-      state_copies.push_back(t);
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    if (g.inputs()[i].is_state) {
+      state_copies.push_back(*in[i]);
       buffers.push_back(state_copies.back().raw());
     } else {
-      buffers.push_back(const_cast<std::byte*>(t.raw()));  // inputs are never written
+      buffers.push_back(const_cast<std::byte*>(in[i]->raw()));  // inputs are never written
     }
   }
   call(buffers);
@@ -562,34 +545,10 @@ TensorMap CompiledGraph::run(const TensorMap& inputs) {
 
 TensorMap CompiledGraph::run_step(TensorMap& state, const TensorMap& inputs) {
   const Graph& g = graph();
-  const std::string where = "run_step @" + g.name() + ": ";
-  for (const auto& [name, t] : inputs) {
-    ValueId v = g.find(name);
-    if (v.valid() && g.value(v).input >= 0 && g.is_state(v))
-      throw Error(where + "'%" + name + "' is a state input: pass it in the state, not the inputs");
-    if (!v.valid() || g.value(v).input < 0) throw Error(where + "unknown input '" + name + "'");
-  }
+  std::vector<const Tensor*> in = check_step_arguments(g, state, inputs, "run_step @" + g.name() + ": ");
   std::vector<void*> buffers;
-  try {
-    for (const GraphInput& gi : g.inputs()) {
-      if (gi.is_state) {
-        checked(g, gi, state, "state");
-        buffers.push_back(state.find(g.value(gi.value).name)->second.raw());
-      } else {
-        buffers.push_back(const_cast<std::byte*>(checked(g, gi, inputs, "input").raw()));
-      }
-    }
-  } catch (const Error& e) {
-    throw Error(where + e.what());
-  }
-  for (const GraphOutput& o : g.outputs()) {
-    if (!o.name.ends_with(".next")) continue;
-    std::string name = o.name.substr(0, o.name.size() - 5);
-    auto it = state.find(name);
-    if (it == state.end()) throw Error(where + "output '" + o.name + "' updates '" + name + "', which is not in the state");
-    if (it->second.type() != g.type(o.value))
-      throw Error(where + "output '" + o.name + "' has the wrong type for state '" + name + "'");
-  }
+  // State tensors are the caller's (mutable) map entries: written in place by the code.
+  for (const Tensor* t : in) buffers.push_back(const_cast<std::byte*>(t->raw()));
   call(buffers);
   // Gather every output first (copies), then update the state: no update clobbers another's source.
   TensorMap rest;
