@@ -50,6 +50,14 @@ void kiln_rt_avg_pool2d_grad_f64(const double* dy, double* dx, const int64_t* p,
 // and run it single-threaded inside a parallel_for chunk. Generated code should reach BLAS
 // only through those shims. The kernels above parallelize internally and may be called
 // from inside a chunk (they then run on that thread alone).
+//
+// A kernel that fails (out of memory, or no room for OpenBLAS's work buffer under an
+// address-space limit) returns without its result and records a message; a task that
+// throws is counted as done and records one too. kiln_rt_take_error returns the first
+// message recorded since it was last called (NULL if none) and clears it: the caller of a
+// compiled entry point checks it after each call, whose results are invalid if it is set.
+const char* kiln_rt_take_error(void);
+
 typedef void (*kiln_rt_task)(void* ctx, int64_t begin, int64_t end);
 void kiln_rt_parallel_for(int64_t n, int64_t grain, kiln_rt_task fn, void* ctx);
 int32_t kiln_rt_num_threads(void);

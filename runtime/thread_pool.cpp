@@ -21,7 +21,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -32,6 +34,7 @@ thread_local bool t_in_region = false;
 std::atomic<bool> g_forked_child{false};  // the pool's workers do not survive fork()
 
 constexpr int kMaxThreads = 1024;  // chunk counts must fit the 16 bits Pool gives them
+constexpr int kOversubscribe = 4;  // threads per core at most
 constexpr auto kSpinTime = std::chrono::microseconds(100);
 
 void cpu_relax() {
@@ -57,7 +60,9 @@ uint32_t wait_change(const std::atomic<uint32_t>& a, uint32_t old) {
   }
 }
 
-// KILN_NUM_THREADS if it is a sensible integer, else the number of cores.
+// KILN_NUM_THREADS if it is a sensible integer, else the number of cores. More threads
+// than cores only add switching (and an OpenBLAS buffer each), so a count above the cores
+// draws a warning and one above kOversubscribe times the cores is cut to that.
 int threads_from_env() {
   int cores = static_cast<int>(std::thread::hardware_concurrency());
   if (cores < 1) cores = 1;
@@ -67,11 +72,20 @@ int threads_from_env() {
   char* end = nullptr;
   errno = 0;
   long v = std::strtol(s, &end, 10);
-  if (errno || *end || v < 1 || v > kMaxThreads) {
-    std::fprintf(stderr, "kiln runtime: ignoring KILN_NUM_THREADS='%s' (want an integer in 1..%d); using %d\n",
-                 s, kMaxThreads, cores);
+  if (errno || *end || v < 1) {
+    std::fprintf(stderr, "kiln runtime: ignoring KILN_NUM_THREADS='%s' (want a positive integer); using %d\n", s,
+                 cores);
     return cores;
   }
+  long most = std::min<long>(kMaxThreads, static_cast<long>(cores) * kOversubscribe);
+  if (v > most) {
+    std::fprintf(stderr, "kiln runtime: KILN_NUM_THREADS=%ld is far more than the %d cores; using %ld threads\n", v,
+                 cores, most);
+    return static_cast<int>(most);
+  }
+  if (v > cores)
+    std::fprintf(stderr, "kiln runtime: warning: KILN_NUM_THREADS=%ld is more than the %d cores: expect it slower\n",
+                 v, cores);
   return static_cast<int>(v);
 }
 
@@ -88,8 +102,20 @@ int64_t chunk_begin(int64_t n, int64_t chunks, int64_t i) {
   return i * q + (i < r ? i : r);
 }
 
+// A task that throws (C++ tasks only: generated code cannot) fails the call, not the
+// process: the chunk counts as done, so nobody waits for it forever.
+void run_chunk(kiln_rt_task fn, void* ctx, int64_t begin, int64_t end) {
+  try {
+    fn(ctx, begin, end);
+  } catch (const std::bad_alloc&) {
+    record_error("out of memory in a parallel loop");
+  } catch (...) {
+    record_error("an exception escaped a parallel loop's task");
+  }
+}
+
 void run_inline(int64_t n, int64_t chunks, kiln_rt_task fn, void* ctx) {
-  for (int64_t i = 0; i < chunks; ++i) fn(ctx, chunk_begin(n, chunks, i), chunk_begin(n, chunks, i + 1));
+  for (int64_t i = 0; i < chunks; ++i) run_chunk(fn, ctx, chunk_begin(n, chunks, i), chunk_begin(n, chunks, i + 1));
 }
 
 class Pool {
@@ -139,21 +165,17 @@ class Pool {
   // Takes chunks of job `gen` until none is left (or the job is already over).
   void work(uint32_t gen) {
     t_in_region = true;
-    try {
-      uint64_t cur = next_.load(std::memory_order_acquire);
-      for (;;) {
-        uint64_t i = cur & 0xffff, chunks = cur >> 16 & 0xffff;
-        if (static_cast<uint32_t>(cur >> 32) != gen || i >= chunks) break;
-        if (!next_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire))
-          continue;
-        // A claimed chunk keeps its job alive, so the job's fields are stable until it is done.
-        auto c = static_cast<int64_t>(chunks), k = static_cast<int64_t>(i);
-        fn_(ctx_, chunk_begin(n_, c, k), chunk_begin(n_, c, k + 1));
-        if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) done_.notify_one();
-        cur = next_.load(std::memory_order_acquire);
-      }
-    } catch (...) {
-      fatal("an exception escaped a kiln_rt_parallel_for task");
+    uint64_t cur = next_.load(std::memory_order_acquire);
+    for (;;) {
+      uint64_t i = cur & 0xffff, chunks = cur >> 16 & 0xffff;
+      if (static_cast<uint32_t>(cur >> 32) != gen || i >= chunks) break;
+      if (!next_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire))
+        continue;
+      // A claimed chunk keeps its job alive, so the job's fields are stable until it is done.
+      auto c = static_cast<int64_t>(chunks), k = static_cast<int64_t>(i);
+      run_chunk(fn_, ctx_, chunk_begin(n_, c, k), chunk_begin(n_, c, k + 1));
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) done_.notify_one();
+      cur = next_.load(std::memory_order_acquire);
     }
     t_in_region = false;
   }
@@ -206,7 +228,7 @@ void kiln_rt_parallel_for(int64_t n, int64_t grain, kiln_rt_task fn, void* ctx) 
   Pool& p = pool();
   int64_t chunks = chunk_count(n, grain, p.threads());
   if (chunks == 1) {
-    fn(ctx, 0, n);
+    run_chunk(fn, ctx, 0, n);
     return;
   }
   if (t_in_region || g_forked_child.load(std::memory_order_relaxed) || !p.try_run(n, chunks, fn, ctx))

@@ -22,6 +22,11 @@ bool in_parallel_region();
 // Switches OpenBLAS to one thread, once per process; cheap to call again.
 void init_blas_threading();
 
+// Records the first error of the current call for kiln_rt_take_error (runtime/error.cpp);
+// `message` must be a string literal (nothing is allocated on the failure path).
+void record_error(const char* message);
+const char* take_error();
+
 // Prints "kiln runtime: <what>" to stderr and aborts. Entry points called from generated
 // code must not let an exception escape, so they end here instead.
 [[noreturn]] void fatal(const char* what);

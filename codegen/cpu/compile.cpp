@@ -310,7 +310,11 @@ void CompiledGraph::call(const std::vector<void*>& buffers) {
   const Code& c = *impl_->code;
   if (!c.cannot_run.empty()) throw Error(c.cannot_run);
   KILN_CHECK(buffers.size() == c.graph.inputs().size(), "cpu codegen: wrong number of buffers");
+  kiln_rt_take_error();  // a message left over from a failed call to other code is not ours
   c.entry(const_cast<void**>(buffers.data()), impl_->arena);
+  if (const char* failed = kiln_rt_take_error())
+    throw Error("running @" + c.graph.name() + ": " + failed +
+                " (the outputs, and any state updated in place, are invalid)");
 }
 
 const void* CompiledGraph::output_data(ValueId v, const std::vector<void*>& buffers) const {

@@ -242,7 +242,8 @@ int expected_threads() {
   if (!s || !*s) return hardware_threads();
   char* end = nullptr;
   long v = std::strtol(s, &end, 10);
-  return *end || v < 1 || v > 1024 ? hardware_threads() : static_cast<int>(v);
+  if (*end || v < 1) return hardware_threads();
+  return static_cast<int>(std::min<long>(v, std::min(1024, 4 * hardware_threads())));
 }
 
 struct Chunk {
@@ -583,6 +584,8 @@ TEST_CASE("runtime: the pool has KILN_NUM_THREADS threads", "[runtime][threads]"
   CHECK(child("nonsense", hardware_threads()) == 0);
   CHECK(child("0", hardware_threads()) == 0);
   CHECK(child("2", 5) != 0);  // the child really checks
+  // Far more than the cores: cut to 4 per core (with a warning).
+  CHECK(child("100000", std::min(1024, 4 * hardware_threads())) == 0);
 }
 
 // Run by the test above in a child process with KILN_NUM_THREADS set.

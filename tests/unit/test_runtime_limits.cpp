@@ -1,0 +1,136 @@
+// The runtime under resource limits: too many threads asked for, an address-space limit
+// (ulimit -v) that leaves no room for OpenBLAS's work buffers, a kernel that runs out of
+// memory. Each must end the call, with a clear error where it fails, never hang. Each
+// case runs in a child process (this binary, a hidden tag) so that its limit and thread
+// count do not leak into other tests, under `timeout` so that a hang fails the test.
+#include <catch2/catch_test_macros.hpp>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "codegen/cpu/compile.h"
+#include "ir/parser.h"
+#include "runtime/blas.h"
+#include "runtime/kernels.h"
+
+using namespace kiln;
+
+namespace {
+
+std::string self_exe() {
+  char exe[4096];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  REQUIRE(len > 0);
+  exe[len] = 0;
+  return exe;
+}
+
+// Runs the hidden child case `name` with KILN_NUM_THREADS=threads; returns its exit status
+// (137 when it had to be killed after 120 s) and leaves its stderr in `err`.
+int child(const std::string& name, int threads, std::string& err) {
+  std::string log = "/tmp/kiln_limits_" + std::to_string(getpid()) + ".log";
+  std::string cmd = "KILN_LIMIT_CASE=" + name + " KILN_NUM_THREADS=" + std::to_string(threads) + " timeout -s KILL 120 '" +
+                    self_exe() + "' '[.runtime_limits_child]' >/dev/null 2>'" + log + "'";
+  int status = std::system(cmd.c_str());
+  err.clear();
+  if (FILE* f = std::fopen(log.c_str(), "r")) {
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, f)) err += buf;
+    std::fclose(f);
+  }
+  std::remove(log.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+uint64_t address_space_in_use() {
+  unsigned long long pages = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  REQUIRE(f);
+  REQUIRE(std::fscanf(f, "%llu", &pages) == 1);
+  std::fclose(f);
+  return pages * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+// Limits this process's address space to what it uses now plus `extra` bytes.
+void limit_address_space(uint64_t extra) {
+  struct rlimit r {};
+  REQUIRE(getrlimit(RLIMIT_AS, &r) == 0);
+  r.rlim_cur = address_space_in_use() + extra;
+  REQUIRE(setrlimit(RLIMIT_AS, &r) == 0);
+}
+
+constexpr uint64_t kManyThreadsRoomMiB = 320;  // about 2 buffers: without the guard this hangs
+
+constexpr const char* kMatmul = R"(graph @mm(%a: f32[512,512], %b: f32[512,512]) {
+  %0 = matmul(%a, %b) : f32[512,512]
+  return out = %0
+})";
+
+}  // namespace
+
+TEST_CASE("runtime: many threads under an address-space limit finish the GEMM", "[runtime][limits]") {
+  std::string err;
+  // 64 threads on this machine are cut to 4 per core, with a warning; the address space
+  // left has room for fewer OpenBLAS buffers than threads, so GEMM blocks wait for one.
+  CHECK(child("many_threads", 64, err) == 0);
+  INFO(err);
+  if (std::thread::hardware_concurrency() < 16) CHECK(err.find("KILN_NUM_THREADS=64 is far more than") != std::string::npos);
+}
+
+TEST_CASE("runtime: no room for a BLAS buffer fails the call with an error", "[runtime][limits]") {
+  std::string err;
+  CHECK(child("no_room", 2, err) == 0);
+  INFO(err);
+}
+
+TEST_CASE("runtime: a task that throws fails the call, not the process", "[runtime][limits]") {
+  struct Ctx {
+    int calls = 0;
+  } ctx;
+  kiln_rt_take_error();
+  kiln_rt_parallel_for(
+      1 << 20, 1,
+      [](void*, int64_t begin, int64_t) {
+        if (begin == 0) throw std::bad_alloc();
+      },
+      &ctx);
+  const char* e = kiln_rt_take_error();
+  REQUIRE(e != nullptr);
+  CHECK(std::string(e) == "out of memory in a parallel loop");
+  CHECK(kiln_rt_take_error() == nullptr);  // taken once
+}
+
+TEST_CASE("runtime: limits child", "[.runtime_limits_child]") {
+  const char* which = std::getenv("KILN_LIMIT_CASE");
+  REQUIRE(which != nullptr);
+  std::string name = which;
+  std::vector<float> a(512 * 512, 1.0f), b(512 * 512, 0.5f);
+  if (name == "many_threads") {
+    // Compile first (LLVM needs room), then leave room for a few buffers only.
+    auto code = cpu::compile(parse(kMatmul));
+    limit_address_space(uint64_t{kManyThreadsRoomMiB} << 20);
+    TensorMap in;
+    in.emplace("a", Tensor::from(DType::f32, {512, 512}, a));
+    in.emplace("b", Tensor::from(DType::f32, {512, 512}, b));
+    for (int run = 0; run < 3; ++run) {
+      TensorMap out = code->run(in);
+      const Tensor& c = out.at("out");
+      for (int64_t i = 0; i < c.numel(); i += 4099) REQUIRE(c.get(i) == 256.0);
+    }
+  } else if (name == "no_room") {
+    limit_address_space(uint64_t{32} << 20);
+    std::vector<float> c(512 * 512, -1.0f);
+    kiln_rt_sgemm(0, 0, 512, 512, 512, 1.0f, a.data(), 512, b.data(), 512, 0.0f, c.data(), 512);
+    const char* e = kiln_rt_take_error();
+    REQUIRE(e != nullptr);
+    REQUIRE(std::string(e).find("no room for OpenBLAS's 128 MiB work buffer") != std::string::npos);
+    REQUIRE(c[0] == -1.0f);  // not run
+  } else {
+    FAIL("unknown KILN_LIMIT_CASE " << name);
+  }
+}
