@@ -32,14 +32,16 @@ constexpr const char* kUsage =
     "native function with the LLVM JIT and trains it on Fashion-MNIST, then lists\n"
     "predictions for a few test images.\n"
     "\n"
-    "  --epochs N        passes over the training images (default 3)\n"
+    "  --epochs N        passes over the training images (default 3; 0 only evaluates,\n"
+    "                    e.g. with --print-ir to see the IR without training)\n"
     "  --train-limit N   training images used, the first N of 60000 (default 60000)\n"
     "  --test-limit N    test images to measure the accuracy on, of 10000 (default 10000)\n"
     "  --interp          run the graphs in the reference interpreter instead of the JIT\n"
     "                    (slow on purpose: use --train-limit 10000 --epochs 1)\n"
     "  --batch N         images per training step (default 64); a last partial batch is skipped\n"
     "  --optimizer NAME  sgd (momentum 0.9, the default) or adam\n"
-    "  --lr X            learning rate (default 0.05 for sgd, 0.001 for adam)\n"
+    "  --lr X            learning rate, in (0, 10] and not 0 in f32 (default 0.05 for sgd,\n"
+    "                    0.001 for adam)\n"
     "  --seed S          seed for the weight initializers (default 0)\n"
     "  --data-dir DIR    directory with the Fashion-MNIST IDX files (default\n"
     "                    $KILN_FASHION_MNIST_DIR, else /usr/share/datasets/fashion-mnist)\n"
@@ -73,11 +75,16 @@ T parse_number(std::string_view flag, std::string_view text, T lo, T hi) {
   return v;
 }
 
+// The learning rate is f32 state in the training step: a value that rounds to 0 there
+// (1e-320) would silently stop training.
 double parse_rate(std::string_view flag, std::string_view text) {
   double v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || end != text.data() + text.size() || !(v > 0 && v <= 10))
     throw UsageError{std::string(flag) + " needs a number in (0, 10], got '" + std::string(text) + "'"};
+  if (!(static_cast<float>(v) > 0))
+    throw UsageError{std::string(flag) + " " + std::string(text) +
+                     " is 0 in f32, the dtype of the training state; use at least 1.4e-45"};
   return v;
 }
 
@@ -91,7 +98,7 @@ std::optional<Options> parse_args(int argc, char** argv) {
       if (i + 1 >= argc) throw UsageError{std::string(arg) + " needs a value"};
       return argv[++i];
     };
-    if (arg == "--epochs") o.epochs = parse_number<int64_t>(arg, value(), 1, 1000);
+    if (arg == "--epochs") o.epochs = parse_number<int64_t>(arg, value(), 0, 1000);
     else if (arg == "--train-limit") o.train_limit = parse_number<int64_t>(arg, value(), 1, 60000);
     else if (arg == "--test-limit") o.test_limit = parse_number<int64_t>(arg, value(), 1, 10000);
     else if (arg == "--batch") o.batch = parse_number<int64_t>(arg, value(), 1, 60000);
@@ -141,6 +148,11 @@ int run(const Options& o) {
   const int64_t n_train = std::min(o.train_limit, train.size());
   const int64_t n_test = std::min(o.test_limit, test.size());
   const int64_t steps_per_epoch = n_train / o.batch;
+  // The limits are checked against the options already; these are the images there are.
+  if (o.epochs > 0 && steps_per_epoch == 0)
+    throw UsageError{o.data_dir + ": the training set has " + std::to_string(train.size()) +
+                     " images, fewer than one batch of " + std::to_string(o.batch) + " (--batch)"};
+  if (n_test == 0) throw UsageError{o.data_dir + ": the test set has no images"};
 
   kiln::Tracer tracer("fashion_mlp");
   kiln::Graph model = trace_classifier(tracer, o.batch, o.seed, /*predictions=*/false);
