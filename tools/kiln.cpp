@@ -410,8 +410,8 @@ int run_command_line(int argc, char** argv) {
   TrainStepArgs ts;
   CLI::App* ts_cmd = p.add_command(
       "train-step", "print the whole training step (forward, backward, optimizer update)",
-      "FILE.kir [--loss NAME] [--optimizer sgd|adam|adamw] [--lr X] [--momentum X] [--nesterov]\n"
-      "                       [--weight-decay X]",
+      "FILE.kir [--loss NAME] [--optimizer sgd|adam|adamw] [--lr X]\n"
+      "                       [--momentum X] [--nesterov] [--weight-decay X]",
       "Prints the training-step graph of a model: FILE's state inputs are its parameters and\n"
       "its output --loss is minimized. The step's state adds the optimizer's state, the step\n"
       "counter %step and the learning rate %lr.");
