@@ -27,8 +27,6 @@ double parse_real(const std::string& flag, const std::string& text, Range range)
                             std::numeric_limits<double>::max()));
   if (!std::isfinite(v)) throw Error(fmt::format("{} must be a finite number, got '{}'", flag, text));
   switch (range) {
-    case Range::finite:
-      break;
     case Range::non_negative:
       if (v < 0) throw Error(fmt::format("{} must be >= 0, got '{}'", flag, text));
       break;

@@ -6,14 +6,16 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace kiln::cli {
 
-enum class Range { finite, non_negative, positive };
+enum class Range { non_negative, positive };
 
 // `text` given to `flag` as a finite double in `range`; a kiln::Error naming the flag otherwise
 // ("--lr expects a number, got 'abc'", "--lr 1e400 is out of range", "--rtol must be >= 0, ...").
