@@ -224,6 +224,11 @@ TensorType infer_type(Op op, const std::vector<TensorType>& in, const AttrMap& a
     }
     case Op::BroadcastTo: {
       const Shape& s = attr_ints(attrs, "shape");
+      int64_t count = 1;  // also refuses a shape whose element count overflows
+      for (int64_t d : s) {
+        if (d < 0) r.fail("shape " + shape_str(s) + " has a negative dimension (" + std::to_string(d) + ")");
+        count = r.mul(count, d);
+      }
       auto b = broadcast_shapes(in[0].shape, s);
       if (!b || *b != s || s.size() < in[0].shape.size())
         r.fail("cannot broadcast " + shape_str(in[0].shape) + " to " + shape_str(s));

@@ -221,8 +221,8 @@ std::vector<ValueId> vjp(Emitter& e, const Node& n, ValueId dy, const std::vecto
     case Op::OneHot: return {ValueId{}};
     case Op::Constant: return {};
     case Op::Fused:
-      throw Error("grad: fused has no gradient rule (differentiate before fusing: autodiff runs before the "
-                  "fusion passes)");
+      throw Error("grad: fused graphs cannot be differentiated: differentiate (grad / train-step) before "
+                  "fusing (opt)");
     case Op::Conv2dGradInput: case Op::Conv2dGradWeight: case Op::MaxPool2dGrad: case Op::AvgPool2dGrad:
       throw Error("grad: " + std::string(op_name(n.op)) +
                   " has no gradient rule (Kiln computes first-order gradients only)");

@@ -237,8 +237,19 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
     if (in.is_state && is_float(v.type.dtype) && !model.find_output(v.name + ".next").valid())
       params.push_back(&in);
   }
-  if (params.empty())
+  if (params.empty()) {
+    // Float state the model already updates itself: a step made twice, or only buffers.
+    std::string updated;
+    for (const GraphInput& in : model.inputs()) {
+      const Value& v = model.value(in.value);
+      if (in.is_state && is_float(v.type.dtype))
+        updated += (updated.empty() ? "" : ", ") + v.name + ".next";
+    }
+    if (!updated.empty())
+      fail(where + " has no parameters to train: it already returns " + updated + " for its float state, " +
+           "so it updates that state itself (is it a training step already? make the step from the model)");
     fail(where + " has no float state inputs (parameters) to train");
+  }
   const DType dtype = model.type(params[0]->value).dtype;
   for (const GraphInput* p : params)
     if (model.type(p->value).dtype != dtype)
@@ -275,6 +286,9 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
     map[in.value.id] = g.add_input(v.name, v.type, in.is_state);
   }
   for (const Node& n : model.nodes()) {
+    if (n.op == Op::Fused)
+      fail(where + " has a fused node; fused graphs cannot be differentiated: differentiate (grad / "
+           "train-step) before fusing (opt)");
     if (n.results.size() != 1)
       fail(where + ": node %" + model.value(n.results[0]).name + " (" + std::string(op_name(n.op)) +
            ") has " + std::to_string(n.results.size()) + " results; train before fusing");

@@ -6,8 +6,8 @@ set -euo pipefail
 
 PACKAGES=(cmake ninja-build g++ pkg-config ccache
           llvm-19-dev llvm-19-tools libzstd-dev zlib1g-dev libedit-dev libxml2-dev libffi-dev libcurl4-openssl-dev
-          libfmt-dev libopenblas-dev dataset-fashion-mnist
-          python3)
+          libfmt-dev libcli11-dev libopenblas-dev dataset-fashion-mnist
+          graphviz python3)
 BACKPORTS_PACKAGES=(libcatch2-dev)
 
 SUDO=""

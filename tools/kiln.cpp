@@ -1,16 +1,17 @@
 // The `kiln` command-line tool: read, inspect and run .kir graphs.
 #include <fmt/core.h>
 
+#include <cerrno>
+#include <cfloat>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <algorithm>
-#include <cmath>
-#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,271 +29,65 @@
 #include "passes/pipeline.h"
 #include "passes/train_step.h"
 #include "runtime/blas.h"
+#include "tools/args.h"
 
 namespace {
 
 using kiln::Error;
+using kiln::cli::Range;
 
-constexpr const char* kMainHelp = R"(kiln - a deep-learning compiler
+constexpr const char* kDescription = "kiln - a deep-learning compiler";
+constexpr const char* kFooter =
+    "FILE may be '-' for standard input. 'kiln <command> --help' describes each command.\n"
+    "Options may come before or after FILE, as --name VALUE or --name=VALUE; '--' ends the options.\n"
+    "Exit status: 0 on success, 1 on any error (a usage error too), reported on stderr as\n"
+    "one line 'kiln: error: ...' or 'FILE:LINE:COL: error: ...'.";
 
-usage: kiln <command> [options]
-
-commands:
-  dump FILE.kir     parse and verify a graph, print its canonical form
-  dot FILE.kir      print the graph in Graphviz dot format
-  run FILE.kir      run a graph on .npy inputs, write its outputs as .npy
-  opt FILE.kir      run passes (simplify, fuse, schedule) and print the result
-  grad FILE.kir     print the graph extended with gradients of a loss
-  train-step FILE.kir
-                    print the whole training step (forward, backward, optimizer update)
-  info              show the host CPU, LLVM and BLAS that Kiln uses
-
-FILE may be '-' for standard input. 'kiln <command> --help' describes each command.
-options:
-  -h, --help        show this help
-  --version         show the version
-)";
-
-constexpr const char* kDumpHelp = R"(usage: kiln dump FILE.kir [--emit=kir|llvm|asm]
-
-Parses FILE (or standard input for '-'), verifies it and prints its canonical text form.
-Errors are reported as FILE:LINE:COL: error: ... with exit status 1.
-
-options:
-  --emit=kir    the canonical text form (the default)
-  --emit=llvm   the LLVM IR the CPU backend generates, after optimization
-  --emit=asm    the host assembly the CPU backend generates
-)";
-
-constexpr const char* kDotHelp = R"(usage: kiln dot FILE.kir
-
-Parses and verifies FILE, prints it as a Graphviz digraph; render with
-  kiln dot model.kir | dot -Tsvg > model.svg
-)";
-
-constexpr const char* kRunHelp = R"(usage: kiln run FILE.kir [--interp] --input NAME=FILE.npy ... [--output-dir DIR]
-
-Compiles the graph with the CPU backend (LLVM JIT) and runs it on the given inputs.
-Every graph input, state inputs included, needs an --input with a .npy file of exactly
-its dtype and shape.
-
-options:
-  --input NAME=FILE.npy   value of graph input %NAME (repeatable)
-  --output-dir DIR        write each output as DIR/OUTPUT_NAME.npy (DIR is created);
-                          without it, a summary of each output is printed
-  --interp                run with the reference interpreter instead of the JIT
-  --profile               after the outputs, print the time spent in each compiled
-                          kernel (fused regions, GEMMs, ...), slowest first
-)";
-
-constexpr const char* kGradHelp = R"(usage: kiln grad FILE.kir --loss NAME --wrt NAME[,NAME...]
-
-Prints a graph that computes everything FILE computes plus, for each --wrt value,
-an output grad.NAME = d(loss)/d(NAME). The loss is an output (or value) of FILE
-that is a float scalar; --wrt names graph inputs or named values (repeatable, or
-comma-separated). Each backward node's trailing comment names the forward node it
-differentiates. A --wrt value the loss does not depend on gets a zero gradient and
-a warning on stderr.
-)";
-
-constexpr const char* kTrainStepHelp = R"(usage: kiln train-step FILE.kir [--loss NAME] [--optimizer sgd|adam|adamw] [options]
-
-Prints the training-step graph of a model: FILE's state inputs are its parameters
-and its output --loss (default: loss) is minimized. The step's state adds the
-optimizer's state, the step counter %step and the learning rate %lr.
-
-options:
-  --loss NAME           the output to minimize (default: loss)
-  --optimizer NAME      sgd (default), adam or adamw
-  --lr X                learning rate (default: 0.01 for sgd, 0.001 for adam/adamw)
-  --momentum X          sgd momentum (default 0)
-  --nesterov            sgd with Nesterov momentum
-  --weight-decay X      L2 for sgd/adam, decoupled for adamw (default 0, adamw 0.01)
-)";
-
-constexpr const char* kOptHelp = R"(usage: kiln opt FILE.kir [options]
-
-Runs a pipeline of passes over the graph and prints the result.
-
-options:
-  --passes=A,B,...       the passes to run, in order (default: the default pipeline)
-  --list-passes          list the passes and the default pipeline
-  --print-after-all      print the graph after every pass
-  --print-after=NAME     print the graph after pass NAME (repeatable)
-  --verify-each          verify the graph after every pass (on in debug builds)
-  --no-verify-each       do not
-  --stop-after=N         run only the first N passes (to bisect by hand)
-  --time-passes          print how long each pass took and the node counts
-  --print-plan           plan memory for the result and print the plan and its report
-                         (arena bytes, sum of buffers, peak live bytes, buffer count)
-  --bisect               run the interpreter after each pass on the --input values and
-                         name the first pass whose outputs differ from the unoptimized
-                         graph's beyond the tolerance; exit status 1 if one does
-  --input NAME=FILE.npy  a graph input for --bisect (every input, state included)
-  --rtol X, --atol X     the --bisect tolerance (defaults 1e-5, 1e-6)
-)";
-
-constexpr const char* kInfoHelp = R"(usage: kiln info
-
-Prints the host target (triple, CPU, vector features) as LLVM sees it, the LLVM version
-and the BLAS library's configuration.
-)";
-
-bool is_help(const std::string& a) { return a == "-h" || a == "--help"; }
+std::string element(const kiln::Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case kiln::DType::f32:
+    case kiln::DType::f64:
+      return fmt::format("{:.6g}", t.get(i));
+    case kiln::DType::i32:
+    case kiln::DType::i64:
+      return std::to_string(t.get_int(i));  // exact: 2^53 + 1 is not 2^53
+    case kiln::DType::boolean:
+      return t.get_int(i) ? "true" : "false";
+  }
+  return "?";
+}
 
 std::string summarize(const kiln::Tensor& t) {
   std::string s = t.type().str() + " [";
   int64_t n = std::min<int64_t>(t.numel(), 8);
-  for (int64_t i = 0; i < n; ++i) s += (i ? ", " : "") + fmt::format("{:.6g}", t.get(i));
+  for (int64_t i = 0; i < n; ++i) s += (i ? ", " : "") + element(t, i);
   if (t.numel() > n) s += ", ...";
   return s + "]";
 }
 
-
-
-std::vector<std::string> split_list(const std::string& s) {
+// "a,%b,,c" -> {"a", "b", "c"}: value names without their '%'.
+std::vector<std::string> split_list(const std::vector<std::string>& lists) {
   std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t comma = s.find(',', start);
-    std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (!item.empty() && item[0] == '%') item = item.substr(1);
-    if (!item.empty()) out.push_back(item);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
+  for (const std::string& s : lists) {
+    size_t start = 0;
+    while (start <= s.size()) {
+      size_t comma = s.find(',', start);
+      std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      if (!item.empty() && item[0] == '%') item = item.substr(1);
+      if (!item.empty()) out.push_back(item);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
   }
   return out;
 }
 
-double parse_number(const std::string& flag, const std::string& text) {
-  try {
-    size_t used = 0;
-    double v = std::stod(text, &used);
-    if (used == text.size()) return v;
-  } catch (const std::exception&) {
-  }
-  throw Error(fmt::format("{} expects a number, got '{}'", flag, text));
-}
-
-// Flags of the form --name VALUE or --name=VALUE, plus one positional FILE.
-struct Flags {
-  std::string file;
-  std::map<std::string, std::vector<std::string>> values;
-  std::vector<std::string> switches;
-};
-
-Flags parse_flags(const std::string& cmd, const std::vector<std::string>& args,
-                  const std::vector<std::string>& with_value, const std::vector<std::string>& boolean) {
-  Flags f;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i];
-    if (a.size() > 1 && a[0] == '-') {
-      std::string name = a, value;
-      bool inline_value = false;
-      if (size_t eq = a.find('='); eq != std::string::npos) {
-        name = a.substr(0, eq);
-        value = a.substr(eq + 1);
-        inline_value = true;
-      }
-      if (std::find(boolean.begin(), boolean.end(), name) != boolean.end() && !inline_value) {
-        f.switches.push_back(name);
-        continue;
-      }
-      if (std::find(with_value.begin(), with_value.end(), name) == with_value.end())
-        throw Error(fmt::format("{}: unknown option '{}' (see 'kiln {} --help')", cmd, name, cmd));
-      if (!inline_value) {
-        if (i + 1 >= args.size()) throw Error(fmt::format("{} needs a value (see 'kiln {} --help')", name, cmd));
-        value = args[++i];
-      }
-      f.values[name].push_back(value);
-      continue;
-    }
-    if (!f.file.empty()) throw Error(fmt::format("{} takes one FILE.kir argument (see 'kiln {} --help')", cmd, cmd));
-    f.file = a;
-  }
-  if (f.file.empty()) throw Error(fmt::format("{} needs a FILE.kir argument (see 'kiln {} --help')", cmd, cmd));
-  return f;
+void need_file(const char* cmd, const std::string& file) {
+  if (file.empty()) throw Error(fmt::format("{} needs a FILE.kir argument (see 'kiln {} --help')", cmd, cmd));
 }
 
 void print_warnings(const std::vector<std::string>& warnings) {
   for (const std::string& w : warnings) fmt::print(stderr, "kiln: warning: {}\n", w);
-}
-
-int cmd_dump(const std::vector<std::string>& args, bool dot) {
-  const char* cmd = dot ? "dot" : "dump";
-  if (!args.empty() && is_help(args[0])) { std::fputs(dot ? kDotHelp : kDumpHelp, stdout); return 0; }
-  Flags f = parse_flags(cmd, args, dot ? std::vector<std::string>{} : std::vector<std::string>{"--emit"}, {});
-  kiln::Graph g = kiln::parse_file(f.file);
-  if (dot) {
-    std::fputs(kiln::to_dot(g).c_str(), stdout);
-    return 0;
-  }
-  std::string emit = f.values.count("--emit") ? f.values["--emit"].back() : "kir";
-  if (emit == "kir") {
-    std::fputs(kiln::print(g).c_str(), stdout);
-  } else if (emit == "llvm" || emit == "asm") {
-    std::unique_ptr<kiln::cpu::CompiledGraph> code = kiln::cpu::compile(g);
-    std::fputs(emit == "llvm" ? code->llvm_ir().c_str() : code->assembly().c_str(), stdout);
-  } else {
-    throw Error(fmt::format("--emit={} is not one of kir, llvm, asm", emit));
-  }
-  return 0;
-}
-
-int cmd_grad(const std::vector<std::string>& args) {
-  if (!args.empty() && is_help(args[0])) { std::fputs(kGradHelp, stdout); return 0; }
-  Flags f = parse_flags("grad", args, {"--loss", "--wrt"}, {});
-  if (f.values["--loss"].size() != 1) throw Error("grad needs one --loss NAME (see 'kiln grad --help')");
-  std::vector<std::string> wrt;
-  for (const std::string& w : f.values["--wrt"])
-    for (std::string& name : split_list(w)) wrt.push_back(std::move(name));
-  if (wrt.empty()) throw Error("grad needs --wrt NAME[,NAME...] (see 'kiln grad --help')");
-  kiln::Graph g = kiln::parse_file(f.file);
-  std::string loss = f.values["--loss"][0];
-  if (!loss.empty() && loss[0] == '%') loss = loss.substr(1);
-  kiln::GradResult r = kiln::grad(g, loss, wrt);
-  print_warnings(r.warnings);
-  std::fputs(kiln::print(r.graph).c_str(), stdout);
-  return 0;
-}
-
-int cmd_train_step(const std::vector<std::string>& args) {
-  if (!args.empty() && is_help(args[0])) { std::fputs(kTrainStepHelp, stdout); return 0; }
-  Flags f = parse_flags("train-step", args, {"--loss", "--optimizer", "--lr", "--momentum", "--weight-decay"},
-                        {"--nesterov"});
-  auto number = [&](const std::string& flag, double fallback) {
-    auto it = f.values.find(flag);
-    return it == f.values.end() ? fallback : parse_number(flag, it->second.back());
-  };
-  std::string opt_name = f.values.count("--optimizer") ? f.values["--optimizer"].back() : "sgd";
-  bool nesterov = !f.switches.empty();
-  kiln::Optimizer opt;
-  if (opt_name == "sgd") {
-    opt = kiln::SGD{number("--lr", 0.01), number("--momentum", 0.0), 0.0, number("--weight-decay", 0.0), nesterov};
-  } else if (opt_name == "adam" || opt_name == "adamw") {
-    if (f.values.count("--momentum") || nesterov)
-      throw Error(fmt::format("--momentum and --nesterov are options of sgd, not {}", opt_name));
-    if (opt_name == "adam") {
-      kiln::Adam a;
-      a.lr = number("--lr", a.lr);
-      a.weight_decay = number("--weight-decay", a.weight_decay);
-      opt = a;
-    } else {
-      kiln::AdamW a;
-      a.lr = number("--lr", a.lr);
-      a.weight_decay = number("--weight-decay", a.weight_decay);
-      opt = a;
-    }
-  } else {
-    throw Error(fmt::format("unknown optimizer '{}' (use sgd, adam or adamw)", opt_name));
-  }
-  kiln::Graph model = kiln::parse_file(f.file);
-  kiln::TrainStepOptions options;
-  if (f.values.count("--loss")) options.loss = f.values["--loss"].back();
-  kiln::TrainStep step = kiln::make_train_step(model, opt, options);
-  print_warnings(step.warnings);
-  std::fputs(kiln::print(step.graph).c_str(), stdout);
-  return 0;
 }
 
 kiln::TensorMap read_inputs(const kiln::Graph& g, const std::string& file, const std::vector<std::string>& specs) {
@@ -327,19 +122,118 @@ kiln::TensorMap read_inputs(const kiln::Graph& g, const std::string& file, const
   return inputs;
 }
 
-int cmd_run(const std::vector<std::string>& args) {
-  if (!args.empty() && is_help(args[0])) { std::fputs(kRunHelp, stdout); return 0; }
-  Flags f = parse_flags("run", args, {"--input", "--output-dir"}, {"--interp", "--profile"});
-  kiln::Graph g = kiln::parse_file(f.file);
-  kiln::TensorMap inputs = read_inputs(g, f.file, f.values["--input"]);
-  std::string out_dir = f.values.count("--output-dir") ? f.values["--output-dir"].back() : "";
-  auto has = [&](const char* s) { return std::find(f.switches.begin(), f.switches.end(), s) != f.switches.end(); };
-  if (has("--interp") && has("--profile")) throw Error("--profile times compiled kernels; it does not go with --interp");
+// --- dump and dot ---------------------------------------------------------------------------
+
+struct Dump {
+  std::string file, emit = "kir";
+};
+
+int run_dump(const Dump& a) {
+  need_file("dump", a.file);
+  kiln::Graph g = kiln::parse_file(a.file);
+  if (a.emit == "kir") {
+    std::fputs(kiln::print(g).c_str(), stdout);
+  } else {
+    std::unique_ptr<kiln::cpu::CompiledGraph> code = kiln::cpu::compile(g);
+    std::fputs(a.emit == "llvm" ? code->llvm_ir().c_str() : code->assembly().c_str(), stdout);
+  }
+  return 0;
+}
+
+int run_dot(const std::string& file) {
+  need_file("dot", file);
+  std::fputs(kiln::to_dot(kiln::parse_file(file)).c_str(), stdout);
+  return 0;
+}
+
+// --- grad ------------------------------------------------------------------------------------
+
+struct Grad {
+  std::string file, loss;
+  std::vector<std::string> wrt;
+};
+
+int run_grad(const Grad& a) {
+  need_file("grad", a.file);
+  if (a.loss.empty()) throw Error("grad needs one --loss NAME (see 'kiln grad --help')");
+  std::vector<std::string> wrt = split_list(a.wrt);
+  if (wrt.empty()) throw Error("grad needs --wrt NAME[,NAME...] (see 'kiln grad --help')");
+  kiln::Graph g = kiln::parse_file(a.file);
+  std::string loss = a.loss[0] == '%' ? a.loss.substr(1) : a.loss;
+  kiln::GradResult r = kiln::grad(g, loss, wrt);
+  print_warnings(r.warnings);
+  std::fputs(kiln::print(r.graph).c_str(), stdout);
+  return 0;
+}
+
+// --- train-step ------------------------------------------------------------------------------
+
+struct TrainStepArgs {
+  std::string file, loss = "loss", optimizer = "sgd";
+  std::optional<double> lr, momentum, weight_decay;
+  bool nesterov = false;
+};
+
+// The learning rate becomes the state input %lr in the parameters' dtype; a rate that dtype
+// cannot hold (1e-320 is 0 in f32, 1e39 is inf) would train with another rate than asked for.
+void check_lr_fits(const kiln::Graph& step, double lr) {
+  if (step.type(step.find("lr")).dtype != kiln::DType::f32) return;  // f64 holds any finite double
+  const char* where = "f32, the dtype of the parameters and of %lr";
+  if (lr > FLT_MAX)
+    throw Error(fmt::format("--lr {} is too large for {} (at most {:g})", lr, where, static_cast<double>(FLT_MAX)));
+  if (static_cast<float>(lr) == 0.0f)
+    throw Error(fmt::format("--lr {} rounds to 0 in {} (the smallest positive f32 is {:g})", lr, where,
+                            static_cast<double>(FLT_TRUE_MIN)));
+}
+
+int run_train_step(const TrainStepArgs& a) {
+  need_file("train-step", a.file);
+  kiln::Optimizer opt;
+  if (a.optimizer == "sgd") {
+    opt = kiln::SGD{a.lr.value_or(0.01), a.momentum.value_or(0.0), 0.0, a.weight_decay.value_or(0.0), a.nesterov};
+  } else {
+    if (a.momentum || a.nesterov)
+      throw Error(fmt::format("--momentum and --nesterov are options of sgd, not {}", a.optimizer));
+    if (a.optimizer == "adam") {
+      kiln::Adam adam;
+      adam.lr = a.lr.value_or(adam.lr);
+      adam.weight_decay = a.weight_decay.value_or(adam.weight_decay);
+      opt = adam;
+    } else {
+      kiln::AdamW adamw;
+      adamw.lr = a.lr.value_or(adamw.lr);
+      adamw.weight_decay = a.weight_decay.value_or(adamw.weight_decay);
+      opt = adamw;
+    }
+  }
+  kiln::Graph model = kiln::parse_file(a.file);
+  kiln::TrainStepOptions options;
+  options.loss = a.loss;
+  kiln::TrainStep step = kiln::make_train_step(model, opt, options);
+  if (a.lr) check_lr_fits(step.graph, *a.lr);
+  print_warnings(step.warnings);
+  std::fputs(kiln::print(step.graph).c_str(), stdout);
+  return 0;
+}
+
+// --- run -------------------------------------------------------------------------------------
+
+struct Run {
+  std::string file, output_dir;
+  std::vector<std::string> inputs;
+  bool interp = false, profile = false;
+};
+
+int run_run(const Run& a) {
+  need_file("run", a.file);
+  if (a.interp && a.profile) throw Error("--profile times compiled kernels; it does not go with --interp");
+  kiln::Graph g = kiln::parse_file(a.file);
+  kiln::TensorMap inputs = read_inputs(g, a.file, a.inputs);
   kiln::TensorMap outputs;
   std::string profile;
-  if (has("--interp")) {
+  if (a.interp) {
     outputs = kiln::interpret(g, inputs);
-  } else if (has("--profile")) {
+  } else if (a.profile) {
     kiln::cpu::CompileOptions options;
     options.profile = true;
     kiln::cpu::Executable exe(g, options);
@@ -353,16 +247,16 @@ int cmd_run(const std::vector<std::string>& args) {
   } else {
     outputs = kiln::cpu::compile(g)->run(inputs);
   }
-  if (out_dir.empty()) {
+  if (a.output_dir.empty()) {
     for (const kiln::GraphOutput& o : g.outputs()) fmt::print("{} = {}\n", o.name, summarize(outputs.at(o.name)));
     std::fputs(profile.c_str(), stdout);
     return 0;
   }
   std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  if (ec) throw Error(fmt::format("{}: cannot create directory: {}", out_dir, ec.message()));
+  std::filesystem::create_directories(a.output_dir, ec);
+  if (ec) throw Error(fmt::format("{}: cannot create directory: {}", a.output_dir, ec.message()));
   for (const kiln::GraphOutput& o : g.outputs()) {
-    std::string path = (std::filesystem::path(out_dir) / (o.name + ".npy")).string();
+    std::string path = (std::filesystem::path(a.output_dir) / (o.name + ".npy")).string();
     kiln::write_npy(path, outputs.at(o.name));
     fmt::print("wrote {} ({})\n", path, outputs.at(o.name).type().str());
   }
@@ -370,50 +264,49 @@ int cmd_run(const std::vector<std::string>& args) {
   return 0;
 }
 
-int cmd_opt(const std::vector<std::string>& args) {
-  if (!args.empty() && is_help(args[0])) { std::fputs(kOptHelp, stdout); return 0; }
-  if (!args.empty() && args[0] == "--list-passes") {
+// --- opt -------------------------------------------------------------------------------------
+
+struct Opt {
+  std::string file;
+  std::vector<std::string> passes, print_after, inputs;
+  std::optional<int> stop_after;
+  std::optional<double> rtol, atol;
+  bool list_passes = false, print_after_all = false, verify_each = false, no_verify_each = false,
+       time_passes = false, print_plan = false, bisect = false;
+};
+
+int run_opt(const Opt& a) {
+  if (a.list_passes) {
     for (const kiln::PassInfo& p : kiln::registered_passes()) fmt::print("{:<22} {}\n", p.name, p.summary);
     std::string def;
     for (const std::string& n : kiln::default_pipeline()) def += (def.empty() ? "" : ",") + n;
     fmt::print("\ndefault pipeline: {}\n", def);
     return 0;
   }
-  Flags f = parse_flags("opt", args, {"--passes", "--print-after", "--stop-after", "--input", "--rtol", "--atol"},
-                        {"--print-after-all", "--verify-each", "--no-verify-each", "--time-passes", "--print-plan",
-                         "--bisect"});
-  auto has = [&](const char* s) { return std::find(f.switches.begin(), f.switches.end(), s) != f.switches.end(); };
+  need_file("opt", a.file);
   kiln::PipelineOptions o;
-  if (f.values.count("--passes")) {
-    for (const std::string& list : f.values["--passes"])
-      for (std::string& name : split_list(list)) o.passes.push_back(std::move(name));
+  if (!a.passes.empty()) {
+    o.passes = split_list(a.passes);
     if (o.passes.empty()) throw Error("--passes needs at least one pass name");
   }
-  if (f.values.count("--print-after"))
-    for (const std::string& name : f.values["--print-after"]) o.print_after.insert(name);
-  o.print_after_all = has("--print-after-all");
-  if (has("--verify-each")) o.verify_each = true;
-  if (has("--no-verify-each")) o.verify_each = false;
-  o.time_passes = has("--time-passes");
-  if (f.values.count("--stop-after")) {
-    double n = parse_number("--stop-after", f.values["--stop-after"].back());
-    if (n < 0 || n != std::floor(n)) throw Error("--stop-after expects a pass count (0, 1, 2, ...)");
-    o.stop_after = static_cast<int>(n);
-  }
+  o.print_after.insert(a.print_after.begin(), a.print_after.end());
+  o.print_after_all = a.print_after_all;
+  if (a.verify_each) o.verify_each = true;
+  if (a.no_verify_each) o.verify_each = false;
+  o.time_passes = a.time_passes;
+  if (a.stop_after) o.stop_after = *a.stop_after;
   o.log = &std::cout;
-  kiln::Graph g = kiln::parse_file(f.file);
-  if (has("--bisect")) {
-    kiln::TensorMap inputs = read_inputs(g, f.file, f.values["--input"]);
-    double rtol = f.values.count("--rtol") ? parse_number("--rtol", f.values["--rtol"].back()) : 1e-5;
-    double atol = f.values.count("--atol") ? parse_number("--atol", f.values["--atol"].back()) : 1e-6;
-    kiln::BisectReport r = kiln::bisect_numerics(g, inputs, o, rtol, atol);
+  kiln::Graph g = kiln::parse_file(a.file);
+  if (a.bisect) {
+    kiln::TensorMap inputs = read_inputs(g, a.file, a.inputs);
+    kiln::BisectReport r = kiln::bisect_numerics(g, inputs, o, a.rtol.value_or(1e-5), a.atol.value_or(1e-6));
     std::fputs(kiln::format_bisect(r).c_str(), stdout);
     return r.diverged ? 1 : 0;
   }
-  if (f.values.count("--input")) throw Error("--input is for --bisect (see 'kiln opt --help')");
+  if (!a.inputs.empty()) throw Error("--input is for --bisect (see 'kiln opt --help')");
   kiln::PipelineResult r = kiln::run_pipeline(g, o);
   std::cout << kiln::print(r.graph);
-  if (has("--print-plan")) {
+  if (a.print_plan) {
     kiln::MemoryPlan plan = kiln::plan_memory(r.graph, o.pass_options);
     kiln::check_memory_plan(r.graph, plan);
     std::cout << kiln::format_memory_plan(r.graph, plan);
@@ -421,9 +314,9 @@ int cmd_opt(const std::vector<std::string>& args) {
   return 0;
 }
 
-int cmd_info(const std::vector<std::string>& args) {
-  if (!args.empty() && is_help(args[0])) { std::fputs(kInfoHelp, stdout); return 0; }
-  if (!args.empty()) throw Error("info takes no arguments");
+// --- info ------------------------------------------------------------------------------------
+
+int run_info() {
   kiln::cpu::HostInfo host = kiln::cpu::host_info();
   fmt::print("kiln {}\n", KILN_VERSION);
   fmt::print("target:   {} ({})\n", host.triple, host.cpu);
@@ -436,22 +329,117 @@ int cmd_info(const std::vector<std::string>& args) {
   return 0;
 }
 
-int dispatch(const std::vector<std::string>& argv) {
-  if (argv.empty() || is_help(argv[0])) {
-    std::fputs(kMainHelp, argv.empty() ? stderr : stdout);
-    return argv.empty() ? 1 : 0;
-  }
-  if (argv[0] == "--version") { fmt::print("kiln {}\n", KILN_VERSION); return 0; }
-  std::vector<std::string> rest(argv.begin() + 1, argv.end());
-  const std::string& cmd = argv[0];
-  if (cmd == "dump") return cmd_dump(rest, false);
-  if (cmd == "dot") return cmd_dump(rest, true);
-  if (cmd == "run") return cmd_run(rest);
-  if (cmd == "opt") return cmd_opt(rest);
-  if (cmd == "grad") return cmd_grad(rest);
-  if (cmd == "train-step") return cmd_train_step(rest);
-  if (cmd == "info") return cmd_info(rest);
-  throw Error(fmt::format("unknown command '{}' (see 'kiln --help')", cmd));
+// --- the command line ------------------------------------------------------------------------
+
+int run_command_line(int argc, char** argv) {
+  kiln::cli::Parser p(kDescription, kFooter);
+
+  Dump dump;
+  CLI::App* dump_cmd = p.add_command(
+      "dump", "parse and verify a graph, print its canonical form", "FILE.kir [--emit=kir|llvm|asm]",
+      "Parses FILE (or standard input for '-'), verifies it and prints its canonical text form.\n"
+      "Errors are reported as FILE:LINE:COL: error: ... with exit status 1.");
+  p.add_file(dump_cmd, dump.file);
+  p.add_choice(dump_cmd, "--emit", {"kir", "llvm", "asm"}, dump.emit,
+               "kir: the canonical text form (the default); llvm: the LLVM IR the CPU backend generates, "
+               "after optimization; asm: the host assembly it generates");
+
+  std::string dot_file;
+  CLI::App* dot_cmd = p.add_command("dot", "print the graph in Graphviz dot format", "FILE.kir",
+                                    "Parses and verifies FILE, prints it as a Graphviz digraph; render it with\n"
+                                    "  kiln dot model.kir | dot -Tsvg > model.svg   (dot is in the graphviz package)");
+  p.add_file(dot_cmd, dot_file);
+
+  Run run;
+  CLI::App* run_cmd = p.add_command(
+      "run", "run a graph on .npy inputs, print or write its outputs",
+      "FILE.kir --input NAME=FILE.npy ... [--output-dir DIR] [--interp | --profile]",
+      "Compiles the graph with the CPU backend (LLVM JIT) and runs it on the given inputs.\n"
+      "Every graph input, state inputs included, needs an --input with a .npy file of exactly\n"
+      "its dtype and shape.");
+  p.add_file(run_cmd, run.file);
+  p.add_list(run_cmd, "--input", "NAME=FILE.npy", run.inputs, "the value of graph input %NAME (repeatable)");
+  p.add_text(run_cmd, "--output-dir", "DIR", run.output_dir,
+             "write each output as DIR/OUTPUT_NAME.npy (DIR is created); without it, the first elements of "
+             "each output are printed");
+  p.add_flag(run_cmd, "--interp", run.interp, "run with the reference interpreter instead of the JIT");
+  p.add_flag(run_cmd, "--profile", run.profile,
+             "after the outputs, print the time spent in each compiled kernel (fused regions, GEMMs, ...), "
+             "slowest first");
+
+  Opt opt;
+  CLI::App* opt_cmd = p.add_command(
+      "opt", "run passes (simplify, fuse, schedule) and print the result",
+      "FILE.kir [--passes=A,B,...] [--print-after-all] [--print-after=NAME] [--stop-after=N]\n"
+      "                [--verify-each | --no-verify-each] [--time-passes] [--print-plan]\n"
+      "                [--bisect --input NAME=FILE.npy ... [--rtol X] [--atol X]]\n"
+      "       kiln opt --list-passes",
+      "Runs a pipeline of passes over the graph and prints the result. With --bisect, the exit\n"
+      "status is 1 when a pass changes the results beyond the tolerance.");
+  p.add_file(opt_cmd, opt.file);
+  p.add_list(opt_cmd, "--passes", "A,B", opt.passes, "the passes to run, in order (default: the default pipeline)");
+  p.add_flag(opt_cmd, "--list-passes", opt.list_passes, "list the passes and the default pipeline");
+  p.add_flag(opt_cmd, "--print-after-all", opt.print_after_all, "print the graph after every pass");
+  p.add_list(opt_cmd, "--print-after", "NAME", opt.print_after, "print the graph after pass NAME (repeatable)");
+  p.add_flag(opt_cmd, "--verify-each", opt.verify_each, "verify the graph after every pass (on in debug builds)");
+  p.add_flag(opt_cmd, "--no-verify-each", opt.no_verify_each, "do not");
+  p.add_count(opt_cmd, "--stop-after", opt.stop_after, "run only the first N passes (to bisect by hand)");
+  p.add_flag(opt_cmd, "--time-passes", opt.time_passes, "print how long each pass took and the node counts");
+  p.add_flag(opt_cmd, "--print-plan", opt.print_plan,
+             "plan memory for the result and print the plan and its report (arena bytes, sum of buffers, "
+             "peak live bytes, buffer count)");
+  p.add_flag(opt_cmd, "--bisect", opt.bisect,
+             "run the interpreter after each pass on the --input values and name the first pass whose "
+             "outputs differ from the unoptimized graph's beyond the tolerance");
+  p.add_list(opt_cmd, "--input", "NAME=FILE.npy", opt.inputs, "a graph input for --bisect (every input, state included)");
+  p.add_real(opt_cmd, "--rtol", Range::non_negative, opt.rtol, "the --bisect relative tolerance (default 1e-5)");
+  p.add_real(opt_cmd, "--atol", Range::non_negative, opt.atol, "the --bisect absolute tolerance (default 1e-6)");
+
+  Grad grad;
+  CLI::App* grad_cmd = p.add_command(
+      "grad", "print the graph extended with gradients of a loss", "FILE.kir --loss NAME --wrt NAME[,NAME...]",
+      "Prints a graph that computes everything FILE computes plus, for each --wrt value,\n"
+      "an output grad.NAME = d(loss)/d(NAME). Each backward node's trailing comment names the\n"
+      "forward node it differentiates. A --wrt value the loss does not depend on gets a zero\n"
+      "gradient and a warning on stderr.");
+  p.add_file(grad_cmd, grad.file);
+  p.add_text(grad_cmd, "--loss", "NAME", grad.loss, "the loss: an output (or value) of FILE that is a float scalar");
+  p.add_list(grad_cmd, "--wrt", "NAME[,NAME...]", grad.wrt,
+             "differentiate with respect to these graph inputs or named values (repeatable)");
+
+  TrainStepArgs ts;
+  CLI::App* ts_cmd = p.add_command(
+      "train-step", "print the whole training step (forward, backward, optimizer update)",
+      "FILE.kir [--loss NAME] [--optimizer sgd|adam|adamw] [--lr X]\n"
+      "                       [--momentum X] [--nesterov] [--weight-decay X]",
+      "Prints the training-step graph of a model: FILE's state inputs are its parameters and\n"
+      "its output --loss is minimized. The step's state adds the optimizer's state, the step\n"
+      "counter %step and the learning rate %lr.");
+  p.add_file(ts_cmd, ts.file);
+  p.add_text(ts_cmd, "--loss", "NAME", ts.loss, "the output to minimize (default: loss)");
+  p.add_choice(ts_cmd, "--optimizer", {"sgd", "adam", "adamw"}, ts.optimizer, "the optimizer (default: sgd)");
+  p.add_real(ts_cmd, "--lr", Range::positive, ts.lr,
+             "learning rate, > 0 and representable in the parameters' dtype (default: 0.01 for sgd, "
+             "0.001 for adam/adamw)");
+  p.add_real(ts_cmd, "--momentum", Range::non_negative, ts.momentum, "sgd momentum (default 0)");
+  p.add_flag(ts_cmd, "--nesterov", ts.nesterov, "sgd with Nesterov momentum");
+  p.add_real(ts_cmd, "--weight-decay", Range::non_negative, ts.weight_decay,
+             "L2 for sgd/adam, decoupled for adamw (default 0, adamw 0.01)");
+
+  CLI::App* info_cmd = p.add_command("info", "show the host CPU, LLVM and BLAS that Kiln uses", "",
+                                     "Prints the host target (triple, CPU, vector features) as LLVM sees it, the LLVM "
+                                     "version\nand the BLAS library's configuration.");
+
+  int status = 0;
+  CLI::App* cmd = p.parse(argc, argv, status);
+  if (cmd == dump_cmd) return run_dump(dump);
+  if (cmd == dot_cmd) return run_dot(dot_file);
+  if (cmd == run_cmd) return run_run(run);
+  if (cmd == opt_cmd) return run_opt(opt);
+  if (cmd == grad_cmd) return run_grad(grad);
+  if (cmd == ts_cmd) return run_train_step(ts);
+  if (cmd == info_cmd) return run_info();
+  return status;
 }
 
 void report(const std::string& msg) {
@@ -462,12 +450,31 @@ void report(const std::string& msg) {
     fmt::print(stderr, "kiln: error: {}\n", msg);
 }
 
+// Output goes through stdio's buffer (std::cout is synchronized with it), so a failed write,
+// to a full disk or /dev/full, shows only as the stream's error state: check it before exiting,
+// or the output is lost with exit status 0.
+int check_stdout(int status) {
+  errno = 0;
+  std::cout.flush();  // flushes stdout too
+  std::fflush(stdout);
+  if (!std::ferror(stdout) && std::cout) return status;
+  int err = errno;
+  if (err == 0) {
+    // A write failed earlier and errno has moved on: the output is incomplete anyway, so one
+    // byte more tells why.
+    std::clearerr(stdout);
+    std::fputc('\n', stdout);
+    if (std::fflush(stdout) != 0) err = errno;
+  }
+  report(fmt::format("cannot write to standard output: {}", err ? std::strerror(err) : "write error"));
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    return dispatch(args);
+    return check_stdout(run_command_line(argc, argv));
   } catch (const kiln::Error& e) {
     report(e.what());
     return 1;

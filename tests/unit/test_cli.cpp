@@ -2,39 +2,22 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "ir/npy.h"
+#include "subprocess.h"
 
 using Catch::Matchers::ContainsSubstring;
 using Catch::Matchers::StartsWith;
 
 namespace {
 
-struct RunResult {
-  int status;
-  std::string output;  // stdout and stderr together
-};
-
-RunResult run_kiln(const std::string& args) {
-  std::string cmd = std::string(KILN_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
-}
+RunResult run_kiln(const std::string& args) { return run_shell(std::string(KILN_BINARY) + " " + args); }
 
 std::filesystem::path temp_dir(const std::string& tag) {
   auto d = std::filesystem::temp_directory_path() / ("kiln_cli_" + tag + "_" + std::to_string(::getpid()));
@@ -163,5 +146,133 @@ TEST_CASE("kiln run --interp reads .npy inputs and writes .npy outputs", "[cli]"
     CHECK(run_kiln("run " + (dir / "a.kir").string() + " --bogus").status == 1);
     CHECK(run_kiln("run " + (dir / "a.kir").string() + " --input x").status == 1);
     CHECK(run_kiln("run").status == 1);
+  }
+}
+
+TEST_CASE("kiln takes --help anywhere and '--' to end the options", "[cli]") {
+  auto dir = temp_dir("dashes");
+  write_file(dir / "a.kir", kAffine);
+  const std::string a = (dir / "a.kir").string();
+  auto h = run_kiln("dump " + a + " --help");
+  CHECK(h.status == 0);
+  CHECK_THAT(h.output, StartsWith("usage: kiln dump FILE.kir"));
+  auto d = run_kiln("dump -- " + a);
+  CHECK(d.status == 0);
+  CHECK(d.output == kAffine);
+  // --help wins over a bad value given before it.
+  CHECK(run_kiln("train-step " + a + " --lr abc --help").status == 0);
+  // Options may come before FILE; a repeatable option takes one value per occurrence.
+  write_file(dir / "x.kir", "graph @g(%x: f32[2]) {\n  %0 = neg(%x) : f32[2]\n  return y = %0\n}\n");
+  kiln::write_npy((dir / "x.npy").string(), kiln::Tensor::from<float>(kiln::DType::f32, {2}, {1, -2}));
+  auto r = run_kiln("run --input x=" + (dir / "x.npy").string() + " " + (dir / "x.kir").string());
+  CHECK(r.status == 0);
+  CHECK(r.output == "y = f32[2] [-1, 2]\n");
+}
+
+TEST_CASE("kiln --help lists every command and each command's help every option", "[cli]") {
+  auto top = run_kiln("--help");
+  for (const char* cmd : {"dump", "dot", "run", "opt", "grad", "train-step", "info"})
+    CHECK_THAT(top.output, ContainsSubstring(std::string("\n  ") + cmd + " "));
+  auto run = run_kiln("run --help");
+  std::string usage = run.output.substr(0, run.output.find('\n'));
+  CHECK_THAT(usage, ContainsSubstring("--profile"));
+  CHECK_THAT(usage, ContainsSubstring("--interp"));
+  for (const char* opt : {"--input", "--output-dir", "--interp", "--profile"})
+    CHECK_THAT(run.output, ContainsSubstring(std::string("\n  ") + opt));
+  auto opt = run_kiln("opt --help");
+  for (const char* o : {"--passes", "--list-passes", "--print-after-all", "--print-after", "--verify-each",
+                        "--no-verify-each", "--stop-after", "--time-passes", "--print-plan", "--bisect", "--input",
+                        "--rtol", "--atol"})
+    CHECK_THAT(opt.output, ContainsSubstring(std::string("\n  ") + o + " "));
+  auto ts = run_kiln("train-step --help");
+  for (const char* o : {"--loss", "--optimizer", "--lr", "--momentum", "--nesterov", "--weight-decay"})
+    CHECK_THAT(ts.output, ContainsSubstring(std::string("\n  ") + o + " "));
+}
+
+TEST_CASE("kiln reports usage errors in one line with exit status 1", "[cli]") {
+  auto dir = temp_dir("usage");
+  write_file(dir / "a.kir", kAffine);
+  const std::string a = (dir / "a.kir").string();
+  auto expect = [](const std::string& args, const std::string& message) {
+    auto r = run_kiln(args);
+    INFO("kiln " << args);
+    CHECK(r.status == 1);
+    CHECK(r.output == "kiln: error: " + message + "\n");
+  };
+  expect("--bogus", "unknown option '--bogus' (see 'kiln --help')");
+  expect("dump " + a + " --bogus=1", "dump: unknown option '--bogus' (see 'kiln dump --help')");
+  expect("dump " + a + " " + a, "dump takes one FILE.kir argument, got also '" + a + "' (see 'kiln dump --help')");
+  expect("dump", "dump needs a FILE.kir argument (see 'kiln dump --help')");
+  expect("dump " + a + " --emit", "--emit needs a value (see 'kiln dump --help')");
+  expect("info x", "info takes no arguments, got 'x' (see 'kiln info --help')");
+}
+
+TEST_CASE("kiln range-checks numeric options", "[cli]") {
+  auto dir = temp_dir("numbers");
+  write_file(dir / "m.kir", R"(graph @m(%x: f32[2], state %w: f32[2]) {
+  %0 = mul(%x, %w) : f32[2]
+  %1 = sum(%0) {axes=[]} : f32[]
+  return loss = %1
+}
+)");
+  const std::string m = (dir / "m.kir").string();
+  auto expect = [](const std::string& args, const std::string& message) {
+    auto r = run_kiln(args);
+    INFO("kiln " << args);
+    CHECK(r.status == 1);
+    CHECK(r.output == "kiln: error: " + message + "\n");
+  };
+  expect("opt " + m + " --bisect --rtol -1", "--rtol must be >= 0, got '-1'");
+  expect("opt " + m + " --bisect --atol nan", "--atol must be a finite number, got 'nan'");
+  expect("opt " + m + " --stop-after=1e300", "--stop-after expects a count (0, 1, 2, ...), got '1e300'");
+  expect("opt " + m + " --stop-after=-1", "--stop-after expects a count (0, 1, 2, ...), got '-1'");
+  expect("opt " + m + " --stop-after=99999999999", "--stop-after 99999999999 is out of range (at most 2147483647)");
+  expect("train-step " + m + " --lr inf", "--lr must be a finite number, got 'inf'");
+  expect("train-step " + m + " --lr nan", "--lr must be a finite number, got 'nan'");
+  expect("train-step " + m + " --lr 1e400", "--lr 1e400 is out of range (a double holds at most 1.79769e+308)");
+  expect("train-step " + m + " --lr 0", "--lr must be > 0, got '0'");
+  expect("train-step " + m + " --lr -0.1", "--lr must be > 0, got '-0.1'");
+  expect("train-step " + m + " --lr 1e-320",
+         "--lr 1e-320 rounds to 0 in f32, the dtype of the parameters and of %lr (the smallest positive f32 is "
+         "1.4013e-45)");
+  expect("train-step " + m + " --lr 1e39",
+         "--lr 1e+39 is too large for f32, the dtype of the parameters and of %lr (at most 3.40282e+38)");
+  expect("train-step " + m + " --momentum inf", "--momentum must be a finite number, got 'inf'");
+  expect("train-step " + m + " --weight-decay -1", "--weight-decay must be >= 0, got '-1'");
+  CHECK(run_kiln("train-step " + m + " --lr 1e-45").status == 0);  // the smallest f32 subnormal
+  CHECK(run_kiln("opt " + m + " --stop-after=0").status == 0);
+}
+
+TEST_CASE("kiln run prints integers exactly and booleans as true/false", "[cli]") {
+  auto dir = temp_dir("ints");
+  write_file(dir / "i.kir", R"(graph @ints() {
+  %0 = constant() {value=[9007199254740993, -9223372036854775808]} : i64[2]
+  %1 = constant() {value=[-2147483648, 2147483647]} : i32[2]
+  %2 = constant() {value=[0, 2147483647]} : i32[2]
+  %3 = lt(%1, %2) : bool[2]
+  return big = %0, small = %1, less = %3
+}
+)");
+  auto r = run_kiln("run --interp " + (dir / "i.kir").string());
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(r.output ==
+        "big = i64[2] [9007199254740993, -9223372036854775808]\n"
+        "small = i32[2] [-2147483648, 2147483647]\n"
+        "less = bool[2] [true, false]\n");
+}
+
+TEST_CASE("kiln fails when standard output cannot be written", "[cli]") {
+  auto dir = temp_dir("full");
+  write_file(dir / "a.kir", kAffine);
+  const std::string a = (dir / "a.kir").string();
+  // Small outputs fail at the final flush, long ones (--emit=llvm, --print-after-all) mid-run.
+  for (const std::string& args : {"dump " + a, "dump " + a + " --emit=llvm", "dot " + a, "opt " + a,
+                                  "opt " + a + " --print-after-all", std::string("info"), std::string("--help"),
+                                  std::string("run --help")}) {
+    INFO("kiln " << args << " > /dev/full");
+    auto r = run_kiln(args + " > /dev/full");
+    CHECK(r.status == 1);
+    CHECK(r.output == "kiln: error: cannot write to standard output: No space left on device\n");
   }
 }

@@ -8,6 +8,63 @@
 #include "ir/interp.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
+#include "subprocess.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A command line in one of README.md's ```sh blocks, with the output printed under it.
+struct ShellLine {
+  int line;             // in README.md
+  std::string command;  // without its "$ " prompt
+  std::string shown;    // the lines after a prompted command, up to the next prompt or the fence
+};
+
+// In a block with "$ " prompts, the prompted lines are commands and the others their output;
+// in a block without, every line is a command.
+std::vector<ShellLine> readme_shell_lines() {
+  std::istringstream in(read_text(std::filesystem::path(KILN_SOURCE_DIR) / "README.md"));
+  std::vector<ShellLine> out;
+  std::vector<std::pair<int, std::string>> block;
+  std::string line;
+  bool in_sh = false;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (!in_sh) {
+      in_sh = line == "```sh";
+      continue;
+    }
+    if (line != "```") {
+      block.emplace_back(n, line);
+      continue;
+    }
+    in_sh = false;
+    bool prompted = std::any_of(block.begin(), block.end(), [](const auto& l) { return l.second.rfind("$ ", 0) == 0; });
+    for (const auto& [num, text] : block) {
+      if (!prompted) out.push_back({num, text, ""});
+      else if (text.rfind("$ ", 0) == 0) out.push_back({num, text.substr(2), ""});
+      else if (!out.empty()) out.back().shown += text + "\n";
+    }
+    block.clear();
+  }
+  return out;
+}
+
+}  // namespace
 
 TEST_CASE("the README tour traces, prints and runs the MLP", "[readme]") {
   kiln::Tracer t("mlp");
@@ -23,6 +80,7 @@ TEST_CASE("the README tour traces, prints and runs the MLP", "[readme]") {
   std::string text = kiln::print(g);
   CHECK_THAT(text, Catch::Matchers::StartsWith("graph @mlp(state %fc1.weight: f32[784,256], state %fc1.bias"));
   CHECK(kiln::print(kiln::parse(text)) == text);
+  CHECK(read_text(std::filesystem::path(KILN_SOURCE_DIR) / "examples/tour/mlp.kir") == text);  // the tour's copy
 
   kiln::TensorMap inputs = t.parameters();
   inputs["x"] = kiln::Tensor(kiln::DType::f32, {64, 784});
@@ -97,4 +155,34 @@ TEST_CASE("the README's compile-and-run snippet trains natively and shares state
   CHECK(out.count("loss") == 1);
   CHECK(&infer->state("fc1.weight") == &train->state("fc1.weight"));
   CHECK(train->state("step").get(0) == 1.0);
+}
+
+TEST_CASE("every kiln command in README.md runs as printed from the repository root", "[readme][cli]") {
+  // A stand-in for the repository root: build/ and examples/ link to the real ones, so each
+  // command's paths resolve as printed, and what the commands write (out/, model.svg,
+  // mlp_step.kir) lands here, not in the source tree.
+  const std::filesystem::path build_dir = std::filesystem::path(KILN_BINARY).parent_path().parent_path();
+  const auto root = std::filesystem::temp_directory_path() / ("kiln_readme_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  std::filesystem::create_directory_symlink(build_dir, root / "build");
+  std::filesystem::create_directory_symlink(std::filesystem::path(KILN_SOURCE_DIR) / "examples", root / "examples");
+
+  int ran = 0;
+  for (const ShellLine& l : readme_shell_lines()) {
+    INFO("README.md:" << l.line << ": " << l.command);
+    if (l.command.rfind("cat ", 0) == 0) {  // a file of the tour, shown whole
+      CHECK(read_text(root / l.command.substr(4)) == l.shown);
+      continue;
+    }
+    if (l.command.rfind("build/tools/kiln ", 0) != 0) continue;  // scripts/*.sh, cmake: not kiln's
+    RunResult r = run_shell("cd '" + root.string() + "' && " + l.command);
+    INFO(r.output);
+    CHECK(r.status == 0);
+    ++ran;
+  }
+  CHECK(ran >= 12);  // the parser found the tour
+  CHECK(read_text(root / "model.svg").find("<svg") != std::string::npos);
+  CHECK(std::filesystem::exists(root / "out" / "pre.npy"));
+  std::filesystem::remove_all(root);
 }

@@ -150,6 +150,13 @@ TEST_CASE("fused nodes take their types from the body, never from a shape rule",
   CHECK(g.nodes().empty());
 }
 
+TEST_CASE("broadcast_to names a negative dimension of its shape", "[ir][shape]") {
+  // [1] and [] broadcast to anything: the rule itself must refuse [-5], not a later type check.
+  for (const TensorType& x : {f32({1}), f32({}), f32({3})})
+    CHECK_THROWS_WITH(infer_type(Op::BroadcastTo, {x}, {{"shape", std::vector<int64_t>{2, -5}}}),
+                      ContainsSubstring("shape [2,-5] has a negative dimension (-5)"));
+}
+
 TEST_CASE("builder errors name the op, operand types and the caller's line", "[ir][shape]") {
   Graph g("g");
   ValueId a = g.add_input("a", f32({2, 3}));

@@ -340,6 +340,31 @@ TEST_CASE("make_train_step rejects models it cannot train", "[train_step]") {
     CHECK_THAT(error_of([&] { make_train_step(t.finish(), SGD{}); }),
                ContainsSubstring("model @stateless has no float state inputs (parameters) to train"));
   }
+  {
+    // A step given back as a model: its state inputs already have .next outputs.
+    Graph step = make_train_step(tiny_model(), SGD{}).graph;
+    CHECK_THAT(error_of([&] { make_train_step(step, SGD{}); }),
+               ContainsSubstring("model @tiny_train_step has no parameters to train: it already returns w.next, "
+                                 "lr.next for its float state") &&
+                   ContainsSubstring("is it a training step already?"));
+  }
+  {
+    // Fused regions come after differentiation, never before.
+    Graph fused = parse(R"(graph @fused(%x: f32[2], state %w: f32[2]) {
+  %0 = fused(%x, %w) : f32[2] {
+    graph @fused_0(%a: f32[2], %b: f32[2]) {
+      %0 = mul(%a, %b) : f32[2]
+      return r0 = %0
+    }
+  }
+  %1 = sum(%0) {axes=[]} : f32[]
+  return loss = %1
+}
+)");
+    CHECK(error_of([&] { make_train_step(fused, SGD{}); }) ==
+          "make_train_step: model @fused has a fused node; fused graphs cannot be differentiated: differentiate "
+          "(grad / train-step) before fusing (opt)");
+  }
   for (const char* clash : {"step", "lr", "adam.m.w"}) {
     Tracer t("clash");
     Sym w = t.parameter("w", Tensor(DType::f32, {2}));
