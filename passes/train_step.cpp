@@ -12,9 +12,11 @@
 //   AdamW: p *= 1 - lr * wd, then the Adam update without the L2 term.
 #include "passes/train_step.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 #include <type_traits>
@@ -26,10 +28,16 @@ namespace kiln {
 
 namespace {
 
+// The shortest text that reads back as v: 1e-320, not 9.99989e-321.
 std::string fmt_double(double v) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+std::string fmt_float(float v) {
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 [[noreturn]] void fail(const std::string& message) { throw Error("make_train_step: " + message); }
@@ -40,6 +48,10 @@ void check_optimizer(const Optimizer& optimizer) {
     if (!(v >= 0.0))
       fail(std::string(opt) + ": invalid " + what + " " + fmt_double(v) + " (must be >= 0)");
   };
+  auto positive = [](const char* opt, double v) {
+    if (!(v > 0.0 && std::isfinite(v)))
+      fail(std::string(opt) + ": invalid learning rate " + fmt_double(v) + " (must be > 0 and finite)");
+  };
   auto beta = [](const char* opt, const char* what, double v) {
     if (!(v >= 0.0 && v < 1.0))
       fail(std::string(opt) + ": invalid " + what + " " + fmt_double(v) + " (must be in [0, 1))");
@@ -48,7 +60,7 @@ void check_optimizer(const Optimizer& optimizer) {
       [&](const auto& o) {
         using T = std::decay_t<decltype(o)>;
         if constexpr (std::is_same_v<T, SGD>) {
-          non_negative("sgd", "learning rate", o.lr);
+          positive("sgd", o.lr);
           non_negative("sgd", "momentum", o.momentum);
           non_negative("sgd", "weight_decay", o.weight_decay);
           if (!std::isfinite(o.dampening))
@@ -58,7 +70,7 @@ void check_optimizer(const Optimizer& optimizer) {
                  fmt_double(o.momentum) + ", dampening " + fmt_double(o.dampening) + ")");
         } else {
           const char* name = std::is_same_v<T, Adam> ? "adam" : "adamw";
-          non_negative(name, "learning rate", o.lr);
+          positive(name, o.lr);
           non_negative(name, "epsilon", o.eps);
           beta(name, "beta1", o.beta1);
           beta(name, "beta2", o.beta2);
@@ -66,6 +78,25 @@ void check_optimizer(const Optimizer& optimizer) {
         }
       },
       optimizer);
+}
+
+// %lr's initial value. It is state of the parameters' dtype, where a valid double may
+// round to 0 (1e-320 in f32: the step would silently do nothing) or overflow (1e39).
+Tensor learning_rate(const Optimizer& optimizer, DType dtype) {
+  double lr = std::visit([](const auto& o) { return o.lr; }, optimizer);
+  bool f32 = dtype == DType::f32;
+  std::string where = std::string(dtype_name(dtype)) + ", the dtype of the parameters and of %lr";
+  if (f32 && lr > std::numeric_limits<float>::max())
+    fail("learning rate " + fmt_double(lr) + " is too large for " + where + " (at most " +
+         fmt_float(std::numeric_limits<float>::max()) + ")");
+  Tensor t = Tensor::scalar(dtype, lr);
+  if (t.get(0) == 0.0)
+    fail("learning rate " + fmt_double(lr) + " rounds to 0 in " + where + " (the smallest positive " +
+         std::string(dtype_name(dtype)) + " is " +
+         (f32 ? fmt_float(std::numeric_limits<float>::denorm_min())
+              : fmt_double(std::numeric_limits<double>::denorm_min())) +
+         ")");
+  return t;
 }
 
 // The optimizer's state inputs for one parameter, in input order.
@@ -317,8 +348,7 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
   ValueId step = g.add_input("step", {DType::i32, {}}, true);
   result.initial_state.emplace("step", Tensor::scalar(DType::i32, 0));
   ValueId lr = g.add_input("lr", {dtype, {}}, true);
-  result.initial_state.emplace(
-      "lr", Tensor::scalar(dtype, std::visit([](const auto& o) { return o.lr; }, optimizer)));
+  result.initial_state.emplace("lr", learning_rate(optimizer, dtype));
 
   // The backward pass.
   std::vector<ValueId> wrt;

@@ -2,7 +2,6 @@
 #include <fmt/core.h>
 
 #include <cerrno>
-#include <cfloat>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -174,18 +173,6 @@ struct TrainStepArgs {
   bool nesterov = false;
 };
 
-// The learning rate becomes the state input %lr in the parameters' dtype; a rate that dtype
-// cannot hold (1e-320 is 0 in f32, 1e39 is inf) would train with another rate than asked for.
-void check_lr_fits(const kiln::Graph& step, double lr) {
-  if (step.type(step.find("lr")).dtype != kiln::DType::f32) return;  // f64 holds any finite double
-  const char* where = "f32, the dtype of the parameters and of %lr";
-  if (lr > FLT_MAX)
-    throw Error(fmt::format("--lr {} is too large for {} (at most {:g})", lr, where, static_cast<double>(FLT_MAX)));
-  if (static_cast<float>(lr) == 0.0f)
-    throw Error(fmt::format("--lr {} rounds to 0 in {} (the smallest positive f32 is {:g})", lr, where,
-                            static_cast<double>(FLT_TRUE_MIN)));
-}
-
 int run_train_step(const TrainStepArgs& a) {
   need_file("train-step", a.file);
   kiln::Optimizer opt;
@@ -210,7 +197,6 @@ int run_train_step(const TrainStepArgs& a) {
   kiln::TrainStepOptions options;
   options.loss = a.loss;
   kiln::TrainStep step = kiln::make_train_step(model, opt, options);
-  if (a.lr) check_lr_fits(step.graph, *a.lr);
   print_warnings(step.warnings);
   std::fputs(kiln::print(step.graph).c_str(), stdout);
   return 0;

@@ -44,8 +44,11 @@ mkdir -p "$dir/notest"
 write_split "$dir/notest" train 128
 write_split "$dir/notest" t10k 0
 expect_error "an empty test set" "the test set has no images" --data-dir "$dir/notest" --epochs 1
-expect_error "--lr 1e-320" "is 0 in f32" --data-dir "$dir/notest" --lr 1e-320
-expect_error "--lr nan" "--lr needs a number in (0, 10]" --data-dir "$dir/notest" --lr nan
+mkdir -p "$dir/ok"
+write_split "$dir/ok" train 128
+write_split "$dir/ok" t10k 20
+expect_error "--lr 1e-320" "learning rate 1e-320 rounds to 0 in f32" --data-dir "$dir/ok" --lr 1e-320
+expect_error "--lr nan" "--lr needs a number in (0, 10]" --data-dir "$dir/ok" --lr nan
 
 # The same folder trains with a batch that fits (one step), and --epochs 0 only evaluates.
 for args in "--batch 5 --epochs 1" "--epochs 0"; do

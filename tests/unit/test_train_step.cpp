@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 
 #include "frontend/idx.h"
 #include "frontend/losses.h"
@@ -387,7 +388,7 @@ TEST_CASE("make_train_step rejects models it cannot train", "[train_step]") {
 TEST_CASE("make_train_step rejects hyper-parameters PyTorch rejects", "[train_step]") {
   Graph m = tiny_model();
   auto err = [&](const Optimizer& o) { return error_of([&] { make_train_step(m, o); }); };
-  CHECK(err(SGD{.lr = -0.1}) == "make_train_step: sgd: invalid learning rate -0.1 (must be >= 0)");
+  CHECK(err(SGD{.lr = -0.1}) == "make_train_step: sgd: invalid learning rate -0.1 (must be > 0 and finite)");
   CHECK_THAT(err(SGD{.momentum = -0.5}), ContainsSubstring("sgd: invalid momentum -0.5"));
   CHECK_THAT(err(SGD{.weight_decay = -1}), ContainsSubstring("sgd: invalid weight_decay -1"));
   CHECK_THAT(err(SGD{.nesterov = true}),
@@ -401,7 +402,21 @@ TEST_CASE("make_train_step rejects hyper-parameters PyTorch rejects", "[train_st
   CHECK_THAT(err(Adam{.lr = -1}), ContainsSubstring("adam: invalid learning rate -1"));
   CHECK_THAT(err(AdamW{.beta2 = 1.5}), ContainsSubstring("adamw: invalid beta2 1.5"));
   CHECK_THAT(err(AdamW{.weight_decay = -0.01}), ContainsSubstring("adamw: invalid weight_decay -0.01"));
-  CHECK(err(SGD{.lr = 0.0}).empty());  // PyTorch allows lr = 0
+  // A rate of 0 (PyTorch allows it) or one that is 0 or infinite as the f32 state %lr
+  // would train silently with another rate than asked for.
+  CHECK_THAT(err(SGD{.lr = 0.0}), ContainsSubstring("sgd: invalid learning rate 0 (must be > 0 and finite)"));
+  CHECK_THAT(err(Adam{.lr = std::numeric_limits<double>::infinity()}),
+             ContainsSubstring("adam: invalid learning rate inf (must be > 0 and finite)"));
+  CHECK(err(SGD{.lr = 1e-320}).empty());  // tiny_model is f64, which holds it
+  Graph m32 = tiny_model(DType::f32);
+  auto err32 = [&](const Optimizer& o) { return error_of([&] { make_train_step(m32, o); }); };
+  CHECK(err32(SGD{.lr = 1e-320}) ==
+        "make_train_step: learning rate 1e-320 rounds to 0 in f32, the dtype of the parameters and of %lr (the "
+        "smallest positive f32 is 1e-45)");
+  CHECK(err32(AdamW{.lr = 1e39}) ==
+        "make_train_step: learning rate 1e+39 is too large for f32, the dtype of the parameters and of %lr (at "
+        "most 3.4028235e+38)");
+  CHECK(err32(SGD{.lr = 1e-45}).empty());  // the smallest f32 subnormal is a rate
 }
 
 TEST_CASE("interpret_step: missing or mistyped state is one clear error", "[train_step]") {
