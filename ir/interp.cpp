@@ -44,12 +44,14 @@ T wrap_mul(T a, T b) {
     return a * b;
   }
 }
+// Integer division truncates toward zero and never fails (docs/ir.md): x / 0 is 0, and
+// INT_MIN / -1 wraps to INT_MIN.
 template <typename T>
 T divide(T a, T b) {
   if constexpr (std::is_integral_v<T>) {
-    if (b == 0) throw Error("div: integer division by zero");
-    if (a == std::numeric_limits<T>::min() && b == T(-1)) return a;  // wraps
-    return a / b;  // truncates toward zero
+    if (b == 0) return 0;
+    if (a == std::numeric_limits<T>::min() && b == T(-1)) return a;
+    return a / b;
   } else {
     return a / b;
   }

@@ -427,7 +427,8 @@ class Lowerer {
       case Op::Mul: return fl ? B_.CreateFMul(a[0], a[1]) : B_.CreateMul(a[0], a[1]);
       case Op::Div: {
         if (fl) return B_.CreateFDiv(a[0], a[1]);
-        // b == 0 gives 0 (the interpreter throws); INT_MIN / -1 wraps to INT_MIN.
+        // b == 0 gives 0 and INT_MIN / -1 wraps to INT_MIN (docs/ir.md), with no undefined
+        // sdiv: those divisors are replaced by 1 before dividing.
         llvm::Type* t = a[0]->getType();
         Value* bz = B_.CreateICmpEQ(a[1], zero());
         Value* ovf = B_.CreateAnd(B_.CreateICmpEQ(a[1], llvm::ConstantInt::get(t, static_cast<uint64_t>(-1), true)),
