@@ -289,3 +289,35 @@ TEST_CASE("numerics: integer division never fails: x / 0 = 0, INT_MIN / -1 = INT
   Runs rc = run_all(c, TensorMap{});
   for (const TensorMap* out : {&rc.interp, &rc.jit, &rc.jit_opt}) CHECK(out->at("q") == q64);
 }
+
+TEST_CASE("numerics: float to integer casts saturate, NaN gives 0, in every path", "[numerics][cast]") {
+  const double inf = std::numeric_limits<double>::infinity();
+  const int32_t i32_min = std::numeric_limits<int32_t>::min(), i32_max = std::numeric_limits<int32_t>::max();
+  const int64_t i64_min = std::numeric_limits<int64_t>::min(), i64_max = std::numeric_limits<int64_t>::max();
+  Tensor x(DType::f64, {9});
+  const double xs[] = {std::nan(""), inf, -inf, 2147483647.75, 2147483648.0, -2147483648.75, -2147483649.0, 9.3e18, -2.5};
+  std::copy(std::begin(xs), std::end(xs), x.data<double>());
+  Tensor want32 = ints<int32_t>(DType::i32, {0, i32_max, i32_min, i32_max, i32_max, i32_min, i32_min, i32_max, -2});
+  Tensor want64 = ints<int64_t>(DType::i64, {0, i64_max, i64_min, 2147483647, 2147483648, -2147483648, -2147483649,
+                                             i64_max, -2});
+  Graph g("cast");
+  ValueId in = g.add_input("x", x.type());
+  g.add_output("i32", g.add_node(Op::Cast, {in}, {{"dtype", DType::i32}}));
+  g.add_output("i64", g.add_node(Op::Cast, {in}, {{"dtype", DType::i64}}));
+  Runs r = run_all(g, {{"x", x}});
+  for (const TensorMap* out : {&r.interp, &r.jit, &r.jit_opt}) {
+    CHECK(out->at("i32") == want32);
+    CHECK(out->at("i64") == want64);
+  }
+  // Folded from a constant, and the JIT of the constant graph.
+  Graph c("cast_const");
+  ValueId k = c.add_constant(x);
+  c.add_output("i64", c.add_node(Op::Cast, {k}, {{"dtype", DType::i64}}));
+  Graph folded = fold_constants(c, {});
+  const Node* def = folded.defining_node(folded.find_output("i64"));
+  REQUIRE(def != nullptr);
+  REQUIRE(def->op == Op::Constant);
+  CHECK(attr_tensor(def->attrs, "value") == want64);
+  Runs rc = run_all(c, TensorMap{});
+  for (const TensorMap* out : {&rc.interp, &rc.jit, &rc.jit_opt}) CHECK(out->at("i64") == want64);
+}
