@@ -44,12 +44,14 @@ T wrap_mul(T a, T b) {
     return a * b;
   }
 }
+// Integer division truncates toward zero and never fails (docs/ir.md): x / 0 is 0, and
+// INT_MIN / -1 wraps to INT_MIN.
 template <typename T>
 T divide(T a, T b) {
   if constexpr (std::is_integral_v<T>) {
-    if (b == 0) throw Error("div: integer division by zero");
-    if (a == std::numeric_limits<T>::min() && b == T(-1)) return a;  // wraps
-    return a / b;  // truncates toward zero
+    if (b == 0) return 0;
+    if (a == std::numeric_limits<T>::min() && b == T(-1)) return a;
+    return a / b;
   } else {
     return a / b;
   }
@@ -156,8 +158,62 @@ Reduced reduced_axes(const Shape& in, const std::vector<int64_t>& axes) {
   return r;
 }
 
-enum class ReduceKind { Sum, Mean, Max, Min };
+// Walks, in row-major order, the positions of a row-major tensor of shape `shape` that
+// vary only along the chosen dims (those in `axes`, or those not in it), keeping the
+// element offset.
+class AxesWalk {
+ public:
+  AxesWalk(const Shape& shape, const std::set<int64_t>& axes, bool in_axes) {
+    std::vector<int64_t> strides = strides_of(shape);
+    for (size_t d = 0; d < shape.size(); ++d)
+      if (axes.count(static_cast<int64_t>(d)) == in_axes) dims_.push_back({shape[d], strides[d], 0});
+  }
+  int64_t offset() const { return offset_; }
+  void next() {
+    for (size_t d = dims_.size(); d-- > 0;) {
+      Dim& x = dims_[d];
+      offset_ += x.stride;
+      if (++x.coord < x.size) return;
+      offset_ -= x.stride * x.size;
+      x.coord = 0;
+    }
+  }
 
+ private:
+  struct Dim {
+    int64_t size, stride, coord;
+  };
+  std::vector<Dim> dims_;
+  int64_t offset_ = 0;
+};
+
+// Float sum and mean: each output element is the blocked_sum of its reduced elements in
+// row-major order (Kiln's summation order, ir/interp.h).
+Tensor float_sum(const Tensor& x, const AttrMap& attrs, bool mean, const TensorType& rt) {
+  Reduced r = reduced_axes(x.shape(), attr_ints(attrs, "axes"));
+  Tensor out(rt.dtype, rt.shape);  // the same elements in the same order as r.kept
+  visit_float(x.dtype(), [&]<typename T>() {
+    const T* in = x.data<T>();
+    T* o = out.data<T>();
+    AxesWalk kept(x.shape(), r.axes, false);
+    for (int64_t j = 0; j < out.numel(); ++j, kept.next()) {
+      const T* row = in + kept.offset();
+      AxesWalk reduced(x.shape(), r.axes, true);
+      o[j] = blocked_sum<T>(r.count, [&] {
+        T v = row[reduced.offset()];
+        reduced.next();
+        return v;
+      });
+      if (mean) o[j] = o[j] / static_cast<T>(r.count);
+    }
+  });
+  return out;
+}
+
+enum class ReduceKind { Sum, Max, Min };
+
+// Integer sums (which wrap, so their order does not matter), max and min: one pass over the
+// input in row-major order.
 Tensor reduce(const Tensor& x, const AttrMap& attrs, ReduceKind kind, const TensorType& rt) {
   Reduced r = reduced_axes(x.shape(), attr_ints(attrs, "axes"));
   Tensor out(rt.dtype, rt.shape);  // the same elements in the same order as r.kept
@@ -171,7 +227,6 @@ Tensor reduce(const Tensor& x, const AttrMap& attrs, ReduceKind kind, const Tens
       T v = in[i];
       switch (kind) {
         case ReduceKind::Sum:
-        case ReduceKind::Mean:
           o[j] = wrap_add(o[j], v);
           break;
         case ReduceKind::Max:  // NaN propagates
@@ -183,8 +238,6 @@ Tensor reduce(const Tensor& x, const AttrMap& attrs, ReduceKind kind, const Tens
       }
       seen[j] = true;
     }
-    if (kind == ReduceKind::Mean)
-      for (int64_t j = 0; j < out.numel(); ++j) o[j] = o[j] / static_cast<T>(r.count);
   });
   return out;
 }
@@ -329,8 +382,10 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
     case Op::Select: return select(*in[0], *in[1], *in[2], rt);
     case Op::Cast: return cast(*in[0], rt);
 
-    case Op::Sum: return reduce(*in[0], attrs, ReduceKind::Sum, rt);
-    case Op::Mean: return reduce(*in[0], attrs, ReduceKind::Mean, rt);
+    case Op::Sum:
+      if (is_float(rt.dtype)) return float_sum(*in[0], attrs, /*mean=*/false, rt);
+      return reduce(*in[0], attrs, ReduceKind::Sum, rt);
+    case Op::Mean: return float_sum(*in[0], attrs, /*mean=*/true, rt);
     case Op::Max: return reduce(*in[0], attrs, ReduceKind::Max, rt);
     case Op::Min: return reduce(*in[0], attrs, ReduceKind::Min, rt);
     case Op::Argmax: return argmax(*in[0], attrs, rt);

@@ -14,6 +14,14 @@ namespace kiln {
 
 using TensorMap = std::map<std::string, Tensor, std::less<>>;
 
+// Float summation order (sum, mean, and the denominators of softmax / log_softmax), which
+// every backend follows bitwise (docs/ir.md, "Summation order"): a reduction's n elements,
+// in row-major order, are cut into blocks of kSumBlock (the last may be shorter); each block
+// is added left to right starting from +0; the block sums are added pairwise, a run of
+// blocks being split at the largest power of two below its length. So up to kSumBlock
+// elements add left to right, and the rounding error grows with log(n), not n.
+inline constexpr int64_t kSumBlock = 64;
+
 // Runs `g` on named inputs (every graph input, state included, must be given with its
 // exact type) and returns every output by name. Throws kiln::Error for a missing,
 // unknown or mistyped input.

@@ -1,6 +1,8 @@
 // Helpers shared by the interpreter's source files (ir/interp*.cpp). Not a public API.
 #pragma once
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -9,6 +11,7 @@
 
 #include "ir/attrs.h"
 #include "ir/dtype.h"
+#include "ir/interp.h"
 #include "ir/tensor.h"
 
 namespace kiln::interp {
@@ -73,6 +76,25 @@ D convert(S x) {
   } else {
     return static_cast<D>(x);
   }
+}
+
+// The float sum of n elements that next() yields in order, in Kiln's summation order
+// (kSumBlock, ir/interp.h): blocks of kSumBlock added left to right from +0, and the block
+// sums added pairwise, splitting a run of blocks at the largest power of two below its length.
+template <typename T, typename Next>
+T blocked_sum(int64_t n, Next&& next) {
+  auto blocks = [&](auto& self, int64_t lo, int64_t hi) -> T {  // the sum of blocks [lo, hi)
+    if (hi - lo > 1) {
+      auto half = static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(hi - lo - 1)));
+      T left = self(self, lo, lo + half);  // before the right half: next() yields in order
+      T right = self(self, lo + half, hi);
+      return left + right;
+    }
+    T s = 0;
+    for (int64_t k = lo * kSumBlock, end = std::min(n, k + kSumBlock); k < end; ++k) s += next();
+    return s;
+  };
+  return blocks(blocks, 0, std::max<int64_t>(1, (n + kSumBlock - 1) / kSumBlock));
 }
 
 // Like visit_dtype for the float-only ops: f32 and f64 only.

@@ -250,7 +250,8 @@ Tensor eval_avg_pool2d_grad(const Tensor& dy, const AttrMap& attrs, const Tensor
   return out;
 }
 
-// exp(x - max) / sum(exp(x - max)) along `axis`, or its log: x - max - log(sum).
+// exp(x - max) / sum(exp(x - max)) along `axis`, or its log: x - max - log(sum); the sum in
+// Kiln's summation order (blocked_sum).
 Tensor eval_softmax(const Tensor& x, const AttrMap& attrs, bool log, const TensorType& rt) {
   const Shape& s = x.shape();
   size_t axis = static_cast<size_t>(norm_axis(attr_int(attrs, "axis"), x.rank()));
@@ -267,8 +268,8 @@ Tensor eval_softmax(const Tensor& x, const AttrMap& attrs, bool log, const Tenso
         T m = -std::numeric_limits<T>::infinity();
         for (int64_t k = 0; k < len; ++k)
           if (in[at(k)] > m) m = in[at(k)];
-        T sum = 0;
-        for (int64_t k = 0; k < len; ++k) sum += std::exp(in[at(k)] - m);
+        int64_t next = 0;
+        T sum = blocked_sum<T>(len, [&] { return std::exp(in[at(next++)] - m); });
         for (int64_t k = 0; k < len; ++k)
           o[at(k)] = log ? in[at(k)] - m - std::log(sum) : std::exp(in[at(k)] - m) / sum;
       }

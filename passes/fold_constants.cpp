@@ -38,7 +38,7 @@ Graph fold_constants(const Graph& g, const PassOptions& options) {
     try {
       value = eval_op(n.op, operands, n.attrs, g.type(n.result()));
     } catch (const Error&) {
-      // E.g. an integer division by zero: the error belongs to run time.
+      // No kernel fails on a valid graph; should one, the error belongs to run time.
       rb.copy(n);
       continue;
     }

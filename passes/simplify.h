@@ -18,8 +18,8 @@ namespace kiln {
 // value the reference interpreter (kiln::eval_op) computes for it, keeping the node's
 // name and note. Not folded: constants themselves; fused nodes (their bodies are for the
 // backends); nodes whose result has more than options.fold_max_elements elements (a
-// broadcast of a scalar stays a broadcast); and nodes whose evaluation fails (an integer
-// division by zero is an error at run time, not at compile time). The operand constants
+// broadcast of a scalar stays a broadcast); and nodes whose evaluation fails (which no op
+// of a valid graph does: integer division by zero is 0, docs/ir.md). The operand constants
 // are left in place; a later dce removes those that became dead. Folding never
 // materializes a broadcast: a folded value whose elements are all equal becomes a scalar
 // constant and a broadcast_to, and a value with more elements than its largest operand

@@ -4,6 +4,7 @@
 // matmul and convolution/pooling call the runtime (runtime/blas.h, runtime/kernels.h).
 #include "codegen/cpu/lower.h"
 
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include <llvm/IR/Module.h>
 
 #include "ir/error.h"
+#include "ir/interp.h"
 #include "ir/ops.h"
 
 namespace kiln::cpu::detail {
@@ -427,7 +429,8 @@ class Lowerer {
       case Op::Mul: return fl ? B_.CreateFMul(a[0], a[1]) : B_.CreateMul(a[0], a[1]);
       case Op::Div: {
         if (fl) return B_.CreateFDiv(a[0], a[1]);
-        // b == 0 gives 0 (the interpreter throws); INT_MIN / -1 wraps to INT_MIN.
+        // b == 0 gives 0 and INT_MIN / -1 wraps to INT_MIN (docs/ir.md), with no undefined
+        // sdiv: those divisors are replaced by 1 before dividing.
         llvm::Type* t = a[0]->getType();
         Value* bz = B_.CreateICmpEQ(a[1], zero());
         Value* ovf = B_.CreateAnd(B_.CreateICmpEQ(a[1], llvm::ConstantInt::get(t, static_cast<uint64_t>(-1), true)),
@@ -703,7 +706,7 @@ class Lowerer {
       case Op::Ge: case Op::Select: case Op::Cast:
         internal_error("codegen", "cpu codegen: elementwise node outside a loop group");
       case Op::Sum: case Op::Mean: case Op::Max: case Op::Min:
-        return lower_reduce(n, it(0), rt, in(0), out);
+        return lower_reduce(n, it(0), rt, in(0), out, cursor);
       case Op::Argmax: return lower_argmax(n, it(0), in(0), out);
       case Op::Reshape: return copy_bytes(out, in(0), rt.numel() * esize);
       case Op::Transpose: {
@@ -871,7 +874,99 @@ class Lowerer {
     return i64_array({x[0], x[1], x[2], x[3], y[2], y[3], k[0], k[1], s[0], s[1], p[0], p[1]});
   }
 
-  void lower_reduce(const Node& n, const TensorType& xt, const TensorType& rt, Value* x, Value* out) {
+  // The float sum of elem(0), ..., elem(n - 1) in Kiln's summation order (kSumBlock,
+  // ir/interp.h; the interpreter's blocked_sum): blocks added left to right from +0, their
+  // sums combined as a binary counter. slot[l] holds the sum of the last 2^l finished
+  // blocks while bit l of the finished-block count is set: finishing block b adds the
+  // ctz(b + 1) lowest slots into it, leftmost first, and stores it in slot ctz(b + 1).
+  // After the last block the slots of nb's set bits, combined from the smallest, give the
+  // pairwise tree that splits each run of blocks at the largest power of two below its length.
+  Value* blocked_sum(DType t, int64_t n, const std::function<Value*(Value*)>& elem) {
+    llvm::Type* ft = ty(t);
+    auto run = [&](Value* lo, Value* hi) {  // elem(lo) + ... + elem(hi - 1), left to right from +0
+      Value* acc = alloca(ft);
+      B_.CreateStore(scalar(t, 0), acc);
+      for_range(lo, hi, [&](Value* k) { B_.CreateStore(B_.CreateFAdd(B_.CreateLoad(ft, acc), elem(k)), acc); });
+      return B_.CreateLoad(ft, acc);
+    };
+    if (n <= kSumBlock) return run(c64(0), c64(n));
+    int64_t nb = (n + kSumBlock - 1) / kSumBlock;
+    auto levels = static_cast<uint64_t>(std::bit_width(static_cast<uint64_t>(nb)));
+    llvm::Type* slots_t = llvm::ArrayType::get(ft, levels);
+    Value* slots = alloca(slots_t);
+    auto slot = [&](Value* l) { return B_.CreateInBoundsGEP(slots_t, slots, {c64(0), l}); };
+    Value* cur = alloca(ft);
+    for_loop(nb, [&](Value* b) {
+      Value* lo = B_.CreateMul(b, c64(kSumBlock), "", true, true);
+      Value* hi = B_.CreateAdd(lo, c64(kSumBlock), "", true, true);
+      B_.CreateStore(run(lo, B_.CreateSelect(B_.CreateICmpSLT(hi, c64(n)), hi, c64(n))), cur);
+      Value* carries = B_.CreateBinaryIntrinsic(llvm::Intrinsic::cttz, B_.CreateAdd(b, c64(1)), B_.getFalse());
+      for_range(c64(0), carries, [&](Value* l) {
+        B_.CreateStore(B_.CreateFAdd(B_.CreateLoad(ft, slot(l)), B_.CreateLoad(ft, cur)), cur);
+      });
+      B_.CreateStore(B_.CreateLoad(ft, cur), slot(carries));
+    });
+    Value* sum = nullptr;
+    for (uint64_t l = 0; l < levels; ++l) {
+      if (!((static_cast<uint64_t>(nb) >> l) & 1)) continue;
+      Value* s = B_.CreateLoad(ft, slot(c64(static_cast<int64_t>(l))));
+      sum = sum ? B_.CreateFAdd(s, sum) : s;
+    }
+    return sum;
+  }
+
+  // out[a, j] = the sum over k of x[a, k, j] for x: [k1, r, k2], r > kSumBlock, in the
+  // summation order: blocked_sum's binary counter, run for a chunk of columns j at once
+  // (each step a vector loop over j). The block partials accumulate in `out`, the slots in
+  // the scratch area. Iterations (a, chunk) touch only their own columns: parallel-safe,
+  // and the same whatever the thread count. Divides by r for a mean.
+  void column_sums(DType t, int64_t k1, int64_t r, int64_t k2, Value* x, Value* out, bool mean, int64_t& cursor) {
+    llvm::Type* ft = ty(t);
+    int64_t m = k1 * k2, nb = (r + kSumBlock - 1) / kSumBlock;
+    auto levels = static_cast<int64_t>(std::bit_width(static_cast<uint64_t>(nb)));
+    Value* slots = scratch(levels * m * static_cast<int64_t>(dtype_size(t)), cursor);
+    constexpr int64_t kChunk = 4096;  // columns per parallel iteration (whole rows stream better)
+    int64_t chunks = (k2 + kChunk - 1) / kChunk;
+    par_for(k1 * chunks, r * std::min(k2, kChunk), [&](Value* f) {
+      Value* a = B_.CreateUDiv(f, c64(chunks));
+      Value* j0 = B_.CreateMul(B_.CreateURem(f, c64(chunks)), c64(kChunk));
+      Value* j1 = B_.CreateAdd(j0, c64(kChunk));
+      j1 = B_.CreateSelect(B_.CreateICmpSLT(j1, c64(k2)), j1, c64(k2));
+      Value* row = B_.CreateMul(a, c64(k2));  // out[a, 0]
+      auto columns = [&](const std::function<void(Value* j)>& body) {
+        for_range(B_.CreateAdd(row, j0), B_.CreateAdd(row, j1), body);
+      };
+      auto slot = [&](Value* l, Value* j) { return B_.CreateInBoundsGEP(ft, slots, B_.CreateAdd(B_.CreateMul(l, c64(m)), j)); };
+      for_loop(nb, [&](Value* b) {
+        columns([&](Value* j) { store(t, scalar(t, 0), out, j); });
+        Value* lo = B_.CreateMul(b, c64(kSumBlock));
+        Value* hi = B_.CreateAdd(lo, c64(kSumBlock));
+        for_range(lo, B_.CreateSelect(B_.CreateICmpSLT(hi, c64(r)), hi, c64(r)), [&](Value* k) {
+          // x[a, k, j] for out[a, j]: offset (a * r + k) * k2 + j - a * k2.
+          Value* shift = B_.CreateMul(B_.CreateAdd(B_.CreateMul(a, c64(r - 1)), k), c64(k2));
+          columns([&](Value* j) {
+            store(t, B_.CreateFAdd(load(t, out, j), load(t, x, B_.CreateAdd(shift, j))), out, j);
+          });
+        });
+        Value* carries = B_.CreateBinaryIntrinsic(llvm::Intrinsic::cttz, B_.CreateAdd(b, c64(1)), B_.getFalse());
+        for_range(c64(0), carries, [&](Value* l) {
+          columns([&](Value* j) { store(t, B_.CreateFAdd(B_.CreateLoad(ft, slot(l, j)), load(t, out, j)), out, j); });
+        });
+        columns([&](Value* j) { B_.CreateStore(load(t, out, j), slot(carries, j)); });
+      });
+      columns([&](Value* j) {
+        Value* sum = nullptr;
+        for (int64_t l = 0; l < levels; ++l) {
+          if (!((nb >> l) & 1)) continue;
+          Value* s = B_.CreateLoad(ft, slot(c64(l), j));
+          sum = sum ? B_.CreateFAdd(s, sum) : s;
+        }
+        store(t, mean ? B_.CreateFDiv(sum, scalar(t, static_cast<double>(r))) : sum, out, j);
+      });
+    });
+  }
+
+  void lower_reduce(const Node& n, const TensorType& xt, const TensorType& rt, Value* x, Value* out, int64_t& cursor) {
     std::set<int64_t> axes;
     for (int64_t a : attr_ints(n.attrs, "axes")) axes.insert(a < 0 ? a + xt.rank() : a);
     if (attr_ints(n.attrs, "axes").empty())
@@ -884,6 +979,10 @@ class Lowerer {
     }
     DType t = rt.dtype;
     bool fl = is_float(t);
+    // Float sums of more than one block follow the summation order, which needs each
+    // output's elements in one row (a float sum of at most one block adds left to right
+    // like any other reduction).
+    bool blocked = fl && (n.op == Op::Sum || n.op == Op::Mean) && count > kSumBlock;
     Value* init = nullptr;
     double inf = std::numeric_limits<double>::infinity();
     switch (n.op) {
@@ -902,6 +1001,38 @@ class Lowerer {
       if (axes.count(d) && xt.shape[static_cast<size_t>(d)] != 1)
         for (int64_t e = d + 1; e < xt.rank(); ++e)
           if (!axes.count(e) && xt.shape[static_cast<size_t>(e)] != 1) trailing = false;
+    if (blocked && !trailing) {
+      // Each output's elements must be added in blocks of its own reduced index. Viewed as
+      // [K1, R, K2] (the kept dims outside the innermost kept run, the reduced dims, that
+      // run), that is a loop over R with vector work over K2: column_sums. Other layouts are
+      // copied into that one first (in the scratch area; the copy's innermost loop is the
+      // innermost run of x either way, so it streams).
+      Shape order[3];  // K1, R, K2 dims, each in x's order
+      std::vector<int64_t> src[3], xs = strides_of(xt.shape);
+      bool in_order = true;  // x already is [K1, R, K2]
+      for (int64_t d = xt.rank(); d-- > 0;) {
+        int64_t size = xt.shape[static_cast<size_t>(d)];
+        if (size == 1) continue;
+        int part = axes.count(d) ? 1 : order[1].empty() && order[0].empty() ? 2 : 0;
+        in_order = in_order && !(part == 1 && !order[0].empty());
+        order[part].insert(order[part].begin(), size);
+        src[part].insert(src[part].begin(), xs[static_cast<size_t>(d)]);
+      }
+      if (!in_order) {
+        Shape shape;
+        std::vector<int64_t> strides;
+        for (int part = 0; part < 3; ++part) {
+          shape.insert(shape.end(), order[part].begin(), order[part].end());
+          strides.insert(strides.end(), src[part].begin(), src[part].end());
+        }
+        Value* copy = scratch(xt.numel() * static_cast<int64_t>(dtype_size(t)), cursor);
+        copy_strided(t, shape, copy, {strides_of(shape), 0}, x, {strides, 0});
+        x = copy;
+      }
+      int64_t k2 = num_elements(order[2]);
+      if (k2 > 1) return column_sums(t, m / k2, count, k2, x, out, n.op == Op::Mean, cursor);
+      trailing = true;  // rows of `count` elements
+    }
     auto combine = [&](Value* acc, Value* v) -> Value* {
       switch (n.op) {
         case Op::Max:
@@ -920,18 +1051,21 @@ class Lowerer {
       return acc;
     };
     if (trailing) {
-      // One output element per iteration, reduced in order by one thread: parallel-safe.
+      // One output element per iteration, reduced in order by one thread: parallel-safe,
+      // and the same whatever the thread count.
       par_for(m, count, [&](Value* j) {
+        Value* base = B_.CreateMul(j, c64(count));
+        auto elem = [&](Value* k) { return load(t, x, B_.CreateAdd(base, k)); };
+        if (blocked) return store(t, finish(blocked_sum(t, count, elem)), out, j);
         Value* slot = alloca(ty(t));
         B_.CreateStore(init, slot);
-        Value* base = B_.CreateMul(j, c64(count));
-        for_loop(count, [&](Value* k) {
-          B_.CreateStore(combine(B_.CreateLoad(ty(t), slot), load(t, x, B_.CreateAdd(base, k))), slot);
-        });
+        for_loop(count, [&](Value* k) { B_.CreateStore(combine(B_.CreateLoad(ty(t), slot), elem(k)), slot); });
         store(t, finish(B_.CreateLoad(ty(t), slot)), out, j);
       });
       return;
     }
+    // Each output adds its elements in row-major order: for a float sum (at most one block
+    // here) that is the summation order.
     for_loop(m, [&](Value* j) { store(t, init, out, j); });
     nest(xt.shape, {{strides_of(xt.shape), 0}, {broadcast_strides(kept, xt.shape), 0}}, [&](const std::vector<Value*>& off) {
       store(t, combine(load(t, out, off[1]), load(t, x, off[0])), out, off[1]);
@@ -993,7 +1127,6 @@ class Lowerer {
     bool log = n.op == Op::LogSoftmax;
     outer_inner(outer, inner, len, [&](Value* a, Value* b) {
         Value* mx = alloca(ty(t));
-        Value* sum = alloca(ty(t));
         Value* base = B_.CreateAdd(B_.CreateMul(a, c64(len * inner)), b);
         auto at = [&](Value* k) { return B_.CreateAdd(base, B_.CreateMul(k, c64(inner))); };
         B_.CreateStore(scalar(t, -std::numeric_limits<double>::infinity()), mx);
@@ -1003,12 +1136,9 @@ class Lowerer {
           B_.CreateStore(B_.CreateSelect(B_.CreateFCmpOGT(v, cur), v, cur), mx);
         });
         Value* m = B_.CreateLoad(ty(t), mx);
-        B_.CreateStore(scalar(t, 0), sum);
-        for_loop(len, [&](Value* k) {
-          Value* e = intrinsic(llvm::Intrinsic::exp, B_.CreateFSub(load(t, x, at(k)), m));
-          B_.CreateStore(B_.CreateFAdd(B_.CreateLoad(ty(t), sum), e), sum);
+        Value* s = blocked_sum(t, len, [&](Value* k) {
+          return intrinsic(llvm::Intrinsic::exp, B_.CreateFSub(load(t, x, at(k)), m));
         });
-        Value* s = B_.CreateLoad(ty(t), sum);
         Value* ls = log ? intrinsic(llvm::Intrinsic::log, s) : nullptr;
         for_loop(len, [&](Value* k) {
           Value* d = B_.CreateFSub(load(t, x, at(k)), m);
