@@ -93,3 +93,15 @@ TEST_CASE("bisection tells 2^53 from 2^53+1", "[int][bisect]") {
   // However loose the tolerance, integers compare exactly.
   CHECK(bisect_numerics(g, big_input(), o, 1.0, 1.0).diverged);
 }
+
+TEST_CASE("a float attribute refuses an integer it cannot hold exactly", "[int][parser]") {
+  auto pad_by = [](const std::string& value) {
+    return parse("graph @p(%x: i64[2]) {\n  %y = pad(%x) {low=[1], high=[0], value=" + value +
+                 "} : i64[3]\n  return y = %y\n}");
+  };
+  CHECK_THROWS_WITH(pad_by("9007199254740993"),
+                    ContainsSubstring("pad: attribute 'value' is a float, and 9007199254740993 is not exact as one"));
+  CHECK_THROWS_AS(pad_by("9223372036854775807"), Error);
+  Graph ok = pad_by("9007199254740992");  // 2^53 is exact
+  CHECK(interpret(ok, big_input()).at("y").data<int64_t>()[0] == k2p53);
+}
