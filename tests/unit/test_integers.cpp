@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "codegen/cpu/compile.h"
+#include "frontend/trace.h"
 #include "ir/interp.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
@@ -104,4 +105,21 @@ TEST_CASE("a float attribute refuses an integer it cannot hold exactly", "[int][
   CHECK_THROWS_AS(pad_by("9223372036854775807"), Error);
   Graph ok = pad_by("9007199254740992");  // 2^53 is exact
   CHECK(interpret(ok, big_input()).at("y").data<int64_t>()[0] == k2p53);
+}
+
+TEST_CASE("traced integer scalars are exact for i64 and checked for i32", "[int][frontend]") {
+  Tracer t("scalars");
+  Sym x = t.input("x", {DType::i64, {2}});
+  t.output("y", x + int64_t{9007199254740993});
+  TensorMap in{{"x", Tensor::from<int64_t>(DType::i64, {2}, {0, 1})}};
+  const Tensor y = interpret(t.finish(), in).at("y");
+  CHECK(y.data<int64_t>()[0] == k2p53 + 1);
+  CHECK(y.data<int64_t>()[1] == k2p53 + 2);
+  Sym w = t.input("w", {DType::i32, {2}});
+  CHECK_THROWS_WITH(w + int64_t{3000000000}, ContainsSubstring("the number 3000000000 cannot be a i32 constant"));
+  CHECK_THROWS_WITH(w + 3e9, ContainsSubstring("cannot be a i32 constant"));
+  CHECK_THROWS_WITH(w + 0.5, ContainsSubstring("cannot be a i32 constant"));
+  // One node per (value, dtype), however the number was written.
+  CHECK(t.scalar_int(7, DType::i32).value() == t.scalar(7.0, DType::i32).value());
+  CHECK(t.scalar_int(7, DType::f32).value() == t.scalar(7.0, DType::f32).value());
 }
