@@ -27,7 +27,7 @@ Tensor default_bias(const Scope& s, int64_t out, int64_t fan_in) {
 }
 }  // namespace
 
-Linear::Linear(const Scope& s, int64_t in, int64_t out, bool has_bias) {
+Linear::Linear(const Scope& s, int64_t in, int64_t out, bool has_bias) : scope(s.path()) {
   want_positive("Linear", "in_features", in);
   want_positive("Linear", "out_features", out);
   Rng rng = s.rng("weight");
@@ -41,7 +41,8 @@ Sym Linear::operator()(Sym x, std::source_location loc) const {
 }
 
 Conv2d::Conv2d(const Scope& s, int64_t in, int64_t out, int64_t kernel, int64_t stride,
-               int64_t padding, int64_t dilation, int64_t groups, bool has_bias) {
+               int64_t padding, int64_t dilation, int64_t groups, bool has_bias)
+    : scope(s.path()) {
   want_positive("Conv2d", "in_channels", in);
   want_positive("Conv2d", "out_channels", out);
   want_positive("Conv2d", "kernel", kernel);
@@ -100,7 +101,9 @@ Sym Sequential::operator()(Sym x, std::source_location loc) const {
     try {
       x = layers_[i](x, loc);
     } catch (const Error& e) {
-      throw Error("layer " + std::to_string(i) + " of a Sequential: " + e.what());
+      const std::string& name = layers_[i].name();
+      throw Error("layer " + std::to_string(i) + (name.empty() ? "" : " (" + name + ")") + " of a Sequential: " +
+                  e.what());
     }
   }
   return x;

@@ -34,6 +34,8 @@ class Scope {
   // A child scope: sub("fc1") of "enc." names parameters "enc.fc1.*".
   Scope sub(std::string_view child) const;
   std::string name(std::string_view leaf) const { return prefix_ + std::string(leaf); }
+  // The scope's own name, "enc.fc1" ("" for a root scope).
+  std::string path() const { return prefix_.empty() ? "" : prefix_.substr(0, prefix_.size() - 1); }
   // The generator for one parameter, from (seed, full name) only.
   Rng rng(std::string_view leaf) const { return Rng::for_name(seed_, name(leaf)); }
   Sym parameter(std::string_view leaf, Tensor init,
@@ -56,9 +58,12 @@ class Linear {
  public:
   Linear(const Scope& scope, int64_t in_features, int64_t out_features, bool bias = true);
   Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const;
+  // What errors call it: its scope's path ("fc1"), or "linear" in a root scope.
+  std::string name() const { return scope.empty() ? "linear" : scope; }
 
   Sym weight;
   Sym bias;  // empty when built without a bias
+  std::string scope;  // Scope::path() of the scope it was built in
 };
 
 // 2-D convolution over [N,C,H,W]: weight [out, in/groups, kernel, kernel], bias [out].
@@ -69,9 +74,12 @@ class Conv2d {
          bool bias = true);
   Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const;
 
+  std::string name() const { return scope.empty() ? "conv2d" : scope; }  // as Linear::name
+
   Sym weight;
   Sym bias;  // empty when built without a bias
   Conv2dOptions options;
+  std::string scope;  // Scope::path() of the scope it was built in
 };
 
 // Square pooling windows; stride 0 means stride = kernel.
@@ -79,6 +87,7 @@ class MaxPool2d {
  public:
   explicit MaxPool2d(int64_t kernel, int64_t stride = 0, int64_t padding = 0);
   Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const;
+  std::string name() const { return "max_pool2d"; }
   int64_t kernel, stride, padding;
 };
 
@@ -87,6 +96,7 @@ class AvgPool2d {
   explicit AvgPool2d(int64_t kernel, int64_t stride = 0, int64_t padding = 0,
                      bool count_include_pad = true);
   Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const;
+  std::string name() const { return "avg_pool2d"; }
   int64_t kernel, stride, padding;
   bool count_include_pad;
 };
@@ -96,6 +106,7 @@ class Flatten {
  public:
   explicit Flatten(int64_t start_axis = 1) : start_axis(start_axis) {}
   Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const;
+  std::string name() const { return "flatten"; }
   int64_t start_axis;
 };
 
@@ -103,17 +114,29 @@ struct ReLU {
   Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const {
     return relu(x, loc);
   }
+  std::string name() const { return "relu"; }
 };
 struct Sigmoid {
   Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const {
     return sigmoid(x, loc);
   }
+  std::string name() const { return "sigmoid"; }
 };
 struct Tanh {
   Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const {
     return tanh(x, loc);
   }
+  std::string name() const { return "tanh"; }
 };
+
+// A module's name for messages: its name() when it has one ("fc2", "relu"), else "".
+template <typename F>
+std::string module_name(const F& f) {
+  if constexpr (requires { { f.name() } -> std::convertible_to<std::string>; })
+    return f.name();
+  else
+    return "";
+}
 
 // Any module: a callable taking (Sym, std::source_location) or just (Sym).
 class Layer {
@@ -121,23 +144,26 @@ class Layer {
   template <typename F>
     requires(!std::same_as<std::remove_cvref_t<F>, Layer> &&
              std::invocable<const F&, Sym, std::source_location>)
-  Layer(F f) : fn_([f = std::move(f)](Sym x, std::source_location loc) { return f(x, loc); }) {}
+  Layer(F f)
+      : name_(module_name(f)), fn_([f = std::move(f)](Sym x, std::source_location loc) { return f(x, loc); }) {}
 
   template <typename F>
     requires(!std::same_as<std::remove_cvref_t<F>, Layer> &&
              !std::invocable<const F&, Sym, std::source_location> && std::invocable<const F&, Sym>)
-  Layer(F f) : fn_([f = std::move(f)](Sym x, std::source_location) { return f(x); }) {}
+  Layer(F f) : name_(module_name(f)), fn_([f = std::move(f)](Sym x, std::source_location) { return f(x); }) {}
 
   Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const {
     return fn_(x, loc);
   }
+  const std::string& name() const { return name_; }  // the module's, or "" (a lambda)
 
  private:
+  std::string name_;
   std::function<Sym(Sym, std::source_location)> fn_;
 };
 
-// Layers applied in order. An error inside names the layer's index and the line that
-// applied the Sequential.
+// Layers applied in order. An error inside names the layer, by index and name ("layer 2
+// (fc2) of a Sequential: ..."), and the line that applied the Sequential.
 class Sequential {
  public:
   Sequential() = default;
@@ -145,6 +171,7 @@ class Sequential {
   Sequential& add(Layer layer);
   Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const;
   size_t size() const { return layers_.size(); }
+  std::string name() const { return "sequential"; }
 
  private:
   std::vector<Layer> layers_;

@@ -73,15 +73,35 @@ Sym Tracer::constant(const Tensor& value) { return wrap(graph_.add_constant(valu
 Sym Tracer::scalar(double value, DType dtype, std::source_location loc) {
   if ((is_integer(dtype) && value != std::trunc(value)) ||
       (dtype == DType::boolean && value != 0 && value != 1) ||
-      (!is_float(dtype) && !std::isfinite(value)))
+      (!is_float(dtype) && !(value >= -0x1p63 && value < 0x1p63)))
     throw Error("the number " + std::to_string(value) + " cannot be a " +
                 std::string(dtype_name(dtype)) + " constant" + at(loc));
+  if (!is_float(dtype)) return scalar_int(static_cast<int64_t>(value), dtype, loc);
   auto key = std::make_pair(dtype, std::bit_cast<uint64_t>(value));
   auto it = scalars_.find(key);
   if (it != scalars_.end()) return wrap(it->second);
   ValueId v = graph_.add_constant(Tensor::scalar(dtype, value));
   scalars_.emplace(key, v);
   return wrap(v);
+}
+
+Sym Tracer::scalar_int(int64_t value, DType dtype, std::source_location loc) {
+  if (is_float(dtype)) return scalar(static_cast<double>(value), dtype, loc);
+  bool fits = dtype == DType::i64 || (dtype == DType::i32 && value >= INT32_MIN && value <= INT32_MAX) ||
+              (dtype == DType::boolean && (value == 0 || value == 1));
+  if (!fits)
+    throw Error("the number " + std::to_string(value) + " cannot be a " + std::string(dtype_name(dtype)) +
+                " constant" + at(loc));
+  auto key = std::make_pair(dtype, static_cast<uint64_t>(value));
+  auto it = scalars_.find(key);
+  if (it != scalars_.end()) return wrap(it->second);
+  ValueId v = graph_.add_constant(Tensor::scalar(dtype, value));
+  scalars_.emplace(key, v);
+  return wrap(v);
+}
+
+Sym Tracer::scalar_of(const Operand& number, DType dtype, std::source_location loc) {
+  return number.integer ? scalar_int(*number.integer, dtype, loc) : scalar(number.scalar, dtype, loc);
 }
 
 void Tracer::output(std::string name, Sym value, std::source_location loc) {
@@ -119,7 +139,7 @@ Sym Tracer::apply_operands(Op op, const std::vector<Operand>& operands, std::sou
       break;
     }
   std::vector<Sym> syms;
-  for (const Operand& o : operands) syms.push_back(o.sym ? *o.sym : scalar(o.scalar, dtype, loc));
+  for (const Operand& o : operands) syms.push_back(o.sym ? *o.sym : scalar_of(o, dtype, loc));
   return apply(op, syms, {}, loc);
 }
 
@@ -179,8 +199,8 @@ Sym select(Sym cond, Operand a, Operand b, std::source_location loc) {
   // Scalar branches take the other branch's dtype (f32 when both are numbers).
   Tracer& t = cond.tracer();
   DType dtype = a.sym ? a.sym->dtype() : b.sym ? b.sym->dtype() : DType::f32;
-  Sym sa = a.sym ? *a.sym : t.scalar(a.scalar, dtype, loc);
-  Sym sb = b.sym ? *b.sym : t.scalar(b.scalar, dtype, loc);
+  Sym sa = a.sym ? *a.sym : t.scalar_of(a, dtype, loc);
+  Sym sb = b.sym ? *b.sym : t.scalar_of(b, dtype, loc);
   return t.apply(Op::Select, {cond, sa, sb}, {}, loc);
 }
 

@@ -14,11 +14,13 @@
 // dtype. There is no operator== / != on Syms (use eq / ne) so Syms stay plain handles.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <source_location>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ir/graph.h"
@@ -59,8 +61,15 @@ struct Operand {
       : sym(s), loc(loc) {}
   Operand(double v, std::source_location loc = std::source_location::current())
       : scalar(v), loc(loc) {}
+  // An integer keeps its exact value for i64 operands (a double rounds past 2^53).
+  // (Unsigned 64-bit numbers, which int64_t may not hold, take the double path.)
+  template <std::integral I>
+    requires(std::is_signed_v<I> || sizeof(I) < sizeof(int64_t))
+  Operand(I v, std::source_location loc = std::source_location::current())
+      : scalar(static_cast<double>(v)), integer(static_cast<int64_t>(v)), loc(loc) {}
   std::optional<Sym> sym;
   double scalar = 0;
+  std::optional<int64_t> integer;  // set when the number was written as an integer
   std::source_location loc;
 };
 
@@ -81,6 +90,11 @@ class Tracer {
   // bool dtypes reject values they cannot hold exactly (x_i32 + 0.5 is an error).
   Sym scalar(double value, DType dtype = DType::f32,
              std::source_location loc = std::source_location::current());
+  // As scalar(), from an integer: exact for i64 (a double holds integers exactly only up
+  // to 2^53); an error for i32 and bool when it does not fit; floats round it to nearest.
+  Sym scalar_int(int64_t value, DType dtype, std::source_location loc = std::source_location::current());
+  // An Operand's number as a scalar of `dtype` (scalar_int for an integer).
+  Sym scalar_of(const Operand& number, DType dtype, std::source_location loc);
   void output(std::string name, Sym value,
               std::source_location loc = std::source_location::current());
 
@@ -104,7 +118,8 @@ class Tracer {
 
   Graph graph_;
   TensorMap parameters_;
-  std::map<std::pair<DType, uint64_t>, ValueId> scalars_;  // keyed by the bits of the value
+  // Keyed by the bits of the value: a double for float dtypes, an int64_t for the others.
+  std::map<std::pair<DType, uint64_t>, ValueId> scalars_;
 };
 
 // --- Unary elementwise ---------------------------------------------------------------------

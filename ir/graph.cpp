@@ -163,9 +163,15 @@ AttrMap complete_attrs(Op op, AttrMap given) {
       throw Error(std::string(info.spelling) + ": unknown attribute '" + name + "' (" +
                   (known.empty() ? "it takes none" : "it takes " + known) + ")");
     }
-    // Integers are accepted where a float is expected (`value=0`).
+    // Integers are accepted where a float is expected (`value=0`), if the double holds them
+    // exactly: beyond 2^53 one would silently round (pad of an i64 tensor).
     if (spec->kind == AttrKind::Float && attr_kind(attr) == AttrKind::Int) {
-      given[name] = static_cast<double>(std::get<int64_t>(attr));
+      int64_t i = std::get<int64_t>(attr);
+      auto d = static_cast<double>(i);
+      if (d >= 0x1p63 || static_cast<int64_t>(d) != i)
+        throw Error(std::string(info.spelling) + ": attribute '" + name + "' is a float, and " + std::to_string(i) +
+                    " is not exact as one (integers beyond 2^53 round)");
+      given[name] = d;
       continue;
     }
     if (attr_kind(attr) != spec->kind)

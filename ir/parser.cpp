@@ -366,7 +366,15 @@ Attr Parser::parse_attr(const AttrSpec& spec, Literal& literal) {
   switch (spec.kind) {
     case AttrKind::Int: return to_int(scalar("an integer"), what);
     case AttrKind::Ints: return int_list();
-    case AttrKind::Float: return to_float<double>(scalar("a number"), what);
+    case AttrKind::Float: {
+      // An integer stays one, so that complete_attrs can refuse what a double would round.
+      Token tok = scalar("a number");
+      int64_t i = 0;
+      const char* last = tok.text.data() + tok.text.size();
+      auto [end, ec] = std::from_chars(tok.text.data(), last, i);
+      if (ec == std::errc() && end == last) return i;
+      return to_float<double>(tok, what);
+    }
     case AttrKind::Bool: {
       Token tok = scalar("true or false");
       if (tok.text != "true" && tok.text != "false")

@@ -30,32 +30,21 @@ std::string format_float(T v) {
   return s;
 }
 
-std::string format_element(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::f32: return format_float(t.data<float>()[i]);
-    case DType::f64: return format_float(t.data<double>()[i]);
-    case DType::i32: return std::to_string(t.data<int32_t>()[i]);
-    case DType::i64: return std::to_string(t.data<int64_t>()[i]);
-    case DType::boolean: return t.data<uint8_t>()[i] ? "true" : "false";
-  }
-  return "?";
-}
-
 // A splat prints as its single element, anything else as a flat row-major list.
 std::string format_tensor(const Tensor& t) {
   // Compare spellings, not bits: NaNs with different payloads print alike, and a
   // second round trip must not turn their list into a splat.
   int64_t n = t.numel();
   if (n >= 1) {
-    std::string first = format_element(t, 0);
+    std::string first = print_element(t, 0);
     int64_t i = 1;
-    while (i < n && format_element(t, i) == first) ++i;
+    while (i < n && print_element(t, i) == first) ++i;
     if (i == n) return first;
   }
   std::string out = "[";
   for (int64_t i = 0; i < n; ++i) {
     if (i) out += ", ";
-    out += format_element(t, i);
+    out += print_element(t, i);
   }
   return out + "]";
 }
@@ -86,6 +75,17 @@ std::string indent(const std::string& text, const std::string& prefix) {
 }
 
 }  // namespace
+
+std::string print_element(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::f32: return format_float(t.data<float>()[i]);
+    case DType::f64: return format_float(t.data<double>()[i]);
+    case DType::i32: return std::to_string(t.data<int32_t>()[i]);
+    case DType::i64: return std::to_string(t.data<int64_t>()[i]);
+    case DType::boolean: return t.data<uint8_t>()[i] ? "true" : "false";
+  }
+  return "?";
+}
 
 std::string print_attr(const Attr& a) {
   switch (attr_kind(a)) {

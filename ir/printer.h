@@ -15,6 +15,9 @@ std::string print(const Graph& g);
 // to a graph never changes the names of the values already in it. Only `g`'s own values:
 // a fused node's results are numbered like any other, its body has its own namespace.
 std::vector<std::string> value_names(const Graph& g);
+// Element i of `t` in the text form: integers in full, floats in their shortest
+// round-trip spelling ("1.0", "nan"), bools as true/false.
+std::string print_element(const Tensor& t, int64_t i);
 // One attribute value in its text form ("[1, 1]", "f32", "0.5", "true", a tensor literal).
 std::string print_attr(const Attr& a);
 

@@ -12,24 +12,32 @@ Tensor::Tensor(DType dtype, Shape shape) : type_{dtype, std::move(shape)} {
   bytes_.assign(static_cast<size_t>(type_.numel()) * dtype_size(dtype), std::byte{0});
 }
 
-Tensor Tensor::scalar(DType dtype, double v) {
-  Tensor t(dtype, {});
-  t.set(0, v);
-  return t;
+void Tensor::check_index(int64_t i, const char* what) const {
+  // The elements held, not numel(): a default-constructed Tensor holds none.
+  auto held = static_cast<int64_t>(bytes_.size() / dtype_size(dtype()));
+  if (i < 0 || i >= held)
+    throw Error("Tensor::" + std::string(what) + ": element " + std::to_string(i) + " is out of range for " +
+                type_.str() + " (" + std::to_string(held) + " elements)");
 }
 
 double Tensor::get(int64_t i) const {
+  check_index(i, "get");
   return visit_dtype(dtype(), [&]<typename T>() { return static_cast<double>(data<T>()[i]); });
 }
 
 int64_t Tensor::get_int(int64_t i) const {
-  return visit_dtype(dtype(), [&]<typename T>() { return static_cast<int64_t>(data<T>()[i]); });
+  check_index(i, "get_int");
+  return visit_dtype(dtype(), [&]<typename T>() { return interp::convert<int64_t>(data<T>()[i]); });
 }
 
 void Tensor::set(int64_t i, double v) {
-  visit_dtype(dtype(), [&]<typename T>() {
-    data<T>()[i] = interp::convert<T>(v);
-  });
+  check_index(i, "set");
+  visit_dtype(dtype(), [&]<typename T>() { data<T>()[i] = interp::convert<T>(v); });
+}
+
+void Tensor::set_int(int64_t i, int64_t v) {
+  check_index(i, "set_int");
+  visit_dtype(dtype(), [&]<typename T>() { data<T>()[i] = interp::convert<T>(v); });
 }
 
 Tensor Tensor::reshaped(Shape s) const {
@@ -51,29 +59,44 @@ Tensor Tensor::cast(DType to) const {
   return out;
 }
 
+namespace {
+
+// Both elements compare as integers.
+bool integral_pair(const Tensor& a, const Tensor& b) { return !is_float(a.dtype()) && !is_float(b.dtype()); }
+
+}  // namespace
+
+double element_abs_diff(const Tensor& a, const Tensor& b, int64_t i) {
+  KILN_CHECK(a.shape() == b.shape(), "element_abs_diff: shapes differ");
+  if (integral_pair(a, b)) {
+    // In uint64_t, where the difference of any two int64_t fits.
+    auto x = static_cast<uint64_t>(a.get_int(i)), y = static_cast<uint64_t>(b.get_int(i));
+    return static_cast<double>(a.get_int(i) >= b.get_int(i) ? x - y : y - x);
+  }
+  double x = a.get(i), y = b.get(i);
+  if (std::isnan(x) || std::isnan(y)) return std::isnan(x) == std::isnan(y) ? 0.0 : INFINITY;
+  if (x == y) return 0.0;  // equal infinities included
+  return std::fabs(x - y);  // infinite when one is
+}
+
+double element_tolerance(const Tensor& want, int64_t i, double rtol, double atol) {
+  if (!is_float(want.dtype())) return 0.0;
+  double w = want.get(i);
+  return std::isfinite(w) ? atol + rtol * std::fabs(w) : atol;
+}
+
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   KILN_CHECK(a.shape() == b.shape(), "max_abs_diff: shapes differ");
   double m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    double x = a.get(i), y = b.get(i);
-    if (std::isnan(x) != std::isnan(y)) return INFINITY;
-    if (std::isnan(x)) continue;
-    if (x == y) continue;  // equal infinities
-    m = std::max(m, std::fabs(x - y));
-  }
+  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, element_abs_diff(a, b, i));
   return m;
 }
 
 bool all_close(const Tensor& a, const Tensor& b, double rtol, double atol) {
   if (a.shape() != b.shape()) return false;
   for (int64_t i = 0; i < a.numel(); ++i) {
-    double x = a.get(i), y = b.get(i);
-    if (std::isnan(x) || std::isnan(y)) {
-      if (std::isnan(x) != std::isnan(y)) return false;
-      continue;
-    }
-    if (x == y) continue;
-    if (!(std::fabs(x - y) <= atol + rtol * std::fabs(y))) return false;
+    double d = element_abs_diff(a, b, i);
+    if (d != 0 && !(d <= element_tolerance(b, i, rtol, atol))) return false;
   }
   return true;
 }

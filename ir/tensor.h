@@ -5,6 +5,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ir/dtype.h"
@@ -17,14 +18,26 @@ class Tensor {
   Tensor() = default;
   Tensor(DType dtype, Shape shape);  // zero-filled
 
+  // A tensor of `shape` from row-major values: integral values through set_int (exact),
+  // floating ones through set. Throws kiln::Error when their count is not the shape's.
   template <typename T>
+    requires std::is_arithmetic_v<T>
   static Tensor from(DType dtype, Shape shape, const std::vector<T>& values) {
     Tensor t(dtype, std::move(shape));
-    KILN_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "Tensor::from: size mismatch");
-    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<double>(values[i]));
+    if (static_cast<int64_t>(values.size()) != t.numel())
+      throw Error("Tensor::from: " + std::to_string(values.size()) + " values for shape " + shape_str(t.shape()) +
+                  " (" + std::to_string(t.numel()) + " elements)");
+    for (int64_t i = 0; i < t.numel(); ++i) t.set_value<T>(i, values[static_cast<size_t>(i)]);
     return t;
   }
-  static Tensor scalar(DType dtype, double v);
+  // A rank-0 tensor holding `v` (exact for an integral v, as from()).
+  template <typename T>
+    requires std::is_arithmetic_v<T>
+  static Tensor scalar(DType dtype, T v) {
+    Tensor t(dtype, {});
+    t.set_value<T>(0, v);
+    return t;
+  }
 
   DType dtype() const { return type_.dtype; }
   const Shape& shape() const { return type_.shape; }
@@ -40,24 +53,46 @@ class Tensor {
   template <typename T>
   const T* data() const { return reinterpret_cast<const T*>(bytes_.data()); }
 
-  // Element access through double, whatever the dtype (exact for f32, f64, i32, bool;
-  // i64 beyond 2^53 rounds). For tests, constants and printing; kernels use data<T>().
+  // Element access for tests, constants and printing (kernels use data<T>()); each checks
+  // the index and throws kiln::Error when it is out of range. get/set go through double:
+  // exact for f32, f64, i32 and bool, but an i64 beyond 2^53 rounds, so integers take
+  // get_int/set_int, which are exact for i32, i64 and bool (and convert to and from
+  // floats by Kiln's cast rules).
   double get(int64_t i) const;
   void set(int64_t i, double v);
-  int64_t get_int(int64_t i) const;  // exact for integer dtypes
+  int64_t get_int(int64_t i) const;
+  void set_int(int64_t i, int64_t v);
 
   Tensor reshaped(Shape s) const;
   Tensor cast(DType to) const;
   bool operator==(const Tensor& o) const { return type_ == o.type_ && bytes_ == o.bytes_; }
 
  private:
+  template <typename T>
+  void set_value(int64_t i, T v) {
+    if constexpr (std::is_integral_v<T>) set_int(i, static_cast<int64_t>(v));
+    else set(i, static_cast<double>(v));
+  }
+  void check_index(int64_t i, const char* what) const;
+
   TensorType type_;
   std::vector<std::byte> bytes_;
 };
 
-// Largest |a-b| over elements (types must match in shape); for tests and bisection.
+// Element-wise comparison, for tests and bisection. Two integer or bool elements compare
+// exactly, as integers (Kiln's integer arithmetic is exact, so any difference is one that
+// counts); floats compare in double, NaN equal to NaN and infinities equal only to
+// themselves. The shapes must match (an internal error otherwise).
+//
+// |a[i] - b[i]|: at least 1 for integers that differ (rounded to double only past 2^53),
+// infinity when exactly one is NaN or the two differ and one is infinite.
+double element_abs_diff(const Tensor& a, const Tensor& b, int64_t i);
+// The largest difference element_abs_diff allows for element i of `want`: 0 for integers
+// and bools, atol + rtol * |want[i]| for floats (atol alone where want[i] is not finite).
+double element_tolerance(const Tensor& want, int64_t i, double rtol, double atol);
+// Largest element_abs_diff over the elements.
 double max_abs_diff(const Tensor& a, const Tensor& b);
-// True when every element satisfies |a-b| <= atol + rtol*|b|.
+// True when the shapes match and every element is within element_tolerance of `b`'s.
 bool all_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-6);
 
 }  // namespace kiln

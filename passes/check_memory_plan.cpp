@@ -1,9 +1,11 @@
 // The memory plan checker (see check_memory_plan.h). Deliberately written without the
-// planner's code: liveness is recomputed here from scratch by scanning every node for each
-// value, and the in-place rules are restated, so a planner bug cannot hide behind itself.
+// planner's code: liveness is recomputed here from scratch, and the in-place rules are
+// restated, so a planner bug cannot hide behind itself. Every check is near-linear in the
+// graph (a sweep over time for the overlaps), so it can run on every compile.
 #include "passes/check_memory_plan.h"
 
 #include <algorithm>
+#include <map>
 
 #include "ir/printer.h"
 
@@ -17,6 +19,7 @@ struct Checker {
   std::vector<std::string> names;
   int32_t end_of_graph = 0;
   std::vector<int32_t> first, last;  // live interval per value, recomputed
+  std::vector<std::vector<int32_t>> readers;  // per value: the nodes reading it, ascending
 
   [[noreturn]] void fail(const std::string& message) const {
     internal_error("check_memory_plan", "memory plan of @" + g.name() + ": " + message);
@@ -37,18 +40,15 @@ struct Checker {
   // Liveness, the simple way: a value is live from its definition to its last reader.
   void compute_liveness() {
     end_of_graph = static_cast<int32_t>(g.nodes().size());
+    readers.resize(g.values().size());
+    for (int32_t i = 0; i < end_of_graph; ++i)
+      for (ValueId v : g.nodes()[i].operands)
+        if (readers[v.id].empty() || readers[v.id].back() != i) readers[v.id].push_back(i);
     for (size_t id = 0; id < g.values().size(); ++id) {
-      const ValueId v{static_cast<int32_t>(id)};
-      first.push_back(g.value(v).node);
-      int32_t end = g.value(v).node;
-      for (int32_t i = 0; i < end_of_graph; ++i) {
-        const auto& ops = g.nodes()[i].operands;
-        if (std::count(ops.begin(), ops.end(), v) > 0) end = i;
-      }
-      for (const GraphOutput& o : g.outputs())
-        if (o.value == v) end = end_of_graph;
-      last.push_back(end);
+      first.push_back(g.values()[id].node);
+      last.push_back(readers[id].empty() ? first.back() : std::max(first.back(), readers[id].back()));
     }
+    for (const GraphOutput& o : g.outputs()) last[o.value.id] = end_of_graph;
   }
 
   // May node `n` write `result` over `operand`? Restated from memory_plan.h: same shape and
@@ -107,6 +107,14 @@ struct Checker {
       fail("plans " + std::to_string(plan.values.size()) + " values, the graph has " +
            std::to_string(g.values().size()));
     if (plan.alignment <= 0) fail("alignment " + std::to_string(plan.alignment));
+    std::vector<int> times_listed(g.values().size(), 0);  // in any buffer's value list
+    for (const Buffer& b : plan.buffers)
+      for (ValueId v : b.values)
+        if (v.valid() && v.id < static_cast<int32_t>(times_listed.size())) ++times_listed[v.id];
+    std::vector<int> in_state_buffer(g.values().size(), 0);  // per state: values planned in its buffer
+    for (const ValuePlan& p : plan.values)
+      if (p.kind == BufferKind::StateInPlace && p.state.valid() && p.state.id < static_cast<int32_t>(g.values().size()))
+        ++in_state_buffer[p.state.id];
     for (size_t id = 0; id < g.values().size(); ++id) {
       const ValueId v{static_cast<int32_t>(id)};
       const Value& value = g.value(v);
@@ -126,7 +134,7 @@ struct Checker {
       if (!kind_ok)
         fail(describe(v) + " is planned as " + std::string(buffer_kind_name(p.kind)) + ", expected " +
              std::string(buffer_kind_name(expected)));
-      if (p.kind == BufferKind::StateInPlace) check_state_in_place(v);
+      if (p.kind == BufferKind::StateInPlace) check_state_in_place(v, in_state_buffer);
       if (p.kind != BufferKind::Arena) continue;
       if (p.offset < 0 || p.offset % plan.alignment != 0)
         fail(describe(v) + " is not aligned to " + std::to_string(plan.alignment) + " bytes");
@@ -135,7 +143,8 @@ struct Checker {
       if (p.buffer < 0 || p.buffer >= static_cast<int32_t>(plan.buffers.size()))
         fail(describe(v) + " has no buffer");
       const Buffer& b = plan.buffers[p.buffer];
-      if (std::count(b.values.begin(), b.values.end(), v) != 1 || b.offset != p.offset || b.bytes != p.bytes)
+      // Listed once, and (the loop below) only in the buffer it is planned in.
+      if (times_listed[id] != 1 || b.offset != p.offset || b.bytes != p.bytes)
         fail(describe(v) + " disagrees with its buffer b" + std::to_string(p.buffer));
     }
     for (size_t b = 0; b < plan.buffers.size(); ++b)
@@ -145,7 +154,7 @@ struct Checker {
           fail("buffer b" + std::to_string(b) + " lists a value not planned in it");
   }
 
-  void check_state_in_place(ValueId v) {
+  void check_state_in_place(ValueId v, const std::vector<int>& in_state_buffer) {
     const ValueId x = plan.values[v.id].state;
     if (!x.valid() || x.id >= static_cast<int32_t>(g.values().size()) || g.value(x).node >= 0 || !g.is_state(x))
       fail(describe(v) + " is in a state buffer, but not of a state input");
@@ -157,39 +166,58 @@ struct Checker {
     }
     if (!is_next) fail(describe(v) + " is in the buffer of " + describe(x) + " but is not its output " + next_name);
     const int32_t at = first[v.id];
-    for (int32_t i = 0; i < end_of_graph; ++i) {
-      if (!reads(g.nodes()[i], x)) continue;
+    for (int32_t i : readers[x.id]) {
       if (i > at)
         fail(describe(v) + " overwrites " + describe(x) + ", which node " + std::to_string(i) + " reads later");
       if (i == at && (!in_place_ok(g.nodes()[i], x, v) || g.type(x) != g.type(v)))
         fail(describe(v) + " overwrites " + describe(x) + " in a node that reads it other than elementwise");
     }
-    for (size_t id = 0; id < plan.values.size(); ++id)
-      if (static_cast<int32_t>(id) != v.id && plan.values[id].kind == BufferKind::StateInPlace &&
-          plan.values[id].state == x)
-        fail(describe(v) + " and " + describe(ValueId{static_cast<int32_t>(id)}) + " are both in the buffer of " +
-             describe(x));
+    if (in_state_buffer[x.id] > 1)
+      for (size_t id = 0; id < plan.values.size(); ++id)
+        if (static_cast<int32_t>(id) != v.id && plan.values[id].kind == BufferKind::StateInPlace &&
+            plan.values[id].state == x)
+          fail(describe(v) + " and " + describe(ValueId{static_cast<int32_t>(id)}) + " are both in the buffer of " +
+               describe(x));
   }
 
-  // Every pair of arena values overlapping in memory (by a sweep over offsets) must not be
-  // live at once, unless one is written in place over the other.
+  // No two arena values may overlap in memory while both live, unless one is written in
+  // place over the other (then their bytes are the same). A sweep over time: values enter
+  // in order of definition, each checked against the values live then, which are kept by
+  // offset. Those pairwise overlap only in place, at equal ranges, so the values that can
+  // overlap a new one are its neighbours by offset: the check costs O(log n) per value.
   void check_overlaps() {
     std::vector<ValueId> arena;
     for (size_t id = 0; id < plan.values.size(); ++id)
       if (plan.values[id].kind == BufferKind::Arena && plan.values[id].bytes > 0)
         arena.push_back(ValueId{static_cast<int32_t>(id)});
-    std::sort(arena.begin(), arena.end(), [&](ValueId a, ValueId b) {
-      return plan.values[a.id].offset != plan.values[b.id].offset ? plan.values[a.id].offset < plan.values[b.id].offset
-                                                                   : a.id < b.id;
-    });
-    for (size_t i = 0; i < arena.size(); ++i) {
-      const ValuePlan& a = plan.values[arena[i].id];
-      for (size_t j = i + 1; j < arena.size() && plan.values[arena[j].id].offset < a.offset + a.bytes; ++j) {
-        const ValueId x = arena[i], y = arena[j];
-        const bool live_together = first[x.id] <= last[y.id] && first[y.id] <= last[x.id];
-        if (live_together && !legal_in_place(x, y))
-          fail(describe(x) + " and " + describe(y) + " overlap in memory while both live");
+    std::stable_sort(arena.begin(), arena.end(), [&](ValueId a, ValueId b) { return first[a.id] < first[b.id]; });
+    std::vector<ValueId> by_end = arena;
+    std::stable_sort(by_end.begin(), by_end.end(), [&](ValueId a, ValueId b) { return last[a.id] < last[b.id]; });
+    std::multimap<int64_t, ValueId> live;  // by offset
+    std::vector<std::multimap<int64_t, ValueId>::iterator> where(plan.values.size());
+    size_t ended = 0;
+    auto check_pair = [&](ValueId x, ValueId y) {
+      const ValuePlan& a = plan.values[x.id];
+      const ValuePlan& b = plan.values[y.id];
+      bool overlap = a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+      if (overlap && !legal_in_place(x, y)) {
+        if (a.offset > b.offset || (a.offset == b.offset && x.id > y.id)) std::swap(x, y);
+        fail(describe(x) + " and " + describe(y) + " overlap in memory while both live");
       }
+    };
+    for (ValueId y : arena) {
+      while (ended < by_end.size() && last[by_end[ended].id] < first[y.id]) live.erase(where[by_end[ended++].id]);
+      const ValuePlan& p = plan.values[y.id];
+      auto at = live.lower_bound(p.offset);
+      // Below: live ranges are disjoint but for equal ones, so their ends fall as we go
+      // down, and the first that ends at or before p.offset ends the search.
+      for (auto it = at; it != live.begin();) {
+        --it;
+        if (it->first + plan.values[it->second.id].bytes <= p.offset) break;
+        check_pair(it->second, y);
+      }
+      for (auto it = at; it != live.end() && it->first < p.offset + p.bytes; ++it) check_pair(it->second, y);
+      where[y.id] = live.emplace(p.offset, y);
     }
   }
 };
@@ -197,7 +225,7 @@ struct Checker {
 }  // namespace
 
 void check_memory_plan(const Graph& g, const MemoryPlan& plan) {
-  Checker c{g, plan, value_names(g), 0, {}, {}};
+  Checker c{g, plan, value_names(g), 0, {}, {}, {}};
   c.compute_liveness();
   c.check_values();
   c.check_overlaps();

@@ -2,7 +2,6 @@
 // interpreter's kernel for the op (kiln::eval_op), so a folded value has exactly the bits
 // the unfolded graph would compute. See passes/simplify.h for what is left alone.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "ir/error.h"
@@ -48,9 +47,12 @@ Graph fold_constants(const Graph& g, const PassOptions& options) {
     // to the shape, and a value larger than every operand is not folded at all.
     int64_t largest_operand = 0;
     for (const Tensor* t : operands) largest_operand = std::max(largest_operand, t->numel());
+    // A splat: every element has the first one's bits (exact for every dtype: integers are
+    // not rounded as they would be through double, and -0.0 is not 0.0).
+    const size_t size = dtype_size(value.dtype());
     bool splat = value.numel() > 1;
-    for (int64_t i = 1; splat && i < value.numel(); ++i) splat = value.get(i) == value.get(0) &&
-                                                                std::signbit(value.get(i)) == std::signbit(value.get(0));
+    for (int64_t i = 1; splat && i < value.numel(); ++i)
+      splat = std::memcmp(value.raw() + static_cast<size_t>(i) * size, value.raw(), size) == 0;
     const std::string& name = g.value(n.result()).name;
     ValueId c;
     if (splat) {

@@ -7,8 +7,8 @@
 
 namespace kiln {
 
-Graph fuse_elementwise(const Graph& g, const PassOptions&) {
-  fusion::Partition p(g);
+Graph fuse_elementwise(const Graph& g, const PassOptions& options) {
+  fusion::Partition p(g, options.fuse_max_nodes);
   auto elementwise = [&](size_t i) { return op_info(g.nodes()[i].op).has(kElementwise); };
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     if (!elementwise(i)) continue;

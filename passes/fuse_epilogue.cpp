@@ -10,8 +10,8 @@ namespace {
 
 bool is_activation(Op op) { return op == Op::Relu || op == Op::Sigmoid || op == Op::Tanh; }
 
-Graph fuse_epilogue(const Graph& g, Op anchor, const std::string& prefix) {
-  fusion::Partition p(g);
+Graph fuse_epilogue(const Graph& g, const PassOptions& options, Op anchor, const std::string& prefix) {
+  fusion::Partition p(g, options.fuse_max_nodes);
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& a = g.nodes()[i];
     if (a.op != anchor || p.grouped(i)) continue;
@@ -43,7 +43,11 @@ Graph fuse_epilogue(const Graph& g, Op anchor, const std::string& prefix) {
 
 }  // namespace
 
-Graph fuse_matmul_epilogue(const Graph& g, const PassOptions&) { return fuse_epilogue(g, Op::Matmul, "gemm"); }
-Graph fuse_conv_epilogue(const Graph& g, const PassOptions&) { return fuse_epilogue(g, Op::Conv2d, "conv"); }
+Graph fuse_matmul_epilogue(const Graph& g, const PassOptions& options) {
+  return fuse_epilogue(g, options, Op::Matmul, "gemm");
+}
+Graph fuse_conv_epilogue(const Graph& g, const PassOptions& options) {
+  return fuse_epilogue(g, options, Op::Conv2d, "conv");
+}
 
 }  // namespace kiln

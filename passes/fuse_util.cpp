@@ -8,8 +8,9 @@
 
 namespace kiln::fusion {
 
-Partition::Partition(const Graph& g)
-    : g_(g), group_(g.nodes().size(), -1), users_(g.values().size()), is_output_(g.values().size(), false) {
+Partition::Partition(const Graph& g, int64_t max_group_size)
+    : g_(g), group_(g.nodes().size(), -1), max_group_size_(max_group_size), users_(g.values().size()), is_output_(g.values().size(), false),
+      mark_(g.nodes().size(), 0) {
   for (size_t i = 0; i < g.nodes().size(); ++i)
     for (ValueId v : g.nodes()[i].operands)
       if (users_[v.id].empty() || users_[v.id].back() != i) users_[v.id].push_back(i);
@@ -17,44 +18,64 @@ Partition::Partition(const Graph& g)
 }
 
 int Partition::new_group(size_t node) {
-  group_[node] = next_group_;
-  return next_group_++;
+  group_[node] = static_cast<int>(first_.size());
+  first_.push_back(node);
+  last_.push_back(node);
+  size_.push_back(1);
+  return group_[node];
 }
 
-std::vector<size_t> Partition::members(int group) const {
-  std::vector<size_t> out;
-  for (size_t i = 0; i < group_.size(); ++i)
-    if (group_[i] == group) out.push_back(i);
-  return out;
+void Partition::join(int group, size_t node) {
+  group_[node] = group;
+  first_[group] = std::min(first_[group], node);
+  last_[group] = std::max(last_[group], node);
+  ++size_[group];
 }
 
 bool Partition::can_join(int group, size_t node) const {
-  if (group_[node] >= 0) return false;
-  // S = group + node. S is convex iff no node outside S both depends on S and feeds S.
-  // Walk the nodes between S's first and last member in order, tainting outside nodes
-  // that (transitively) use an S value; an S member with a tainted operand breaks it.
-  std::vector<size_t> s = members(group);
-  s.push_back(node);
-  std::sort(s.begin(), s.end());
-  auto in_s = [&](size_t i) { return group_[i] == group || i == node; };
-  std::vector<bool> tainted(g_.nodes().size(), false);
-  for (size_t i = s.front(); i <= s.back(); ++i) {
-    const Node& n = g_.nodes()[i];
-    bool uses_s_or_taint = false;
-    bool uses_taint = false;
-    for (ValueId v : n.operands) {
-      int p = producer(v);
-      if (p < 0) continue;
-      if (tainted[p]) uses_taint = true;
-      if (in_s(static_cast<size_t>(p)) || tainted[p]) uses_s_or_taint = true;
-    }
-    if (in_s(i)) {
-      if (uses_taint) return false;
-    } else {
-      tainted[i] = uses_s_or_taint;
-    }
+  if (group_[node] >= 0 || size_[group] >= max_group_size_) return false;
+  // The group G is convex. If G + node is not, some path leaves it and comes back through
+  // outside nodes; as G alone is convex, that path starts or ends at `node`.
+  return !outside_path(group, node, /*forward=*/true) && !outside_path(group, node, /*forward=*/false);
+}
+
+bool Partition::outside_path(int group, size_t node, bool forward) const {
+  if (++epoch_ == 0) {  // the marks wrapped around: clear them once
+    std::fill(mark_.begin(), mark_.end(), 0);
+    epoch_ = 1;
   }
-  return true;
+  // Nodes are in topological order: going forward, a node after the group's last member
+  // cannot lead back to it; going backward, nor can one before its first member.
+  auto beyond = [&](size_t x) { return forward ? x > last_[group] : x < first_[group]; };
+  // Calls f(y) for each neighbour y of x (users going forward, producers going backward)
+  // until f returns true.
+  auto any_neighbour = [&](size_t x, auto&& f) {
+    const Node& n = g_.nodes()[x];
+    if (forward) {
+      for (ValueId r : n.results)
+        for (size_t u : users_[r.id])
+          if (f(u)) return true;
+    } else {
+      for (ValueId v : n.operands)
+        if (int p = producer(v); p >= 0 && f(static_cast<size_t>(p))) return true;
+    }
+    return false;
+  };
+  stack_.clear();
+  auto push_outside = [&](size_t y) {
+    if (group_[y] != group && !beyond(y) && mark_[y] != epoch_) {
+      mark_[y] = epoch_;
+      stack_.push_back(y);
+    }
+    return false;
+  };
+  any_neighbour(node, push_outside);  // direct edges to members are fine
+  while (!stack_.empty()) {
+    size_t x = stack_.back();
+    stack_.pop_back();
+    if (any_neighbour(x, [&](size_t y) { return group_[y] == group || push_outside(y); })) return true;
+  }
+  return false;
 }
 
 namespace {
@@ -77,6 +98,7 @@ struct Outlined {
 
 Outlined build_body(const Partition& p, const std::vector<size_t>& nodes, const std::string& name) {
   const Graph& g = p.graph();
+  const int group = p.group_of(nodes.front());
   Outlined out{Graph(name), {}, {}};
   std::map<int32_t, ValueId> local;  // source value id -> body value
   auto local_of = [&](ValueId v) -> ValueId {
@@ -96,7 +118,7 @@ Outlined build_body(const Partition& p, const std::vector<size_t>& nodes, const 
   };
   auto in_group = [&](ValueId v) {
     int n = p.producer(v);
-    return n >= 0 && std::find(nodes.begin(), nodes.end(), static_cast<size_t>(n)) != nodes.end();
+    return n >= 0 && p.group_of(static_cast<size_t>(n)) == group;
   };
   for (size_t i : nodes) {
     const Node& n = g.nodes()[i];
@@ -114,7 +136,7 @@ Outlined build_body(const Partition& p, const std::vector<size_t>& nodes, const 
     for (ValueId r : g.nodes()[i].results) {
       bool escapes = p.is_output(r);
       for (size_t u : p.users(r))
-        if (std::find(nodes.begin(), nodes.end(), u) == nodes.end()) escapes = true;
+        if (p.group_of(u) != group) escapes = true;
       if (!escapes) continue;
       out.body.add_output("r" + std::to_string(out.results.size()), local.at(r.id));
       out.results.push_back(r);

@@ -1,6 +1,6 @@
 // Shared machinery of the fusion passes: a partition of a graph's nodes into groups, a
 // convexity test (a group may absorb a node only if no path leaves the group and comes
-// back), and outlining: each group of two or more nodes becomes one Op::Fused node whose
+// back; its cost grows with the nodes it searches, not with the graph or the group), and outlining: each group of two or more nodes becomes one Op::Fused node whose
 // body is the group's nodes. A group value that a node outside the group or a graph output
 // uses becomes a result of the fused node, so it is still materialized exactly once.
 #pragma once
@@ -14,28 +14,40 @@ namespace kiln::fusion {
 
 class Partition {
  public:
-  explicit Partition(const Graph& g);
+  // Groups hold at most `max_group_size` nodes (PassOptions::fuse_max_nodes).
+  Partition(const Graph& g, int64_t max_group_size);
 
   const Graph& graph() const { return g_; }
   int group_of(size_t node) const { return group_[node]; }
   bool grouped(size_t node) const { return group_[node] >= 0; }
   int new_group(size_t node);
-  // Whether `node` can join `group` keeping it convex (checked, not assumed).
+  // Whether `node` can join `group` keeping it convex (checked, not assumed) and within the
+  // size bound. Groups only grow through join() after can_join(), so every group is convex.
   bool can_join(int group, size_t node) const;
-  void join(int group, size_t node) { group_[node] = group; }
+  void join(int group, size_t node);
   // The node defining `v`, or -1 for a graph input.
   int producer(ValueId v) const { return g_.value(v).node; }
   // Nodes that use `v` (ascending, each once).
   const std::vector<size_t>& users(ValueId v) const { return users_[v.id]; }
   bool is_output(ValueId v) const { return is_output_[v.id]; }
-  std::vector<size_t> members(int group) const;
 
  private:
+  // Whether a path of one or more nodes outside `group` leads from `node` to a member
+  // (forward) or from a member to `node` (backward).
+  bool outside_path(int group, size_t node, bool forward) const;
+
   const Graph& g_;
   std::vector<int> group_;
+  int64_t max_group_size_;
+  std::vector<size_t> first_, last_;  // per group: its first and last member
+  std::vector<int64_t> size_;         // per group: its member count
   std::vector<std::vector<size_t>> users_;
   std::vector<bool> is_output_;
-  int next_group_ = 0;
+  // The search's visited marks: a node is visited when its mark equals epoch_, so a new
+  // search starts without clearing them.
+  mutable std::vector<uint32_t> mark_;
+  mutable uint32_t epoch_ = 0;
+  mutable std::vector<size_t> stack_;
 };
 
 // Rebuilds the graph with each group of two or more nodes outlined into a fused node

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <iomanip>
+#include <map>
 #include <sstream>
 
 #include "ir/printer.h"
@@ -45,6 +46,7 @@ Analysis analyze(const Graph& g) {
   for (const GraphOutput& o : g.outputs()) a.values[o.value.id].end = num_nodes;
 
   // State outputs X.next into X's own buffer, where legal.
+  std::vector<bool> state_taken(g.values().size(), false);
   for (const GraphOutput& o : g.outputs()) {
     if (!o.name.ends_with(".next")) continue;
     ValueId x = g.find(std::string_view(o.name).substr(0, o.name.size() - 5));
@@ -56,9 +58,8 @@ Analysis analyze(const Graph& g) {
     if (state.end > next.start) continue;  // read after X.next is written
     if (state.end == next.start && !can_write_in_place(g, g.nodes()[next.start], x, o.value))
       continue;  // X.next's own node reads X, and not only elementwise
-    bool taken = false;  // another output already put a value in X's buffer
-    for (const ValuePlan& p : a.values) taken |= p.kind == BufferKind::StateInPlace && p.state == x;
-    if (taken) continue;
+    if (state_taken[x.id]) continue;  // another output already put a value in X's buffer
+    state_taken[x.id] = true;
     next.kind = BufferKind::StateInPlace;
     next.state = x;
   }
@@ -104,21 +105,60 @@ int64_t peak_of(const std::vector<Buffer>& buffers, size_t num_nodes) {
   return peak;
 }
 
+// The placed buffers, found by lifetime: those live at some point of [s, e] are those
+// live at s (a stabbing query on a segment tree over time) and those starting in (s, e].
+// Each query costs O(log n) plus the buffers it finds, where a scan of every placed
+// buffer made placement quadratic in the graph.
+class PlacedByTime {
+ public:
+  explicit PlacedByTime(int32_t times) : times_(std::max(times, 1)), tree_(4 * static_cast<size_t>(times_)) {}
+
+  void insert(int32_t b, int32_t start, int32_t end) {
+    insert(1, 0, times_ - 1, start, end, b);
+    by_start_.emplace(start, b);
+  }
+  // Calls f(b) for each placed buffer b whose lifetime meets [start, end], once.
+  template <typename F>
+  void meeting(int32_t start, int32_t end, F&& f) const {
+    for (size_t node = 1, lo = 0, hi = static_cast<size_t>(times_) - 1;;) {
+      for (int32_t b : tree_[node]) f(b);
+      if (lo == hi) break;
+      size_t mid = (lo + hi) / 2;
+      if (static_cast<size_t>(start) <= mid) node = 2 * node, hi = mid;
+      else node = 2 * node + 1, lo = mid + 1;
+    }
+    for (auto it = by_start_.upper_bound(start); it != by_start_.end() && it->first <= end; ++it) f(it->second);
+  }
+
+ private:
+  void insert(size_t node, int32_t lo, int32_t hi, int32_t start, int32_t end, int32_t b) {
+    if (end < lo || hi < start) return;
+    if (start <= lo && hi <= end) {
+      tree_[node].push_back(b);
+      return;
+    }
+    int32_t mid = lo + (hi - lo) / 2;
+    insert(2 * node, lo, mid, start, end, b);
+    insert(2 * node + 1, mid + 1, hi, start, end, b);
+  }
+
+  int32_t times_;
+  std::vector<std::vector<int32_t>> tree_;
+  std::multimap<int32_t, int32_t> by_start_;
+};
+
 // Places buffers in the given order; returns the arena size and fills `offsets`.
 int64_t place(const std::vector<Buffer>& buffers, const std::vector<int32_t>& order, bool best_fit,
-              int64_t alignment, std::vector<int64_t>& offsets) {
+              int64_t alignment, int32_t times, std::vector<int64_t>& offsets) {
   offsets.assign(buffers.size(), 0);
-  std::vector<int32_t> placed;
+  PlacedByTime placed(times);
   std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of placed buffers live meanwhile
   int64_t arena = 0;
   for (int32_t b : order) {
     const Buffer& buf = buffers[b];
     if (buf.bytes == 0) continue;  // empty: offset 0, overlaps nothing
     busy.clear();
-    for (int32_t p : placed) {
-      const Buffer& q = buffers[p];
-      if (q.start <= buf.end && buf.start <= q.end) busy.emplace_back(offsets[p], offsets[p] + q.bytes);
-    }
+    placed.meeting(buf.start, buf.end, [&](int32_t p) { busy.emplace_back(offsets[p], offsets[p] + buffers[p].bytes); });
     std::sort(busy.begin(), busy.end());
     int64_t candidate = 0, best = -1, best_gap = 0;
     for (const auto& [begin, end] : busy) {
@@ -132,7 +172,7 @@ int64_t place(const std::vector<Buffer>& buffers, const std::vector<int32_t>& or
     if (best < 0) best = candidate;  // past everything live meanwhile
     offsets[b] = best;
     arena = std::max(arena, best + buf.bytes);
-    placed.push_back(b);
+    placed.insert(b, buf.start, buf.end);
   }
   return align_up(arena, alignment);
 }
@@ -202,7 +242,8 @@ MemoryPlan plan_memory(const Graph& g, const PassOptions& options) {
   std::vector<int64_t> offsets, best_offsets;
   for (const auto& order : orders) {
     for (bool best_fit : {false, true}) {
-      int64_t arena = place(a.buffers, order, best_fit, options.alignment, offsets);
+      int64_t arena = place(a.buffers, order, best_fit, options.alignment,
+                            static_cast<int32_t>(g.nodes().size()) + 1, offsets);
       if (best < 0 || arena < best) best = arena, best_offsets = offsets;
     }
   }

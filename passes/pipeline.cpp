@@ -145,11 +145,11 @@ BisectReport bisect_numerics(const Graph& g, const TensorMap& inputs, const Pipe
     current = run_pipeline(current, one).graph;
     TensorMap got = interpret(current, inputs);
     BisectStep step{name, 0, true};
-    // The worst element, preferring one beyond tolerance.
+    // The worst element, preferring one beyond tolerance. Integers compare exactly
+    // (tensor.h): any pass that changes an integer result is wrong.
     double worst_excess = -INFINITY;
     std::string worst_output;
     int64_t worst_index = 0;
-    double worst_expected = 0, worst_got = 0;
     for (const GraphOutput& o : g.outputs()) {
       const Tensor& want = reference.at(o.name);
       auto it = got.find(o.name);
@@ -157,18 +157,14 @@ BisectReport bisect_numerics(const Graph& g, const TensorMap& inputs, const Pipe
         throw Error("bisect: pass " + name + " changed output '" + o.name + "'s type or dropped it");
       const Tensor& have = it->second;
       for (int64_t i = 0; i < want.numel(); ++i) {
-        double e = want.get(i), h = have.get(i);
-        bool same = e == h || (std::isnan(e) && std::isnan(h));
-        double diff = same ? 0.0 : (std::isnan(e) || std::isnan(h) ? INFINITY : std::fabs(e - h));
-        double excess = diff - (atol + rtol * std::fabs(e));
+        double diff = element_abs_diff(have, want, i);
+        double excess = diff == 0 ? -INFINITY : diff - element_tolerance(want, i, rtol, atol);
         step.max_abs_diff = std::max(step.max_abs_diff, diff);
         if (excess > 0) step.within_tolerance = false;
         if (excess > worst_excess) {
           worst_excess = excess;
           worst_output = o.name;
           worst_index = i;
-          worst_expected = e;
-          worst_got = h;
         }
       }
     }
@@ -177,9 +173,12 @@ BisectReport bisect_numerics(const Graph& g, const TensorMap& inputs, const Pipe
       report.diverged = true;
       report.first_bad = report.steps.size() - 1;
       report.output = worst_output;
-      report.index = unflatten(reference.at(worst_output).shape(), worst_index);
-      report.expected = worst_expected;
-      report.got = worst_got;
+      const Tensor& want = reference.at(worst_output);
+      const Tensor& have = got.at(worst_output);
+      report.index = unflatten(want.shape(), worst_index);
+      report.expected = print_element(want, worst_index);
+      report.got = print_element(have, worst_index);
+      report.abs_diff = element_abs_diff(have, want, worst_index);
     }
   }
   return report;
@@ -197,10 +196,10 @@ std::string format_bisect(const BisectReport& r) {
   std::string idx;
   for (size_t i = 0; i < r.index.size(); ++i) idx += (i ? "," : "") + std::to_string(r.index[i]);
   std::snprintf(line, sizeof line,
-                "first pass that changes the results: %s (pass %zu of %zu): output '%s'[%s] is %.9g, "
-                "unoptimized %.9g (|diff| %.3g)\n",
+                "first pass that changes the results: %s (pass %zu of %zu): output '%s'[%s] is %s, "
+                "unoptimized %s (|diff| %.3g)\n",
                 r.steps[r.first_bad].pass.c_str(), r.first_bad + 1, r.steps.size(), r.output.c_str(), idx.c_str(),
-                r.got, r.expected, std::fabs(r.got - r.expected));
+                r.got.c_str(), r.expected.c_str(), r.abs_diff);
   return out + line;
 }
 

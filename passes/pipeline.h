@@ -76,12 +76,13 @@ struct BisectReport {
   size_t first_bad = 0;           // index into steps
   std::string output;             // where the first bad pass's largest difference is
   std::vector<int64_t> index;     // its multi-index in that output
-  double expected = 0, got = 0;
+  std::string expected, got;      // the element unoptimized and after the pass, exactly (print_element)
+  double abs_diff = 0;            // |got - expected|, exact for integers (element_abs_diff)
 };
 
 // Runs the unoptimized graph and then the graph after each pass of the pipeline in the
-// interpreter on `inputs`; an element is within tolerance when |got - expected| <= atol +
-// rtol * |expected|.
+// interpreter on `inputs`; a float element is within tolerance when |got - expected| <=
+// atol + rtol * |expected|, an integer or bool element only when it is equal.
 BisectReport bisect_numerics(const Graph& g, const TensorMap& inputs, const PipelineOptions& options,
                              double rtol = 1e-5, double atol = 1e-6);
 std::string format_bisect(const BisectReport& r);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "passes/memory_plan.h"
@@ -54,57 +55,83 @@ std::vector<int32_t> greedy_order(const Graph& g, TieBreak tie) {
     }
   }
 
-  std::vector<int32_t> order, position(num_nodes, -1), ready;
+  // The node producing each state X's X.next: its key depends on X's readers left.
+  std::vector<int32_t> next_producer(num_values, -1);
+  for (int32_t i = 0; i < num_nodes; ++i)
+    for (ValueId r : nodes[i].results)
+      if (next_of[r.id].valid()) next_producer[next_of[r.id].id] = i;
+
+  std::vector<int32_t> order, position(num_nodes, -1);
   std::vector<bool> emitted(num_nodes, false);
   auto emit = [&](int32_t i) {
     position[i] = static_cast<int32_t>(order.size());
     order.push_back(i);
     emitted[i] = true;
   };
+  // The ready nodes, ordered by key; the node index last makes every key unique, so the
+  // order picked does not depend on the order nodes became ready. A key changes only
+  // when a value's readers left drop (see below), so the set is updated, not rescanned.
+  using Key = std::tuple<bool, int64_t, int64_t, int32_t>;
+  auto key_of = [&](int32_t i) -> Key {
+    int64_t freed = 0, kept = 0, recency = -1;
+    bool deferred = false;
+    for (ValueId v : operands[i]) {
+      if (!in_arena[v.id]) continue;
+      recency = std::max<int64_t>(recency, position[producer(v)]);
+      if (!is_output[v.id] && readers_left[v.id] == 1) freed += bytes[v.id];
+    }
+    for (ValueId r : nodes[i].results) {
+      if (ValueId x = next_of[r.id]; x.valid()) {
+        bool self = std::find(operands[i].begin(), operands[i].end(), x) != operands[i].end();
+        if (readers_left[x.id] - (self ? 1 : 0) > 0)
+          deferred = true;  // X still has other readers: X.next could not go into X's buffer
+        else if (!is_output[x.id])
+          continue;  // written into X's buffer, not the arena
+      }
+      if (readers[r.id].empty() && !is_output[r.id]) continue;  // dead: freed at once
+      kept += bytes[r.id];
+    }
+    const int64_t net = kept - freed;
+    switch (tie) {
+      case TieBreak::Original: return {deferred, net, 0, i};
+      case TieBreak::Recent: return {deferred, net, -recency, i};
+      case TieBreak::DepthFirst: return {deferred, -recency, net, i};
+    }
+    return {deferred, net, 0, i};
+  };
+  std::set<Key> ready;
+  std::vector<Key> key(num_nodes);
+  std::vector<bool> is_ready(num_nodes, false);
+  auto make_ready = [&](int32_t i) {
+    is_ready[i] = true;
+    key[i] = key_of(i);
+    ready.insert(key[i]);
+  };
+  auto rekey = [&](int32_t i) {
+    if (i < 0 || !is_ready[i] || emitted[i]) return;
+    ready.erase(key[i]);
+    key[i] = key_of(i);
+    ready.insert(key[i]);
+  };
   for (int32_t i = 0; i < num_nodes; ++i)
-    if (!is_constant(i) && pending[i] == 0) ready.push_back(i);
+    if (!is_constant(i) && pending[i] == 0) make_ready(i);
 
   while (!ready.empty()) {
-    std::optional<std::tuple<bool, int64_t, int64_t, int32_t>> best_key;
-    size_t best = 0;
-    for (size_t k = 0; k < ready.size(); ++k) {
-      const int32_t i = ready[k];
-      int64_t freed = 0, kept = 0, recency = -1;
-      bool deferred = false;
-      for (ValueId v : operands[i]) {
-        if (!in_arena[v.id]) continue;
-        recency = std::max<int64_t>(recency, position[producer(v)]);
-        if (!is_output[v.id] && readers_left[v.id] == 1) freed += bytes[v.id];
-      }
-      for (ValueId r : nodes[i].results) {
-        if (ValueId x = next_of[r.id]; x.valid()) {
-          bool self = std::find(operands[i].begin(), operands[i].end(), x) != operands[i].end();
-          if (readers_left[x.id] - (self ? 1 : 0) > 0)
-            deferred = true;  // X still has other readers: X.next could not go into X's buffer
-          else if (!is_output[x.id])
-            continue;  // written into X's buffer, not the arena
-        }
-        if (readers[r.id].empty() && !is_output[r.id]) continue;  // dead: freed at once
-        kept += bytes[r.id];
-      }
-      const int64_t net = kept - freed;
-      std::tuple<bool, int64_t, int64_t, int32_t> key;
-      switch (tie) {
-        case TieBreak::Original: key = {deferred, net, 0, i}; break;
-        case TieBreak::Recent: key = {deferred, net, -recency, i}; break;
-        case TieBreak::DepthFirst: key = {deferred, -recency, net, i}; break;
-      }
-      if (!best_key || key < *best_key) best_key = key, best = k;
-    }
-    const int32_t i = ready[best];
-    ready.erase(ready.begin() + static_cast<std::ptrdiff_t>(best));
+    const int32_t i = std::get<3>(*ready.begin());
+    ready.erase(ready.begin());
     for (ValueId v : operands[i])
       if (int32_t p = producer(v); p >= 0 && is_constant(p) && !emitted[p]) emit(p);
     emit(i);
-    for (ValueId v : operands[i]) --readers_left[v.id];
+    for (ValueId v : operands[i]) {
+      // A value's last reader frees it (once per value, so this scan is linear overall);
+      // a state's X.next producer may stop waiting.
+      if (--readers_left[v.id] == 1)
+        for (int32_t c : readers[v.id]) rekey(c);
+      rekey(next_producer[v.id]);
+    }
     for (ValueId r : nodes[i].results)
       for (int32_t c : readers[r.id])
-        if (--pending[c] == 0) ready.push_back(c);
+        if (--pending[c] == 0) make_ready(c);
   }
   for (int32_t i = 0; i < num_nodes; ++i)
     if (!emitted[i]) {

@@ -42,8 +42,8 @@ class Simplifier {
     const Node* d = dst_.defining_node(v);
     return d != nullptr && d->op == op ? d : nullptr;
   }
-  // True when `v` is a constant every element of which is `want`, bit for bit for floats
-  // (so -0.0 is not 0.0).
+  // True when `v` is a constant every element of which is `want` (0, -0.0 or 1), bit for
+  // bit for floats (so -0.0 is not 0.0), exactly for integers and bools.
   bool is_all(ValueId v, double want) const;
   // `v` as a value of type `rt` (same dtype; `v`'s shape broadcasts to rt's).
   Replacement as_result(ValueId v, const TensorType& rt) const {
@@ -60,8 +60,13 @@ bool Simplifier::is_all(ValueId v, double want) const {
   if (c == nullptr) return false;
   const Tensor& t = attr_tensor(c->attrs, "value");
   for (int64_t i = 0; i < t.numel(); ++i) {
+    if (!is_float(t.dtype())) {
+      // As integers: through double, an i64 beyond 2^53 could round to `want`.
+      if (t.get_int(i) != static_cast<int64_t>(want)) return false;
+      continue;
+    }
     double e = t.get(i);
-    if (e != want || (is_float(t.dtype()) && std::signbit(e) != std::signbit(want))) return false;
+    if (e != want || std::signbit(e) != std::signbit(want)) return false;
   }
   return true;
 }

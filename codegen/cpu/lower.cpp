@@ -240,22 +240,34 @@ class Lowerer {
       return;
     }
     int64_t grain = std::max<int64_t>(1, (kParallelWork + work - 1) / work);
-    auto* fty = llvm::FunctionType::get(B_.getVoidTy(), {ptr_, i64_, i64_}, false);
-    auto* fn = llvm::Function::Create(fty, llvm::Function::InternalLinkage, "kiln_task." + std::to_string(tasks_++),
-                                      M_.get());
+    auto [fn, ctx] = outline("kiln_task." + std::to_string(tasks_++), {i64_, i64_}, [&](llvm::Function* f) {
+      outlining_ = true;
+      for_range(f->getArg(1), f->getArg(2), body);
+      outlining_ = false;
+    });
+    B_.CreateCall(runtime("kiln_rt_parallel_for", B_.getVoidTy(), {i64_, i64_, ptr_, ptr_}), {c64(n), c64(grain), fn, ctx});
+  }
+
+  // Emits `body` into a new internal function NAME(ctx, extra...) and returns it with the
+  // ctx to call it with, built here: the values of the enclosing function that the body
+  // used (pointers, mostly), which the new function loads from ctx.
+  std::pair<llvm::Function*, Value*> outline(const std::string& name, const std::vector<llvm::Type*>& extra,
+                                             const std::function<void(llvm::Function*)>& body) {
+    std::vector<llvm::Type*> params = {ptr_};
+    params.insert(params.end(), extra.begin(), extra.end());
+    auto* fty = llvm::FunctionType::get(B_.getVoidTy(), params, false);
+    auto* fn = llvm::Function::Create(fty, llvm::Function::InternalLinkage, name, M_.get());
     fn->addFnAttr(llvm::Attribute::NoUnwind);
     llvm::Function* saved_f = F_;
     llvm::BasicBlock* saved_allocas = alloca_block_;
     llvm::IRBuilderBase::InsertPoint saved_ip = B_.saveIP();
     F_ = fn;
-    outlining_ = true;
     llvm::BasicBlock* entry = llvm::BasicBlock::Create(C_, "entry", fn);
     alloca_block_ = entry;
     llvm::BasicBlock* start = llvm::BasicBlock::Create(C_, "start", fn);
     B_.SetInsertPoint(start);
-    for_range(fn->getArg(1), fn->getArg(2), body);
+    body(fn);
     B_.CreateRetVoid();
-    // Values of the enclosing function the body used (pointers, mostly) come in through ctx.
     std::vector<Value*> captures;
     std::set<Value*> seen;
     for (llvm::BasicBlock& bb : *fn)
@@ -283,7 +295,6 @@ class Lowerer {
     }
     F_ = saved_f;
     alloca_block_ = saved_allocas;
-    outlining_ = false;
     B_.restoreIP(saved_ip);
     Value* ctx = llvm::ConstantPointerNull::get(llvm::PointerType::get(C_, 0));
     if (!captures.empty()) {
@@ -291,7 +302,7 @@ class Lowerer {
       for (size_t k = 0; k < captures.size(); ++k)
         B_.CreateStore(captures[k], B_.CreateStructGEP(ctx_type, ctx, static_cast<unsigned>(k)));
     }
-    B_.CreateCall(runtime("kiln_rt_parallel_for", B_.getVoidTy(), {i64_, i64_, ptr_, ptr_}), {c64(n), c64(grain), fn, ctx});
+    return {fn, ctx};
   }
 
   // Row-major loop nest over `shape`; body gets each stream's element offset. Dims of size
@@ -602,7 +613,7 @@ class Lowerer {
       if (n.op == Op::Constant && !(top && plan_.at(n.result()).kind != BufferKind::Constant))
         ptr[n.result().id] = global_constant(n, g.type(n.result()));
 
-    auto emit = [&](const Item& it) {
+    auto emit_here = [&](const Item& it) {
       if (it.group) {
         lower_group(g, it, ptr, escapes);
         return;
@@ -611,6 +622,16 @@ class Lowerer {
       if (skip[i]) return;
       if (top) cursor = 0;  // each top-level node starts the scratch area afresh
       lower_node(g, nodes[i], ptr, top, fold_users, static_cast<int32_t>(i), cursor);
+    };
+    // Each top-level node gets its own function: LLVM's optimizer and register allocator
+    // cost more than linear time in a function's length, and a graph of thousands of
+    // kernels in one function took minutes to compile. Kernels share nothing but memory,
+    // so nothing is lost by keeping them apart (noinline: the inliner would undo it).
+    auto emit = [&](const Item& it) {
+      if (!top || (!it.group && skip[static_cast<size_t>(it.nodes[0])])) return emit_here(it);
+      auto [fn, ctx] = outline("kiln_kernel." + std::to_string(it.nodes[0]), {}, [&](llvm::Function*) { emit_here(it); });
+      fn->addFnAttr(llvm::Attribute::NoInline);
+      B_.CreateCall(fn, {ctx});
     };
     if (top && options_.profile) {
       // At the top level every item is one node: time each node, constants included.

@@ -25,19 +25,17 @@ using Catch::Matchers::ContainsSubstring;
 
 namespace {
 
-// Element-wise closeness; NaN matches NaN, infinities must be equal; integers/bools exact.
+// Element-wise closeness (kiln::element_abs_diff): NaN matches NaN, infinities must be
+// equal, integers and bools exact.
 bool close(const Tensor& got, const Tensor& want, double rtol, double atol, std::string& why) {
   if (got.type() != want.type()) {
     why = "type " + got.type().str() + " vs " + want.type().str();
     return false;
   }
-  bool fl = is_float(want.dtype());
   for (int64_t i = 0; i < want.numel(); ++i) {
-    double a = got.get(i), b = want.get(i);
-    bool ok = fl ? ((std::isnan(a) && std::isnan(b)) || a == b || std::fabs(a - b) <= atol + rtol * std::fabs(b))
-                 : got.get_int(i) == want.get_int(i);
-    if (!ok) {
-      why = "element " + std::to_string(i) + ": got " + std::to_string(a) + ", want " + std::to_string(b);
+    double d = element_abs_diff(got, want, i);
+    if (d != 0 && !(d <= element_tolerance(want, i, rtol, atol))) {
+      why = "element " + std::to_string(i) + ": got " + print_element(got, i) + ", want " + print_element(want, i);
       return false;
     }
   }

@@ -203,7 +203,7 @@ TEST_CASE("shape errors name the user's source line", "[frontend]") {
   nn::Sequential net{nn::ReLU(), nn::Linear(nn::Scope(t, 0, "net."), 7, 2)};
   line = __LINE__ + 1;
   msg = error_of([&] { return net(a); });
-  CHECK_THAT(msg, ContainsSubstring("layer 1 of a Sequential"));
+  CHECK_THAT(msg, ContainsSubstring("layer 1 (net) of a Sequential"));
   CHECK_THAT(msg, ContainsSubstring(here(line)));
 
   // Input errors too.
@@ -382,4 +382,26 @@ TEST_CASE("losses and accuracy on hand-computed examples", "[frontend][losses]")
   CHECK_THAT(msg, ContainsSubstring("labels must be i32 or i64 [N]"));
   CHECK_THAT(msg, ContainsSubstring(here(line)));
   CHECK_THROWS_WITH(nn::cross_entropy(scores, labels), ContainsSubstring("3 rows of logits but 2"));
+}
+
+TEST_CASE("nn: an error inside a Sequential names the layer by its scope", "[frontend][nn]") {
+  Tracer t("names");
+  nn::Scope s(t, 0, "mlp.");
+  Sym x = t.input("x", f32({2, 4}));
+  // fc2 takes 5 features but gets 3.
+  nn::Sequential net{nn::Linear(s.sub("fc1"), 4, 3), nn::ReLU(), nn::Linear(s.sub("fc2"), 5, 2)};
+  CHECK_THAT(error_of([&] { net(x); }), ContainsSubstring("layer 2 (mlp.fc2) of a Sequential: matmul"));
+  // Modules without a scope go by their kind, anything else by its index alone.
+  Sym flags = t.input("flags", {DType::boolean, {2}});
+  CHECK_THAT(error_of([&] { nn::Sequential{nn::ReLU()}(flags); }),
+             ContainsSubstring("layer 0 (relu) of a Sequential: relu"));
+  CHECK_THAT(error_of([&] { nn::Sequential{nn::Linear(nn::Scope(t), 3, 2)}(x); }),
+             ContainsSubstring("layer 0 (linear) of a Sequential"));
+  CHECK_THAT(error_of([&] { nn::Sequential{[](Sym v) { return relu(v); }}(flags); }),
+             ContainsSubstring("layer 0 of a Sequential: relu"));
+  // Nested: the outer layer, then the inner one.
+  nn::Sequential outer;  // (outer{inner} would copy inner)
+  outer.add(nn::Sequential{nn::ReLU(), nn::Linear(s.sub("head"), 7, 2)});
+  CHECK_THAT(error_of([&] { outer(x); }),
+             ContainsSubstring("layer 0 (sequential) of a Sequential: layer 1 (mlp.head) of a Sequential"));
 }

@@ -1,0 +1,87 @@
+// Compile time grows near-linearly with the graph: the time at 16k nodes over the time at
+// 2k nodes (8x the nodes) must stay under 12x. Ratios, not wall-clock limits, and each
+// time is the fastest of a few runs, so a busy machine does not fail the test. The cases
+// are the graphs that once were quadratic: a long elementwise chain into a reduction
+// (fusion rescanned the growing group) and many independent branches (the scheduler
+// rescanned every ready node at every step).
+#include <catch2/catch_test_macros.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <iostream>
+
+#include "passes/check_memory_plan.h"
+#include "passes/memory_plan.h"
+#include "passes/pipeline.h"
+
+using namespace kiln;
+
+namespace {
+
+// tanh, sigmoid, add(., x), tanh, ... then a sum over the last axis: fusion pulls the
+// whole chain into the reduction's prologue (up to the group size bound).
+Graph chain(int n) {
+  Graph g("chain");
+  ValueId x = g.add_input("x", {DType::f32, {4, 8}});
+  ValueId v = x;
+  for (int i = 0; i + 1 < n; ++i) {
+    switch (i % 3) {
+      case 0: v = g.add_node(Op::Tanh, {v}); break;
+      case 1: v = g.add_node(Op::Sigmoid, {v}); break;
+      case 2: v = g.add_node(Op::Add, {v, x}); break;
+    }
+  }
+  g.add_output("y", g.add_node(Op::Sum, {v}, {{"axes", std::vector<int64_t>{1}}}));
+  return g;
+}
+
+// n/3 branches x * c_i, all ready at once, summed one after another.
+Graph wide(int n) {
+  Graph g("wide");
+  ValueId x = g.add_input("x", {DType::f32, {4, 8}});
+  ValueId sum;
+  for (int i = 0; i < n / 3; ++i) {
+    ValueId a = g.add_node(Op::Mul, {x, g.add_constant(Tensor::scalar(DType::f32, i + 0.5))});
+    sum = sum.valid() ? g.add_node(Op::Add, {sum, a}) : a;
+  }
+  g.add_output("y", sum);
+  return g;
+}
+
+double ms(const std::function<void()>& f) {
+  auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The growth of `stage` from 2k to 16k nodes of `make`'s graph: the fastest of several
+// runs of each, interleaved so that both sizes see the same load on a busy machine.
+double growth(const char* what, const std::function<Graph(int)>& make, const std::function<void(const Graph&)>& stage) {
+  Graph small = make(2000), large = make(16000);
+  double t_small = 1e300, t_large = 1e300;
+  for (int run = 0; run < 5; ++run) {
+    t_small = std::min({t_small, ms([&] { stage(small); }), ms([&] { stage(small); })});
+    t_large = std::min(t_large, ms([&] { stage(large); }));
+  }
+  std::cout << what << ": " << t_small << " ms at 2k nodes, " << t_large << " ms at 16k (x" << t_large / t_small
+            << ")\n";
+  return t_large / t_small;
+}
+
+}  // namespace
+
+TEST_CASE("compile time grows near-linearly with the node count", "[scaling][pipeline]") {
+  const PipelineOptions options;  // the default pipeline, as kiln opt runs it
+  auto pipeline = [&](const Graph& g) { run_pipeline(g, options); };
+  CHECK(growth("pipeline, chain", chain, pipeline) < 12);
+  CHECK(growth("pipeline, wide", wide, pipeline) < 12);
+  // Memory planning and its checker, which runs on every compile (it once rescanned every
+  // node for each value and compared every pair of values sharing a buffer).
+  auto check = [](const Graph& g) { check_memory_plan(g, plan_memory(g, {})); };
+  auto planned = [](const Graph& g) { plan_memory(g, {}); };
+  // On the unoptimized graphs: 16k arena values (placement once compared each buffer
+  // with every buffer placed before it).
+  CHECK(growth("plan_memory, chain", chain, planned) < 12);
+  CHECK(growth("plan_memory + check_memory_plan, chain", chain, check) < 12);
+}
