@@ -45,6 +45,7 @@ std::string format_element(const Tensor& t, int64_t i) {
 std::string format_tensor(const Tensor& t) {
   // Compare spellings, not bits: NaNs with different payloads print alike, and a
   // second round trip must not turn their list into a splat.
+  if (t.is_splat()) return format_element(t, 0);
   int64_t n = t.numel();
   if (n >= 1) {
     std::string first = format_element(t, 0);

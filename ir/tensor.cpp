@@ -18,15 +18,49 @@ Tensor Tensor::scalar(DType dtype, double v) {
   return t;
 }
 
+Tensor Tensor::splat(const Tensor& element, Shape shape) {
+  KILN_CHECK(element.numel() == 1 && !element.is_splat(), "Tensor::splat: the element is not one element");
+  for (int64_t d : shape)
+    if (d < 0) throw Error("tensor shape " + shape_str(shape) + " has a negative dimension");
+  if (num_elements(shape) <= 1) {  // nothing to save: store it as it is
+    Tensor t(element.dtype(), std::move(shape));
+    if (t.numel() == 1) t.bytes_ = element.bytes_;
+    return t;
+  }
+  Tensor t;
+  t.type_ = TensorType{element.dtype(), std::move(shape)};
+  t.bytes_ = element.bytes_;
+  t.splat_ = true;
+  return t;
+}
+
+Tensor Tensor::element() const {
+  KILN_CHECK(numel() >= 1, "Tensor::element: the tensor is empty");
+  Tensor e(dtype(), {});
+  std::memcpy(e.raw(), raw(), e.nbytes());
+  return e;
+}
+
+Tensor Tensor::materialized() const {
+  if (!splat_) return *this;
+  Tensor out(dtype(), shape());
+  size_t size = bytes_.size();
+  for (int64_t i = 0; i < out.numel(); ++i) std::memcpy(out.raw() + static_cast<size_t>(i) * size, raw(), size);
+  return out;
+}
+
 double Tensor::get(int64_t i) const {
+  if (splat_) i = 0;
   return visit_dtype(dtype(), [&]<typename T>() { return static_cast<double>(data<T>()[i]); });
 }
 
 int64_t Tensor::get_int(int64_t i) const {
+  if (splat_) i = 0;
   return visit_dtype(dtype(), [&]<typename T>() { return static_cast<int64_t>(data<T>()[i]); });
 }
 
 void Tensor::set(int64_t i, double v) {
+  if (splat_) *this = materialized();
   visit_dtype(dtype(), [&]<typename T>() {
     data<T>()[i] = interp::convert<T>(v);
   });
@@ -40,6 +74,7 @@ Tensor Tensor::reshaped(Shape s) const {
 }
 
 Tensor Tensor::cast(DType to) const {
+  if (splat_) return splat(element().cast(to), shape());
   Tensor out(to, shape());
   visit_dtype(dtype(), [&]<typename S>() {
     visit_dtype(to, [&]<typename D>() {

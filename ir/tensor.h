@@ -25,13 +25,22 @@ class Tensor {
     return t;
   }
   static Tensor scalar(DType dtype, double v);
+  // A splat: the one element of `element` standing for every element of `shape`. It
+  // stores that one element whatever the shape, so a large constant costs nothing until
+  // something materializes it. Only constants' values are splats (the parser, autodiff and
+  // the train step make them); eval_op materializes its operands, so kernels never see one.
+  static Tensor splat(const Tensor& element, Shape shape);
 
   DType dtype() const { return type_.dtype; }
   const Shape& shape() const { return type_.shape; }
   const TensorType& type() const { return type_; }
   int64_t rank() const { return type_.rank(); }
   int64_t numel() const { return type_.numel(); }
-  size_t nbytes() const { return bytes_.size(); }
+  size_t nbytes() const { return bytes_.size(); }  // of the storage: one element for a splat
+  bool is_splat() const { return splat_; }
+  // Every element stored: a copy of a splat filled out, or the tensor itself.
+  Tensor materialized() const;
+  Tensor element() const;  // element 0 as a scalar (numel() >= 1)
 
   std::byte* raw() { return bytes_.data(); }
   const std::byte* raw() const { return bytes_.data(); }
@@ -42,17 +51,19 @@ class Tensor {
 
   // Element access through double, whatever the dtype (exact for f32, f64, i32, bool;
   // i64 beyond 2^53 rounds). For tests, constants and printing; kernels use data<T>().
+  // A splat reads its one element at every index; set() materializes it first.
   double get(int64_t i) const;
   void set(int64_t i, double v);
   int64_t get_int(int64_t i) const;  // exact for integer dtypes
 
   Tensor reshaped(Shape s) const;
   Tensor cast(DType to) const;
-  bool operator==(const Tensor& o) const { return type_ == o.type_ && bytes_ == o.bytes_; }
+  bool operator==(const Tensor& o) const { return type_ == o.type_ && splat_ == o.splat_ && bytes_ == o.bytes_; }
 
  private:
   TensorType type_;
   std::vector<std::byte> bytes_;
+  bool splat_ = false;  // bytes_ holds one element standing for all numel() (numel() > 1)
 };
 
 // Largest |a-b| over elements (types must match in shape); for tests and bisection.
