@@ -135,9 +135,10 @@ std::string read_idx_file(const std::string& path) {
   read(4);
   if (out.size() == 4) read(4 * static_cast<unsigned char>(out[3]));  // the dims
   uint64_t want = idx_data_bytes(out, path, h);
-  if (want > kMaxFileBytes - out.size())
-    fail(path, "holds " + std::to_string(want) + " bytes of IDX data, more than the 2 GiB Kiln reads");
-  read(want + 4096);  // and a little more, so that trailing bytes are reported
+  // The data and a little more, so that trailing bytes are reported; a file that really
+  // holds more than kMaxFileBytes is refused (one that only claims to is truncated).
+  read(std::min(want + 4096, kMaxFileBytes + 1 - out.size()));
+  if (out.size() > kMaxFileBytes) fail(path, "is larger than 2 GiB uncompressed; refusing to read it");
   return out;
 }
 

@@ -444,6 +444,10 @@ const Tensor* checked_input(const Graph& g, const GraphInput& gi, const TensorMa
   if (it->second.type() != v.type)
     throw Error(std::string(kind) + " '%" + v.name + "': expected " + v.type.str() + ", got " +
                 it->second.type().str());
+  // Kernels and compiled code read every element of an argument; a splat stores one.
+  if (it->second.is_splat())
+    throw Error(std::string(kind) + " '%" + v.name + "' is a splat that stores one element: pass "
+                "tensor.materialized() (for a train step's state, TrainStep::initial_state())");
   return &it->second;
 }
 

@@ -334,11 +334,12 @@ Tensor read_npy(const std::string& path) {
   size_t header_start = check_start(start, path);
   size_t header_len = read_le(start, 8, header_start - 8);
   std::string header = start.substr(header_start);
-  if (header.size() < header_len) {
-    size_t have = header.size();
-    header.resize(header_len);
-    size_t got = read(header.data() + have, header_len - have);
-    if (have + got < header_len) header_truncated(header_len, have + got, path);
+  while (header.size() < header_len) {  // in chunks: the length may be a lie of 4 GiB
+    size_t have = header.size(), chunk = std::min<size_t>(header_len - have, 1 << 16);
+    header.resize(have + chunk);
+    size_t got = read(header.data() + have, chunk);
+    header.resize(have + got);
+    if (got < chunk) header_truncated(header_len, header.size(), path);
   }
   std::string_view rest = std::string_view(header).substr(header_len);  // data read with the start
   Layout l = parse_layout(std::string_view(header).substr(0, header_len), path);

@@ -132,6 +132,15 @@ TEST_CASE("a train step keeps its optimizer zeros as splats", "[train_step][memo
   TensorMap init = ts.initial_state();
   CHECK(init.at("adam.m.w") == Tensor(DType::f32, {1024, 1024}));
   CHECK(init.at("step") == Tensor::scalar(DType::i32, 0));
+  // Run-time arguments must hold every element: a splat is refused, not read past its end.
+  init["w"] = Tensor(DType::f32, {1024, 1024});
+  TensorMap compact = ts.initial_values;
+  compact["w"] = init["w"];
+  TensorMap batch{{"x", Tensor(DType::f32, {4, 1024})}};
+  CHECK_THROWS_WITH(interpret_step(ts.graph, compact, batch),
+                    ContainsSubstring("state '%adam.m.w' is a splat that stores one element"));
+  CHECK_THROWS_WITH(cpu::compile(ts.graph)->run_step(compact, batch),
+                    ContainsSubstring("state '%adam.m.w' is a splat that stores one element"));
 }
 
 TEST_CASE("readers check the header before reading the rest", "[parser][npy][idx][memory]") {
@@ -159,6 +168,12 @@ TEST_CASE("readers check the header before reading the rest", "[parser][npy][idx
   CHECK(read_npy(good.path.string()) == t);
   TempFile longer("long.npy", serialize_npy(t) + "xyz");
   CHECK_THROWS_WITH(read_npy(longer.path.string()), ContainsSubstring("3 trailing bytes after the 12 bytes of data"));
+
+  // A header length of 1.9 GB in a 100-byte file: read in chunks, not allocated up front.
+  std::string lie = std::string("\x93NUMPY\x02\x00\x74\x00\x00\x73", 12) + std::string(88, ' ');
+  TempFile lying("lie.npy", lie);
+  CHECK_THROWS_WITH(read_npy(lying.path.string()),
+                    ContainsSubstring("the header is 1929379956 bytes but the file ends after 88"));
 
   std::string idx = std::string("\0\0\x08\x01\x10\0\0\0", 8) + "ab";  // u8 [268435456], 2 bytes
   TempFile huge_idx("huge.idx", idx);
