@@ -28,7 +28,8 @@ class Tensor {
   // A splat: the one element of `element` standing for every element of `shape`. It
   // stores that one element whatever the shape, so a large constant costs nothing until
   // something materializes it. Only constants' values are splats (the parser, autodiff and
-  // the train step make them); eval_op materializes its operands, so kernels never see one.
+  // the train step make them): eval_op fills out splat operands, so kernels never see one,
+  // and run-time arguments must not be splats (check_arguments says so).
   static Tensor splat(const Tensor& element, Shape shape);
 
   DType dtype() const { return type_.dtype; }
@@ -58,6 +59,7 @@ class Tensor {
 
   Tensor reshaped(Shape s) const;
   Tensor cast(DType to) const;
+  // Same type and storage: a splat equals only a splat.
   bool operator==(const Tensor& o) const { return type_ == o.type_ && splat_ == o.splat_ && bytes_ == o.bytes_; }
 
  private:
