@@ -138,7 +138,7 @@ Model make_model(bool cnn, int64_t batch, int64_t infer_batch) {
   kiln::TrainStep ts = kiln::make_train_step(trace(batch, true), kiln::SGD{0.01, 0.9});
   m.train = ts.graph;
   m.infer = trace(infer_batch, false);
-  for (auto& [k, v] : ts.initial_state) m.state[k] = v;
+  for (auto& [k, v] : ts.initial_state()) m.state[k] = v;
   // GEMM-equivalent FLOPs: forward 2*MACs; a training step 3x (forward, two gradients),
   // less the input gradient of the first layer, which is never computed.
   double fwd = cnn ? 2.0 * (28 * 28 * 8 * 9 + 14 * 14 * 16 * 8 * 9 + 784 * 10) : 2.0 * (784 * 256 + 256 * 10);

@@ -180,7 +180,7 @@ int run(const Options& o) {
 
   // The whole state: the parameters' initial values, the optimizer's zeros, step and lr.
   kiln::TensorMap state = tracer.parameters();
-  state.insert(step.initial_state.begin(), step.initial_state.end());
+  state.merge(step.initial_state());
   auto start = std::chrono::steady_clock::now();
   std::unique_ptr<kiln::cpu::CompiledGraph> train_code, test_code;
   if (!o.interp) {

@@ -9,13 +9,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <vector>
 
 namespace kiln {
 
 namespace {
 
-constexpr size_t kMaxFileBytes = size_t{2} << 30;  // a guard against gzip bombs
+constexpr uint64_t kMaxFileBytes = uint64_t{2} << 30;  // a guard against gzip bombs
 
 [[noreturn]] void fail(std::string_view name, const std::string& what) {
   throw Error(std::string(name) + ": " + what);
@@ -66,36 +67,11 @@ std::string hex_bytes(std::string_view b, size_t n) {
 
 }  // namespace
 
-std::string read_file_maybe_gzip(const std::string& path) {
-  std::error_code ec;  // the error_code overloads never throw
-  if (std::filesystem::is_directory(path, ec)) fail(path, "is a directory, not a file");
-  // gzopen reads plain files transparently, so one path serves both.
-  errno = 0;
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) fail(path, std::string("cannot open: ") + std::strerror(errno ? errno : ENOENT));
-  std::string out;
-  std::vector<char> buf(1 << 16);
-  for (;;) {
-    int n = gzread(f, buf.data(), static_cast<unsigned>(buf.size()));
-    if (n <= 0) break;
-    out.append(buf.data(), static_cast<size_t>(n));
-    if (out.size() > kMaxFileBytes) {
-      gzclose(f);
-      fail(path, "is larger than 2 GiB uncompressed; refusing to read it");
-    }
-  }
-  int err = Z_OK;
-  std::string msg = gzerror(f, &err);
-  gzclose(f);
-  if (msg.starts_with(path + ": ")) msg.erase(0, path.size() + 2);  // zlib names the file too
-  if (err == Z_BUF_ERROR)
-    fail(path, "gzip data is truncated (ends after " + std::to_string(out.size()) +
-                   " uncompressed bytes)");
-  if (err != Z_OK) fail(path, "corrupt gzip data (zlib: " + msg + ")");
-  return out;
-}
+namespace {
 
-IdxHeader parse_idx_header(std::string_view bytes, std::string_view name) {
+// The checks of the first 4 bytes (zero bytes, element type), the dims and their product:
+// how many element bytes follow a well-formed header. `bytes` holds at least the header.
+uint64_t idx_data_bytes(std::string_view bytes, std::string_view name, IdxHeader& h) {
   auto u = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
   if (bytes.size() < 4)
     fail(name, "too short for an IDX header (" + std::to_string(bytes.size()) + " bytes, need 4)");
@@ -104,7 +80,6 @@ IdxHeader parse_idx_header(std::string_view bytes, std::string_view name) {
   if (!valid_type(u(2)))
     fail(name, "unknown IDX element type " + hex_bytes(bytes.substr(2), 1) +
                    " (known: 08 u8, 09 i8, 0b i16, 0c i32, 0d f32, 0e f64)");
-  IdxHeader h;
   h.type = static_cast<IdxType>(u(2));
   size_t ndims = u(3);
   h.data_offset = 4 + 4 * ndims;
@@ -123,9 +98,54 @@ IdxHeader parse_idx_header(std::string_view bytes, std::string_view name) {
     if (!overflow) magnitude *= std::max<uint64_t>(d, 1);
     count *= d;
   }
+  if (overflow) fail(name, "IDX dimensions " + shape_str(h.dims) + " " + type_name(h.type) + " are impossibly large");
+  return count * element_size(h.type);
+}
+
+}  // namespace
+
+std::string read_idx_file(const std::string& path) {
+  std::error_code ec;  // the error_code overloads never throw
+  if (std::filesystem::is_directory(path, ec)) fail(path, "is a directory, not a file");
+  // gzopen reads plain files transparently, so one path serves both.
+  errno = 0;
+  std::unique_ptr<gzFile_s, int (*)(gzFile)> f(gzopen(path.c_str(), "rb"), gzclose);
+  if (!f) fail(path, std::string("cannot open: ") + std::strerror(errno ? errno : ENOENT));
+  std::string out;
+  // Appends up to `n` more bytes; a gzip error is reported at once, a short file is left
+  // for the header checks to describe.
+  auto read = [&](uint64_t n) {
+    while (n > 0) {
+      unsigned chunk = static_cast<unsigned>(std::min<uint64_t>(n, 1 << 20));
+      size_t have = out.size();
+      out.resize(have + chunk);
+      int got = gzread(f.get(), out.data() + have, chunk);
+      out.resize(have + static_cast<size_t>(std::max(got, 0)));
+      if (got < static_cast<int>(chunk)) break;
+      n -= chunk;
+    }
+    int err = Z_OK;
+    std::string msg = gzerror(f.get(), &err);
+    if (msg.starts_with(path + ": ")) msg.erase(0, path.size() + 2);  // zlib names the file too
+    if (err == Z_BUF_ERROR)
+      fail(path, "gzip data is truncated (ends after " + std::to_string(out.size()) + " uncompressed bytes)");
+    if (err != Z_OK) fail(path, "corrupt gzip data (zlib: " + msg + ")");
+  };
+  IdxHeader h;
+  read(4);
+  if (out.size() == 4) read(4 * static_cast<unsigned char>(out[3]));  // the dims
+  uint64_t want = idx_data_bytes(out, path, h);
+  // The data and a little more, so that trailing bytes are reported; a file that really
+  // holds more than kMaxFileBytes is refused (one that only claims to is truncated).
+  read(std::min(want + 4096, kMaxFileBytes + 1 - out.size()));
+  if (out.size() > kMaxFileBytes) fail(path, "is larger than 2 GiB uncompressed; refusing to read it");
+  return out;
+}
+
+IdxHeader parse_idx_header(std::string_view bytes, std::string_view name) {
+  IdxHeader h;
+  uint64_t want = idx_data_bytes(bytes, name, h);
   std::string desc = shape_str(h.dims) + " " + type_name(h.type);
-  if (overflow) fail(name, "IDX dimensions " + desc + " are impossibly large");
-  uint64_t want = count * element_size(h.type);
   uint64_t have = bytes.size() - h.data_offset;
   if (have < want)
     fail(name, "truncated IDX data: " + desc + " needs " + std::to_string(want) +
@@ -159,16 +179,16 @@ Tensor parse_idx(std::string_view bytes, std::string_view name) {
   fail(name, "unknown IDX element type");
 }
 
-Tensor read_idx(const std::string& path) { return parse_idx(read_file_maybe_gzip(path), path); }
+Tensor read_idx(const std::string& path) { return parse_idx(read_idx_file(path), path); }
 
 Dataset load_mnist_files(const std::string& images_path, const std::string& labels_path,
                          ImageLayout layout, int num_classes) {
-  std::string image_bytes = read_file_maybe_gzip(images_path);
+  std::string image_bytes = read_idx_file(images_path);
   IdxHeader ih = parse_idx_header(image_bytes, images_path);
   if (ih.type != IdxType::u8 || ih.dims.size() != 3)
     fail(images_path, "expected u8 images [N,H,W], found " + shape_str(ih.dims) + " " +
                           type_name(ih.type));
-  std::string label_bytes = read_file_maybe_gzip(labels_path);
+  std::string label_bytes = read_idx_file(labels_path);
   IdxHeader lh = parse_idx_header(label_bytes, labels_path);
   if (lh.type != IdxType::u8 || lh.dims.size() != 1)
     fail(labels_path, "expected u8 labels [N], found " + shape_str(lh.dims) + " " +

@@ -24,8 +24,10 @@ struct IdxHeader {
   size_t data_offset = 0;  // where the elements start
 };
 
-// A whole file's bytes, gunzipped if it is gzip. Refuses more than 2 GiB of output.
-std::string read_file_maybe_gzip(const std::string& path);
+// An IDX file's bytes, gunzipped if it is gzip. The header is read and checked first, then
+// only the element bytes it promises (and a few more, for parse_idx_header to report
+// trailing data), so a wrong file fails at once. Refuses more than 2 GiB of data.
+std::string read_idx_file(const std::string& path);
 // Checks the header and that exactly the promised number of element bytes follows.
 IdxHeader parse_idx_header(std::string_view bytes, std::string_view name);
 // The elements as a tensor of the file's dims: i32 for the integer types, f32 / f64 for

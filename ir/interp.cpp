@@ -266,18 +266,6 @@ Tensor argmax(const Tensor& x, const AttrMap& attrs, const TensorType& rt) {
   return out;
 }
 
-Tensor constant(const AttrMap& attrs, const TensorType& rt) {
-  const Tensor& v = attr_tensor(attrs, "value");
-  Tensor c = v.dtype() == rt.dtype ? v : v.cast(rt.dtype);
-  if (c.numel() == rt.numel()) return c.reshaped(rt.shape);
-  KILN_CHECK(c.numel() == 1, "constant: value has neither one element nor the result's count");
-  Tensor out(rt.dtype, rt.shape);
-  size_t size = dtype_size(rt.dtype);
-  for (int64_t i = 0; i < out.numel(); ++i)
-    std::memcpy(out.raw() + i * size, c.raw(), size);
-  return out;
-}
-
 }  // namespace
 
 Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap& given_attrs,
@@ -311,7 +299,12 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
     throw Error(std::string(op_name(op)) + ": result type " + result.str() +
                 " does not match the shape rule's " + expected.str());
 
-  const std::vector<const Tensor*>& in = operands;
+  // Kernels read every element: a splat operand (a constant's value) is filled out first.
+  std::vector<const Tensor*> in = operands;
+  std::vector<Tensor> filled;
+  filled.reserve(in.size());
+  for (const Tensor*& t : in)
+    if (t->is_splat()) t = &filled.emplace_back(t->materialized());
   const TensorType& rt = result;
   switch (op) {
     case Op::Neg:
@@ -409,7 +402,7 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
     case Op::Softmax: return eval_softmax(*in[0], attrs, /*log=*/false, rt);
     case Op::LogSoftmax: return eval_softmax(*in[0], attrs, /*log=*/true, rt);
     case Op::OneHot: return eval_one_hot(*in[0], rt);
-    case Op::Constant: return constant(attrs, rt);
+    case Op::Constant: return attr_tensor(attrs, "value").materialized();
     case Op::Fused: break;  // rejected above: the kernel is the node's body
   }
   internal_error("op", "eval_op: op " + std::to_string(static_cast<int>(op)) + " has no kernel");
@@ -506,6 +499,10 @@ const Tensor* checked_input(const Graph& g, const GraphInput& gi, const TensorMa
   if (it->second.type() != v.type)
     throw Error(std::string(kind) + " '%" + v.name + "': expected " + v.type.str() + ", got " +
                 it->second.type().str());
+  // Kernels and compiled code read every element of an argument; a splat stores one.
+  if (it->second.is_splat())
+    throw Error(std::string(kind) + " '%" + v.name + "' is a splat that stores one element: pass "
+                "tensor.materialized() (for a train step's state, TrainStep::initial_state())");
   return &it->second;
 }
 

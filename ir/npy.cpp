@@ -8,11 +8,12 @@
 
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
-#include <sstream>
 
 namespace kiln {
 
@@ -208,25 +209,39 @@ std::string shape_tuple(const Shape& s) {
 
 }  // namespace
 
-Tensor parse_npy(std::string_view bytes, std::string_view name) {
+namespace {
+
+// Checks the magic and the version at the start of a file (its first 12 bytes, or all of
+// it if shorter) and returns where the header starts: after the header length's 2 or 4 bytes.
+size_t check_start(std::string_view start, std::string_view name) {
   auto fail = [&](const std::string& what) -> Error { return Error(std::string(name) + ": " + what); };
-  if (bytes.size() < kMagic.size() || bytes.substr(0, kMagic.size()) != kMagic)
+  if (start.size() < kMagic.size() || start.substr(0, kMagic.size()) != kMagic)
     throw fail("not a .npy file (bad magic: expected \\x93NUMPY, found '" +
-               printable(bytes.substr(0, kMagic.size())) + "')");
-  if (bytes.size() < 8) throw fail("corrupt .npy header: file ends inside the version");
-  int major = static_cast<unsigned char>(bytes[6]), minor = static_cast<unsigned char>(bytes[7]);
+               printable(start.substr(0, kMagic.size())) + "')");
+  if (start.size() < 8) throw fail("corrupt .npy header: file ends inside the version");
+  int major = static_cast<unsigned char>(start[6]), minor = static_cast<unsigned char>(start[7]);
   if (major < 1 || major > 3 || minor != 0)
     throw fail("unsupported .npy format version " + std::to_string(major) + "." + std::to_string(minor) +
                " (supported: 1.0, 2.0, 3.0)");
   size_t len_width = major == 1 ? 2 : 4;
-  if (bytes.size() < 8 + len_width) throw fail("corrupt .npy header: file ends inside the header length");
-  size_t header_len = read_le(bytes, 8, len_width);
-  size_t data_start = 8 + len_width + header_len;
-  if (bytes.size() < data_start)
-    throw fail("corrupt .npy header: the header is " + std::to_string(header_len) +
-               " bytes but the file ends after " + std::to_string(bytes.size() - 8 - len_width));
-  std::string_view header = bytes.substr(8 + len_width, header_len);
+  if (start.size() < 8 + len_width) throw fail("corrupt .npy header: file ends inside the header length");
+  return 8 + len_width;
+}
 
+[[noreturn]] void header_truncated(size_t header_len, size_t found, std::string_view name) {
+  throw Error(std::string(name) + ": corrupt .npy header: the header is " + std::to_string(header_len) +
+              " bytes but the file ends after " + std::to_string(found));
+}
+
+// What the header says the data is.
+struct Layout {
+  DType dtype;
+  Shape shape;
+  int64_t nbytes;
+};
+
+Layout parse_layout(std::string_view header, std::string_view name) {
+  auto fail = [&](const std::string& what) -> Error { return Error(std::string(name) + ": " + what); };
   HeaderParser::Fields f = HeaderParser(header, name).parse();
   auto dtype = dtype_of_descr(*f.descr);
   if (!dtype)
@@ -244,21 +259,38 @@ Tensor parse_npy(std::string_view bytes, std::string_view name) {
     if (d == 0) empty = true;
     else if (__builtin_mul_overflow(nbytes, d, &nbytes)) throw fail("shape " + shape_str(shape) + " is too large");
   }
-  if (empty) nbytes = 0;
-  size_t found = bytes.size() - data_start;
-  if (static_cast<uint64_t>(nbytes) > found)
-    throw fail("data is truncated: shape " + shape_str(shape) + " of " + std::string(dtype_name(*dtype)) +
-               " needs " + std::to_string(nbytes) + " bytes, found " + std::to_string(found));
-  if (static_cast<uint64_t>(nbytes) < found)
-    throw fail("corrupt .npy file: " + std::to_string(found - nbytes) + " trailing bytes after the " +
-               std::to_string(nbytes) + " bytes of data");
+  return {*dtype, shape, empty ? 0 : nbytes};
+}
 
-  Tensor t(*dtype, shape);
-  if (nbytes > 0) std::memcpy(t.raw(), bytes.data() + data_start, static_cast<size_t>(nbytes));
-  if (*dtype == DType::boolean) {
-    uint8_t* b = t.data<uint8_t>();
-    for (int64_t i = 0; i < t.numel(); ++i) b[i] = b[i] != 0;  // Kiln's bools are 0 or 1
-  }
+// Checks that the data after the header (`found` bytes) is exactly what the layout needs.
+void check_data_size(const Layout& l, uint64_t found, std::string_view name) {
+  auto fail = [&](const std::string& what) -> Error { return Error(std::string(name) + ": " + what); };
+  if (static_cast<uint64_t>(l.nbytes) > found)
+    throw fail("data is truncated: shape " + shape_str(l.shape) + " of " + std::string(dtype_name(l.dtype)) +
+               " needs " + std::to_string(l.nbytes) + " bytes, found " + std::to_string(found));
+  if (static_cast<uint64_t>(l.nbytes) < found)
+    throw fail("corrupt .npy file: " + std::to_string(found - static_cast<uint64_t>(l.nbytes)) +
+               " trailing bytes after the " + std::to_string(l.nbytes) + " bytes of data");
+}
+
+void normalize_bools(Tensor& t) {
+  if (t.dtype() != DType::boolean) return;
+  uint8_t* b = t.data<uint8_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) b[i] = b[i] != 0;  // Kiln's bools are 0 or 1
+}
+
+}  // namespace
+
+Tensor parse_npy(std::string_view bytes, std::string_view name) {
+  size_t header_start = check_start(bytes.substr(0, 12), name);
+  size_t header_len = read_le(bytes, 8, header_start - 8);
+  size_t data_start = header_start + header_len;
+  if (bytes.size() < data_start) header_truncated(header_len, bytes.size() - header_start, name);
+  Layout l = parse_layout(bytes.substr(header_start, header_len), name);
+  check_data_size(l, bytes.size() - data_start, name);
+  Tensor t(l.dtype, l.shape);
+  if (l.nbytes > 0) std::memcpy(t.raw(), bytes.data() + data_start, static_cast<size_t>(l.nbytes));
+  normalize_bools(t);
   return t;
 }
 
@@ -285,15 +317,48 @@ std::string serialize_npy(const Tensor& t) {
   return out;
 }
 
+// The header is read and checked first, then exactly the data it declares (after checking
+// a regular file's size), so that no file makes the reader hold more than its data.
 Tensor read_npy(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw Error(path + ": is a directory, not a .npy file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open file (" + std::strerror(errno) + ")");
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) throw Error(path + ": read error");
-  return parse_npy(buf.str(), path);
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
+  if (!f) throw Error(path + ": cannot open file (" + std::strerror(errno) + ")");
+  auto read = [&](void* to, size_t n) {
+    size_t got = std::fread(to, 1, n, f.get());
+    if (got < n && std::ferror(f.get())) throw Error(path + ": read error (" + std::strerror(errno) + ")");
+    return got;
+  };
+  std::string start(12, '\0');
+  start.resize(read(start.data(), start.size()));
+  size_t header_start = check_start(start, path);
+  size_t header_len = read_le(start, 8, header_start - 8);
+  std::string header = start.substr(header_start);
+  while (header.size() < header_len) {  // in chunks: the length may be a lie of 4 GiB
+    size_t have = header.size(), chunk = std::min<size_t>(header_len - have, 1 << 16);
+    header.resize(have + chunk);
+    size_t got = read(header.data() + have, chunk);
+    header.resize(have + got);
+    if (got < chunk) header_truncated(header_len, header.size(), path);
+  }
+  std::string_view rest = std::string_view(header).substr(header_len);  // data read with the start
+  Layout l = parse_layout(std::string_view(header).substr(0, header_len), path);
+  std::filesystem::path p(path);
+  if (std::filesystem::is_regular_file(p, ec)) {
+    uintmax_t size = std::filesystem::file_size(p, ec);
+    if (!ec && size >= header_start + header_len) check_data_size(l, size - header_start - header_len, path);
+  }
+  Tensor t(l.dtype, l.shape);
+  size_t want = static_cast<size_t>(l.nbytes);
+  size_t have = std::min(rest.size(), want);
+  if (have) std::memcpy(t.raw(), rest.data(), have);
+  size_t got = want > have ? have + read(t.raw() + have, want - have) : have;
+  // Data beyond the declared size: count what follows, up to a bound.
+  char extra[4096];
+  size_t trailing = rest.size() - have + read(extra, sizeof extra);
+  check_data_size(l, got + trailing, path);
+  normalize_bools(t);
+  return t;
 }
 
 void write_npy(const std::string& path, const Tensor& t) {

@@ -24,8 +24,9 @@ namespace {
 
 // Any value's type; keeps every later element count far from int64 overflow.
 constexpr int64_t kMaxElements = int64_t{1} << 40;
-// A constant is materialized while parsing, so it gets a much tighter bound.
-constexpr int64_t kMaxConstantElements = int64_t{1} << 26;
+// A splat constant stores one element whatever its type; the elements of list literals are
+// stored, so their total over the file (fused bodies included) is bounded.
+constexpr int64_t kMaxConstantBytes = int64_t{1} << 30;
 
 bool is_ident_char(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
@@ -54,7 +55,8 @@ class Parser {
  public:
   // `parent`: the parser of the graph whose fused node this parser reads the body of.
   Parser(std::string_view src, std::string_view file, const Parser* parent = nullptr)
-      : src_(src), file_(file), parent_(parent), depth_(parent ? parent->depth_ + 1 : 0) {}
+      : src_(src), file_(file), parent_(parent), depth_(parent ? parent->depth_ + 1 : 0),
+        constant_bytes_(parent ? parent->constant_bytes_ : &own_constant_bytes_) {}
   // The whole input: one graph, then end of input; the result is verified.
   Graph parse_graph();
 
@@ -96,13 +98,15 @@ class Parser {
   template <typename T>
   T to_float(Token tok, const std::string& what) const;
   void set_element(Tensor& t, int64_t i, const Token& e) const;
-  Tensor build_tensor(const Literal& lit, const TensorType& type, size_t type_pos) const;
+  Tensor build_tensor(const Literal& lit, const TensorType& type, size_t type_pos);
   void parse_note(ValueId v);
 
   std::string_view src_;
   std::string file_;
   const Parser* parent_;
   int depth_;  // how many fused bodies this graph is nested in
+  int64_t own_constant_bytes_ = 0;
+  int64_t* constant_bytes_;  // list literals' bytes so far in the whole file (the root's count)
   size_t pos_ = 0;
   Graph g_;
   struct Def {
@@ -112,13 +116,16 @@ class Parser {
   std::unordered_map<std::string, Def> defs_;
 };
 
-std::string Parser::line_col(size_t at) const {
-  at = std::min(at, src_.size());
+// "LINE:COL" of byte `at` of `text`.
+std::string line_col_in(std::string_view text, size_t at) {
+  at = std::min(at, text.size());
   size_t line = 1, line_start = 0;
   for (size_t i = 0; i < at; ++i)
-    if (src_[i] == '\n') ++line, line_start = i + 1;
+    if (text[i] == '\n') ++line, line_start = i + 1;
   return std::to_string(line) + ":" + std::to_string(at - line_start + 1);
 }
+
+std::string Parser::line_col(size_t at) const { return line_col_in(src_, at); }
 
 void Parser::fail(size_t at, const std::string& what) const {
   throw Error(file_ + ":" + line_col(at) + ": error: " + what);
@@ -423,22 +430,23 @@ void Parser::set_element(Tensor& t, int64_t i, const Token& e) const {
   }
 }
 
-Tensor Parser::build_tensor(const Literal& lit, const TensorType& type, size_t type_pos) const {
+Tensor Parser::build_tensor(const Literal& lit, const TensorType& type, size_t type_pos) {
   int64_t n = type.numel();
-  if (n > kMaxConstantElements)
-    fail(type_pos, "constant " + type.str() + " is too large to parse (more than 2^26 elements)");
   if (lit.is_list && static_cast<int64_t>(lit.elements.size()) != n)
     fail(type_pos, "tensor literal has " + std::to_string(lit.elements.size()) + " elements but " +
                        type.str() + " needs " + std::to_string(n) + " (or a single element to splat)");
-  Tensor t(type.dtype, type.shape);
-  if (lit.is_list) {
-    for (int64_t i = 0; i < n; ++i) set_element(t, i, lit.elements[i]);
-    return t;
+  if (!lit.is_list) {
+    // A splat: one element, checked even when the shape is empty, and stored once.
+    Tensor one(type.dtype, {});
+    set_element(one, 0, lit.elements.at(0));
+    return Tensor::splat(one, type.shape);
   }
-  // A splat: one element, checked even when the shape is empty, copied everywhere.
-  Tensor one(type.dtype, {});
-  set_element(one, 0, lit.elements.at(0));
-  for (int64_t i = 0; i < n; ++i) std::memcpy(t.raw() + i * one.nbytes(), one.raw(), one.nbytes());
+  *constant_bytes_ += n * static_cast<int64_t>(dtype_size(type.dtype));
+  if (*constant_bytes_ > kMaxConstantBytes)
+    fail(type_pos, "the tensor literals of this file hold more than 1 GiB in all; pass large tensors "
+                   "as graph inputs (.npy files) instead");
+  Tensor t(type.dtype, type.shape);
+  for (int64_t i = 0; i < n; ++i) set_element(t, i, lit.elements[i]);
   return t;
 }
 
@@ -649,18 +657,32 @@ Graph parse(std::string_view text, std::string_view filename) {
 }
 
 Graph parse_file(const std::string& path) {
+  // Reading stops at the first NUL byte (a .kir file is text: /dev/zero or a binary is
+  // not one) and beyond kMaxFileBytes, rather than filling memory first.
+  constexpr size_t kMaxFileBytes = size_t{1} << 30;
   bool is_stdin = path == "-";
+  std::string name = is_stdin ? "<stdin>" : path;
   std::FILE* f = is_stdin ? stdin : std::fopen(path.c_str(), "rb");
   if (!f) throw Error(path + ": cannot open: " + std::strerror(errno));
-  std::string text;
+  std::string text, error;
   char buf[65536];
   size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-  bool failed = std::ferror(f) != 0;
+  while (error.empty() && (n = std::fread(buf, 1, sizeof buf, f)) > 0) {
+    if (const void* nul = std::memchr(buf, 0, n)) {
+      text.append(buf, static_cast<size_t>(static_cast<const char*>(nul) - buf));
+      error = name + ":" + line_col_in(text, text.size()) + ": error: a NUL byte: this is not a .kir text file";
+    } else if (text.size() + n > kMaxFileBytes) {
+      error = name + ": error: larger than 1 GiB, more than a .kir file may be";
+    } else {
+      text.append(buf, n);
+    }
+  }
+  bool failed = error.empty() && std::ferror(f) != 0;
   int err = errno;
   if (!is_stdin) std::fclose(f);
+  if (!error.empty()) throw Error(error);
   if (failed) throw Error(path + ": cannot read: " + std::strerror(err));
-  return parse(text, is_stdin ? "<stdin>" : path);
+  return parse(text, name);
 }
 
 }  // namespace kiln

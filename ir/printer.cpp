@@ -32,6 +32,7 @@ std::string format_float(T v) {
 
 // A splat prints as its single element, anything else as a flat row-major list.
 std::string format_tensor(const Tensor& t) {
+  if (t.is_splat()) return print_element(t, 0);
   // Compare spellings, not bits: NaNs with different payloads print alike, and a
   // second round trip must not turn their list into a splat.
   int64_t n = t.numel();

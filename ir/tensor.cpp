@@ -13,30 +13,66 @@ Tensor::Tensor(DType dtype, Shape shape) : type_{dtype, std::move(shape)} {
 }
 
 void Tensor::check_index(int64_t i, const char* what) const {
-  // The elements held, not numel(): a default-constructed Tensor holds none.
-  auto held = static_cast<int64_t>(bytes_.size() / dtype_size(dtype()));
+  // The elements held, not numel(): a default-constructed Tensor holds none (a splat
+  // holds one standing for all of them).
+  auto held = splat_ ? numel() : static_cast<int64_t>(bytes_.size() / dtype_size(dtype()));
   if (i < 0 || i >= held)
     throw Error("Tensor::" + std::string(what) + ": element " + std::to_string(i) + " is out of range for " +
                 type_.str() + " (" + std::to_string(held) + " elements)");
 }
 
+Tensor Tensor::splat(const Tensor& element, Shape shape) {
+  KILN_CHECK(element.numel() == 1 && !element.is_splat(), "Tensor::splat: the element is not one element");
+  for (int64_t d : shape)
+    if (d < 0) throw Error("tensor shape " + shape_str(shape) + " has a negative dimension");
+  if (num_elements(shape) <= 1) {  // nothing to save: store it as it is
+    Tensor t(element.dtype(), std::move(shape));
+    if (t.numel() == 1) t.bytes_ = element.bytes_;
+    return t;
+  }
+  Tensor t;
+  t.type_ = TensorType{element.dtype(), std::move(shape)};
+  t.bytes_ = element.bytes_;
+  t.splat_ = true;
+  return t;
+}
+
+Tensor Tensor::element() const {
+  KILN_CHECK(numel() >= 1, "Tensor::element: the tensor is empty");
+  Tensor e(dtype(), {});
+  std::memcpy(e.raw(), raw(), e.nbytes());
+  return e;
+}
+
+Tensor Tensor::materialized() const {
+  if (!splat_) return *this;
+  Tensor out(dtype(), shape());
+  size_t size = bytes_.size();
+  for (int64_t i = 0; i < out.numel(); ++i) std::memcpy(out.raw() + static_cast<size_t>(i) * size, raw(), size);
+  return out;
+}
+
 double Tensor::get(int64_t i) const {
   check_index(i, "get");
+  if (splat_) i = 0;
   return visit_dtype(dtype(), [&]<typename T>() { return static_cast<double>(data<T>()[i]); });
 }
 
 int64_t Tensor::get_int(int64_t i) const {
   check_index(i, "get_int");
+  if (splat_) i = 0;
   return visit_dtype(dtype(), [&]<typename T>() { return interp::convert<int64_t>(data<T>()[i]); });
 }
 
 void Tensor::set(int64_t i, double v) {
   check_index(i, "set");
+  if (splat_) *this = materialized();
   visit_dtype(dtype(), [&]<typename T>() { data<T>()[i] = interp::convert<T>(v); });
 }
 
 void Tensor::set_int(int64_t i, int64_t v) {
   check_index(i, "set_int");
+  if (splat_) *this = materialized();
   visit_dtype(dtype(), [&]<typename T>() { data<T>()[i] = interp::convert<T>(v); });
 }
 
@@ -48,6 +84,7 @@ Tensor Tensor::reshaped(Shape s) const {
 }
 
 Tensor Tensor::cast(DType to) const {
+  if (splat_) return splat(element().cast(to), shape());
   Tensor out(to, shape());
   visit_dtype(dtype(), [&]<typename S>() {
     visit_dtype(to, [&]<typename D>() {

@@ -38,13 +38,23 @@ class Tensor {
     t.set_value<T>(0, v);
     return t;
   }
+  // A splat: the one element of `element` standing for every element of `shape`. It
+  // stores that one element whatever the shape, so a large constant costs nothing until
+  // something materializes it. Only constants' values are splats (the parser, autodiff and
+  // the train step make them): eval_op fills out splat operands, so kernels never see one,
+  // and run-time arguments must not be splats (check_arguments says so).
+  static Tensor splat(const Tensor& element, Shape shape);
 
   DType dtype() const { return type_.dtype; }
   const Shape& shape() const { return type_.shape; }
   const TensorType& type() const { return type_; }
   int64_t rank() const { return type_.rank(); }
   int64_t numel() const { return type_.numel(); }
-  size_t nbytes() const { return bytes_.size(); }
+  size_t nbytes() const { return bytes_.size(); }  // of the storage: one element for a splat
+  bool is_splat() const { return splat_; }
+  // Every element stored: a copy of a splat filled out, or the tensor itself.
+  Tensor materialized() const;
+  Tensor element() const;  // element 0 as a scalar (numel() >= 1)
 
   std::byte* raw() { return bytes_.data(); }
   const std::byte* raw() const { return bytes_.data(); }
@@ -57,7 +67,8 @@ class Tensor {
   // the index and throws kiln::Error when it is out of range. get/set go through double:
   // exact for f32, f64, i32 and bool, but an i64 beyond 2^53 rounds, so integers take
   // get_int/set_int, which are exact for i32, i64 and bool (and convert to and from
-  // floats by Kiln's cast rules).
+  // floats by Kiln's cast rules). A splat reads its one element at every index; set and
+  // set_int materialize it first.
   double get(int64_t i) const;
   void set(int64_t i, double v);
   int64_t get_int(int64_t i) const;
@@ -65,7 +76,8 @@ class Tensor {
 
   Tensor reshaped(Shape s) const;
   Tensor cast(DType to) const;
-  bool operator==(const Tensor& o) const { return type_ == o.type_ && bytes_ == o.bytes_; }
+  // Same type and storage: a splat equals only a splat.
+  bool operator==(const Tensor& o) const { return type_ == o.type_ && splat_ == o.splat_ && bytes_ == o.bytes_; }
 
  private:
   template <typename T>
@@ -77,6 +89,7 @@ class Tensor {
 
   TensorType type_;
   std::vector<std::byte> bytes_;
+  bool splat_ = false;  // bytes_ holds one element standing for all numel() (numel() > 1)
 };
 
 // Element-wise comparison, for tests and bisection. Two integer or bool elements compare

@@ -26,7 +26,7 @@ ValueId Emitter::scalar(double v, DType dtype) {
 }
 
 ValueId Emitter::zeros(const TensorType& t) {
-  return op(Op::Constant, {}, {{"value", Tensor(t.dtype, t.shape)}});
+  return op(Op::Constant, {}, {{"value", Tensor::splat(Tensor(t.dtype, {}), t.shape)}});
 }
 
 ValueId Emitter::reshape(ValueId a, const Shape& s) {

@@ -27,7 +27,13 @@ Graph fold_constants(const Graph& g, const PassOptions& options) {
         foldable = false;
         break;
       }
-      operands.push_back(&attr_tensor(def->attrs, "value"));
+      const Tensor& value = attr_tensor(def->attrs, "value");
+      // eval_op fills a splat out: only small ones, so that folding stays cheap.
+      if (value.is_splat() && value.numel() > options.fold_max_elements) {
+        foldable = false;
+        break;
+      }
+      operands.push_back(&value);
     }
     if (!foldable) {
       rb.copy(n);

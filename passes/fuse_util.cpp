@@ -104,10 +104,12 @@ Outlined build_body(const Partition& p, const std::vector<size_t>& nodes, const 
   auto local_of = [&](ValueId v) -> ValueId {
     auto it = local.find(v.id);
     if (it != local.end()) return it->second;
-    // Scalar constants are copied into the body rather than passed in.
+    // Scalar and splat constants are copied into the body rather than passed in (a
+    // splat stores one element: the body's loops read it as an immediate).
     const Node* def = g.defining_node(v);
     ValueId b;
-    if (def && def->op == Op::Constant && g.type(v).numel() == 1) {
+    if (def && def->op == Op::Constant &&
+        (g.type(v).numel() == 1 || attr_tensor(def->attrs, "value").is_splat())) {
       b = out.body.add_node_at(Op::Constant, {}, def->attrs, "", "");
     } else {
       b = out.body.add_input("in" + std::to_string(out.inputs.size()), g.type(v));

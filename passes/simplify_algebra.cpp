@@ -59,7 +59,8 @@ bool Simplifier::is_all(ValueId v, double want) const {
   const Node* c = def(v, Op::Constant);
   if (c == nullptr) return false;
   const Tensor& t = attr_tensor(c->attrs, "value");
-  for (int64_t i = 0; i < t.numel(); ++i) {
+  int64_t stored = t.is_splat() ? 1 : t.numel();  // a splat's elements are all its first
+  for (int64_t i = 0; i < stored; ++i) {
     if (!is_float(t.dtype())) {
       // As integers: through double, an i64 beyond 2^53 could round to `want`.
       if (t.get_int(i) != static_cast<int64_t>(want)) return false;

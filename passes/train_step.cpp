@@ -341,14 +341,14 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
     const TensorType& type = model.type(p->value);
     for (const std::string& s : optimizer_state_names(optimizer, u.name)) {
       u.state.push_back(g.add_input(s, type, /*is_state=*/true));
-      result.initial_state.emplace(s, Tensor(type.dtype, type.shape));
+      result.initial_values.emplace(s, Tensor::splat(Tensor(type.dtype, {}), type.shape));
     }
     updates.push_back(std::move(u));
   }
   ValueId step = g.add_input("step", {DType::i32, {}}, true);
-  result.initial_state.emplace("step", Tensor::scalar(DType::i32, 0));
+  result.initial_values.emplace("step", Tensor::scalar(DType::i32, 0));
   ValueId lr = g.add_input("lr", {dtype, {}}, true);
-  result.initial_state.emplace("lr", learning_rate(optimizer, dtype));
+  result.initial_values.emplace("lr", learning_rate(optimizer, dtype));
 
   // The backward pass.
   std::vector<ValueId> wrt;
@@ -403,6 +403,12 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
 
   verify(g);
   return result;
+}
+
+TensorMap TrainStep::initial_state() const {
+  TensorMap out;
+  for (const auto& [name, value] : initial_values) out.emplace(name, value.materialized());
+  return out;
 }
 
 }  // namespace kiln

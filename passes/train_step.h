@@ -63,8 +63,11 @@ struct TrainStepOptions {
 struct TrainStep {
   Graph graph;
   // Initial values of the state the step adds: optimizer state (zeros), "step" (0) and
-  // "lr". Together with the model's parameters, this is the whole state.
-  TensorMap initial_state;
+  // "lr". Together with the model's parameters, this is the whole state. The zeros are
+  // kept as splats (Tensor::splat), so that building a step to print it allocates nothing
+  // for them; initial_state() fills them out for running.
+  TensorMap initial_values;
+  TensorMap initial_state() const;
   std::vector<std::string> warnings;  // from autodiff (parameters the loss ignores)
   // How many of graph's nodes each phase added: the model's (forward and loss), autodiff's
   // and the optimizer's, in that order.

@@ -2,12 +2,15 @@
 // requested level for the host -> ORC LLJIT; and the runtime side (run / run_step).
 #include "codegen/cpu/compile.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
+
+#include <sys/mman.h>
 
 #include <llvm/AsmParser/Parser.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
@@ -239,7 +242,7 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, int level) {
 }  // namespace
 
 // The compiled code: immutable once built, shared by the cache and every CompiledGraph
-// made from it (each has its own arena).
+// made from it (each has its own arena and constant outputs).
 namespace detail {
 struct Code {
   Graph graph;
@@ -249,8 +252,7 @@ struct Code {
   std::string ir;
   std::unique_ptr<llvm::orc::LLJIT> jit;
   EntryFn entry = nullptr;
-  int64_t arena_bytes = 0;        // arena + scratch + alignment slack
-  std::vector<Tensor> constants;  // per value id: the value of constant outputs
+  int64_t arena_bytes = 0;        // arena + scratch (at least 1 byte: mmap's length)
   std::string cannot_run;         // non-empty: the code uses ISA features the host lacks
   double compile_ms = 0;
 };
@@ -288,12 +290,34 @@ Cache& cache() {
 
 }  // namespace
 
+// Run-time storage is allocated by the first call(), so that compiling only to print the
+// code (kiln dump --emit=llvm) allocates none of it.
 struct CompiledGraph::Impl {
   std::shared_ptr<const detail::Code> code;
-  std::vector<uint64_t> arena_storage;  // 8-byte units; `arena` is its 64-aligned start
-  uint8_t* arena = nullptr;
+  uint8_t* arena = nullptr;         // mmap'ed: page-aligned, zero pages touched on demand
+  std::vector<Tensor> constants;    // per value id: the value of constant outputs, filled out
   bool from_cache = false;
   double compile_ms = 0;
+
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl() {
+    if (arena) munmap(arena, static_cast<size_t>(code->arena_bytes));
+  }
+  void allocate() {
+    const Code& c = *code;
+    void* p = mmap(nullptr, static_cast<size_t>(c.arena_bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      throw Error("cpu codegen: cannot allocate the " + std::to_string(c.arena_bytes) + "-byte arena of @" +
+                  c.graph.name() + ": " + std::strerror(errno));
+    arena = static_cast<uint8_t*>(p);
+    constants.resize(c.graph.values().size());
+    for (const GraphOutput& o : c.graph.outputs())
+      if (c.plan.at(o.value).kind == BufferKind::Constant)
+        constants[static_cast<size_t>(o.value.id)] =
+            attr_tensor(c.graph.defining_node(o.value)->attrs, "value").materialized();
+  }
 };
 
 CompiledGraph::CompiledGraph(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -310,6 +334,7 @@ void CompiledGraph::call(const std::vector<void*>& buffers) {
   const Code& c = *impl_->code;
   if (!c.cannot_run.empty()) throw Error(c.cannot_run);
   KILN_CHECK(buffers.size() == c.graph.inputs().size(), "cpu codegen: wrong number of buffers");
+  if (!impl_->arena) impl_->allocate();
   kiln_rt_take_error();  // a message left over from a failed call to other code is not ours
   c.entry(const_cast<void**>(buffers.data()), impl_->arena);
   if (const char* failed = kiln_rt_take_error())
@@ -325,7 +350,7 @@ const void* CompiledGraph::output_data(ValueId v, const std::vector<void*>& buff
     case BufferKind::State: return buffers.at(static_cast<size_t>(c.graph.value(v).input));
     case BufferKind::StateInPlace: return buffers.at(static_cast<size_t>(c.graph.value(p.state).input));
     case BufferKind::Arena: return impl_->arena + p.offset;
-    case BufferKind::Constant: return c.constants.at(static_cast<size_t>(v.id)).raw();
+    case BufferKind::Constant: return impl_->constants.at(static_cast<size_t>(v.id)).raw();
   }
   return nullptr;
 }
@@ -341,9 +366,6 @@ Tensor output_value(const CompiledGraph& cg, ValueId v, const std::vector<void*>
 
 std::unique_ptr<CompiledGraph> instantiate(std::shared_ptr<const Code> code, bool from_cache, double ms) {
   auto impl = std::make_unique<CompiledGraph::Impl>();
-  impl->arena_storage.assign(static_cast<size_t>(code->arena_bytes / 8 + 8), 0);
-  auto base = reinterpret_cast<uintptr_t>(impl->arena_storage.data());
-  impl->arena = reinterpret_cast<uint8_t*>((base + 63) / 64 * 64);
   impl->code = std::move(code);
   impl->from_cache = from_cache;
   impl->compile_ms = ms;
@@ -360,25 +382,6 @@ std::shared_ptr<Code> build(const Graph& input, const CompileOptions& options, l
   else code->graph = input;
   const Graph& g = code->graph;
   code->plan = plan_memory(g, po.pass_options);
-
-  // Constant outputs: the runtime hands out their values.
-  code->constants.resize(g.values().size());
-  for (const GraphOutput& o : g.outputs()) {
-    if (code->plan.at(o.value).kind != BufferKind::Constant) continue;
-    const Node* n = g.defining_node(o.value);
-    const TensorType& rt = g.type(o.value);
-    const Tensor& v = attr_tensor(n->attrs, "value");
-    Tensor c = v.dtype() == rt.dtype ? v : v.cast(rt.dtype);
-    if (c.numel() == rt.numel()) {
-      c = c.reshaped(rt.shape);
-    } else {
-      Tensor full(rt.dtype, rt.shape);
-      size_t size = dtype_size(rt.dtype);
-      for (int64_t i = 0; i < full.numel(); ++i) std::memcpy(full.raw() + i * size, c.raw(), size);
-      c = full;
-    }
-    code->constants[static_cast<size_t>(o.value.id)] = c;
-  }
 
   std::unique_ptr<llvm::TargetMachine> tm = unwrap(jtmb.createTargetMachine(), "target machine");
   std::string missing = missing_host_features(*tm);
@@ -435,7 +438,7 @@ std::shared_ptr<Code> build(const Graph& input, const CompileOptions& options, l
     throw Error("cpu codegen: linking the generated code: " + msg);
   }
   code->entry = entry->toPtr<EntryFn>();
-  code->arena_bytes = detail::align_up(info.arena_bytes, 64) + info.scratch_bytes + 64;
+  code->arena_bytes = std::max<int64_t>(detail::align_up(info.arena_bytes, 64) + info.scratch_bytes, 1);
   return code;
 }
 

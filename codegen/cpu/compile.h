@@ -6,7 +6,8 @@
 // where buffers[i] is graph input i's data (state included, in Graph::inputs() order) and
 // `arena` holds every Arena value at its planned offset, followed by a scratch area for the
 // intermediates of fused bodies. State outputs planned StateInPlace are written straight
-// into their state's buffer. Constants are private globals in the module.
+// into their state's buffer. Constants that kernels read from memory are private globals in
+// the module, at most 1 GiB in all (a splat that only fused loops read is an immediate there).
 //
 // Numerics: no fast-math flags anywhere (no FMA contraction, no reassociation), and the
 // elementwise formulas are the interpreter's (libm's expf/logf/powf/tanhf, the same sigmoid,
@@ -16,7 +17,8 @@
 // (tests use rtol 1e-4 for f32, 1e-10 for f64 there). Integer division by zero gives 0
 // (the interpreter throws); INT_MIN / -1 wraps to INT_MIN like the interpreter.
 //
-// A CompiledGraph owns its arena: run()/run_step() on one object are not reentrant.
+// A CompiledGraph owns its arena, allocated by the first run (compiling only to print the
+// code allocates none): run()/run_step() on one object are not reentrant.
 //
 // Compile cache: compile() keeps every module it builds in an in-process cache keyed by a
 // hash of the canonical IR text of the input graph (kiln::print), the target (triple, CPU,

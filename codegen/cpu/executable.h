@@ -2,7 +2,7 @@
 // state) it runs on, held by the executable.
 //
 //   auto train = cpu::compile_executable(step.graph);       // make_train_step's graph
-//   train->set_state(params); train->set_state(step.initial_state);
+//   train->set_state(params); train->set_state(step.initial_state());
 //   for (...) TensorMap out = train->run({{"x", xs}, {"y", ys}});  // loss, accuracy
 //   auto infer = cpu::compile_executable(model);             // same parameter names/types
 //   infer->share_state_with(*train);                          // no copies: one StateStore

@@ -31,6 +31,10 @@ namespace kiln::cpu::detail {
 
 namespace {
 
+// What the constants of one module may take in all (each is stored in the module and again
+// in the JIT'ed code): a splat that only fused loops read takes nothing.
+constexpr int64_t kMaxConstantBytes = int64_t{1} << 30;
+
 using llvm::Value;
 
 struct Stream {
@@ -135,29 +139,27 @@ class Lowerer {
     }
     return nullptr;
   }
-  // The constant's value as the result type, full size.
-  static Tensor constant_value(const Node& n, const TensorType& rt) {
-    const Tensor& v = attr_tensor(n.attrs, "value");
-    Tensor c = v.dtype() == rt.dtype ? v : v.cast(rt.dtype);
-    if (c.numel() == rt.numel()) return c.reshaped(rt.shape);
-    Tensor out(rt.dtype, rt.shape);
-    size_t size = dtype_size(rt.dtype);
-    for (int64_t i = 0; i < out.numel(); ++i) std::memcpy(out.raw() + i * size, c.raw(), size);
-    return out;
-  }
   // A splat constant node's scalar, or null.
   Value* splat(const Graph& g, ValueId v) {
     const Node* n = g.defining_node(v);
     if (!n || n->op != Op::Constant) return nullptr;
     const Tensor& val = attr_tensor(n->attrs, "value");
-    if (val.numel() != 1) return nullptr;
-    Tensor c = val.dtype() == g.type(v).dtype ? val : val.cast(g.type(v).dtype);
-    return element_constant(c, 0);
+    if (val.numel() != 1 && !val.is_splat()) return nullptr;
+    return element_constant(val, 0);
   }
-  Value* global_constant(const Node& n, const TensorType& rt) {
-    Tensor t = constant_value(n, rt);
+  // The constant's value in full, as a private global. Every global's bytes are counted:
+  // a module holds at most kMaxConstantBytes of them.
+  Value* global_constant(const Node& n) {
+    const Tensor& value = attr_tensor(n.attrs, "value");
+    int64_t bytes = value.numel() * static_cast<int64_t>(dtype_size(value.dtype()));
+    constant_bytes_ += bytes;
+    if (constant_bytes_ > kMaxConstantBytes)
+      throw Error("cpu codegen: the constants of @" + g_.name() + " need more than " +
+                  std::to_string(kMaxConstantBytes >> 20) + " MiB in the compiled code (the one that crossed it is " +
+                  value.type().str() + "); pass large tensors as graph inputs instead");
+    Tensor t = value.materialized();
     llvm::StringRef raw(reinterpret_cast<const char*>(t.raw()), t.nbytes());
-    llvm::Constant* init = llvm::ConstantDataArray::getRaw(raw, static_cast<uint64_t>(t.numel()), ty(rt.dtype));
+    llvm::Constant* init = llvm::ConstantDataArray::getRaw(raw, static_cast<uint64_t>(t.numel()), ty(t.dtype()));
     auto* gv = new llvm::GlobalVariable(*M_, init->getType(), true, llvm::GlobalValue::PrivateLinkage, init, "const");
     gv->setAlignment(llvm::Align(64));
     gv->setUnnamedAddr(llvm::GlobalValue::UnnamedAddr::Global);
@@ -608,10 +610,17 @@ class Lowerer {
         }
       }
     }
-    // Constants: globals (a body output constant is copied at the end).
+    // Constants: globals, for those read from memory: not a splat that only fused loops
+    // read (an immediate there), nor a top-level output (the runtime hands its value out).
+    // A body output constant is copied at the end.
+    std::vector<bool> in_memory(g.values().size(), false);
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      bool in_loop = item_of[i] >= 0 && items[static_cast<size_t>(item_of[i])].group;
+      for (ValueId v : nodes[i].operands) in_memory[v.id] = in_memory[v.id] || !(in_loop && splat(g, v));
+    }
+    for (auto [k, v] : copies) in_memory[v.id] = true;
     for (const Node& n : nodes)
-      if (n.op == Op::Constant && !(top && plan_.at(n.result()).kind != BufferKind::Constant))
-        ptr[n.result().id] = global_constant(n, g.type(n.result()));
+      if (n.op == Op::Constant && in_memory[n.result().id]) ptr[n.result().id] = global_constant(n);
 
     auto emit_here = [&](const Item& it) {
       if (it.group) {
@@ -1212,6 +1221,7 @@ class Lowerer {
   llvm::Type *i8_, *i32_, *i64_, *ptr_;
   Value* scratch_ = nullptr;
   int64_t scratch_peak_ = 0;
+  int64_t constant_bytes_ = 0;  // of the globals so far
   bool outlining_ = false;  // emitting the body of a parallel loop's task function
   int tasks_ = 0;
   std::set<std::string> runtime_;

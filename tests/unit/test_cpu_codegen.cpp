@@ -418,7 +418,7 @@ Model training_model(bool cnn, int64_t batch, const Optimizer& opt) {
   t.output("accuracy", nn::accuracy(logits, y));
   TrainStep ts = make_train_step(t.finish(), opt);
   Model m{ts.graph, t.parameters(), {}};
-  for (auto& [k, v] : ts.initial_state) m.state[k] = v;
+  for (auto& [k, v] : ts.initial_state()) m.state[k] = v;
   Tensor xs(DType::f32, cnn ? Shape{batch, 1, 28, 28} : Shape{batch, 784});
   for (int64_t i = 0; i < xs.numel(); ++i) xs.set(i, ((i * 7919) % 256) / 255.0);
   Tensor ys(DType::i32, {batch});

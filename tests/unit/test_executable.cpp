@@ -48,7 +48,7 @@ Mlp make_mlp(const Optimizer& opt, int64_t batch = 16) {
 
 TensorMap whole_state(const Mlp& m) {
   TensorMap s = m.params;
-  for (const auto& [k, v] : m.step.initial_state) s[k] = v;
+  for (const auto& [k, v] : m.step.initial_state()) s[k] = v;
   return s;
 }
 

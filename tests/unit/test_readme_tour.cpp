@@ -119,7 +119,7 @@ TEST_CASE("the README's training-step snippet runs and updates the state", "[rea
 
   kiln::TrainStep step = kiln::make_train_step(g, kiln::SGD{.lr = 0.05, .momentum = 0.9});
   kiln::TensorMap state = t.parameters();
-  state.merge(kiln::TensorMap(step.initial_state));
+  state.merge(step.initial_state());
   kiln::Tensor w0 = state.at("fc1.weight");
   kiln::TensorMap out = kiln::interpret_step(step.graph, state, {{"x", images}, {"y", labels}});
   state["lr"] = kiln::Tensor::scalar(kiln::DType::f32, 0.01);
@@ -143,7 +143,7 @@ TEST_CASE("the README's compile-and-run snippet trains natively and shares state
   kiln::Graph g = t.finish();
   kiln::TrainStep step = kiln::make_train_step(g, kiln::SGD{.lr = 0.05, .momentum = 0.9});
   kiln::TensorMap state = t.parameters();
-  state.merge(kiln::TensorMap(step.initial_state));
+  state.merge(step.initial_state());
   kiln::Tensor images(kiln::DType::f32, {4, 784}), labels(kiln::DType::i32, {4});
   for (int64_t i = 0; i < images.numel(); ++i) images.set(i, (i % 5) / 5.0);
 

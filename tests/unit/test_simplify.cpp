@@ -794,8 +794,8 @@ TEST_CASE("property: simplify keeps MLP and LeNet training steps bit for bit", "
                 << ": simplify " << step.graph.nodes().size() << " -> " << simple.nodes().size() << " nodes\n";
       // Two steps, so the optimizer state the first one writes is read by the second.
       TensorMap state_a = m.params, state_b = m.params;
-      state_a.insert(step.initial_state.begin(), step.initial_state.end());
-      state_b.insert(step.initial_state.begin(), step.initial_state.end());
+      state_a.merge(step.initial_state());
+      state_b.merge(step.initial_state());
       for (int i = 0; i < 2; ++i) {
         TensorMap out_a = interpret_step(step.graph, state_a, {{"x", x}, {"y", y}});
         TensorMap out_b = interpret_step(simple, state_b, {{"x", x}, {"y", y}});

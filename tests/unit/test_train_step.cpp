@@ -50,7 +50,7 @@ std::vector<StepResult> run_tiny(const Optimizer& opt, int steps, DType dt = DTy
   Graph model = tiny_model(dt, &params);
   TrainStep ts = make_train_step(model, opt);
   TensorMap state = params;
-  state.insert(ts.initial_state.begin(), ts.initial_state.end());
+  state.merge(ts.initial_state());
   TensorMap batch{{"x", Tensor::from<double>(dt, {2}, {1.5, 2.0})},
                   {"y", Tensor::from<double>(dt, {2}, {1.0, -3.0})}};
   std::vector<StepResult> out;
@@ -222,10 +222,10 @@ TEST_CASE("the MLP training step: inputs, state, outputs, text form", "[train_st
   CHECK(ts.warnings.empty());
 
   // The initial state: zeros, step 0, the optimizer's lr; with the parameters, all of it.
-  CHECK(ts.initial_state.size() == 10);
-  CHECK(ts.initial_state.at("adam.m.fc1.weight") == Tensor(DType::f32, {784, 256}));
-  CHECK(ts.initial_state.at("step") == Tensor::scalar(DType::i32, 0));
-  CHECK(ts.initial_state.at("lr") == Tensor::scalar(DType::f32, 1e-3));
+  CHECK(ts.initial_values.size() == 10);
+  CHECK(ts.initial_state().at("adam.m.fc1.weight") == Tensor(DType::f32, {784, 256}));
+  CHECK(ts.initial_state().at("step") == Tensor::scalar(DType::i32, 0));
+  CHECK(ts.initial_state().at("lr") == Tensor::scalar(DType::f32, 1e-3));
 
   // The forward nodes are the model's, unchanged; the phases add up.
   CHECK(ts.nodes.forward == model.nodes().size());
@@ -263,7 +263,7 @@ TEST_CASE("lr is state: changing it between steps changes the update", "[train_s
   TensorMap state;
   Graph model = tiny_model(DType::f64, &state);
   TrainStep ts = make_train_step(model, SGD{.lr = 0.1});
-  state.insert(ts.initial_state.begin(), ts.initial_state.end());
+  state.merge(ts.initial_state());
   TensorMap batch{{"x", Tensor::from<double>(DType::f64, {2}, {1.5, 2.0})},
                   {"y", Tensor::from<double>(DType::f64, {2}, {1.0, -3.0})}};
   interpret_step(ts.graph, state, batch);
@@ -287,7 +287,7 @@ TEST_CASE("state the model updates itself, or non-float state, is not trained", 
   CHECK(output_names(ts.graph) ==
         std::vector<std::string>{"loss", "avg.next", "w.next", "count.next", "step.next", "lr.next"});
   TensorMap state = t.parameters();
-  state.insert(ts.initial_state.begin(), ts.initial_state.end());
+  state.merge(ts.initial_state());
   interpret_step(ts.graph, state, {{"x", Tensor::from<double>(DType::f64, {2}, {2.0, 4.0})}});
   check_values(state.at("w"), {-1.0, -2.0});
   check_values(state.at("avg"), {1.0, 2.0});
@@ -305,7 +305,7 @@ TEST_CASE("a parameter the loss ignores gets a zero gradient and a warning", "[t
   REQUIRE(ts.warnings.size() == 1);
   CHECK_THAT(ts.warnings[0], ContainsSubstring("does not depend on %u"));
   TensorMap state = t.parameters();
-  state.insert(ts.initial_state.begin(), ts.initial_state.end());
+  state.merge(ts.initial_state());
   interpret_step(ts.graph, state, {{"x", Tensor::from<double>(DType::f64, {2}, {2.0, -4.0})}});
   check_values(state.at("u"), {1.0, 2.0, 3.0, 4.0});
   check_values(state.at("adam.v.u"), {0.0, 0.0, 0.0, 0.0});
@@ -427,7 +427,7 @@ TEST_CASE("interpret_step: missing or mistyped state is one clear error", "[trai
   TensorMap state = params;  // no step, no lr
   CHECK(error_of([&] { interpret_step(ts.graph, state, batch); }) ==
         "interpret_step @tiny_train_step: missing state '%step': expected i32[]");
-  state.insert(ts.initial_state.begin(), ts.initial_state.end());
+  state.merge(ts.initial_state());
   state["lr"] = Tensor::scalar(DType::f32, 0.1);
   CHECK(error_of([&] { interpret_step(ts.graph, state, batch); }) ==
         "interpret_step @tiny_train_step: state '%lr': expected f64[], got f32[]");
@@ -461,7 +461,7 @@ TEST_CASE("the MLP learns Fashion-MNIST in the interpreter", "[train_step][slow]
   Graph model = mlp_model(kBatch, &params);
   TrainStep ts = make_train_step(model, Adam{.lr = 1e-3});
   TensorMap state = params;
-  state.insert(ts.initial_state.begin(), ts.initial_state.end());
+  state.merge(ts.initial_state());
 
   double first_loss = 0, last_loss = 0;
   for (int64_t epoch = 0; epoch < kEpochs; ++epoch) {
