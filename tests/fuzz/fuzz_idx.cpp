@@ -7,24 +7,12 @@
 
 using namespace kiln;
 
-namespace {
-
-std::pair<Tensor, std::string> outcome(auto read) {
-  try {
-    return {read(), ""};
-  } catch (const Error& e) {
-    return {Tensor(), e.what()};
-  }
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view bytes(reinterpret_cast<const char*>(data), size);
   fuzz::MemFile file(bytes);
-  auto [read, read_error] = outcome([&] { return read_idx(file.path()); });
+  auto [read, read_error] = fuzz::outcome([&] { return read_idx(file.path()); });
   if (bytes.starts_with("\x1f\x8b")) return 0;  // gzip: read_idx must only not crash
-  auto [parsed, parse_error] = outcome([&] { return parse_idx(bytes, file.path()); });
+  auto [parsed, parse_error] = fuzz::outcome([&] { return parse_idx(bytes, file.path()); });
   if (parse_error != read_error) fuzz::bug("parse_idx says '" + parse_error + "' but read_idx '" + read_error + "'");
   if (parse_error.empty() && !(parsed == read)) fuzz::bug("parse_idx and read_idx read different tensors");
   return 0;

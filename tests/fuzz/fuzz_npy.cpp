@@ -7,24 +7,11 @@
 
 using namespace kiln;
 
-namespace {
-
-// The tensor, or the error message.
-std::pair<Tensor, std::string> outcome(auto read) {
-  try {
-    return {read(), ""};
-  } catch (const Error& e) {
-    return {Tensor(), e.what()};
-  }
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view bytes(reinterpret_cast<const char*>(data), size);
   fuzz::MemFile file(bytes);
-  auto [parsed, parse_error] = outcome([&] { return parse_npy(bytes, file.path()); });
-  auto [read, read_error] = outcome([&] { return read_npy(file.path()); });
+  auto [parsed, parse_error] = fuzz::outcome([&] { return parse_npy(bytes, file.path()); });
+  auto [read, read_error] = fuzz::outcome([&] { return read_npy(file.path()); });
   if (parse_error != read_error) fuzz::bug("parse_npy says '" + parse_error + "' but read_npy '" + read_error + "'");
   if (!parse_error.empty()) return 0;
   if (!(parsed == read)) fuzz::bug("parse_npy and read_npy read different tensors");

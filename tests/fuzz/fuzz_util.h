@@ -10,6 +10,10 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <utility>
+
+#include "ir/error.h"
+#include "ir/tensor.h"
 
 namespace kiln::fuzz {
 
@@ -34,5 +38,14 @@ class MemFile {
  private:
   int fd_;
 };
+
+// What a reader made of the input: the tensor and "", or an empty tensor and the error.
+inline std::pair<Tensor, std::string> outcome(auto read) {
+  try {
+    return {read(), ""};
+  } catch (const Error& e) {
+    return {Tensor(), e.what()};
+  }
+}
 
 }  // namespace kiln::fuzz
