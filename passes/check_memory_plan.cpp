@@ -16,10 +16,12 @@ namespace {
 struct Checker {
   const Graph& g;
   const MemoryPlan& plan;
-  std::vector<std::string> names;
+  mutable std::vector<std::string> names;  // made on the first failure: a passing check needs none
   int32_t end_of_graph = 0;
   std::vector<int32_t> first, last;  // live interval per value, recomputed
-  std::vector<std::vector<int32_t>> readers;  // per value: the nodes reading it, ascending
+  // Per value v: the nodes reading it, ascending, are reader_list[reader_begin[v] ..
+  // reader_begin[v + 1]) (one flat array: no allocation per value).
+  std::vector<int32_t> reader_begin, reader_list;
 
   [[noreturn]] void fail(const std::string& message) const {
     internal_error("check_memory_plan", "memory plan of @" + g.name() + ": " + message);
@@ -31,6 +33,7 @@ struct Checker {
   }
   std::string describe(ValueId v) const {
     const ValuePlan& p = plan.values[v.id];
+    if (names.empty()) names = value_names(g);
     std::string s = names[v.id] + " (" + g.type(v).str() + ", live " + interval(v);
     if (p.kind == BufferKind::Arena)
       s += ", bytes [" + std::to_string(p.offset) + ", " + std::to_string(p.offset + p.bytes) + ")";
@@ -40,13 +43,24 @@ struct Checker {
   // Liveness, the simple way: a value is live from its definition to its last reader.
   void compute_liveness() {
     end_of_graph = static_cast<int32_t>(g.nodes().size());
-    readers.resize(g.values().size());
+    const size_t values = g.values().size();
+    // Count each (value, node) read once, then fill in node order: each list ascends.
+    std::vector<int32_t> last_reader(values, -1), count(values + 1, 0);
     for (int32_t i = 0; i < end_of_graph; ++i)
       for (ValueId v : g.nodes()[i].operands)
-        if (readers[v.id].empty() || readers[v.id].back() != i) readers[v.id].push_back(i);
-    for (size_t id = 0; id < g.values().size(); ++id) {
+        if (last_reader[v.id] != i) last_reader[v.id] = i, ++count[v.id + 1];
+    reader_begin.assign(values + 1, 0);
+    for (size_t id = 0; id < values; ++id) reader_begin[id + 1] = reader_begin[id] + count[id + 1];
+    reader_list.resize(static_cast<size_t>(reader_begin[values]));
+    std::vector<int32_t> fill(reader_begin.begin(), reader_begin.end() - 1);
+    std::fill(last_reader.begin(), last_reader.end(), -1);
+    for (int32_t i = 0; i < end_of_graph; ++i)
+      for (ValueId v : g.nodes()[i].operands)
+        if (last_reader[v.id] != i) last_reader[v.id] = i, reader_list[fill[v.id]++] = i;
+    for (size_t id = 0; id < values; ++id) {
       first.push_back(g.values()[id].node);
-      last.push_back(readers[id].empty() ? first.back() : std::max(first.back(), readers[id].back()));
+      bool read = reader_begin[id + 1] > reader_begin[id];
+      last.push_back(read ? std::max(first.back(), reader_list[reader_begin[id + 1] - 1]) : first.back());
     }
     for (const GraphOutput& o : g.outputs()) last[o.value.id] = end_of_graph;
   }
@@ -166,7 +180,8 @@ struct Checker {
     }
     if (!is_next) fail(describe(v) + " is in the buffer of " + describe(x) + " but is not its output " + next_name);
     const int32_t at = first[v.id];
-    for (int32_t i : readers[x.id]) {
+    for (int32_t k = reader_begin[x.id]; k < reader_begin[x.id + 1]; ++k) {
+      const int32_t i = reader_list[k];
       if (i > at)
         fail(describe(v) + " overwrites " + describe(x) + ", which node " + std::to_string(i) + " reads later");
       if (i == at && (!in_place_ok(g.nodes()[i], x, v) || g.type(x) != g.type(v)))
@@ -225,7 +240,7 @@ struct Checker {
 }  // namespace
 
 void check_memory_plan(const Graph& g, const MemoryPlan& plan) {
-  Checker c{g, plan, value_names(g), 0, {}, {}, {}};
+  Checker c{g, plan, {}, 0, {}, {}, {}, {}};
   c.compute_liveness();
   c.check_values();
   c.check_overlaps();
