@@ -205,9 +205,17 @@ struct Checker {
     for (size_t id = 0; id < plan.values.size(); ++id)
       if (plan.values[id].kind == BufferKind::Arena && plan.values[id].bytes > 0)
         arena.push_back(ValueId{static_cast<int32_t>(id)});
-    std::stable_sort(arena.begin(), arena.end(), [&](ValueId a, ValueId b) { return first[a.id] < first[b.id]; });
-    std::vector<ValueId> by_end = arena;
-    std::stable_sort(by_end.begin(), by_end.end(), [&](ValueId a, ValueId b) { return last[a.id] < last[b.id]; });
+    // Times are node indices (or end_of_graph), so a counting sort orders them in linear time.
+    auto by_time = [&](const std::vector<ValueId>& vs, const std::vector<int32_t>& time) {
+      std::vector<int32_t> start(static_cast<size_t>(end_of_graph) + 2, 0);
+      for (ValueId v : vs) ++start[static_cast<size_t>(time[v.id]) + 1];
+      for (size_t t = 1; t < start.size(); ++t) start[t] += start[t - 1];
+      std::vector<ValueId> out(vs.size());
+      for (ValueId v : vs) out[static_cast<size_t>(start[static_cast<size_t>(time[v.id])]++)] = v;
+      return out;
+    };
+    arena = by_time(arena, first);
+    const std::vector<ValueId> by_end = by_time(arena, last);
     std::multimap<int64_t, ValueId> live;  // by offset
     std::vector<std::multimap<int64_t, ValueId>::iterator> where(plan.values.size());
     size_t ended = 0;
