@@ -86,17 +86,27 @@ double growth(const char* what, const std::function<Graph(int)>& make, const std
 
 }  // namespace
 
+// Under AddressSanitizer the ratios measure its allocator, not the passes: a fresh 64 KB
+// vector costs far more than eight fresh 8 KB ones (a plain loop over the values of the
+// 16k graph grew 24x where 8x is linear). There the stages still run, under ASan, and the
+// ratios are printed, but only the uninstrumented build (scripts/test.sh) holds them to 12x.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr double kMostGrowth = 1e300;
+#else
+constexpr double kMostGrowth = 12;
+#endif
+
 TEST_CASE("compile time grows near-linearly with the node count", "[scaling][pipeline]") {
   const PipelineOptions options;  // the default pipeline, as kiln opt runs it
   auto pipeline = [&](const Graph& g) { run_pipeline(g, options); };
-  CHECK(growth("pipeline, chain", chain, pipeline) < 12);
-  CHECK(growth("pipeline, wide", wide, pipeline) < 12);
+  CHECK(growth("pipeline, chain", chain, pipeline) < kMostGrowth);
+  CHECK(growth("pipeline, wide", wide, pipeline) < kMostGrowth);
   // Memory planning and its checker, which runs on every compile (it once rescanned every
   // node for each value and compared every pair of values sharing a buffer).
   auto check = [](const Graph& g) { check_memory_plan(g, plan_memory(g, {})); };
   auto planned = [](const Graph& g) { plan_memory(g, {}); };
   // On the unoptimized graphs: 16k arena values (placement once compared each buffer
   // with every buffer placed before it).
-  CHECK(growth("plan_memory, chain", chain, planned) < 12);
-  CHECK(growth("plan_memory + check_memory_plan, chain", chain, check) < 12);
+  CHECK(growth("plan_memory, chain", chain, planned) < kMostGrowth);
+  CHECK(growth("plan_memory + check_memory_plan, chain", chain, check) < kMostGrowth);
 }
