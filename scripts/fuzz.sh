@@ -27,6 +27,8 @@ artifacts=$build/artifacts
 mkdir -p "$artifacts"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 status=0
+passed=0
+failed=0
 for t in "${targets[@]}"; do
   # New inputs go to a scratch corpus: the repository's seeds stay small and reviewed.
   work=$build/corpus/$t
@@ -36,12 +38,15 @@ for t in "${targets[@]}"; do
        -max_len=8192 -timeout=20 -rss_limit_mb=2048 \
        -artifact_prefix="$artifacts/${t}-" -print_final_stats=1 > "$build/fuzz_$t.log" 2>&1; then
     status=1
+    failed=$((failed + 1))
     tail -40 "$build/fuzz_$t.log"
     echo "fuzz.sh: fuzz_$t FAILED; reproducer(s):" >&2
     ls -1 "$artifacts/${t}-"* >&2 || true
     echo "fuzz.sh: rerun one with: $build/tests/fuzz/fuzz_$t FILE" >&2
   else
     grep -E "stat::number_of_executed_units|cov:" "$build/fuzz_$t.log" | tail -2
+    passed=$((passed + 1))
   fi
 done
+echo "fuzz: $passed passed, $failed failed"
 exit $status
