@@ -632,15 +632,39 @@ class Lowerer {
       if (top) cursor = 0;  // each top-level node starts the scratch area afresh
       lower_node(g, nodes[i], ptr, top, fold_users, static_cast<int32_t>(i), cursor);
     };
-    // Each top-level node gets its own function: LLVM's optimizer and register allocator
-    // cost more than linear time in a function's length, and a graph of thousands of
-    // kernels in one function took minutes to compile. Kernels share nothing but memory,
-    // so nothing is lost by keeping them apart (noinline: the inliner would undo it).
-    auto emit = [&](const Item& it) {
-      if (!top || (!it.group && skip[static_cast<size_t>(it.nodes[0])])) return emit_here(it);
-      auto [fn, ctx] = outline("kiln_kernel." + std::to_string(it.nodes[0]), {}, [&](llvm::Function*) { emit_here(it); });
+    // LLVM's optimizer and register allocator cost more than linear time in a function's
+    // length: a graph of thousands of kernels in one function took minutes to compile. So
+    // a long graph's top-level kernels go into functions of about kNodesPerFunction nodes
+    // each (noinline: the inliner would undo it). Kernels share nothing but memory, so
+    // nothing is lost by the split; a graph short enough stays in kiln_entry, where the
+    // split would only add compile time (about 20% for the MLP's training step).
+    // Nodes of the item, a fused node's body counted in full.
+    auto weight = [&](const Item& it) {
+      size_t w = 0;
+      for (int32_t i : it.nodes) {
+        const Node& n = g.nodes()[static_cast<size_t>(i)];
+        w += n.body ? n.body->nodes().size() : 1;
+      }
+      return w;
+    };
+    size_t total = 0;
+    if (top)
+      for (const Item& it : items) total += weight(it);
+    const bool split = top && total > kNodesInEntry;
+    auto emit_items = [&](size_t begin, size_t end) {
+      if (!split) {
+        for (size_t i = begin; i < end; ++i) emit_here(items[i]);
+        return;
+      }
+      auto [fn, ctx] = outline("kiln_kernels." + std::to_string(begin), {}, [&](llvm::Function*) {
+        for (size_t i = begin; i < end; ++i) emit_here(items[i]);
+      });
       fn->addFnAttr(llvm::Attribute::NoInline);
       B_.CreateCall(fn, {ctx});
+    };
+    auto emit = [&](const Item& it) {
+      auto i = static_cast<size_t>(&it - items.data());
+      emit_items(i, i + 1);
     };
     if (top && options_.profile) {
       // At the top level every item is one node: time each node, constants included.
@@ -652,7 +676,12 @@ class Lowerer {
         B_.CreateCall(end, {B_.getInt32(static_cast<uint32_t>(i))});
       }
     } else {
-      for (const Item& it : items) emit(it);
+      for (size_t begin = 0, end = 0; begin < items.size(); begin = end) {
+        size_t size = 0;
+        while (end < items.size() && (end == begin || size + weight(items[end]) <= kNodesPerFunction))
+          size += weight(items[end++]);
+        emit_items(begin, end);
+      }
     }
     for (auto [k, v] : copies) {
       const TensorType& t = g.type(v);

@@ -39,6 +39,11 @@ struct LowerOptions {
 // the runtime's thread pool (kiln_rt_parallel_for): their body is outlined into an internal
 // function `kiln_task*(ctx, begin, end)` over a range of their outermost iterations.
 inline constexpr int64_t kParallelWork = 32768;
+// A graph of more nodes than kNodesInEntry gets its top-level kernels in functions of
+// about kNodesPerFunction nodes each (a larger fused kernel alone), so that LLVM's
+// superlinear passes see bounded functions; a smaller graph is all in kiln_entry.
+inline constexpr size_t kNodesInEntry = 512;
+inline constexpr size_t kNodesPerFunction = 64;
 
 // Emits `void kiln_entry(void** buffers, uint8_t* arena)` computing `g` by `plan` (plus the
 // internal task functions of its parallel loops: give every defined function of the module

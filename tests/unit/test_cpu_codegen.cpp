@@ -701,3 +701,47 @@ TEST_CASE("cpu codegen: timings", "[.][bench]") {
     CHECK(dst[0] == 1.0f);
   }
 }
+
+TEST_CASE("cpu codegen: a long graph's kernels go into bounded functions, with the same results",
+          "[cpu][codegen]") {
+  // 1500 nodes: elementwise runs, a keepdims sum every 50 nodes added back, a matmul
+  // every 200, and an output every 300 (values that live across the split functions).
+  auto make = [](int n) {
+    Graph g("long");
+    ValueId x = g.add_input("x", {DType::f32, {8, 16}});
+    ValueId w = g.add_input("w", {DType::f32, {16, 16}}, /*is_state=*/true);
+    ValueId v = x;
+    for (int i = 1; i <= n; ++i) {
+      if (i % 200 == 0) v = g.add_node(Op::Matmul, {v, w});
+      else if (i % 50 == 0) v = g.add_node(Op::Add, {v, g.add_node(Op::Sum, {v}, {{"axes", std::vector<int64_t>{1}}, {"keepdims", true}})});
+      else if (i % 3 == 0) v = g.add_node(Op::Tanh, {v});
+      else if (i % 3 == 1) v = g.add_node(Op::Mul, {v, x});
+      else v = g.add_node(Op::Sub, {x, v});
+      if (i % 300 == 0) g.add_output("out" + std::to_string(i), v);
+    }
+    g.add_output("last", v);
+    return g;
+  };
+  TensorMap in;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-0.5f, 0.5f);
+  std::vector<float> xs(8 * 16), ws(16 * 16);
+  for (float& f : xs) f = dist(rng);
+  for (float& f : ws) f = dist(rng) * 0.25f;
+  in.emplace("x", Tensor::from(DType::f32, {8, 16}, xs));
+  in.emplace("w", Tensor::from(DType::f32, {16, 16}, ws));
+  Graph g = make(1500);
+  TensorMap want = interpret(g, in);
+  for (bool opt : {false, true}) {
+    CAPTURE(opt);
+    cpu::CompileOptions o;
+    o.optimize_graph = opt;
+    auto c = cpu::compile(g, o);
+    CHECK_THAT(c->llvm_ir(), ContainsSubstring("kiln_kernels."));
+    TensorMap got = c->run(in);
+    // Within a tolerance: the matmuls are OpenBLAS's, which sums in its own order.
+    check_outputs(got, want, 1e-5, 1e-6);
+  }
+  // A short graph stays in kiln_entry: the split would only cost compile time.
+  CHECK_THAT(cpu::compile(make(40))->llvm_ir(), !ContainsSubstring("kiln_kernels."));
+}
