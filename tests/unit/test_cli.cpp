@@ -189,16 +189,20 @@ TEST_CASE("kiln --help lists every command and each command's help every option"
     CHECK_THAT(ts.output, ContainsSubstring(std::string("\n  ") + o + " "));
 }
 
+namespace {
+// `kiln ARGS` fails with exactly one line, "kiln: error: MESSAGE", and exit status 1.
+void expect(const std::string& args, const std::string& message) {
+  auto r = run_kiln(args);
+  INFO("kiln " << args);
+  CHECK(r.status == 1);
+  CHECK(r.output == "kiln: error: " + message + "\n");
+}
+}  // namespace
+
 TEST_CASE("kiln reports usage errors in one line with exit status 1", "[cli]") {
   auto dir = temp_dir("usage");
   write_file(dir / "a.kir", kAffine);
   const std::string a = (dir / "a.kir").string();
-  auto expect = [](const std::string& args, const std::string& message) {
-    auto r = run_kiln(args);
-    INFO("kiln " << args);
-    CHECK(r.status == 1);
-    CHECK(r.output == "kiln: error: " + message + "\n");
-  };
   expect("--bogus", "unknown option '--bogus' (see 'kiln --help')");
   expect("dump " + a + " --bogus=1", "dump: unknown option '--bogus' (see 'kiln dump --help')");
   expect("dump " + a + " " + a, "dump takes one FILE.kir argument, got also '" + a + "' (see 'kiln dump --help')");
@@ -216,12 +220,6 @@ TEST_CASE("kiln range-checks numeric options", "[cli]") {
 }
 )");
   const std::string m = (dir / "m.kir").string();
-  auto expect = [](const std::string& args, const std::string& message) {
-    auto r = run_kiln(args);
-    INFO("kiln " << args);
-    CHECK(r.status == 1);
-    CHECK(r.output == "kiln: error: " + message + "\n");
-  };
   expect("opt " + m + " --bisect --rtol -1", "--rtol must be >= 0, got '-1'");
   expect("opt " + m + " --bisect --atol nan", "--atol must be a finite number, got 'nan'");
   expect("opt " + m + " --stop-after=1e300", "--stop-after expects a count (0, 1, 2, ...), got '1e300'");
