@@ -28,17 +28,15 @@ namespace kiln {
 
 namespace {
 
-// The shortest text that reads back as v: 1e-320, not 9.99989e-321.
-std::string fmt_double(double v) {
+// The shortest text that reads back as v in its type: 1e-320, not 9.99989e-321. (Unlike
+// the printer's spelling, a whole number stays "0", not "0.0": these are messages.)
+template <typename T>
+std::string shortest(T v) {
   char buf[32];
   auto r = std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, r.ptr);
 }
-std::string fmt_float(float v) {
-  char buf[32];
-  auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
+std::string fmt_double(double v) { return shortest(v); }
 
 [[noreturn]] void fail(const std::string& message) { throw Error("make_train_step: " + message); }
 
@@ -88,12 +86,12 @@ Tensor learning_rate(const Optimizer& optimizer, DType dtype) {
   std::string where = std::string(dtype_name(dtype)) + ", the dtype of the parameters and of %lr";
   if (f32 && lr > std::numeric_limits<float>::max())
     fail("learning rate " + fmt_double(lr) + " is too large for " + where + " (at most " +
-         fmt_float(std::numeric_limits<float>::max()) + ")");
+         shortest<float>(std::numeric_limits<float>::max()) + ")");
   Tensor t = Tensor::scalar(dtype, lr);
   if (t.get(0) == 0.0)
     fail("learning rate " + fmt_double(lr) + " rounds to 0 in " + where + " (the smallest positive " +
          std::string(dtype_name(dtype)) + " is " +
-         (f32 ? fmt_float(std::numeric_limits<float>::denorm_min())
+         (f32 ? shortest<float>(std::numeric_limits<float>::denorm_min())
               : fmt_double(std::numeric_limits<double>::denorm_min())) +
          ")");
   return t;
