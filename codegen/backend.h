@@ -1,0 +1,125 @@
+// The backend seam. A backend turns a prepared graph (optimized, scheduled, memory- and
+// kernel-planned: see Prepared) into a Program for one target; the backend-neutral
+// Executable (codegen/executable.h) owns everything else: the pipeline, the compile cache,
+// state by name, argument checks, run / step, profiles. Two backends exist: "cpu"
+// (codegen/cpu: LLVM ORC JIT) and "cuda" (codegen/cuda: CUDA C via NVRTC, cuBLAS).
+//
+// Memory: a Program's buffers live on its Device. For the CPU the device is host memory
+// (device pointers are host pointers); for CUDA it is GPU memory, and the Executable moves
+// tensors up and down explicitly through the Device.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ir/graph.h"
+#include "passes/kernel_plan.h"
+#include "passes/memory_plan.h"
+
+namespace kiln {
+
+// Options of kiln::compile. Fields a backend does not use are ignored by it (and not part
+// of its cache key).
+struct CompileOptions {
+  // "cpu" or "cuda"; empty: $KILN_TARGET if set, else "cpu".
+  std::string target;
+  bool optimize_graph = true;  // run the default pass pipeline (passes/pipeline.h) first
+  int opt_level = 3;           // cpu: LLVM O0..O3
+  // cpu: empty or "host": the host CPU with the host's features; or an LLVM CPU name.
+  std::string cpu;
+  // cpu: extra target features in LLVM's spelling, comma-separated ("+avx2,-avx512f"), on
+  // top of the CPU's. Unknown names, and "+f" for a feature the host lacks, are errors.
+  std::string features;
+  bool profile = false;  // per-kernel timers (Executable::profile_report)
+  bool use_cache = true; // look up / store the compiled code in the compile cache
+  bool tf32 = false;     // cuda: let cuBLAS use TF32 tensor cores for f32 GEMMs
+};
+
+// The target a compile resolves to: options.target, else $KILN_TARGET, else "cpu".
+// Throws kiln::Error for an unknown name (listing the known ones).
+std::string resolve_target(const CompileOptions& options);
+
+// Where a program's buffers live.
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;  // "cpu", "cuda:0 (NVIDIA H100 80GB HBM3)"
+  virtual bool host_visible() const = 0;  // device pointers are host pointers
+  // Zero-filled, 256-byte aligned; kiln::Error (naming the size) when out of memory.
+  virtual void* allocate(int64_t bytes) = 0;
+  virtual void release(void* p) noexcept = 0;
+  virtual void upload(void* device_dst, const void* host_src, int64_t bytes) = 0;
+  virtual void download(void* host_dst, const void* device_src, int64_t bytes) = 0;
+  virtual void copy(void* device_dst, const void* device_src, int64_t bytes) = 0;
+  // Waits for queued work (a no-op on the CPU).
+  virtual void synchronize() {}
+};
+
+// What a backend compiles: the graph after the pipeline and its plans.
+struct Prepared {
+  Graph graph;  // optimized and scheduled
+  MemoryPlan memory;
+  KernelPlan kernels;
+};
+
+// Runs a program: owns the per-instance storage (arena, scratch, staging). One call at a
+// time per instance.
+class Instance {
+ public:
+  virtual ~Instance() = default;
+  // Runs the program on buffers[i] = device pointer of graph input i (state included, in
+  // Graph::inputs() order). Throws kiln::Error for a failure the code reports.
+  virtual void call(const std::vector<void*>& buffers) = 0;
+  // Device pointer of value v of the prepared graph after call(): arena, a buffer, or a
+  // constant. Valid until the next call.
+  virtual const void* output_data(ValueId v, const std::vector<void*>& buffers) const = 0;
+  // Per-node time of the calls so far (CompileOptions::profile), indexed by node of the
+  // prepared graph; empty without profiling.
+  virtual std::vector<int64_t> profile_ns() const { return {}; }
+  virtual void reset_profile() {}
+};
+
+// Code compiled for one prepared graph; immutable, shared by instances (and by the cache).
+class Program {
+ public:
+  virtual ~Program() = default;
+  virtual const Prepared& prepared() const = 0;
+  virtual const std::shared_ptr<Device>& device() const = 0;
+  virtual std::unique_ptr<Instance> instantiate() const = 0;
+  // Text of the generated code: cpu "llvm", "asm"; cuda "cuda", "ptx". kiln::Error for a
+  // form this backend does not have (listing the ones it has).
+  virtual std::string emit(std::string_view form) const = 0;
+  virtual std::vector<std::string> emit_forms() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "cpu", "cuda"
+  // Throws kiln::Error with one clear line when the target cannot be used here (e.g. "no
+  // CUDA driver found (libcuda.so.1)"): called before anything is compiled.
+  virtual void check_available(const CompileOptions& options) const = 0;
+  // What besides the graph decides the code: target machine, architecture, the options
+  // this backend reads. Part of the compile cache key.
+  virtual std::string target_key(const CompileOptions& options) const = 0;
+  virtual std::shared_ptr<const Program> compile(std::shared_ptr<const Prepared> prepared,
+                                                 const CompileOptions& options) const = 0;
+};
+
+// The backend for a target name ("cpu", "cuda"); kiln::Error for an unknown one. The list
+// is in codegen/executable.cpp (explicit: static registration does not survive static
+// libraries).
+const Backend& backend(std::string_view target);
+std::vector<std::string> backend_names();
+
+namespace cpu {
+std::unique_ptr<Backend> make_backend();
+}
+namespace cuda {
+std::unique_ptr<Backend> make_backend();
+}
+
+}  // namespace kiln
