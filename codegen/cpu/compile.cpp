@@ -30,6 +30,7 @@
 #include <llvm/TargetParser/Host.h>
 
 #include "codegen/cpu/lower.h"
+#include "ir/calling.h"
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "passes/memory_plan.h"
@@ -561,10 +562,9 @@ TensorMap CompiledGraph::run_step(TensorMap& state, const TensorMap& inputs) {
   TensorMap rest;
   std::vector<std::pair<std::string, Tensor>> updates;
   for (const GraphOutput& o : g.outputs()) {
-    if (o.name.ends_with(".next")) {
-      std::string name = o.name.substr(0, o.name.size() - 5);
+    if (ValueId x = updated_state(g, o); x.valid()) {
+      const std::string& name = g.value(x).name;
       const ValuePlan& p = plan().at(o.value);
-      ValueId x = g.find(name);
       if (p.kind == BufferKind::StateInPlace && p.state == x) continue;                  // written in place
       if ((p.kind == BufferKind::State || p.kind == BufferKind::Input) && o.value == x) continue;  // X.next = %X
       updates.emplace_back(name, output_value(*this, o.value, buffers));

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "ir/calling.h"
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "runtime/profile.h"
@@ -28,10 +29,10 @@ void StateStore::set(std::string_view name, const Tensor& value) {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
     tensors_.emplace(std::string(name), value);
-  } else if (it->second.type() == value.type()) {
+  } else if (it->second.type() == value.type() && !it->second.is_splat() && !value.is_splat()) {
     if (value.nbytes()) std::memcpy(it->second.raw(), value.raw(), value.nbytes());
   } else {
-    it->second = value;
+    it->second = value;  // another type, or a splat (whose storage is one element)
   }
 }
 
@@ -79,20 +80,17 @@ Executable::Executable(const Graph& g, const CompileOptions& options, std::share
     KILN_CHECK(a.name == b.name && a.type == b.type && cg.inputs()[i].is_state == graph_.inputs()[i].is_state,
                "cpu executable: the pipeline changed input '" + b.name + "'");
   }
-  for (size_t i = 0; i < cg.outputs().size(); ++i) {
-    const GraphOutput& o = cg.outputs()[i];
-    const Value* x = o.name.ends_with(".next") ? state_input(cg, std::string_view(o.name).substr(0, o.name.size() - 5))
-                                               : nullptr;
-    if (!x) {
-      returned_outputs_.push_back(i);
-      continue;
-    }
-    ValueId xv = cg.find(x->name);
-    const ValuePlan& p = compiled_->plan().at(o.value);
+  const Signature sig = signature(cg);
+  returned_outputs_ = sig.outputs;
+  for (size_t k = 0; k < sig.state.size(); ++k) {
+    if (!sig.update[k]) continue;
+    const ValueId xv = cg.inputs()[sig.state[k]].value;
+    const ValueId next = cg.outputs()[*sig.update[k]].value;
+    const ValuePlan& p = compiled_->plan().at(next);
     if (p.kind == BufferKind::StateInPlace && p.state == xv) continue;  // the code wrote it into X
-    if (o.value == xv) continue;                                        // X.next = %X
+    if (next == xv) continue;                                           // X.next = %X
     bool from_input = p.kind == BufferKind::Input || p.kind == BufferKind::State;
-    updates_.push_back({static_cast<size_t>(x->input), o.value, from_input});
+    updates_.push_back({sig.state[k], next, from_input});
   }
   buffers_.resize(cg.inputs().size());
   reset_profile();
@@ -169,35 +167,10 @@ void Executable::share_state_with(const Executable& other) {
 
 TensorMap Executable::run(const TensorMap& inputs) {
   const Graph& g = compiled_->graph();
-  const std::string where = "run @" + g.name() + ": ";
-  for (const auto& [name, t] : inputs) {
-    ValueId v = g.find(name);
-    if (!v.valid() || g.value(v).input < 0) {
-      std::string expected;
-      for (const std::string& n : input_names()) expected += (expected.empty() ? "%" : ", %") + n;
-      throw Error(where + "unknown input '" + name + "' (inputs: " + (expected.empty() ? "none" : expected) + ")");
-    }
-    if (g.is_state(v)) throw Error(where + "'%" + name + "' is state held by the executable: use set_state()");
-  }
-  for (size_t i = 0; i < g.inputs().size(); ++i) {
-    const GraphInput& gi = g.inputs()[i];
-    const Value& v = g.value(gi.value);
-    const Tensor* t = nullptr;
-    if (gi.is_state) {
-      t = store_->find(v.name);
-      if (!t) throw Error(where + "state '%" + v.name + "' is not set: call set_state() first");
-      if (t->type() != v.type)
-        throw Error(where + "state '%" + v.name + "': expected " + v.type.str() + ", got " + t->type().str());
-      buffers_[i] = store_->find(v.name)->raw();
-    } else {
-      auto it = inputs.find(v.name);
-      if (it == inputs.end()) throw Error(where + "missing input '%" + v.name + "': expected " + v.type.str());
-      t = &it->second;
-      if (t->type() != v.type)
-        throw Error(where + "input '%" + v.name + "': expected " + v.type.str() + ", got " + t->type().str());
-      buffers_[i] = const_cast<std::byte*>(t->raw());  // inputs are never written
-    }
-  }
+  std::vector<const Tensor*> in =
+      check_step_arguments(g, store_->tensors(), inputs, "run @" + g.name() + ": ", StateFrom::Executable);
+  // State buffers are the store's, written in place by the code; inputs are never written.
+  for (size_t i = 0; i < in.size(); ++i) buffers_[i] = const_cast<std::byte*>(in[i]->raw());
   bool profile = compiled_->options().profile;
   if (profile) kiln_rt_prof_reset(static_cast<int32_t>(g.nodes().size()));
   compiled_->call(buffers_);

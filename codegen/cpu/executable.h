@@ -35,11 +35,12 @@ class StateStore {
   const Tensor* find(std::string_view name) const;
   Tensor* find(std::string_view name);
   // Sets `name`; an existing tensor of the same type is overwritten in place (its buffer
-  // stays where it is), otherwise replaced.
+  // stays where it is), otherwise (another type, or a splat) replaced.
   void set(std::string_view name, const Tensor& value);
   void erase(std::string_view name);
   std::vector<std::string> names() const;
   TensorMap snapshot() const;  // copies
+  const TensorMap& tensors() const { return tensors_; }
 
  private:
   TensorMap tensors_;
