@@ -8,6 +8,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "ir/calling.h"
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "passes/kernel_plan.h"
@@ -258,13 +259,12 @@ Executable::Executable(const Graph& g, const CompileOptions& options, std::share
   }
   for (size_t i = 0; i < cg.outputs().size(); ++i) {
     const GraphOutput& o = cg.outputs()[i];
-    const Value* x = o.name.ends_with(".next") ? state_input(cg, std::string_view(o.name).substr(0, o.name.size() - 5))
-                                               : nullptr;
-    if (!x) {
+    ValueId xv = updated_state(cg, o);
+    if (!xv.valid()) {
       returned_outputs_.push_back(i);
       continue;
     }
-    ValueId xv = cg.find(x->name);
+    const Value* x = &cg.value(xv);
     const ValuePlan& p = plan().at(o.value);
     if (p.kind == BufferKind::StateInPlace && p.state == xv) continue;  // the code wrote it into X
     if (o.value == xv) continue;                                        // X.next = %X
@@ -373,18 +373,9 @@ void Executable::share_state_with(const Executable& other) {
 
 // Points buffers_ at every input: the caller's tensors (a host device reads them in place,
 // another gets them uploaded into per-input staging buffers) and the store's state.
-void Executable::bind_inputs(const TensorMap& inputs, std::string_view where_) {
+void Executable::bind_inputs(const std::vector<const Tensor*>& given, std::string_view where_) {
   const Graph& g = compiled_graph();
   const std::string where(where_);
-  for (const auto& [name, t] : inputs) {
-    ValueId v = g.find(name);
-    if (!v.valid() || g.value(v).input < 0) {
-      std::string expected;
-      for (const std::string& n : input_names()) expected += (expected.empty() ? "%" : ", %") + n;
-      throw Error(where + "unknown input '" + name + "' (inputs: " + (expected.empty() ? "none" : expected) + ")");
-    }
-    if (g.is_state(v)) throw Error(where + "'%" + name + "' is state held by the executable: use set_state()");
-  }
   Device& dev = *device();
   for (size_t i = 0; i < g.inputs().size(); ++i) {
     const GraphInput& gi = g.inputs()[i];
@@ -396,18 +387,13 @@ void Executable::bind_inputs(const TensorMap& inputs, std::string_view where_) {
       buffers_[i] = store_->data(v.name);
       continue;
     }
-    auto it = inputs.find(v.name);
-    if (it == inputs.end()) throw Error(where + "missing input '%" + v.name + "': expected " + v.type.str());
-    const Tensor& t = it->second;
-    if (t.type() != v.type)
-      throw Error(where + "input '%" + v.name + "': expected " + v.type.str() + ", got " + t.type().str());
-    if (dev.host_visible() && !t.is_splat()) {
+    const Tensor& t = *given[i];
+    if (dev.host_visible()) {
       buffers_[i] = const_cast<std::byte*>(t.raw());  // inputs are never written
       continue;
     }
     if (!staging_[i]) staging_[i] = dev.allocate(byte_size(v.type));
-    Tensor dense = t.materialized();
-    dev.upload(staging_[i], dense.raw(), byte_size(v.type));
+    dev.upload(staging_[i], t.raw(), byte_size(v.type));
     buffers_[i] = staging_[i];
   }
 }
@@ -429,7 +415,8 @@ void Executable::step(const TensorMap& inputs) { run_impl(inputs, nullptr); }
 
 void Executable::run_impl(const TensorMap& inputs, TensorMap* outputs) {
   const Graph& g = compiled_graph();
-  bind_inputs(inputs, (outputs ? "run @" : "step @") + g.name() + ": ");
+  const std::string where = (outputs ? "run @" : "step @") + g.name() + ": ";
+  bind_inputs(check_inputs(g, inputs, where), where);
   instance_->call(buffers_);
   if (options_.profile) {
     std::vector<int64_t> ns = instance_->profile_ns();
@@ -460,25 +447,17 @@ void Executable::run_impl(const TensorMap& inputs, TensorMap* outputs) {
 TensorMap Executable::evaluate(const TensorMap& inputs_and_state) {
   const Graph& g = compiled_graph();
   const std::string where = "evaluate @" + g.name() + ": ";
+  std::vector<const Tensor*> given = check_arguments(g, inputs_and_state, where);
   // A private store for the given state: the held one is not touched.
   auto held = store_;
   store_ = std::make_shared<StateStore>(device());
-  TensorMap plain;
   try {
-    for (const auto& [name, t] : inputs_and_state) {
-      if (state_input(graph_, name)) {
-        const Value* v = state_input(graph_, name);
-        if (t.type() != v->type)
-          throw Error(where + "state '%" + name + "': expected " + v->type.str() + ", got " + t.type().str());
-        store_->set(name, t);
-      } else {
-        plain.emplace(name, t);
-      }
+    for (size_t i = 0; i < g.inputs().size(); ++i) {
+      if (!g.inputs()[i].is_state) continue;
+      store_->set(g.value(g.inputs()[i].value).name, *given[i]);
+      given[i] = nullptr;  // bound from the store
     }
-    for (const GraphInput& gi : g.inputs())
-      if (gi.is_state && !store_->contains(g.value(gi.value).name))
-        throw Error(where + "missing input '%" + g.value(gi.value).name + "': expected " + g.type(gi.value).str());
-    bind_inputs(plain, where);
+    bind_inputs(given, where);
     instance_->call(buffers_);
     TensorMap out;
     for (const GraphOutput& o : g.outputs()) out.emplace(o.name, download(o.value));

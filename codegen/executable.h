@@ -134,7 +134,9 @@ class Executable {
     ValueId value;       // the X.next value in the compiled graph
     bool from_input;     // its data is an input/state buffer: stage it before any update
   };
-  void bind_inputs(const TensorMap& inputs, std::string_view where);
+  // Points buffers_ at every input: given[i] for a plain input (read in place on a host
+  // device, else uploaded into a staging buffer), the store's buffer for state.
+  void bind_inputs(const std::vector<const Tensor*>& given, std::string_view where);
   void run_impl(const TensorMap& inputs, TensorMap* outputs);
   Tensor download(ValueId v) const;
 

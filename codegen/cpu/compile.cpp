@@ -30,6 +30,7 @@
 #include <llvm/TargetParser/Host.h>
 
 #include "codegen/cpu/lower.h"
+#include "ir/calling.h"
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "passes/memory_plan.h"
