@@ -35,6 +35,7 @@
 #include "ir/printer.h"
 #include "passes/memory_plan.h"
 #include "passes/pipeline.h"
+#include "runtime/abi.h"
 #include "runtime/blas.h"
 #include "runtime/kernels.h"
 #include "runtime/profile.h"
@@ -63,29 +64,14 @@ void check(llvm::Error e, const char* what) {
   if (e) throw Error(std::string("cpu codegen: ") + what + ": " + llvm::toString(std::move(e)));
 }
 
-// Every external function generated code may call, by name. Registered with the JIT
-// explicitly (the process symbol table is not reliable under --as-needed).
+// Every external function generated code may call, by name: the runtime's (runtime/abi.def)
+// and libm's. Registered with the JIT explicitly (the process symbol table is not reliable
+// under --as-needed).
 const std::vector<std::pair<const char*, void*>>& runtime_symbol_table() {
   static const std::vector<std::pair<const char*, void*>> table = {
-      {"kiln_rt_sgemm", reinterpret_cast<void*>(&kiln_rt_sgemm)},
-      {"kiln_rt_dgemm", reinterpret_cast<void*>(&kiln_rt_dgemm)},
-      {"kiln_rt_conv2d_f32", reinterpret_cast<void*>(&kiln_rt_conv2d_f32)},
-      {"kiln_rt_conv2d_f64", reinterpret_cast<void*>(&kiln_rt_conv2d_f64)},
-      {"kiln_rt_conv2d_grad_input_f32", reinterpret_cast<void*>(&kiln_rt_conv2d_grad_input_f32)},
-      {"kiln_rt_conv2d_grad_input_f64", reinterpret_cast<void*>(&kiln_rt_conv2d_grad_input_f64)},
-      {"kiln_rt_conv2d_grad_weight_f32", reinterpret_cast<void*>(&kiln_rt_conv2d_grad_weight_f32)},
-      {"kiln_rt_conv2d_grad_weight_f64", reinterpret_cast<void*>(&kiln_rt_conv2d_grad_weight_f64)},
-      {"kiln_rt_max_pool2d_f32", reinterpret_cast<void*>(&kiln_rt_max_pool2d_f32)},
-      {"kiln_rt_max_pool2d_f64", reinterpret_cast<void*>(&kiln_rt_max_pool2d_f64)},
-      {"kiln_rt_max_pool2d_grad_f32", reinterpret_cast<void*>(&kiln_rt_max_pool2d_grad_f32)},
-      {"kiln_rt_max_pool2d_grad_f64", reinterpret_cast<void*>(&kiln_rt_max_pool2d_grad_f64)},
-      {"kiln_rt_avg_pool2d_f32", reinterpret_cast<void*>(&kiln_rt_avg_pool2d_f32)},
-      {"kiln_rt_avg_pool2d_f64", reinterpret_cast<void*>(&kiln_rt_avg_pool2d_f64)},
-      {"kiln_rt_avg_pool2d_grad_f32", reinterpret_cast<void*>(&kiln_rt_avg_pool2d_grad_f32)},
-      {"kiln_rt_avg_pool2d_grad_f64", reinterpret_cast<void*>(&kiln_rt_avg_pool2d_grad_f64)},
-      {"kiln_rt_parallel_for", reinterpret_cast<void*>(&kiln_rt_parallel_for)},
-      {"kiln_rt_prof_begin", reinterpret_cast<void*>(&kiln_rt_prof_begin)},
-      {"kiln_rt_prof_end", reinterpret_cast<void*>(&kiln_rt_prof_end)},
+#define KILN_RT(name, ...) {#name, reinterpret_cast<void*>(&name)},
+#include "runtime/abi.def"
+#undef KILN_RT
       // libm: what llvm.exp/log/pow lower to, and what LLVM's libcall simplifier may pick.
       {"expf", reinterpret_cast<void*>(static_cast<float (*)(float)>(&::expf))},
       {"exp", reinterpret_cast<void*>(static_cast<double (*)(double)>(&::exp))},
