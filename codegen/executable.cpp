@@ -73,11 +73,12 @@ void StateStore::set(std::string_view name, const Tensor& value) {
     entries_.erase(it);
     it = entries_.end();
   }
+  // A splat is stored in full: the code reads every element.
+  Tensor dense = value.materialized();
   if (it == entries_.end()) {
-    Entry e{value.type(), device_->allocate(static_cast<int64_t>(value.nbytes()))};
+    Entry e{value.type(), device_->allocate(static_cast<int64_t>(dense.nbytes()))};
     it = entries_.emplace(std::string(name), e).first;
   }
-  Tensor dense = value.materialized();
   device_->upload(it->second.data, dense.raw(), static_cast<int64_t>(dense.nbytes()));
 }
 
@@ -418,12 +419,7 @@ void Executable::run_impl(const TensorMap& inputs, TensorMap* outputs) {
   const std::string where = (outputs ? "run @" : "step @") + g.name() + ": ";
   bind_inputs(check_inputs(g, inputs, where), where);
   instance_->call(buffers_);
-  if (options_.profile) {
-    std::vector<int64_t> ns = instance_->profile_ns();
-    for (size_t i = 0; i < ns.size() && i < prof_ns_.size(); ++i) prof_ns_[i] += ns[i];
-    instance_->reset_profile();
-    ++prof_runs_;
-  }
+  if (options_.profile) ++prof_runs_;
   // Outputs first (an old state value may be one), then the updates whose source is an
   // input or state buffer (staged: another update may overwrite it), then the rest.
   if (outputs)
@@ -459,6 +455,7 @@ TensorMap Executable::evaluate(const TensorMap& inputs_and_state) {
     }
     bind_inputs(given, where);
     instance_->call(buffers_);
+    if (options_.profile) ++prof_runs_;
     TensorMap out;
     for (const GraphOutput& o : g.outputs()) out.emplace(o.name, download(o.value));
     store_ = held;
@@ -470,7 +467,6 @@ TensorMap Executable::evaluate(const TensorMap& inputs_and_state) {
 }
 
 void Executable::reset_profile() {
-  prof_ns_.assign(compiled_graph().nodes().size(), 0);
   prof_runs_ = 0;
   instance_->reset_profile();
 }
@@ -491,11 +487,15 @@ std::string Executable::profile_report() const {
   if (!options_.profile) return "profile: off (compile with CompileOptions::profile = true)\n";
   const Graph& g = compiled_graph();
   std::vector<std::string> names = value_names(g);
+  Instance::Profile prof = instance_->profile();
+  prof.ns.resize(g.nodes().size(), 0);
+  prof.calls.resize(g.nodes().size(), 0);
+  const std::vector<int64_t>& ns_of = prof.ns;
   int64_t total = 0;
-  for (int64_t ns : prof_ns_) total += ns;
-  std::vector<size_t> order(prof_ns_.size());
+  for (int64_t ns : ns_of) total += ns;
+  std::vector<size_t> order(ns_of.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return prof_ns_[a] > prof_ns_[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ns_of[a] > ns_of[b]; });
   std::ostringstream os;
   char line[512];
   std::snprintf(line, sizeof line, "profile @%s (%s): %lld runs, %.3f ms in %zu kernels\n", g.name().c_str(),
@@ -509,10 +509,10 @@ std::string Executable::profile_report() const {
     for (ValueId r : n.results) kernel += (kernel.empty() ? "" : ",") + names.at(static_cast<size_t>(r.id));
     std::string ops = op_list(n);
     if (ops.size() > 40) ops = ops.substr(0, 37) + "...";
-    double ms = static_cast<double>(prof_ns_[i]) / 1e6;
-    double pct = total ? 100.0 * static_cast<double>(prof_ns_[i]) / static_cast<double>(total) : 0.0;
+    double ms = static_cast<double>(ns_of[i]) / 1e6;
+    double pct = total ? 100.0 * static_cast<double>(ns_of[i]) / static_cast<double>(total) : 0.0;
     std::snprintf(line, sizeof line, "%-24s %-40s %8lld %12.3f %6.1f%%\n", kernel.c_str(), ops.c_str(),
-                  static_cast<long long>(prof_runs_), ms, pct);
+                  static_cast<long long>(prof.calls[i]), ms, pct);
     os << line;
   }
   return os.str();

@@ -267,8 +267,12 @@ class CpuInstance final : public Instance {
     if (profile) {
       std::vector<int64_t> ns(g.nodes().size()), calls(g.nodes().size());
       int32_t n = kiln_rt_prof_read(ns.data(), calls.data(), static_cast<int32_t>(ns.size()));
-      prof_ns_.resize(ns.size(), 0);
-      for (int32_t i = 0; i < n; ++i) prof_ns_[static_cast<size_t>(i)] += ns[static_cast<size_t>(i)];
+      prof_.ns.resize(ns.size(), 0);
+      prof_.calls.resize(ns.size(), 0);
+      for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+        prof_.ns[i] += ns[i];
+        prof_.calls[i] += calls[i];
+      }
     }
   }
 
@@ -285,8 +289,8 @@ class CpuInstance final : public Instance {
     return nullptr;
   }
 
-  std::vector<int64_t> profile_ns() const override { return prof_ns_; }
-  void reset_profile() override { prof_ns_.assign(prof_ns_.size(), 0); }
+  Profile profile() const override { return prof_; }
+  void reset_profile() override { prof_ = {}; }
 
  private:
   void allocate() {
@@ -307,7 +311,7 @@ class CpuInstance final : public Instance {
   const CpuProgram& program_;  // kept alive by the Executable that holds both
   uint8_t* arena_ = nullptr;   // mmap'ed: page-aligned, zero pages touched on demand
   std::vector<Tensor> constants_;  // per value id: the value of constant outputs, filled out
-  std::vector<int64_t> prof_ns_;
+  Profile prof_;
 };
 
 std::unique_ptr<Instance> CpuProgram::instantiate() const { return std::make_unique<CpuInstance>(*this); }

@@ -8,7 +8,7 @@
 #include <string>
 #include <type_traits>
 
-#include "codegen/cpu/compile.h"
+#include "codegen/executable.h"
 #include "ir/parser.h"
 #include "runtime/abi.h"
 
@@ -61,12 +61,12 @@ struct Declaration<R(A...)> {
 }  // namespace
 
 TEST_CASE("runtime ABI: generated code declares each runtime function as abi.def types it", "[runtime][abi]") {
-  cpu::CompileOptions o;
+  CompileOptions o{.target = "cpu"};
   o.profile = true;  // kiln_rt_prof_begin / end
   std::string ir;
   for (const char* t : {"f32", "f64"}) {
-    auto code = cpu::compile(parse(abi_graph(t)), o);
-    ir += code->llvm_ir();
+    auto code = compile(parse(abi_graph(t)), o);
+    ir += code->emit("llvm");
   }
   using namespace rt::abi;
   std::set<std::string> names;
