@@ -24,6 +24,7 @@
 #include "ir/printer.h"
 #include "passes/autodiff.h"
 #include "passes/check_memory_plan.h"
+#include "passes/kernel_plan.h"
 #include "passes/memory_plan.h"
 #include "passes/pipeline.h"
 #include "passes/train_step.h"
@@ -132,6 +133,14 @@ int run_dump(const Dump& a) {
   kiln::Graph g = kiln::parse_file(a.file);
   if (a.emit == "kir") {
     std::fputs(kiln::print(g).c_str(), stdout);
+  } else if (a.emit == "kernels") {
+    // The graph and memory plan compile() builds (default pipeline), without generating code.
+    kiln::PipelineOptions po;
+    kiln::Graph opt = kiln::run_pipeline(g, po).graph;
+    kiln::MemoryPlan plan = kiln::plan_memory(opt, po.pass_options);
+    kiln::KernelPlan kernels = kiln::plan_kernels(opt, plan);
+    kiln::check_kernel_plan(opt, plan, kernels);
+    std::fputs(kiln::format_kernel_plan(opt, kernels).c_str(), stdout);
   } else {
     std::unique_ptr<kiln::cpu::CompiledGraph> code = kiln::cpu::compile(g);
     std::fputs(a.emit == "llvm" ? code->llvm_ir().c_str() : code->assembly().c_str(), stdout);
@@ -322,12 +331,13 @@ int run_command_line(int argc, char** argv) {
 
   Dump dump;
   CLI::App* dump_cmd = p.add_command(
-      "dump", "parse and verify a graph, print its canonical form", "FILE.kir [--emit=kir|llvm|asm]",
+      "dump", "parse and verify a graph, print its canonical form", "FILE.kir [--emit=kir|kernels|llvm|asm]",
       "Parses FILE (or standard input for '-'), verifies it and prints its canonical text form.\n"
       "Errors are reported as FILE:LINE:COL: error: ... with exit status 1.");
   p.add_file(dump_cmd, dump.file);
-  p.add_choice(dump_cmd, "--emit", {"kir", "llvm", "asm"}, dump.emit,
-               "kir: the canonical text form (the default); llvm: the LLVM IR the CPU backend generates, "
+  p.add_choice(dump_cmd, "--emit", {"kir", "kernels", "llvm", "asm"}, dump.emit,
+               "kir: the canonical text form (the default); kernels: the kernel plan of the optimized graph; "
+               "llvm: the LLVM IR the CPU backend generates, "
                "after optimization; asm: the host assembly it generates");
 
   std::string dot_file;

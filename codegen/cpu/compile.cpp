@@ -392,7 +392,9 @@ std::shared_ptr<Code> build(const Graph& input, const CompileOptions& options, l
   detail::LoweringInfo info;
   detail::LowerOptions lower_options;
   lower_options.profile = options.profile;
-  std::unique_ptr<llvm::Module> m = detail::lower_graph(g, code->plan, *ctx, info, lower_options);
+  KernelPlan kernels = plan_kernels(g, code->plan, detail::kernel_plan_options());
+  check_kernel_plan(g, code->plan, kernels);
+  std::unique_ptr<llvm::Module> m = detail::lower_graph(g, code->plan, kernels, *ctx, info, lower_options);
   m->setDataLayout(tm->createDataLayout());
   m->setTargetTriple(tm->getTargetTriple().str());
   for (llvm::Function& f : *m) {  // kiln_entry and the parallel loops' task functions

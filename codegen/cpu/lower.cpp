@@ -50,18 +50,11 @@ std::vector<int64_t> broadcast_strides(const Shape& from, const Shape& to) {
   return s;
 }
 
-bool is_last_two_swap(const std::vector<int64_t>& perm) {
-  size_t r = perm.size();
-  if (r < 2) return false;
-  for (size_t d = 0; d + 2 < r; ++d)
-    if (perm[d] != static_cast<int64_t>(d)) return false;
-  return perm[r - 2] == static_cast<int64_t>(r - 1) && perm[r - 1] == static_cast<int64_t>(r - 2);
-}
-
 class Lowerer {
  public:
-  Lowerer(const Graph& g, const MemoryPlan& plan, llvm::LLVMContext& ctx, LoweringInfo& info, const LowerOptions& options)
-      : g_(g), plan_(plan), C_(ctx), info_(info), options_(options), B_(ctx) {
+  Lowerer(const Graph& g, const MemoryPlan& plan, const KernelPlan& kp, llvm::LLVMContext& ctx, LoweringInfo& info,
+          const LowerOptions& options)
+      : g_(g), plan_(plan), kp_(kp), C_(ctx), info_(info), options_(options), B_(ctx) {
     M_ = std::make_unique<llvm::Module>("kiln_" + g.name(), ctx);
     i8_ = B_.getInt8Ty();
     i32_ = B_.getInt32Ty();
@@ -96,7 +89,8 @@ class Lowerer {
       else if (vp.kind == BufferKind::StateInPlace)
         ptr[v] = input_ptr.at(static_cast<size_t>(g_.value(vp.state).input));
     }
-    lower_nodes(g_, ptr, /*top=*/true);
+    int64_t cursor = 0;
+    lower_level(g_, kp_, ptr, /*top=*/true, cursor);
     B_.CreateRetVoid();
     info_.scratch_bytes = scratch_peak_;
     info_.parallel_loops = tasks_;
@@ -482,155 +476,48 @@ class Lowerer {
     internal_error("codegen", "cpu codegen: " + std::string(op_name(n.op)) + " is not elementwise");
   }
 
-  // ---- Graph lowering -----------------------------------------------------------------
-  struct Item {
-    bool group = false;  // a loop over `shape` computing the elementwise nodes `nodes`
-    Shape shape;
-    std::vector<int32_t> nodes;
-  };
-
-  static bool elementwise(Op op) { return op_info(op).has(kElementwise); }
-
-  // Lowers the nodes of `g` (the top-level graph, or a fused body) given pointers for its
-  // inputs (and, for the top level, every value; for a body, its outputs via `out_ptr`).
-  // `alias[k]`: body output k's buffer is the same as body input alias[k]'s (in place), or -1.
-  void lower_nodes(const Graph& g, std::vector<Value*>& ptr, bool top, const std::vector<Value*>& out_ptr = {},
-                   const std::vector<int>& alias = {}, int64_t* cursor_in = nullptr) {
+  // ---- Graph lowering: a translation of the kernel plan --------------------------------
+  // Lowers the kernels `kp` of `g` (the top-level graph, or a fused body) given pointers for
+  // its inputs (and, at the top level, every planned value; for a body, its results via
+  // `out_ptr`). A body's scratch values start at `cursor`, which ends past them and past
+  // the temporaries its kernels take.
+  void lower_level(const Graph& g, const KernelPlan& kp, std::vector<Value*>& ptr, bool top, int64_t& cursor,
+                   const std::vector<Value*>& out_ptr = {}) {
     const auto& nodes = g.nodes();
-    // Items: maximal runs of elementwise nodes over one shape (constants do not break a run).
-    std::vector<Item> items;
+    if (!top) {
+      for (size_t v = 0; v < kp.values.size(); ++v)
+        if (kp.values[v].kind == Storage::Output) ptr[v] = out_ptr.at(static_cast<size_t>(kp.values[v].index));
+      for (size_t v = 0; v < kp.values.size(); ++v)
+        if (kp.values[v].kind == Storage::Alias) ptr[v] = ptr[kp.values[v].alias.id];
+      for (const Node& n : nodes)
+        for (ValueId r : n.results)
+          if (kp.at(r).kind == Storage::Scratch)
+            ptr[r.id] = B_.CreateConstInBoundsGEP1_64(i8_, scratch_, static_cast<uint64_t>(cursor + kp.at(r).offset));
+      cursor += kp.scratch_bytes;
+      scratch_peak_ = std::max(scratch_peak_, cursor);
+    }
+    for (const Node& n : nodes)
+      if (n.op == Op::Constant && kp.at(n.result()).in_memory) ptr[n.result().id] = global_constant(n);
+
+    // Items in node order: the kernels and, at the top level, the elided transposes (one
+    // node each there, which the profile and the split into functions count).
+    std::vector<int> items;  // kernel index, or -1 for an elided node
     std::vector<int> item_of(nodes.size(), -1);
+    size_t next_kernel = 0;
     for (size_t i = 0; i < nodes.size(); ++i) {
-      const Node& n = nodes[i];
-      if (n.op == Op::Constant) continue;
-      if (elementwise(n.op)) {
-        const Shape& s = g.type(n.result()).shape;
-        if (top || items.empty() || !items.back().group || items.back().shape != s) items.push_back({true, s, {}});
-      } else {
-        items.push_back({false, {}, {}});
-      }
-      items.back().nodes.push_back(static_cast<int32_t>(i));
+      if (nodes[i].op == Op::Constant) continue;
+      bool starts = next_kernel < kp.kernels.size() && kp.kernels[next_kernel].nodes[0] == static_cast<int32_t>(i);
+      if (starts) items.push_back(static_cast<int>(next_kernel++));
+      else if (top) items.push_back(-1);
+      else continue;
       item_of[i] = static_cast<int>(items.size() - 1);
     }
-    // Last item reading each value; whether each value is used outside its own item.
-    std::vector<int> last_reader(g.values().size(), -1);
-    std::vector<bool> escapes(g.values().size(), false);
-    std::vector<int> uses(g.values().size(), 0);
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      for (ValueId v : nodes[i].operands) {
-        ++uses[v.id];
-        if (item_of[i] >= 0) last_reader[v.id] = std::max(last_reader[v.id], item_of[i]);
-        const Node* def = g.defining_node(v);
-        if (def && def->op != Op::Constant) {
-          int di = item_of[static_cast<size_t>(g.value(v).node)];
-          if (di != item_of[i] || !items[static_cast<size_t>(di)].group) escapes[v.id] = true;
-        }
-      }
-    }
-    for (const GraphOutput& o : g.outputs()) {
-      escapes[o.value.id] = true;
-      ++uses[o.value.id];
-    }
-    // Matmul operands produced by a transpose of the last two axes: fold into the GEMM flags.
-    std::set<int32_t> fold_users;  // matmul node indices whose operand k is folded: encoded i*2+k
-    std::vector<int> folded_uses(g.values().size(), 0);
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      if (nodes[i].op != Op::Matmul) continue;
-      for (int k = 0; k < 2; ++k) {
-        ValueId x = nodes[i].operands[static_cast<size_t>(k)];
-        const Node* t = g.defining_node(x);
-        if (!t || t->op != Op::Transpose || !is_last_two_swap(attr_ints(t->attrs, "perm"))) continue;
-        if (top && !source_live(t->operands[0], static_cast<int32_t>(i))) continue;
-        fold_users.insert(static_cast<int32_t>(i * 2 + static_cast<size_t>(k)));
-        ++folded_uses[x.id];
-      }
-    }
-    std::vector<bool> skip(nodes.size(), false);
-    for (size_t i = 0; i < nodes.size(); ++i)
-      if (nodes[i].op == Op::Transpose && folded_uses[nodes[i].result().id] == uses[nodes[i].result().id]) skip[i] = true;
-
-    int64_t local_cursor = 0;
-    int64_t& cursor = cursor_in ? *cursor_in : local_cursor;
-    std::vector<std::pair<int, ValueId>> copies;  // body outputs copied at the end
-    std::vector<Value*> redirected;
-    if (!top) {
-      // Body values: outputs written straight to the results where possible.
-      std::set<int32_t> assigned;
-      std::set<int32_t> fresh;  // outputs written straight to a buffer no body input shares
-      for (size_t k = 0; k < g.outputs().size(); ++k) {
-        ValueId v = g.outputs()[k].value;
-        const Node* def = g.defining_node(v);
-        bool direct = def && def->op != Op::Constant && !assigned.count(v.id);
-        if (direct && alias[k] >= 0) {
-          // In place over body input alias[k]: legal only if nothing after v's item reads it.
-          int vi = item_of[static_cast<size_t>(g.value(v).node)];
-          ValueId in = g.inputs()[static_cast<size_t>(alias[k])].value;
-          if (last_reader[in.id] > vi) direct = false;
-        }
-        if (direct) {
-          ptr[v.id] = out_ptr[k];
-          assigned.insert(v.id);
-          if (alias[k] < 0) fresh.insert(v.id);
-        } else {
-          copies.emplace_back(static_cast<int>(k), v);
-        }
-      }
-      // GEMM epilogue: a matmul whose result only an elementwise group reads, which writes
-      // an output of the same type to a fresh buffer, writes that buffer directly; the group
-      // then runs in place over it (it loads element i before storing element i), with no
-      // scratch round trip. Fresh: no body input (so nothing the GEMM reads) lives there.
-      for (size_t i = 0; i < nodes.size(); ++i) {
-        if (!options_.gemm_epilogue) break;
-        if (skip[i] || nodes[i].op != Op::Matmul || ptr[nodes[i].result().id]) continue;
-        ValueId m = nodes[i].result();
-        int j = -1;
-        bool ok = true;
-        for (size_t u = i + 1; u < nodes.size() && ok; ++u)
-          for (ValueId v : nodes[u].operands)
-            if (v == m) {
-              if (j < 0) j = item_of[u];
-              ok = ok && item_of[u] == j && j >= 0 && items[static_cast<size_t>(j)].group;
-            }
-        if (!ok || j < 0) continue;
-        for (int32_t u : items[static_cast<size_t>(j)].nodes) {
-          ValueId o = nodes[static_cast<size_t>(u)].result();
-          if (fresh.count(o.id) && g.type(o) == g.type(m)) {
-            ptr[m.id] = ptr[o.id];
-            ++info_.gemm_epilogues_in_place;
-            break;
-          }
-        }
-      }
-      for (size_t i = 0; i < nodes.size(); ++i) {
-        if (skip[i]) continue;
-        for (ValueId r : nodes[i].results) {
-          if (ptr[r.id] || nodes[i].op == Op::Constant) continue;
-          if (item_of[i] >= 0 && items[static_cast<size_t>(item_of[i])].group && !escapes[r.id]) continue;  // register
-          ptr[r.id] = scratch(g.type(r).numel() * static_cast<int64_t>(dtype_size(g.type(r).dtype)), cursor);
-        }
-      }
-    }
-    // Constants: globals, for those read from memory: not a splat that only fused loops
-    // read (an immediate there), nor a top-level output (the runtime hands its value out).
-    // A body output constant is copied at the end.
-    std::vector<bool> in_memory(g.values().size(), false);
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      bool in_loop = item_of[i] >= 0 && items[static_cast<size_t>(item_of[i])].group;
-      for (ValueId v : nodes[i].operands) in_memory[v.id] = in_memory[v.id] || !(in_loop && splat(g, v));
-    }
-    for (auto [k, v] : copies) in_memory[v.id] = true;
-    for (const Node& n : nodes)
-      if (n.op == Op::Constant && in_memory[n.result().id]) ptr[n.result().id] = global_constant(n);
-
-    auto emit_here = [&](const Item& it) {
-      if (it.group) {
-        lower_group(g, it, ptr, escapes);
-        return;
-      }
-      size_t i = static_cast<size_t>(it.nodes[0]);
-      if (skip[i]) return;
-      if (top) cursor = 0;  // each top-level node starts the scratch area afresh
-      lower_node(g, nodes[i], ptr, top, fold_users, static_cast<int32_t>(i), cursor);
+    auto emit_here = [&](int item) {
+      if (item < 0) return;
+      const Kernel& k = kp.kernels[static_cast<size_t>(item)];
+      if (k.kind == KernelKind::Loop) return lower_loop(g, k, ptr);
+      if (top) cursor = 0;  // each top-level kernel starts the scratch area afresh
+      lower_node(g, k, ptr, cursor);
     };
     // LLVM's optimizer and register allocator cost more than linear time in a function's
     // length: a graph of thousands of kernels in one function took minutes to compile. So
@@ -639,17 +526,14 @@ class Lowerer {
     // nothing is lost by the split; a graph short enough stays in kiln_entry, where the
     // split would only add compile time (about 20% for the MLP's training step).
     // Nodes of the item, a fused node's body counted in full.
-    auto weight = [&](const Item& it) {
-      size_t w = 0;
-      for (int32_t i : it.nodes) {
-        const Node& n = g.nodes()[static_cast<size_t>(i)];
-        w += n.body ? n.body->nodes().size() : 1;
-      }
-      return w;
+    auto weight = [&](int item) -> size_t {
+      if (item < 0) return 1;
+      const Node& n = nodes[static_cast<size_t>(kp.kernels[static_cast<size_t>(item)].nodes[0])];
+      return n.body ? n.body->nodes().size() : 1;
     };
     size_t total = 0;
     if (top)
-      for (const Item& it : items) total += weight(it);
+      for (int it : items) total += weight(it);
     const bool split = top && total > kNodesInEntry;
     auto emit_items = [&](size_t begin, size_t end) {
       if (!split) {
@@ -662,17 +546,13 @@ class Lowerer {
       fn->addFnAttr(llvm::Attribute::NoInline);
       B_.CreateCall(fn, {ctx});
     };
-    auto emit = [&](const Item& it) {
-      auto i = static_cast<size_t>(&it - items.data());
-      emit_items(i, i + 1);
-    };
     if (top && options_.profile) {
       // At the top level every item is one node: time each node, constants included.
       llvm::FunctionCallee begin = runtime("kiln_rt_prof_begin", B_.getVoidTy(), {i32_});
       llvm::FunctionCallee end = runtime("kiln_rt_prof_end", B_.getVoidTy(), {i32_});
       for (size_t i = 0; i < nodes.size(); ++i) {
         B_.CreateCall(begin, {B_.getInt32(static_cast<uint32_t>(i))});
-        if (item_of[i] >= 0) emit(items[static_cast<size_t>(item_of[i])]);
+        if (item_of[i] >= 0) emit_items(static_cast<size_t>(item_of[i]), static_cast<size_t>(item_of[i]) + 1);
         B_.CreateCall(end, {B_.getInt32(static_cast<uint32_t>(i))});
       }
     } else {
@@ -683,76 +563,48 @@ class Lowerer {
         emit_items(begin, end);
       }
     }
-    for (auto [k, v] : copies) {
-      const TensorType& t = g.type(v);
-      copy_bytes(out_ptr[static_cast<size_t>(k)], ptr[v.id], t.numel() * static_cast<int64_t>(dtype_size(t.dtype)));
+    for (const BodyCopy& c : kp.copies) {
+      const TensorType& t = g.type(c.value);
+      copy_bytes(out_ptr.at(static_cast<size_t>(c.output)), ptr[c.value.id], t.numel() * static_cast<int64_t>(dtype_size(t.dtype)));
     }
   }
 
-  // At top level: is `src` still intact when node `at` runs?
-  bool source_live(ValueId src, int32_t at) {
-    const ValuePlan& vp = plan_.at(src);
-    switch (vp.kind) {
-      case BufferKind::Input:
-      case BufferKind::Constant: return true;
-      case BufferKind::Arena: return vp.end >= at;
-      case BufferKind::StateInPlace: return vp.end >= at;
-      case BufferKind::State:
-        for (const ValuePlan& o : plan_.values)
-          if (o.kind == BufferKind::StateInPlace && o.state == src && o.start <= at) return false;
-        return true;
-    }
-    return false;
-  }
-
-  void lower_group(const Graph& g, const Item& it, std::vector<Value*>& ptr, const std::vector<bool>& escapes) {
-    // Streams: stores of escaping results (contiguous), loads of outside operands.
-    std::set<int32_t> inside;
-    for (int32_t i : it.nodes)
-      for (ValueId r : g.nodes()[static_cast<size_t>(i)].results) inside.insert(r.id);
-    std::vector<ValueId> loads;
-    std::map<int32_t, size_t> stream_of;
+  // One loop over the kernel's shape: load its loads, compute its nodes in registers (splat
+  // constants as immediates), store its stores.
+  void lower_loop(const Graph& g, const Kernel& k, std::vector<Value*>& ptr) {
     std::vector<Stream> streams;
-    std::vector<int64_t> contiguous = strides_of(it.shape);
-    for (int32_t i : it.nodes)
-      for (ValueId v : g.nodes()[static_cast<size_t>(i)].operands) {
-        if (inside.count(v.id) || stream_of.count(v.id) || splat(g, v)) continue;
-        stream_of[v.id] = streams.size();
-        streams.push_back({broadcast_strides(g.type(v).shape, it.shape), 0});
-        loads.push_back(v);
-      }
+    for (ValueId v : k.loads) streams.push_back({broadcast_strides(g.type(v).shape, k.shape), 0});
     size_t out_stream = streams.size();
-    streams.push_back({contiguous, 0});
-    nest(it.shape, streams, [&](const std::vector<Value*>& off) {
+    streams.push_back({strides_of(k.shape), 0});
+    nest(k.shape, streams, [&](const std::vector<Value*>& off) {
       std::map<int32_t, Value*> val;
-      for (ValueId v : loads) {
+      for (size_t s = 0; s < k.loads.size(); ++s) {
+        ValueId v = k.loads[s];
         KILN_CHECK(ptr[v.id] != nullptr, "cpu codegen: operand without storage");
-        val[v.id] = load(g.type(v).dtype, ptr[v.id], off[stream_of[v.id]]);
+        val[v.id] = load(g.type(v).dtype, ptr[v.id], off[s]);
       }
-      std::vector<std::pair<ValueId, Value*>> results;
-      for (int32_t i : it.nodes) {
+      for (int32_t i : k.nodes) {
         const Node& n = g.nodes()[static_cast<size_t>(i)];
         std::vector<Value*> args;
         for (ValueId v : n.operands) {
-          Value* s = splat(g, v);
-          args.push_back(s ? s : val.at(v.id));
+          auto it = val.find(v.id);
+          args.push_back(it != val.end() ? it->second : splat(g, v));
         }
         DType in = g.type(n.operands.back()).dtype;
-        Value* r = ew(n, in, g.type(n.result()).dtype, args);
-        val[n.result().id] = r;
-        if (escapes[n.result().id]) results.emplace_back(n.result(), r);
+        val[n.result().id] = ew(n, in, g.type(n.result()).dtype, args);
       }
       // Every load above precedes every store: the in-place contract.
-      for (auto& [v, r] : results) store(g.type(v).dtype, r, ptr[v.id], off[out_stream]);
-    }, static_cast<int64_t>(it.nodes.size()));
+      for (ValueId v : k.stores) store(g.type(v).dtype, val.at(v.id), ptr[v.id], off[out_stream]);
+    }, static_cast<int64_t>(k.nodes.size()));
   }
 
   [[noreturn]] void unsupported(Op op) {
     throw Error("cpu codegen: " + std::string(op_name(op)) + " is not supported yet");
   }
 
-  void lower_node(const Graph& g, const Node& n, std::vector<Value*>& ptr, bool top, const std::set<int32_t>& fold_users,
-                  int32_t index, int64_t& cursor) {
+  // A kernel other than a loop: its one node.
+  void lower_node(const Graph& g, const Kernel& kernel, std::vector<Value*>& ptr, int64_t& cursor) {
+    const Node& n = g.nodes()[static_cast<size_t>(kernel.nodes[0])];
     const TensorType& rt = g.type(n.result());
     Value* out = ptr[n.result().id];
     auto in = [&](size_t k) { return ptr[n.operands[k].id]; };
@@ -812,7 +664,7 @@ class Lowerer {
         for (size_t d = 0; d < os.size(); ++d) base += low[d] * os[d];
         return copy_strided(rt.dtype, it(0).shape, out, {os, base}, in(0), {strides_of(it(0).shape), 0});
       }
-      case Op::Matmul: return lower_matmul(g, n, ptr, fold_users, index);
+      case Op::Matmul: return lower_matmul(g, n, kernel, ptr);
       case Op::Conv2d: {
         std::string f = rt.dtype == DType::f32 ? "kiln_rt_conv2d_f32" : "kiln_rt_conv2d_f64";
         Value* bias = n.operands.size() > 2 ? in(2) : llvm::ConstantPointerNull::get(llvm::PointerType::get(C_, 0));
@@ -878,41 +730,17 @@ class Lowerer {
         });
         return;
       }
-      case Op::Constant: return;  // a global (see lower_nodes)
+      case Op::Constant: internal_error("codegen", "cpu codegen: a constant planned as a kernel");
       case Op::Fused: {
         std::vector<Value*> body_ptr(n.body->values().size(), nullptr);
-        for (size_t k = 0; k < n.operands.size(); ++k) body_ptr[n.body->inputs()[k].value.id] = in(k);
+        for (size_t j = 0; j < n.operands.size(); ++j) body_ptr[n.body->inputs()[j].value.id] = in(j);
         std::vector<Value*> outs;
-        std::vector<int> alias;
-        for (ValueId r : n.results) {
-          outs.push_back(ptr[r.id]);
-          int a = -1;
-          if (top)
-            for (size_t k = 0; k < n.operands.size(); ++k)
-              if (same_storage(r, n.operands[k])) a = static_cast<int>(k);
-          alias.push_back(a);
-        }
-        lower_nodes(*n.body, body_ptr, false, outs, alias, &cursor);
+        for (ValueId r : n.results) outs.push_back(ptr[r.id]);
+        lower_level(*n.body, *kernel.body, body_ptr, false, cursor, outs);
         return;
       }
     }
     unsupported(n.op);
-  }
-
-  // Same top-level storage (in place)?
-  bool same_storage(ValueId a, ValueId b) {
-    auto key = [&](ValueId v) -> std::pair<int, int64_t> {
-      const ValuePlan& p = plan_.at(v);
-      switch (p.kind) {
-        case BufferKind::Arena: return {1, p.buffer};
-        case BufferKind::StateInPlace: return {2, p.state.id};
-        case BufferKind::State:
-        case BufferKind::Input: return {2, v.id};
-        case BufferKind::Constant: return {3, v.id};
-      }
-      return {0, v.id};
-    };
-    return key(a) == key(b);
   }
 
   void copy_strided(DType t, const Shape& shape, Value* dst, Stream ds, Value* src, Stream ss) {
@@ -1207,39 +1035,37 @@ class Lowerer {
     });
   }
 
-  void lower_matmul(const Graph& g, const Node& n, std::vector<Value*>& ptr, const std::set<int32_t>& fold_users,
-                    int32_t index) {
+  // The GEMM kernel `k` of node `n`: reads k.a / k.b with its transpose flags.
+  void lower_matmul(const Graph& g, const Node& n, const Kernel& k, std::vector<Value*>& ptr) {
     const TensorType& rt = g.type(n.result());
-    ValueId av = n.operands[0], bv = n.operands[1];
-    bool ta = fold_users.count(index * 2), tb = fold_users.count(index * 2 + 1);
-    if (ta) av = g.defining_node(av)->operands[0];
-    if (tb) bv = g.defining_node(bv)->operands[0];
+    bool ta = k.trans_a, tb = k.trans_b;
     const Shape& as = g.type(n.operands[0]).shape;  // logical (untransposed) shapes
     const Shape& bs = g.type(n.operands[1]).shape;
-    int64_t m = as[as.size() - 2], k = as[as.size() - 1], nn = bs[bs.size() - 1];
+    int64_t m = as[as.size() - 2], kk = as[as.size() - 1], nn = bs[bs.size() - 1];
     Shape ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2), ob(rt.shape.begin(), rt.shape.end() - 2);
     bool f32 = rt.dtype == DType::f32;
     llvm::Type* ft = ty(rt.dtype);
     llvm::FunctionCallee gemm = runtime(f32 ? "kiln_rt_sgemm" : "kiln_rt_dgemm", B_.getVoidTy(),
                                         {i32_, i32_, i64_, i64_, i64_, ft, ptr_, i64_, ptr_, i64_, ft, ptr_, i64_});
     std::vector<int64_t> sa = broadcast_strides(ab, ob), sb = broadcast_strides(bb, ob);
-    for (auto& s : sa) s *= m * k;
-    for (auto& s : sb) s *= k * nn;
-    Value* a = ptr[av.id];
-    Value* b = ptr[bv.id];
+    for (auto& s : sa) s *= m * kk;
+    for (auto& s : sb) s *= kk * nn;
+    Value* a = ptr[k.a.id];
+    Value* b = ptr[k.b.id];
     Value* c = ptr[n.result().id];
     nest(ob, {{sa, 0}, {sb, 0}, {strides_of(ob), 0}}, [&](const std::vector<Value*>& off) {
       Value* pa = B_.CreateInBoundsGEP(ft, a, off[0]);
       Value* pb = B_.CreateInBoundsGEP(ft, b, off[1]);
       Value* pc = B_.CreateInBoundsGEP(ft, c, B_.CreateMul(off[2], c64(m * nn)));
-      B_.CreateCall(gemm, {B_.getInt32(ta ? 1 : 0), B_.getInt32(tb ? 1 : 0), c64(m), c64(nn), c64(k),
-                           llvm::ConstantFP::get(ft, 1.0), pa, c64(ta ? m : k), pb, c64(tb ? k : nn),
+      B_.CreateCall(gemm, {B_.getInt32(ta ? 1 : 0), B_.getInt32(tb ? 1 : 0), c64(m), c64(nn), c64(kk),
+                           llvm::ConstantFP::get(ft, 1.0), pa, c64(ta ? m : kk), pb, c64(tb ? kk : nn),
                            llvm::ConstantFP::get(ft, 0.0), pc, c64(nn)});
     });
   }
 
   const Graph& g_;
   const MemoryPlan& plan_;
+  const KernelPlan& kp_;
   llvm::LLVMContext& C_;
   LoweringInfo& info_;
   LowerOptions options_;
@@ -1258,14 +1084,24 @@ class Lowerer {
 
 }  // namespace
 
-std::unique_ptr<llvm::Module> lower_graph(const Graph& g, const MemoryPlan& plan, llvm::LLVMContext& ctx,
-                                          LoweringInfo& info, const LowerOptions& options) {
+namespace {
+bool codegen_baseline() {
+  const char* e = std::getenv("KILN_CODEGEN_BASELINE");
+  return e && std::string_view(e) == "1";
+}
+}  // namespace
+
+KernelPlanOptions kernel_plan_options() {
+  KernelPlanOptions o;
+  if (codegen_baseline()) o.gemm_epilogue = false;
+  return o;
+}
+
+std::unique_ptr<llvm::Module> lower_graph(const Graph& g, const MemoryPlan& plan, const KernelPlan& kernels,
+                                          llvm::LLVMContext& ctx, LoweringInfo& info, const LowerOptions& options) {
   LowerOptions o = options;
-  if (const char* e = std::getenv("KILN_CODEGEN_BASELINE"); e && std::string_view(e) == "1") {
-    o.parallel = false;
-    o.gemm_epilogue = false;
-  }
-  Lowerer l(g, plan, ctx, info, o);
+  if (codegen_baseline()) o.parallel = false;
+  Lowerer l(g, plan, kernels, ctx, info, o);
   return l.run();
 }
 
