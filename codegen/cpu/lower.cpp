@@ -1091,12 +1091,6 @@ bool codegen_baseline() {
 }
 }  // namespace
 
-KernelPlanOptions kernel_plan_options() {
-  KernelPlanOptions o;
-  if (codegen_baseline()) o.gemm_epilogue = false;
-  return o;
-}
-
 std::unique_ptr<llvm::Module> lower_graph(const Graph& g, const MemoryPlan& plan, const KernelPlan& kernels,
                                           llvm::LLVMContext& ctx, LoweringInfo& info, const LowerOptions& options) {
   LowerOptions o = options;

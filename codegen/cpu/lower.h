@@ -31,12 +31,8 @@ struct LowerOptions {
   bool profile = false;
   bool parallel = true;  // big loops on the thread pool (see kParallelWork)
   // The environment variable KILN_CODEGEN_BASELINE=1 turns this off in every lower_graph
-  // call, and the GEMM epilogue in kernel_plan_options() (to measure what they buy).
+  // call (to measure what it buys; prepare() turns the plan's GEMM epilogue off with it).
 };
-
-// The kernel plan options of the CPU backend: the defaults, but KILN_CODEGEN_BASELINE=1
-// turns the GEMM epilogue off.
-KernelPlanOptions kernel_plan_options();
 
 // Loops doing at least this many element-operations (elements x ops per element) run on
 // the runtime's thread pool (kiln_rt_parallel_for): their body is outlined into an internal
@@ -49,7 +45,7 @@ inline constexpr size_t kNodesInEntry = 512;
 inline constexpr size_t kNodesPerFunction = 64;
 
 // Emits `void kiln_entry(void** buffers, uint8_t* arena)` computing `g` by `plan` and the
-// kernel plan `kernels` (from plan_kernels(g, plan, kernel_plan_options())) (plus the
+// kernel plan `kernels` (Prepared::kernels) (plus the
 // internal task functions of its parallel loops: give every defined function of the module
 // the target attributes, not just kiln_entry). Throws kiln::Error for an op it cannot lower.
 std::unique_ptr<llvm::Module> lower_graph(const Graph& g, const MemoryPlan& plan, const KernelPlan& kernels,
