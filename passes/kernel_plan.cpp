@@ -387,7 +387,7 @@ void format_level(const Graph& g, const KernelPlan& kp, const std::string& inden
     out += indent + "k" + std::to_string(ki) + " " + std::string(kernel_kind_name(k.kind)) + " ";
     switch (k.kind) {
       case KernelKind::Loop: {
-        out += TensorType{g.type(first.result()).dtype, k.shape}.str() + " ";
+        out += shape_str(k.shape) + " ";
         for (size_t j = 0; j < k.nodes.size(); ++j) {
           const Node& n = g.nodes().at(static_cast<size_t>(k.nodes[j]));
           out += (j ? ", " : "") + node_text(n, n.operands, {});

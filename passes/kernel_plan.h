@@ -112,9 +112,13 @@ void check_kernel_plan(const Graph& g, const MemoryPlan& plan, const KernelPlan&
 bool is_last_two_swap(const std::vector<int64_t>& perm);
 
 // One line per kernel, bodies indented:
-//   k0 loop f32[64,256] %3 = add, %4 = relu -> store %4
+//   k0 loop [64,256] %3 = add(%2, %b), %4 = relu(%3) -> store %4
 //   k1 gemm %5 = matmul(%x, %w1^T)
-//   k2 region %7: { k0 gemm ... }
+//   k2 region %7 = fused(%x, %w, %b):
+//     k0 gemm %0 = matmul(%in0, %in1)
+//     ...
+//     storage: %0 alias %2, %2 output 0
+// then each level's non-default storage ("storage: ..."), and the scratch and GEMM totals.
 std::string format_kernel_plan(const Graph& g, const KernelPlan& kp);
 
 }  // namespace kiln

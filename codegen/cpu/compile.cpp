@@ -347,7 +347,7 @@ std::shared_ptr<const Program> build(std::shared_ptr<const Prepared> prep, const
   detail::LoweringInfo info;
   detail::LowerOptions lower_options;
   lower_options.profile = options.profile;
-  std::unique_ptr<llvm::Module> m = detail::lower_graph(g, prep->memory, *ctx, info, lower_options);
+  std::unique_ptr<llvm::Module> m = detail::lower_graph(g, prep->memory, prep->kernels, *ctx, info, lower_options);
   m->setDataLayout(tm->createDataLayout());
   m->setTargetTriple(tm->getTargetTriple().str());
   for (llvm::Function& f : *m) {  // kiln_entry and the parallel loops' task functions

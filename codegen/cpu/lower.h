@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "passes/kernel_plan.h"
 #include "passes/memory_plan.h"
 
 namespace llvm {
@@ -20,8 +21,7 @@ struct LoweringInfo {
   int64_t arena_bytes = 0;    // the plan's arena
   int64_t scratch_bytes = 0;  // fused-body intermediates, after the arena (64-aligned start)
   std::vector<std::string> runtime_symbols;  // external functions the module calls
-  int64_t parallel_loops = 0;           // loops outlined to run on the thread pool
-  int64_t gemm_epilogues_in_place = 0;  // fused GEMMs writing straight into their epilogue's output
+  int64_t parallel_loops = 0;  // loops outlined to run on the thread pool
 };
 
 struct LowerOptions {
@@ -29,10 +29,9 @@ struct LowerOptions {
   // node counts one call per run) in kiln_rt_prof_begin(i) / kiln_rt_prof_end(i)
   // (runtime/profile.h).
   bool profile = false;
-  bool parallel = true;       // big loops on the thread pool (see kParallelWork)
-  bool gemm_epilogue = true;  // fused GEMMs write straight into their epilogue's output
-  // The environment variable KILN_CODEGEN_BASELINE=1 turns the last two off in every
-  // lower_graph call (to measure what they buy).
+  bool parallel = true;  // big loops on the thread pool (see kParallelWork)
+  // The environment variable KILN_CODEGEN_BASELINE=1 turns this off in every lower_graph
+  // call (to measure what it buys; prepare() turns the plan's GEMM epilogue off with it).
 };
 
 // Loops doing at least this many element-operations (elements x ops per element) run on
@@ -45,11 +44,12 @@ inline constexpr int64_t kParallelWork = 32768;
 inline constexpr size_t kNodesInEntry = 512;
 inline constexpr size_t kNodesPerFunction = 64;
 
-// Emits `void kiln_entry(void** buffers, uint8_t* arena)` computing `g` by `plan` (plus the
+// Emits `void kiln_entry(void** buffers, uint8_t* arena)` computing `g` by `plan` and the
+// kernel plan `kernels` (Prepared::kernels) (plus the
 // internal task functions of its parallel loops: give every defined function of the module
 // the target attributes, not just kiln_entry). Throws kiln::Error for an op it cannot lower.
-std::unique_ptr<llvm::Module> lower_graph(const Graph& g, const MemoryPlan& plan, llvm::LLVMContext& ctx,
-                                          LoweringInfo& info, const LowerOptions& options = {});
+std::unique_ptr<llvm::Module> lower_graph(const Graph& g, const MemoryPlan& plan, const KernelPlan& kernels,
+                                          llvm::LLVMContext& ctx, LoweringInfo& info, const LowerOptions& options = {});
 
 inline int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 

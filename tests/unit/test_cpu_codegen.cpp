@@ -618,6 +618,21 @@ TEST_CASE("cpu codegen: a fused GEMM writes its epilogue's output in place", "[c
   }
 }
 
+TEST_CASE("cpu codegen: two GEMMs read by one epilogue do not share its output", "[cpu][codegen]") {
+  // s = p @ p + p @ exp(p) in one body: only the first GEMM may write into s's buffer (the
+  // second would overwrite the first's result before the add reads it).
+  std::mt19937_64 rng(11);
+  Graph g("two_gemms");
+  ValueId x = g.add_input("x", {DType::f32, {8, 8}});
+  Graph body("body");
+  ValueId p = body.add_input("p", {DType::f32, {8, 8}});
+  ValueId m1 = body.add_node(Op::Matmul, {p, p});
+  ValueId m2 = body.add_node(Op::Matmul, {p, body.add_node(Op::Exp, {p})});
+  body.add_output("s", body.add_node(Op::Add, {m1, m2}));
+  g.add_output("s", g.add_fused({x}, std::move(body))[0]);
+  check_graph(g, {{"x", random_tensor(DType::f32, {8, 8}, -1, 1, rng)}}, 1e-5, 1e-5);
+}
+
 TEST_CASE("cpu codegen: profiling counts every node once per run", "[cpu][codegen][profile]") {
   Model m = training_model(false, 64, SGD{0.05, 0.9});
   CompileOptions o;

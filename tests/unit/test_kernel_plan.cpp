@@ -87,7 +87,7 @@ TEST_CASE("kernel plan: a fused elementwise body is one loop, intermediates in r
   CHECK_FALSE(b.at(two).in_memory);
   CHECK(format_kernel_plan(g, pl.kp) ==
         "k0 region %0, %1 = fused(%a, %c):\n"
-        "  k0 loop f32[4,8] %1 = add(%p, %q), %2 = mul(%1, %0), %3 = exp(%2) -> store %2, %3\n"
+        "  k0 loop [4,8] %1 = add(%p, %q), %2 = mul(%1, %0), %3 = exp(%2) -> store %2, %3\n"
         "  storage: %0 immediate, %2 output 0, %3 output 1\n"
         "scratch: 0 bytes; gemm epilogues in place: 0\n");
 }

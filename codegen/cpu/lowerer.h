@@ -1,0 +1,135 @@
+// Internal to codegen/cpu: the Lowerer, which turns a planned graph into an LLVM module.
+// Its members live in one file per concern:
+//   emitter.cpp     the class itself: types, constants, memory, loops, parallel loops
+//   scalar_ops.cpp  elementwise ops on scalars (ew), casts, libm calls
+//   op_kernels.cpp  kernels of one node: reductions, argmax, softmax, shape ops, GEMM and
+//                   the runtime's convolution / pooling
+//   lower.cpp       the graph, kernel by kernel, from the kernel plan (lower_graph)
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+
+#include "codegen/cpu/lower.h"
+#include "ir/graph.h"
+#include "passes/kernel_plan.h"
+#include "passes/memory_plan.h"
+#include "runtime/abi.h"
+
+namespace kiln::cpu::detail {
+
+using RtFn = rt::Fn;  // runtime/abi.def
+
+using llvm::Value;
+
+// What the constants of one module may take in all (each is stored in the module and again
+// in the JIT'ed code): a splat that only fused loops read takes nothing.
+inline constexpr int64_t kMaxConstantBytes = int64_t{1} << 30;
+
+struct Stream {
+  std::vector<int64_t> strides;  // per dim of the iteration shape (elements; 0 = broadcast)
+  int64_t base = 0;
+};
+
+// Strides over `to` of a tensor of shape `from` broadcast to it (0 on broadcast dims).
+std::vector<int64_t> broadcast_strides(const Shape& from, const Shape& to);
+
+class Lowerer {
+ public:
+  Lowerer(const Graph& g, const MemoryPlan& plan, const KernelPlan& kp, llvm::LLVMContext& ctx, LoweringInfo& info,
+          const LowerOptions& options);
+  std::unique_ptr<llvm::Module> run();
+
+ private:
+  // ---- emitter.cpp: types, constants, memory, loops -----------------------------------
+  Value* c64(int64_t v) { return llvm::ConstantInt::get(i64_, static_cast<uint64_t>(v), true); }
+  void store(DType t, Value* v, Value* base, Value* off) { B_.CreateStore(v, B_.CreateInBoundsGEP(ty(t), base, off)); }
+  Value* intrinsic(llvm::Intrinsic::ID id, Value* x) { return B_.CreateUnaryIntrinsic(id, x); }
+  Value* is_nan(Value* x) { return B_.CreateFCmpUNO(x, x); }
+  llvm::Type* ty(DType t);
+  Value* scalar(DType t, double v);
+  Value* element_constant(const Tensor& t, int64_t i);
+  Value* splat(const Graph& g, ValueId v);
+  Value* global_constant(const Node& n);
+  Value* i64_array(const std::vector<int64_t>& xs);
+  Value* load(DType t, Value* base, Value* off);
+  Value* alloca(llvm::Type* t);
+  Value* scratch(int64_t bytes, int64_t& cursor);
+  void copy_bytes(Value* dst, Value* src, int64_t bytes);
+  llvm::FunctionCallee runtime(RtFn f);  // declared from runtime/abi.def
+  llvm::FunctionCallee external(const std::string& name, llvm::FunctionType* type);
+  void for_loop(int64_t n, const std::function<void(Value*)>& body);
+  void for_range(Value* lo, Value* hi, const std::function<void(Value*)>& body);
+  void par_for(int64_t n, int64_t work, const std::function<void(Value*)>& body);
+  std::pair<llvm::Function*, Value*> outline(const std::string& name, const std::vector<llvm::Type*>& extra,
+                                             const std::function<void(llvm::Function*)>& body);
+  void nest(const Shape& shape, std::vector<Stream> streams, const std::function<void(const std::vector<Value*>&)>& body,
+            int64_t ops = 0);
+  void nest_level(const Shape& dims, const std::vector<std::vector<int64_t>>& st, size_t d, const std::vector<Value*>& off,
+                  const std::function<void(const std::vector<Value*>&)>& body);
+
+  // ---- scalar_ops.cpp -----------------------------------------------------------------
+  Value* libm(const char* f32_name, const char* f64_name, Value* x);
+  Value* cast_scalar(Value* x, DType from, DType to);
+  Value* ew(const Node& n, DType in, DType out, const std::vector<Value*>& a);
+  Value* compare(const std::vector<Value*>& a, DType in, llvm::CmpInst::Predicate f, llvm::CmpInst::Predicate s,
+                 llvm::CmpInst::Predicate u);
+
+  // ---- op_kernels.cpp -----------------------------------------------------------------
+  [[noreturn]] void unsupported(Op op);
+  void lower_node(const Graph& g, const Kernel& kernel, std::vector<Value*>& ptr, int64_t& cursor);
+  void copy_strided(DType t, const Shape& shape, Value* dst, Stream ds, Value* src, Stream ss);
+  Value* conv_params(const Node& n, const Shape& x, const Shape& w, const Shape& y);
+  Value* pool_params(const Node& n, const Shape& x, const Shape& y);
+  // A runtime parameter struct as the constant i64 array it is laid out as (runtime/kernels.h).
+  template <typename Params>
+  Value* params_array(const Params& q) {
+    std::vector<int64_t> fields(sizeof(Params) / sizeof(int64_t));
+    std::memcpy(fields.data(), &q, sizeof(Params));
+    return i64_array(fields);
+  }
+  Value* blocked_sum(DType t, int64_t n, const std::function<Value*(Value*)>& elem);
+  void column_sums(DType t, int64_t k1, int64_t r, int64_t k2, Value* x, Value* out, bool mean, int64_t& cursor);
+  void lower_reduce(const Node& n, const TensorType& xt, const TensorType& rt, Value* x, Value* out, int64_t& cursor);
+  static void split_axis(const Shape& s, size_t axis, int64_t& outer, int64_t& len, int64_t& inner);
+  void lower_argmax(const Node& n, const TensorType& xt, Value* x, Value* out);
+  void outer_inner(int64_t outer, int64_t inner, int64_t len, const std::function<void(Value*, Value*)>& body);
+  void lower_softmax(const Node& n, const TensorType& xt, Value* x, Value* out);
+  void lower_matmul(const Graph& g, const Node& n, const Kernel& k, std::vector<Value*>& ptr);
+
+  // ---- lower.cpp: the graph from the kernel plan --------------------------------------
+  void lower_level(const Graph& g, const KernelPlan& kp, std::vector<Value*>& ptr, bool top, int64_t& cursor,
+                   const std::vector<Value*>& out_ptr = {});
+  void lower_loop(const Graph& g, const Kernel& k, std::vector<Value*>& ptr);
+
+  const Graph& g_;
+  const MemoryPlan& plan_;
+  const KernelPlan& kp_;
+  llvm::LLVMContext& C_;
+  LoweringInfo& info_;
+  LowerOptions options_;
+  llvm::IRBuilder<> B_;
+  std::unique_ptr<llvm::Module> M_;
+  llvm::Function* F_ = nullptr;
+  llvm::BasicBlock* alloca_block_ = nullptr;
+  llvm::Type *i8_, *i32_, *i64_, *ptr_;
+  Value* scratch_ = nullptr;
+  int64_t scratch_peak_ = 0;
+  int64_t constant_bytes_ = 0;  // of the globals so far
+  bool outlining_ = false;  // emitting the body of a parallel loop's task function
+  int tasks_ = 0;
+  std::set<std::string> runtime_;
+};
+
+}  // namespace kiln::cpu::detail

@@ -1,0 +1,480 @@
+// Kernels of one node (codegen/cpu/lowerer.h): reductions in Kiln's summation order,
+// argmax, softmax, shape ops as strided copies, one_hot, GEMM and the runtime's convolution
+// and pooling (runtime/blas.h, runtime/kernels.h).
+#include "codegen/cpu/lowerer.h"
+
+#include <algorithm>
+#include <bit>
+#include <limits>
+#include <set>
+
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/DerivedTypes.h>
+
+#include "ir/error.h"
+#include "ir/interp.h"
+#include "ir/ops.h"
+
+namespace kiln::cpu::detail {
+
+[[noreturn]] void Lowerer::unsupported(Op op) {
+  throw Error("cpu codegen: " + std::string(op_name(op)) + " is not supported yet");
+}
+
+// A kernel other than a loop: its one node.
+void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value*>& ptr, int64_t& cursor) {
+  const Node& n = g.nodes()[static_cast<size_t>(kernel.nodes[0])];
+  const TensorType& rt = g.type(n.result());
+  Value* out = ptr[n.result().id];
+  auto in = [&](size_t k) { return ptr[n.operands[k].id]; };
+  auto it = [&](size_t k) -> const TensorType& { return g.type(n.operands[k]); };
+  int64_t esize = static_cast<int64_t>(dtype_size(rt.dtype));
+  switch (n.op) {
+    case Op::Neg: case Op::Abs: case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh:
+    case Op::Sigmoid: case Op::Relu: case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow:
+    case Op::Maximum: case Op::Minimum: case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt:
+    case Op::Ge: case Op::Select: case Op::Cast:
+      internal_error("codegen", "cpu codegen: elementwise node outside a loop group");
+    case Op::Sum: case Op::Mean: case Op::Max: case Op::Min:
+      return lower_reduce(n, it(0), rt, in(0), out, cursor);
+    case Op::Argmax: return lower_argmax(n, it(0), in(0), out);
+    case Op::Reshape: return copy_bytes(out, in(0), rt.numel() * esize);
+    case Op::Transpose: {
+      const auto& perm = attr_ints(n.attrs, "perm");
+      std::vector<int64_t> s = strides_of(it(0).shape), src(perm.size());
+      for (size_t d = 0; d < perm.size(); ++d) src[d] = s[static_cast<size_t>(perm[d])];
+      return copy_strided(rt.dtype, rt.shape, out, {strides_of(rt.shape), 0}, in(0), {src, 0});
+    }
+    case Op::BroadcastTo:
+      return copy_strided(rt.dtype, rt.shape, out, {strides_of(rt.shape), 0}, in(0),
+                          {broadcast_strides(it(0).shape, rt.shape), 0});
+    case Op::Slice: {
+      const auto& start = attr_ints(n.attrs, "start");
+      const auto& step = attr_ints(n.attrs, "step");
+      std::vector<int64_t> s = strides_of(it(0).shape), src(s.size());
+      int64_t base = 0;
+      for (size_t d = 0; d < s.size(); ++d) {
+        base += start[d] * s[d];
+        src[d] = step[d] * s[d];
+      }
+      return copy_strided(rt.dtype, rt.shape, out, {strides_of(rt.shape), 0}, in(0), {src, base});
+    }
+    case Op::Concat: {
+      size_t axis = static_cast<size_t>(attr_int(n.attrs, "axis") < 0 ? attr_int(n.attrs, "axis") + rt.rank()
+                                                                       : attr_int(n.attrs, "axis"));
+      std::vector<int64_t> os = strides_of(rt.shape);
+      int64_t base = 0;
+      for (size_t k = 0; k < n.operands.size(); ++k) {
+        copy_strided(rt.dtype, it(k).shape, out, {os, base * os[axis]}, in(k), {strides_of(it(k).shape), 0});
+        base += it(k).shape[axis];
+      }
+      return;
+    }
+    case Op::Pad: {
+      const auto& low = attr_ints(n.attrs, "low");
+      Value* v = scalar(rt.dtype, 0);
+      {
+        Tensor t = Tensor::scalar(DType::f64, attr_float(n.attrs, "value")).cast(rt.dtype);
+        v = element_constant(t, 0);
+      }
+      nest(rt.shape, {{strides_of(rt.shape), 0}}, [&](const std::vector<Value*>& off) { store(rt.dtype, v, out, off[0]); }, 1);
+      std::vector<int64_t> os = strides_of(rt.shape);
+      int64_t base = 0;
+      for (size_t d = 0; d < os.size(); ++d) base += low[d] * os[d];
+      return copy_strided(rt.dtype, it(0).shape, out, {os, base}, in(0), {strides_of(it(0).shape), 0});
+    }
+    case Op::Matmul: return lower_matmul(g, n, kernel, ptr);
+    case Op::Conv2d: {
+      RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_conv2d_f32 : RtFn::kiln_rt_conv2d_f64;
+      Value* bias = n.operands.size() > 2 ? in(2) : llvm::ConstantPointerNull::get(llvm::PointerType::get(C_, 0));
+      B_.CreateCall(runtime(f),
+                    {in(0), in(1), bias, out, conv_params(n, it(0).shape, it(1).shape, rt.shape)});
+      return;
+    }
+    case Op::Conv2dGradInput: {
+      RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_conv2d_grad_input_f32 : RtFn::kiln_rt_conv2d_grad_input_f64;
+      B_.CreateCall(runtime(f),
+                    {in(0), in(1), out, conv_params(n, rt.shape, it(1).shape, it(0).shape)});
+      return;
+    }
+    case Op::Conv2dGradWeight: {
+      RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_conv2d_grad_weight_f32 : RtFn::kiln_rt_conv2d_grad_weight_f64;
+      B_.CreateCall(runtime(f),
+                    {in(0), in(1), out, conv_params(n, it(0).shape, rt.shape, it(1).shape)});
+      return;
+    }
+    case Op::MaxPool2d: {
+      RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_max_pool2d_f32 : RtFn::kiln_rt_max_pool2d_f64;
+      B_.CreateCall(runtime(f), {in(0), out, pool_params(n, it(0).shape, rt.shape)});
+      return;
+    }
+    case Op::AvgPool2d: {
+      RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_avg_pool2d_f32 : RtFn::kiln_rt_avg_pool2d_f64;
+      B_.CreateCall(runtime(f),
+                    {in(0), out, pool_params(n, it(0).shape, rt.shape),
+                     B_.getInt32(attr_bool(n.attrs, "count_include_pad") ? 1 : 0)});
+      return;
+    }
+    case Op::MaxPool2dGrad: {
+      RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_max_pool2d_grad_f32 : RtFn::kiln_rt_max_pool2d_grad_f64;
+      B_.CreateCall(runtime(f),
+                    {in(0), in(1), out, pool_params(n, it(0).shape, it(1).shape)});
+      return;
+    }
+    case Op::AvgPool2dGrad: {
+      RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_avg_pool2d_grad_f32 : RtFn::kiln_rt_avg_pool2d_grad_f64;
+      B_.CreateCall(runtime(f),
+                    {in(0), out, pool_params(n, rt.shape, it(0).shape),
+                     B_.getInt32(attr_bool(n.attrs, "count_include_pad") ? 1 : 0)});
+      return;
+    }
+    case Op::Softmax:
+    case Op::LogSoftmax: return lower_softmax(n, it(0), in(0), out);
+    case Op::OneHot: {
+      int64_t depth = rt.shape.back();
+      B_.CreateMemSet(out, B_.getInt8(0), static_cast<uint64_t>(rt.numel() * esize), llvm::MaybeAlign());
+      DType xt = it(0).dtype;
+      Value* one = scalar(rt.dtype, 1);
+      for_loop(it(0).numel(), [&](Value* i) {
+        Value* x = load(xt, in(0), i);
+        Value* idx = xt == DType::boolean ? B_.CreateZExt(x, i64_) : B_.CreateSExtOrTrunc(x, i64_);
+        Value* ok = B_.CreateAnd(B_.CreateICmpSGE(idx, c64(0)), B_.CreateICmpSLT(idx, c64(depth)));
+        llvm::BasicBlock* then = llvm::BasicBlock::Create(C_, "onehot.set", F_);
+        llvm::BasicBlock* done = llvm::BasicBlock::Create(C_, "onehot.next", F_);
+        B_.CreateCondBr(ok, then, done);
+        B_.SetInsertPoint(then);
+        store(rt.dtype, one, out, B_.CreateAdd(B_.CreateMul(i, c64(depth)), idx));
+        B_.CreateBr(done);
+        B_.SetInsertPoint(done);
+      });
+      return;
+    }
+    case Op::Constant: internal_error("codegen", "cpu codegen: a constant planned as a kernel");
+    case Op::Fused: {
+      std::vector<Value*> body_ptr(n.body->values().size(), nullptr);
+      for (size_t j = 0; j < n.operands.size(); ++j) body_ptr[n.body->inputs()[j].value.id] = in(j);
+      std::vector<Value*> outs;
+      for (ValueId r : n.results) outs.push_back(ptr[r.id]);
+      lower_level(*n.body, *kernel.body, body_ptr, false, cursor, outs);
+      return;
+    }
+  }
+  unsupported(n.op);
+}
+
+void Lowerer::copy_strided(DType t, const Shape& shape, Value* dst, Stream ds, Value* src, Stream ss) {
+  nest(shape, {ds, ss}, [&](const std::vector<Value*>& off) { store(t, load(t, src, off[1]), dst, off[0]); }, 1);
+}
+
+Value* Lowerer::conv_params(const Node& n, const Shape& x, const Shape& w, const Shape& y) {
+  const auto& s = attr_ints(n.attrs, "stride");
+  const auto& p = attr_ints(n.attrs, "padding");
+  const auto& d = attr_ints(n.attrs, "dilation");
+  return params_array(KilnConv2dParams{.n = x[0], .c = x[1], .h = x[2], .w = x[3], .o = w[0], .kh = w[2],
+                                       .kw = w[3], .oh = y[2], .ow = y[3], .stride_h = s[0], .stride_w = s[1],
+                                       .pad_h = p[0], .pad_w = p[1], .dil_h = d[0], .dil_w = d[1],
+                                       .groups = attr_int(n.attrs, "groups")});
+}
+
+Value* Lowerer::pool_params(const Node& n, const Shape& x, const Shape& y) {
+  const auto& k = attr_ints(n.attrs, "kernel");
+  const auto& s = attr_ints(n.attrs, "stride");
+  const auto& p = attr_ints(n.attrs, "padding");
+  return params_array(KilnPool2dParams{.n = x[0], .c = x[1], .h = x[2], .w = x[3], .oh = y[2], .ow = y[3],
+                                       .kh = k[0], .kw = k[1], .stride_h = s[0], .stride_w = s[1], .pad_h = p[0],
+                                       .pad_w = p[1]});
+}
+
+// The float sum of elem(0), ..., elem(n - 1) in Kiln's summation order (kSumBlock,
+// ir/interp.h; the interpreter's blocked_sum): blocks added left to right from +0, their
+// sums combined as a binary counter. slot[l] holds the sum of the last 2^l finished
+// blocks while bit l of the finished-block count is set: finishing block b adds the
+// ctz(b + 1) lowest slots into it, leftmost first, and stores it in slot ctz(b + 1).
+// After the last block the slots of nb's set bits, combined from the smallest, give the
+// pairwise tree that splits each run of blocks at the largest power of two below its length.
+Value* Lowerer::blocked_sum(DType t, int64_t n, const std::function<Value*(Value*)>& elem) {
+  llvm::Type* ft = ty(t);
+  auto run = [&](Value* lo, Value* hi) {  // elem(lo) + ... + elem(hi - 1), left to right from +0
+    Value* acc = alloca(ft);
+    B_.CreateStore(scalar(t, 0), acc);
+    for_range(lo, hi, [&](Value* k) { B_.CreateStore(B_.CreateFAdd(B_.CreateLoad(ft, acc), elem(k)), acc); });
+    return B_.CreateLoad(ft, acc);
+  };
+  if (n <= kSumBlock) return run(c64(0), c64(n));
+  int64_t nb = (n + kSumBlock - 1) / kSumBlock;
+  auto levels = static_cast<uint64_t>(std::bit_width(static_cast<uint64_t>(nb)));
+  llvm::Type* slots_t = llvm::ArrayType::get(ft, levels);
+  Value* slots = alloca(slots_t);
+  auto slot = [&](Value* l) { return B_.CreateInBoundsGEP(slots_t, slots, {c64(0), l}); };
+  Value* cur = alloca(ft);
+  for_loop(nb, [&](Value* b) {
+    Value* lo = B_.CreateMul(b, c64(kSumBlock), "", true, true);
+    Value* hi = B_.CreateAdd(lo, c64(kSumBlock), "", true, true);
+    B_.CreateStore(run(lo, B_.CreateSelect(B_.CreateICmpSLT(hi, c64(n)), hi, c64(n))), cur);
+    Value* carries = B_.CreateBinaryIntrinsic(llvm::Intrinsic::cttz, B_.CreateAdd(b, c64(1)), B_.getFalse());
+    for_range(c64(0), carries, [&](Value* l) {
+      B_.CreateStore(B_.CreateFAdd(B_.CreateLoad(ft, slot(l)), B_.CreateLoad(ft, cur)), cur);
+    });
+    B_.CreateStore(B_.CreateLoad(ft, cur), slot(carries));
+  });
+  Value* sum = nullptr;
+  for (uint64_t l = 0; l < levels; ++l) {
+    if (!((static_cast<uint64_t>(nb) >> l) & 1)) continue;
+    Value* s = B_.CreateLoad(ft, slot(c64(static_cast<int64_t>(l))));
+    sum = sum ? B_.CreateFAdd(s, sum) : s;
+  }
+  return sum;
+}
+
+// out[a, j] = the sum over k of x[a, k, j] for x: [k1, r, k2], r > kSumBlock, in the
+// summation order: blocked_sum's binary counter, run for a chunk of columns j at once
+// (each step a vector loop over j). The block partials accumulate in `out`, the slots in
+// the scratch area. Iterations (a, chunk) touch only their own columns: parallel-safe,
+// and the same whatever the thread count. Divides by r for a mean.
+void Lowerer::column_sums(DType t, int64_t k1, int64_t r, int64_t k2, Value* x, Value* out, bool mean, int64_t& cursor) {
+  llvm::Type* ft = ty(t);
+  int64_t m = k1 * k2, nb = (r + kSumBlock - 1) / kSumBlock;
+  auto levels = static_cast<int64_t>(std::bit_width(static_cast<uint64_t>(nb)));
+  Value* slots = scratch(levels * m * static_cast<int64_t>(dtype_size(t)), cursor);
+  constexpr int64_t kChunk = 4096;  // columns per parallel iteration (whole rows stream better)
+  int64_t chunks = (k2 + kChunk - 1) / kChunk;
+  par_for(k1 * chunks, r * std::min(k2, kChunk), [&](Value* f) {
+    Value* a = B_.CreateUDiv(f, c64(chunks));
+    Value* j0 = B_.CreateMul(B_.CreateURem(f, c64(chunks)), c64(kChunk));
+    Value* j1 = B_.CreateAdd(j0, c64(kChunk));
+    j1 = B_.CreateSelect(B_.CreateICmpSLT(j1, c64(k2)), j1, c64(k2));
+    Value* row = B_.CreateMul(a, c64(k2));  // out[a, 0]
+    auto columns = [&](const std::function<void(Value* j)>& body) {
+      for_range(B_.CreateAdd(row, j0), B_.CreateAdd(row, j1), body);
+    };
+    auto slot = [&](Value* l, Value* j) { return B_.CreateInBoundsGEP(ft, slots, B_.CreateAdd(B_.CreateMul(l, c64(m)), j)); };
+    for_loop(nb, [&](Value* b) {
+      columns([&](Value* j) { store(t, scalar(t, 0), out, j); });
+      Value* lo = B_.CreateMul(b, c64(kSumBlock));
+      Value* hi = B_.CreateAdd(lo, c64(kSumBlock));
+      for_range(lo, B_.CreateSelect(B_.CreateICmpSLT(hi, c64(r)), hi, c64(r)), [&](Value* k) {
+        // x[a, k, j] for out[a, j]: offset (a * r + k) * k2 + j - a * k2.
+        Value* shift = B_.CreateMul(B_.CreateAdd(B_.CreateMul(a, c64(r - 1)), k), c64(k2));
+        columns([&](Value* j) {
+          store(t, B_.CreateFAdd(load(t, out, j), load(t, x, B_.CreateAdd(shift, j))), out, j);
+        });
+      });
+      Value* carries = B_.CreateBinaryIntrinsic(llvm::Intrinsic::cttz, B_.CreateAdd(b, c64(1)), B_.getFalse());
+      for_range(c64(0), carries, [&](Value* l) {
+        columns([&](Value* j) { store(t, B_.CreateFAdd(B_.CreateLoad(ft, slot(l, j)), load(t, out, j)), out, j); });
+      });
+      columns([&](Value* j) { B_.CreateStore(load(t, out, j), slot(carries, j)); });
+    });
+    columns([&](Value* j) {
+      Value* sum = nullptr;
+      for (int64_t l = 0; l < levels; ++l) {
+        if (!((nb >> l) & 1)) continue;
+        Value* s = B_.CreateLoad(ft, slot(c64(l), j));
+        sum = sum ? B_.CreateFAdd(s, sum) : s;
+      }
+      store(t, mean ? B_.CreateFDiv(sum, scalar(t, static_cast<double>(r))) : sum, out, j);
+    });
+  });
+}
+
+void Lowerer::lower_reduce(const Node& n, const TensorType& xt, const TensorType& rt, Value* x, Value* out, int64_t& cursor) {
+  std::set<int64_t> axes;
+  for (int64_t a : attr_ints(n.attrs, "axes")) axes.insert(a < 0 ? a + xt.rank() : a);
+  if (attr_ints(n.attrs, "axes").empty())
+    for (int64_t d = 0; d < xt.rank(); ++d) axes.insert(d);
+  Shape kept = xt.shape;
+  int64_t count = 1;
+  for (int64_t d : axes) {
+    count *= xt.shape[static_cast<size_t>(d)];
+    kept[static_cast<size_t>(d)] = 1;
+  }
+  DType t = rt.dtype;
+  bool fl = is_float(t);
+  // Float sums of more than one block follow the summation order, which needs each
+  // output's elements in one row (a float sum of at most one block adds left to right
+  // like any other reduction).
+  bool blocked = fl && (n.op == Op::Sum || n.op == Op::Mean) && count > kSumBlock;
+  // Only sum, mean, max and min get here (lower_node): max and min pick, the others add.
+  bool extremum = n.op == Op::Max || n.op == Op::Min;
+  double inf = std::numeric_limits<double>::infinity();
+  unsigned bits = fl ? 0 : ty(t)->getIntegerBitWidth();
+  Value* init = scalar(t, 0);
+  if (n.op == Op::Max) init = fl ? scalar(t, -inf) : llvm::ConstantInt::get(ty(t), llvm::APInt::getSignedMinValue(bits));
+  if (n.op == Op::Min) init = fl ? scalar(t, inf) : llvm::ConstantInt::get(ty(t), llvm::APInt::getSignedMaxValue(bits));
+  int64_t m = rt.numel();
+  // Reductions over trailing axes (the common case) accumulate in a register.
+  bool trailing = true;
+  for (int64_t d = 0; d < xt.rank(); ++d)
+    if (axes.count(d) && xt.shape[static_cast<size_t>(d)] != 1)
+      for (int64_t e = d + 1; e < xt.rank(); ++e)
+        if (!axes.count(e) && xt.shape[static_cast<size_t>(e)] != 1) trailing = false;
+  if (blocked && !trailing) {
+    // Each output's elements must be added in blocks of its own reduced index. Viewed as
+    // [K1, R, K2] (the kept dims outside the innermost kept run, the reduced dims, that
+    // run), that is a loop over R with vector work over K2: column_sums. Other layouts are
+    // copied into that one first (in the scratch area; the copy's innermost loop is the
+    // innermost run of x either way, so it streams).
+    Shape order[3];  // K1, R, K2 dims, each in x's order
+    std::vector<int64_t> src[3], xs = strides_of(xt.shape);
+    bool in_order = true;  // x already is [K1, R, K2]
+    for (int64_t d = xt.rank(); d-- > 0;) {
+      int64_t size = xt.shape[static_cast<size_t>(d)];
+      if (size == 1) continue;
+      int part = axes.count(d) ? 1 : order[1].empty() && order[0].empty() ? 2 : 0;
+      in_order = in_order && !(part == 1 && !order[0].empty());
+      order[part].insert(order[part].begin(), size);
+      src[part].insert(src[part].begin(), xs[static_cast<size_t>(d)]);
+    }
+    if (!in_order) {
+      Shape shape;
+      std::vector<int64_t> strides;
+      for (int part = 0; part < 3; ++part) {
+        shape.insert(shape.end(), order[part].begin(), order[part].end());
+        strides.insert(strides.end(), src[part].begin(), src[part].end());
+      }
+      Value* copy = scratch(xt.numel() * static_cast<int64_t>(dtype_size(t)), cursor);
+      copy_strided(t, shape, copy, {strides_of(shape), 0}, x, {strides, 0});
+      x = copy;
+    }
+    int64_t k2 = num_elements(order[2]);
+    if (k2 > 1) return column_sums(t, m / k2, count, k2, x, out, n.op == Op::Mean, cursor);
+    trailing = true;  // rows of `count` elements
+  }
+  auto combine = [&](Value* acc, Value* v) -> Value* {
+    if (!extremum) return fl ? B_.CreateFAdd(acc, v) : B_.CreateAdd(acc, v);
+    Value* better = n.op == Op::Max ? (fl ? B_.CreateFCmpOGT(v, acc) : B_.CreateICmpSGT(v, acc))
+                                    : (fl ? B_.CreateFCmpOLT(v, acc) : B_.CreateICmpSLT(v, acc));
+    if (!fl) return B_.CreateSelect(better, v, acc);
+    Value* take = B_.CreateOr(is_nan(v), better);
+    return B_.CreateSelect(is_nan(acc), acc, B_.CreateSelect(take, v, acc));
+  };
+  auto finish = [&](Value* acc) -> Value* {
+    if (n.op == Op::Mean) return B_.CreateFDiv(acc, scalar(t, static_cast<double>(count)));
+    return acc;
+  };
+  if (trailing) {
+    // One output element per iteration, reduced in order by one thread: parallel-safe,
+    // and the same whatever the thread count.
+    par_for(m, count, [&](Value* j) {
+      Value* base = B_.CreateMul(j, c64(count));
+      auto elem = [&](Value* k) { return load(t, x, B_.CreateAdd(base, k)); };
+      if (blocked) return store(t, finish(blocked_sum(t, count, elem)), out, j);
+      Value* slot = alloca(ty(t));
+      B_.CreateStore(init, slot);
+      for_loop(count, [&](Value* k) { B_.CreateStore(combine(B_.CreateLoad(ty(t), slot), elem(k)), slot); });
+      store(t, finish(B_.CreateLoad(ty(t), slot)), out, j);
+    });
+    return;
+  }
+  // Each output adds its elements in row-major order: for a float sum (at most one block
+  // here) that is the summation order.
+  for_loop(m, [&](Value* j) { store(t, init, out, j); });
+  nest(xt.shape, {{strides_of(xt.shape), 0}, {broadcast_strides(kept, xt.shape), 0}}, [&](const std::vector<Value*>& off) {
+    store(t, combine(load(t, out, off[1]), load(t, x, off[0])), out, off[1]);
+  });
+  if (n.op == Op::Mean) for_loop(m, [&](Value* j) { store(t, finish(load(t, out, j)), out, j); });
+}
+
+// outer x len x inner view of `xt` around `axis`.
+void Lowerer::split_axis(const Shape& s, size_t axis, int64_t& outer, int64_t& len, int64_t& inner) {
+  outer = 1;
+  inner = 1;
+  len = s[axis];
+  for (size_t d = 0; d < axis; ++d) outer *= s[d];
+  for (size_t d = axis + 1; d < s.size(); ++d) inner *= s[d];
+}
+
+void Lowerer::lower_argmax(const Node& n, const TensorType& xt, Value* x, Value* out) {
+  int64_t axis = attr_int(n.attrs, "axis");
+  if (axis < 0) axis += xt.rank();
+  int64_t outer, len, inner;
+  split_axis(xt.shape, static_cast<size_t>(axis), outer, len, inner);
+  DType t = xt.dtype;
+  bool fl = is_float(t);
+  outer_inner(outer, inner, len, [&](Value* a, Value* b) {
+      Value* best = alloca(ty(t));
+      Value* idx = alloca(i32_);
+      Value* base = B_.CreateAdd(B_.CreateMul(a, c64(len * inner)), b);
+      B_.CreateStore(load(t, x, base), best);
+      B_.CreateStore(B_.getInt32(0), idx);
+      for_loop(len - 1, [&](Value* k0) {
+        Value* k = B_.CreateAdd(k0, c64(1));
+        Value* v = load(t, x, B_.CreateAdd(base, B_.CreateMul(k, c64(inner))));
+        Value* cur = B_.CreateLoad(ty(t), best);
+        Value* take = fl ? B_.CreateAnd(B_.CreateNot(is_nan(cur)), B_.CreateOr(is_nan(v), B_.CreateFCmpOGT(v, cur)))
+                         : B_.CreateICmpSGT(v, cur);
+        B_.CreateStore(B_.CreateSelect(take, v, cur), best);
+        B_.CreateStore(B_.CreateSelect(take, B_.CreateTrunc(k, i32_), B_.CreateLoad(i32_, idx)), idx);
+      });
+      store(DType::i32, B_.CreateLoad(i32_, idx), out, B_.CreateAdd(B_.CreateMul(a, c64(inner)), b));
+  });
+}
+
+// for a in [0, outer), b in [0, inner): body(a, b), as one (possibly parallel) loop over
+// outer * inner rows of `len` elements each.
+void Lowerer::outer_inner(int64_t outer, int64_t inner, int64_t len, const std::function<void(Value*, Value*)>& body) {
+  par_for(outer * inner, len * 4, [&](Value* f) {
+    if (inner == 1) return body(f, c64(0));
+    if (outer == 1) return body(c64(0), f);
+    body(B_.CreateUDiv(f, c64(inner)), B_.CreateURem(f, c64(inner)));
+  });
+}
+
+void Lowerer::lower_softmax(const Node& n, const TensorType& xt, Value* x, Value* out) {
+  int64_t axis = attr_int(n.attrs, "axis");
+  if (axis < 0) axis += xt.rank();
+  int64_t outer, len, inner;
+  split_axis(xt.shape, static_cast<size_t>(axis), outer, len, inner);
+  DType t = xt.dtype;
+  bool log = n.op == Op::LogSoftmax;
+  outer_inner(outer, inner, len, [&](Value* a, Value* b) {
+      Value* mx = alloca(ty(t));
+      Value* base = B_.CreateAdd(B_.CreateMul(a, c64(len * inner)), b);
+      auto at = [&](Value* k) { return B_.CreateAdd(base, B_.CreateMul(k, c64(inner))); };
+      B_.CreateStore(scalar(t, -std::numeric_limits<double>::infinity()), mx);
+      for_loop(len, [&](Value* k) {
+        Value* v = load(t, x, at(k));
+        Value* cur = B_.CreateLoad(ty(t), mx);
+        B_.CreateStore(B_.CreateSelect(B_.CreateFCmpOGT(v, cur), v, cur), mx);
+      });
+      Value* m = B_.CreateLoad(ty(t), mx);
+      Value* s = blocked_sum(t, len, [&](Value* k) {
+        return intrinsic(llvm::Intrinsic::exp, B_.CreateFSub(load(t, x, at(k)), m));
+      });
+      Value* ls = log ? intrinsic(llvm::Intrinsic::log, s) : nullptr;
+      for_loop(len, [&](Value* k) {
+        Value* d = B_.CreateFSub(load(t, x, at(k)), m);
+        Value* r = log ? B_.CreateFSub(d, ls) : B_.CreateFDiv(intrinsic(llvm::Intrinsic::exp, d), s);
+        store(t, r, out, at(k));
+      });
+  });
+}
+
+// The GEMM kernel `k` of node `n`: reads k.a / k.b with its transpose flags.
+void Lowerer::lower_matmul(const Graph& g, const Node& n, const Kernel& k, std::vector<Value*>& ptr) {
+  const TensorType& rt = g.type(n.result());
+  bool ta = k.trans_a, tb = k.trans_b;
+  const Shape& as = g.type(n.operands[0]).shape;  // logical (untransposed) shapes
+  const Shape& bs = g.type(n.operands[1]).shape;
+  int64_t m = as[as.size() - 2], kk = as[as.size() - 1], nn = bs[bs.size() - 1];
+  Shape ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2), ob(rt.shape.begin(), rt.shape.end() - 2);
+  bool f32 = rt.dtype == DType::f32;
+  llvm::Type* ft = ty(rt.dtype);
+  llvm::FunctionCallee gemm = runtime(f32 ? RtFn::kiln_rt_sgemm : RtFn::kiln_rt_dgemm);
+  std::vector<int64_t> sa = broadcast_strides(ab, ob), sb = broadcast_strides(bb, ob);
+  for (auto& s : sa) s *= m * kk;
+  for (auto& s : sb) s *= kk * nn;
+  Value* a = ptr[k.a.id];
+  Value* b = ptr[k.b.id];
+  Value* c = ptr[n.result().id];
+  nest(ob, {{sa, 0}, {sb, 0}, {strides_of(ob), 0}}, [&](const std::vector<Value*>& off) {
+    Value* pa = B_.CreateInBoundsGEP(ft, a, off[0]);
+    Value* pb = B_.CreateInBoundsGEP(ft, b, off[1]);
+    Value* pc = B_.CreateInBoundsGEP(ft, c, B_.CreateMul(off[2], c64(m * nn)));
+    B_.CreateCall(gemm, {B_.getInt32(ta ? 1 : 0), B_.getInt32(tb ? 1 : 0), c64(m), c64(nn), c64(kk),
+                         llvm::ConstantFP::get(ft, 1.0), pa, c64(ta ? m : kk), pb, c64(tb ? kk : nn),
+                         llvm::ConstantFP::get(ft, 0.0), pc, c64(nn)});
+  });
+}
+
+}  // namespace kiln::cpu::detail
