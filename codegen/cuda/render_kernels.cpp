@@ -34,6 +34,14 @@ std::string coords(const Shape& shape, const std::string& idx, const std::string
   return s;
 }
 
+// The input row (a = 'h') or column (a = 'w') that output position o<a> reads at tap k<a>,
+// skipping taps in the padding: "i64 ih = oh * S - P + kh * D; if (outside) continue;".
+std::string tap(const std::string& ind, char a, int64_t S, int64_t P, int64_t D, int64_t size) {
+  std::string i = std::string("i") + a, o = std::string("o") + a, k = std::string("k") + a;
+  return ind + "i64 " + i + " = " + o + " * " + str(S) + " - " + str(P) + " + " + k + " * " + str(D) + ";\n" + ind +
+         "if (" + i + " < 0 || " + i + " >= " + str(size) + ") continue;\n";
+}
+
 struct Pool {
   int64_t NC, H, W, OH, OW, KH, KW, SH, SW, PH, PW;
 };
@@ -49,11 +57,9 @@ Pool pool_of(const AttrMap& a, const Shape& x, const Shape& y) {
 std::string first_max(const Pool& p, const std::string& T, const std::string& ind) {
   std::string s = ind + "i64 best = -1; " + T + " bv = (" + T + ")0;\n";
   s += ind + "for (i64 kh = 0; kh < " + str(p.KH) + "; ++kh) {\n";
-  s += ind + "  i64 ih = oh * " + str(p.SH) + " - " + str(p.PH) + " + kh;\n";
-  s += ind + "  if (ih < 0 || ih >= " + str(p.H) + ") continue;\n";
+  s += tap(ind + "  ", 'h', p.SH, p.PH, 1, p.H);
   s += ind + "  for (i64 kw = 0; kw < " + str(p.KW) + "; ++kw) {\n";
-  s += ind + "    i64 iw = ow * " + str(p.SW) + " - " + str(p.PW) + " + kw;\n";
-  s += ind + "    if (iw < 0 || iw >= " + str(p.W) + ") continue;\n";
+  s += tap(ind + "    ", 'w', p.SW, p.PW, 1, p.W);
   s += ind + "    i64 src = (nc * " + str(p.H) + " + ih) * " + str(p.W) + " + iw;\n";
   s += ind + "    " + T + " v = X[src];\n";
   s += ind + "    if (best < 0 || (!kiln_isnan(bv) && (kiln_isnan(v) || v > bv))) { best = src; bv = v; }\n";
@@ -103,11 +109,9 @@ void conv2d(Program& out, const Conv& c, const std::string& T, const std::string
   s += "    " + T + " acc = (" + T + ")0;\n";
   s += "    for (i64 ch = 0; ch < " + str(c.cg()) + "; ++ch)\n";
   s += "      for (i64 kh = 0; kh < " + str(c.KH) + "; ++kh) {\n";
-  s += "        i64 ih = oh * " + str(c.SH) + " - " + str(c.PH) + " + kh * " + str(c.DH) + ";\n";
-  s += "        if (ih < 0 || ih >= " + str(c.H) + ") continue;\n";
+  s += tap("        ", 'h', c.SH, c.PH, c.DH, c.H);
   s += "        for (i64 kw = 0; kw < " + str(c.KW) + "; ++kw) {\n";
-  s += "          i64 iw = ow * " + str(c.SW) + " - " + str(c.PW) + " + kw * " + str(c.DW) + ";\n";
-  s += "          if (iw < 0 || iw >= " + str(c.W) + ") continue;\n";
+  s += tap("          ", 'w', c.SW, c.PW, c.DW, c.W);
   s += "          acc = acc + X[((y0 * " + str(c.C) + " + grp * " + str(c.cg()) + " + ch) * " + str(c.H) + " + ih) * " +
        str(c.W) + " + iw] * Wt[((oc * " + str(c.cg()) + " + ch) * " + str(c.KH) + " + kh) * " + str(c.KW) + " + kw];\n";
   s += "        }\n      }\n";
@@ -139,11 +143,9 @@ void conv2d_grad_weight(Program& out, const Conv& c, const std::string& T, const
   s += "    " + T + " acc = (" + T + ")0;\n";
   s += "    for (i64 b = 0; b < " + str(c.N) + "; ++b)\n";
   s += "      for (i64 oh = 0; oh < " + str(c.OH) + "; ++oh) {\n";
-  s += "        i64 ih = oh * " + str(c.SH) + " - " + str(c.PH) + " + kh * " + str(c.DH) + ";\n";
-  s += "        if (ih < 0 || ih >= " + str(c.H) + ") continue;\n";
+  s += tap("        ", 'h', c.SH, c.PH, c.DH, c.H);
   s += "        for (i64 ow = 0; ow < " + str(c.OW) + "; ++ow) {\n";
-  s += "          i64 iw = ow * " + str(c.SW) + " - " + str(c.PW) + " + kw * " + str(c.DW) + ";\n";
-  s += "          if (iw < 0 || iw >= " + str(c.W) + ") continue;\n";
+  s += tap("          ", 'w', c.SW, c.PW, c.DW, c.W);
   s += "          acc = acc + X[((b * " + str(c.C) + " + grp * " + str(c.cg()) + " + ch) * " + str(c.H) + " + ih) * " +
        str(c.W) + " + iw] * D[((b * " + str(c.O) + " + oc) * " + str(c.OH) + " + oh) * " + str(c.OW) + " + ow];\n";
   s += "        }\n      }\n    Y[i] = acc;\n";
@@ -162,11 +164,9 @@ void pool(Program& out, const Node& n, const Pool& p, const std::string& T, cons
     s += "    " + T + " acc = (" + T + ")0; i64 inside = 0;\n";
   }
   s += "    for (i64 kh = 0; kh < " + str(p.KH) + "; ++kh) {\n";
-  s += "      i64 ih = oh * " + str(p.SH) + " - " + str(p.PH) + " + kh;\n";
-  s += "      if (ih < 0 || ih >= " + str(p.H) + ") continue;\n";
+  s += tap("      ", 'h', p.SH, p.PH, 1, p.H);
   s += "      for (i64 kw = 0; kw < " + str(p.KW) + "; ++kw) {\n";
-  s += "        i64 iw = ow * " + str(p.SW) + " - " + str(p.PW) + " + kw;\n";
-  s += "        if (iw < 0 || iw >= " + str(p.W) + ") continue;\n";
+  s += tap("        ", 'w', p.SW, p.PW, 1, p.W);
   s += "        " + T + " v = X[(nc * " + str(p.H) + " + ih) * " + str(p.W) + " + iw];\n";
   s += n.op == Op::MaxPool2d ? "        if (!kiln_isnan(acc) && (kiln_isnan(v) || v > acc)) acc = v;\n"
                              : "        acc = acc + v; ++inside;\n";
