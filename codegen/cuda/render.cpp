@@ -43,7 +43,7 @@ std::string pointer(const Ref& r, DType t) {
   return "((" + ctype(t) + "*)(" + base + " + " + std::to_string(r.offset) + "))";
 }
 
-void Program::kernel(const std::string& body, int64_t grid, int64_t block) {
+void Emitter::kernel(const std::string& body, int64_t grid, int64_t block) {
   std::string name = "kiln_k" + std::to_string(kernels_++);
   source_ += "extern \"C\" __global__ void " + name +
              "(unsigned char* __restrict__ arena, void* const* __restrict__ bufs) {\n" + body + "}\n\n";
@@ -56,7 +56,7 @@ void Program::kernel(const std::string& body, int64_t grid, int64_t block) {
   launches_.push_back(std::move(l));
 }
 
-void Program::elementwise(int64_t n, int64_t extent, const std::string& decls, const std::string& body) {
+void Emitter::elementwise(int64_t n, int64_t extent, const std::string& decls, const std::string& body) {
   if (n <= 0) return;
   std::string it = index_type(std::max(n, extent));
   int64_t block = std::min<int64_t>(block_size_, (n + 31) / 32 * 32);
@@ -68,7 +68,7 @@ void Program::elementwise(int64_t n, int64_t extent, const std::string& decls, c
   kernel(s, grid, block);
 }
 
-void Program::gemm(const GemmLaunch& g) {
+void Emitter::gemm(const GemmLaunch& g) {
   Launch l;
   l.kind = Launch::Kind::Gemm;
   l.gemm = g;
@@ -76,7 +76,7 @@ void Program::gemm(const GemmLaunch& g) {
   launches_.push_back(std::move(l));
 }
 
-void Program::copy(const Ref& dst, const Ref& src, int64_t bytes) {
+void Emitter::copy(const Ref& dst, const Ref& src, int64_t bytes) {
   if (bytes <= 0 || (dst.base == src.base && dst.index == src.index && dst.offset == src.offset)) return;
   Launch l;
   l.kind = Launch::Kind::Copy;
@@ -319,7 +319,7 @@ class Renderer {
   }
 
   const Prepared& p_;
-  Program out_;
+  Emitter out_;
   Rendered r_;
 };
 

@@ -52,10 +52,10 @@ std::string stream_offsets(const Shape& shape, const std::vector<Stream>& stream
 
 // --- kernels -----------------------------------------------------------------------------
 
-// Collects the kernels of one program and their launches.
-class Program {
+// Collects the kernels of one program (one NVRTC source) and their launches, in order.
+class Emitter {
  public:
-  explicit Program(int block_size) : block_size_(block_size) {}
+  explicit Emitter(int block_size) : block_size_(block_size) {}
   int block_size() const { return block_size_; }
   void set_node(int32_t node) { node_ = node; }
   // Adds `extern "C" __global__ void kiln_kN(...) { body }` launched on grid x block.
@@ -81,6 +81,6 @@ std::string pointer(const Ref& r, DType t);
 
 // Renders the kernel of one non-elementwise, non-GEMM, non-region node `n` of `g`; ptr(v)
 // is the pointer expression of value v (operands and the result).
-void render_op(Program& out, const Graph& g, const Node& n, const std::function<std::string(ValueId)>& ptr);
+void render_op(Emitter& out, const Graph& g, const Node& n, const std::function<std::string(ValueId)>& ptr);
 
 }  // namespace kiln::cuda::detail

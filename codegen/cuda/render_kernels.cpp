@@ -8,15 +8,15 @@
 
 namespace kiln::cuda::detail {
 
-void render_reduce(Program& out, const Graph& g, const Node& n, const std::string& x, const std::string& y);
-void render_softmax(Program& out, const Graph& g, const Node& n, const std::string& x, const std::string& y);
+void render_reduce(Emitter& out, const Graph& g, const Node& n, const std::string& x, const std::string& y);
+void render_softmax(Emitter& out, const Graph& g, const Node& n, const std::string& x, const std::string& y);
 
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
 // y[i] = x[offset of stream 0 at i] over `shape` (a strided copy).
-void strided_copy(Program& out, DType t, const Shape& shape, const std::string& x, const Stream& src,
+void strided_copy(Emitter& out, DType t, const Shape& shape, const std::string& x, const Stream& src,
                   const std::string& y, int64_t extent) {
   std::string T = ctype(t), it = index_type(extent);
   std::string body = stream_offsets(shape, {src}, "i", it, "o", "    ") + "    Y[i] = X[o0];\n";
@@ -99,7 +99,7 @@ Conv conv_of(const AttrMap& a, const Shape& x, const Shape& w, const Shape& y) {
 // reduction, accumulating in the output dtype in the interpreter's order. This is the
 // simple correct version (no tiling, no shared memory, no tensor cores): a large
 // convolution is far from peak; an implicit-GEMM or im2col + cuBLAS version would replace it.
-void conv2d(Program& out, const Conv& c, const std::string& T, const std::string& x, const std::string& w,
+void conv2d(Emitter& out, const Conv& c, const std::string& T, const std::string& x, const std::string& w,
             const std::string* bias, const std::string& y) {
   int64_t n = c.N * c.O * c.OH * c.OW;
   std::string decls = "  " + T + "* X = " + x + "; " + T + "* Wt = " + w + "; " + T + "* Y = " + y + ";\n";
@@ -119,7 +119,7 @@ void conv2d(Program& out, const Conv& c, const std::string& T, const std::string
   out.elementwise(n, n, decls, s);
 }
 
-void conv2d_grad_input(Program& out, const Conv& c, const std::string& T, const std::string& dy, const std::string& w,
+void conv2d_grad_input(Emitter& out, const Conv& c, const std::string& T, const std::string& dy, const std::string& w,
                        const std::string& dx) {
   int64_t n = c.N * c.C * c.H * c.W;
   std::string decls = "  " + T + "* D = " + dy + "; " + T + "* Wt = " + w + "; " + T + "* Y = " + dx + ";\n";
@@ -134,7 +134,7 @@ void conv2d_grad_input(Program& out, const Conv& c, const std::string& T, const 
   out.elementwise(n, n, decls, s);
 }
 
-void conv2d_grad_weight(Program& out, const Conv& c, const std::string& T, const std::string& x, const std::string& dy,
+void conv2d_grad_weight(Emitter& out, const Conv& c, const std::string& T, const std::string& x, const std::string& dy,
                         const std::string& dw) {
   int64_t n = c.O * c.cg() * c.KH * c.KW;
   std::string decls = "  " + T + "* X = " + x + "; " + T + "* D = " + dy + "; " + T + "* Y = " + dw + ";\n";
@@ -152,7 +152,7 @@ void conv2d_grad_weight(Program& out, const Conv& c, const std::string& T, const
   out.elementwise(n, std::max(n, std::max(c.N * c.C * c.H * c.W, c.N * c.O * c.OH * c.OW)), decls, s);
 }
 
-void pool(Program& out, const Node& n, const Pool& p, const std::string& T, const std::string& x, const std::string& y) {
+void pool(Emitter& out, const Node& n, const Pool& p, const std::string& T, const std::string& x, const std::string& y) {
   int64_t total = p.NC * p.OH * p.OW;
   std::string decls = "  " + T + "* X = " + x + "; " + T + "* Y = " + y + ";\n";
   std::string s = coords({p.NC, p.OH, p.OW}, "(i64)i", "i64", "y");
@@ -179,7 +179,7 @@ void pool(Program& out, const Node& n, const Pool& p, const std::string& T, cons
 
 // dx cell (nc, ih, iw) gathers dy of every window containing it, in increasing (oh, ow):
 // for max pooling those whose first maximum it is, for average pooling dy / divisor.
-void pool_grad(Program& out, const Node& n, const Pool& p, const std::string& T, const std::string* x,
+void pool_grad(Emitter& out, const Node& n, const Pool& p, const std::string& T, const std::string* x,
                const std::string& dy, const std::string& dx) {
   int64_t total = p.NC * p.H * p.W;
   std::string decls = "  " + T + "* D = " + dy + "; " + T + "* Y = " + dx + ";\n";
@@ -209,7 +209,7 @@ void pool_grad(Program& out, const Node& n, const Pool& p, const std::string& T,
 
 }  // namespace
 
-void render_op(Program& out, const Graph& g, const Node& n, const std::function<std::string(ValueId)>& ptr) {
+void render_op(Emitter& out, const Graph& g, const Node& n, const std::function<std::string(ValueId)>& ptr) {
   const TensorType& rt = g.type(n.result());
   auto it = [&](size_t k) -> const TensorType& { return g.type(n.operands[k]); };
   auto in = [&](size_t k) { return ptr(n.operands[k]); };

@@ -161,7 +161,7 @@ class RowKernel {
 
   // The loop over rows (a grid-stride loop of threads or of blocks) around `body`, in which
   // r and rb0 are defined; adds the kernel to `out`.
-  void emit(Program& out, const std::string& decls, const std::string& body, bool argmax) const {
+  void emit(Emitter& out, const std::string& decls, const std::string& body, bool argmax) const {
     std::string s = "  " + decls + shared_decls(argmax);
     if (per_row_thread_) {
       s += "  for (" + it_ + " r = (" + it_ + ")blockIdx.x * blockDim.x + threadIdx.x; r < " + std::to_string(rows_) +
@@ -277,7 +277,7 @@ RowKernel rows_of(DType t, const Shape& xs, const std::vector<bool>& reduced, in
 
 }  // namespace
 
-void render_reduce(Program& out, const Graph& g, const Node& n, const std::string& x, const std::string& y) {
+void render_reduce(Emitter& out, const Graph& g, const Node& n, const std::string& x, const std::string& y) {
   const TensorType& xt = g.type(n.operands[0]);
   DType t = xt.dtype;
   std::vector<bool> reduced(xt.shape.size(), false);
@@ -310,7 +310,7 @@ void render_reduce(Program& out, const Graph& g, const Node& n, const std::strin
   rk.emit(out, decls, body + write, f == Fold::Argmax);
 }
 
-void render_softmax(Program& out, const Graph& g, const Node& n, const std::string& x, const std::string& y) {
+void render_softmax(Emitter& out, const Graph& g, const Node& n, const std::string& x, const std::string& y) {
   const TensorType& xt = g.type(n.operands[0]);
   DType t = xt.dtype;
   std::string T = ctype(t);
