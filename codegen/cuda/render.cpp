@@ -270,6 +270,11 @@ class Renderer {
     gl.ldc = n;
     Ref a = ref(L, k.a), b = ref(L, k.b), c = ref(L, mm.result());
     if (rt.numel() == 0) return;
+    if (kk == 0) {  // an empty sum: zeros, without asking cuBLAS about k = 0
+      std::string T = ctype(rt.dtype);
+      return out_.elementwise(rt.numel(), rt.numel(), "  " + T + "* Y = " + pointer(c, rt.dtype) + ";\n",
+                              "    Y[i] = (" + T + ")0;\n");
+    }
     Shape ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2), ob(rt.shape.begin(), rt.shape.end() - 2);
     std::vector<int64_t> sa = broadcast_strides(ab, ob), sb = broadcast_strides(bb, ob), sc = strides_of(ob);
     for (auto& s : sa) s *= m * kk;

@@ -205,6 +205,16 @@ TEST_CASE("cuda render: batched matmul broadcasts by batch strides", "[cuda][ren
     CHECK(gl.stride_b == 0);
     CHECK(gl.stride_c == 24);
   }
+  SECTION("an empty inner dimension writes zeros without a GEMM") {
+    Graph g("empty_k");
+    ValueId a = g.add_input("a", f32({4, 0}));
+    ValueId b = g.add_input("b", f32({0, 6}));
+    g.add_output("y", g.add_node(Op::Matmul, {a, b}));
+    cuda::Rendered r = cuda::render(prepare(g));
+    CHECK(count(r, cuda::Launch::Kind::Gemm) == 0);
+    CHECK(count(r, cuda::Launch::Kind::Kernel) == 1);
+    CHECK(r.source.find("Y[i] = (f32)0;") != std::string::npos);
+  }
   SECTION("several launches where one stride cannot express the batch layout") {
     Graph g("bmm2");
     ValueId a = g.add_input("a", f32({2, 1, 4, 5}));
