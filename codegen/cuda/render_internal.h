@@ -79,6 +79,13 @@ class Emitter {
 // A C pointer expression of element type t at ref: "((f32*)(arena + 64))".
 std::string pointer(const Ref& r, DType t);
 
+// Y[r] = the float sum over k < len of x(r, k) for r < rows, in the summation order (a row
+// of more than 64 terms by one block of threads): `row` declares what the row needs (r in
+// scope), `element` assigns x (r and k in scope), `write` stores acc. For kernels whose
+// reduction is not a plain strided row (conv2d_grad_weight).
+void row_sum(Emitter& out, DType t, int64_t rows, int64_t len, const std::string& decls, const std::string& row,
+             const std::string& element, const std::string& write);
+
 // Renders the kernel of one non-elementwise, non-GEMM, non-region node `n` of `g`; ptr(v)
 // is the pointer expression of value v (operands and the result).
 void render_op(Emitter& out, const Graph& g, const Node& n, const std::function<std::string(ValueId)>& ptr);

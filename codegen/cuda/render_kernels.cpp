@@ -95,10 +95,11 @@ Conv conv_of(const AttrMap& a, const Shape& x, const Shape& w, const Shape& y) {
   return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], s[0], s[1], p[0], p[1], d[0], d[1], attr_int(a, "groups")};
 }
 
-// Direct convolution kernels: one thread per output element looping over its whole
-// reduction, accumulating in the output dtype in the interpreter's order. This is the
-// simple correct version (no tiling, no shared memory, no tensor cores): a large
-// convolution is far from peak; an implicit-GEMM or im2col + cuBLAS version would replace it.
+// Direct convolution kernels (conv2d, conv2d_grad_input): one thread per output element
+// looping over its whole reduction (C/groups*KH*KW taps, or the windows a pixel is in),
+// accumulating in the output dtype in the interpreter's order. This is the simple correct
+// version (no tiling, no shared memory, no tensor cores): a large convolution is far from
+// peak; an implicit-GEMM or im2col + cuBLAS version would replace it.
 void conv2d(Emitter& out, const Conv& c, const std::string& T, const std::string& x, const std::string& w,
             const std::string* bias, const std::string& y) {
   int64_t n = c.N * c.O * c.OH * c.OW;
@@ -134,22 +135,25 @@ void conv2d_grad_input(Emitter& out, const Conv& c, const std::string& T, const 
   out.elementwise(n, n, decls, s);
 }
 
-void conv2d_grad_weight(Emitter& out, const Conv& c, const std::string& T, const std::string& x, const std::string& dy,
+// dw[oc, ch, kh, kw] = the sum over (b, oh, ow) of x * dy: a row reduction of N*OH*OW
+// terms per weight (one block of threads per weight once that is more than 64), so the
+// few weights of a convolution still keep the GPU busy. Taps in the padding add zero. The
+// order is the summation order's, not the interpreter's serial one (whose result the
+// checks accept to a tolerance, as they do the CPU backend's GEMM-based version).
+void conv2d_grad_weight(Emitter& out, const Conv& c, DType t, const std::string& x, const std::string& dy,
                         const std::string& dw) {
-  int64_t n = c.O * c.cg() * c.KH * c.KW;
-  std::string decls = "  " + T + "* X = " + x + "; " + T + "* D = " + dy + "; " + T + "* Y = " + dw + ";\n";
-  std::string s = coords({c.O, c.cg(), c.KH, c.KW}, "(i64)i", "i64", "w");
-  s += "    i64 oc = w0, ch = w1, kh = w2, kw = w3, grp = oc / " + str(c.og()) + ";\n";
-  s += "    " + T + " acc = (" + T + ")0;\n";
-  s += "    for (i64 b = 0; b < " + str(c.N) + "; ++b)\n";
-  s += "      for (i64 oh = 0; oh < " + str(c.OH) + "; ++oh) {\n";
-  s += tap("        ", 'h', c.SH, c.PH, c.DH, c.H);
-  s += "        for (i64 ow = 0; ow < " + str(c.OW) + "; ++ow) {\n";
-  s += tap("          ", 'w', c.SW, c.PW, c.DW, c.W);
-  s += "          acc = acc + X[((b * " + str(c.C) + " + grp * " + str(c.cg()) + " + ch) * " + str(c.H) + " + ih) * " +
-       str(c.W) + " + iw] * D[((b * " + str(c.O) + " + oc) * " + str(c.OH) + " + oh) * " + str(c.OW) + " + ow];\n";
-  s += "        }\n      }\n    Y[i] = acc;\n";
-  out.elementwise(n, std::max(n, std::max(c.N * c.C * c.H * c.W, c.N * c.O * c.OH * c.OW)), decls, s);
+  std::string T = ctype(t);
+  std::string decls = T + "* X = " + x + "; " + T + "* D = " + dy + "; " + T + "* Y = " + dw + ";\n";
+  std::string row = coords({c.O, c.cg(), c.KH, c.KW}, "(i64)r", "i64", "w");
+  row += "    i64 oc = w0, ch = w1, kh = w2, kw = w3, grp = oc / " + str(c.og()) + ";\n";
+  std::string e = "        i64 b = (i64)k / " + str(c.OH * c.OW) + ", oh = (i64)k / " + str(c.OW) + " % " + str(c.OH) +
+                  ", ow = (i64)k % " + str(c.OW) + ";\n";
+  e += "        i64 ih = oh * " + str(c.SH) + " - " + str(c.PH) + " + kh * " + str(c.DH) + ";\n";
+  e += "        i64 iw = ow * " + str(c.SW) + " - " + str(c.PW) + " + kw * " + str(c.DW) + ";\n";
+  e += "        x = ih < 0 || ih >= " + str(c.H) + " || iw < 0 || iw >= " + str(c.W) + " ? (" + T + ")0 : X[((b * " +
+       str(c.C) + " + grp * " + str(c.cg()) + " + ch) * " + str(c.H) + " + ih) * " + str(c.W) + " + iw] * D[((b * " +
+       str(c.O) + " + oc) * " + str(c.OH) + " + oh) * " + str(c.OW) + " + ow];\n";
+  row_sum(out, t, c.O * c.cg() * c.KH * c.KW, c.N * c.OH * c.OW, decls, row, e, "      Y[r] = acc;\n");
 }
 
 void pool(Emitter& out, const Node& n, const Pool& p, const std::string& T, const std::string& x, const std::string& y) {
@@ -297,7 +301,7 @@ void render_op(Emitter& out, const Graph& g, const Node& n, const std::function<
     case Op::Conv2dGradInput:
       return conv2d_grad_input(out, conv_of(n.attrs, rt.shape, it(1).shape, it(0).shape), T, in(0), in(1), y);
     case Op::Conv2dGradWeight:
-      return conv2d_grad_weight(out, conv_of(n.attrs, it(0).shape, rt.shape, it(1).shape), T, in(0), in(1), y);
+      return conv2d_grad_weight(out, conv_of(n.attrs, it(0).shape, rt.shape, it(1).shape), rt.dtype, in(0), in(1), y);
     case Op::MaxPool2d:
     case Op::AvgPool2d:
       return pool(out, n, pool_of(n.attrs, it(0).shape, rt.shape), T, in(0), y);

@@ -56,6 +56,9 @@ class RowKernel {
   }
 
   bool per_row_thread() const { return per_row_thread_; }
+  // Replaces the element load: `code` (a block body, with r and k in scope) assigns x, which
+  // is declared before it.
+  void set_element(std::string code) { element_ = std::move(code); }
   const std::string& itype() const { return it_; }
 
   // Declares rb0, the offset of row r's first element, at `ind`.
@@ -75,6 +78,7 @@ class RowKernel {
     s += in + ctype_acc() + " acc = " + identity(f) + ";\n";
     if (f == Fold::Argmax) s += in + "i32 acci = 0;\n";
     auto element = [&](int ind2) {
+      if (!element_.empty()) return sp(ind2) + T_ + " x;\n" + sp(ind2) + "{\n" + element_ + sp(ind2) + "}\n";
       return elem_offset(ind2) + sp(ind2) + T_ + " x = " + value_of(value, X + "[rb0 + ko0]") + ";\n";
     };
     if (f != Fold::FloatSum) {
@@ -251,6 +255,7 @@ class RowKernel {
   std::string it_;
   int64_t leaves_ = 1, threads_ = 1, group_ = 1;
   bool per_row_thread_ = true;
+  std::string element_;
 };
 
 namespace {
@@ -308,6 +313,15 @@ void render_reduce(Emitter& out, const Graph& g, const Node& n, const std::strin
   std::string write = rk.per_row_thread() ? "    Y[r] = " + result + ";\n" : "    if (threadIdx.x == 0) Y[r] = " + result + ";\n";
   std::string decls = T + "* X = " + x + "; " + ctype(g.type(n.result()).dtype) + "* Y = " + y + ";\n";
   rk.emit(out, decls, body + write, f == Fold::Argmax);
+}
+
+void row_sum(Emitter& out, DType t, int64_t rows, int64_t len, const std::string& decls, const std::string& row,
+             const std::string& element, const std::string& write) {
+  RowKernel rk(t, rows, len, {rows}, {1}, {len}, {1}, std::max(rows, len));
+  rk.set_element(element);
+  std::string body = row + rk.thread_fold(Fold::FloatSum, "", "", 4) + rk.block_tree(Fold::FloatSum, 4);
+  body += rk.per_row_thread() ? write : "    if (threadIdx.x == 0) {\n" + write + "    }\n";
+  rk.emit(out, decls, body, false);
 }
 
 void render_softmax(Emitter& out, const Graph& g, const Node& n, const std::string& x, const std::string& y) {
