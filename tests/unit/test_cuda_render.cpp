@@ -277,3 +277,33 @@ TEST_CASE("cuda render: fused regions render their bodies' kernels", "[cuda][ren
   CHECK(count(r, cuda::Launch::Kind::Kernel) >= 3);
   check_compiles(r, "fused");
 }
+
+TEST_CASE("cuda render: long reductions run one block per row, short ones one thread per row", "[cuda][render]") {
+  auto launch_of = [](const Graph& g) {
+    cuda::Rendered r = cuda::render(prepare(g));
+    REQUIRE(r.launches.size() == 1);
+    return r.launches[0].kernel;
+  };
+  SECTION("sum") {
+    Graph g("sums");
+    ValueId x = g.add_input("x", f32({3, 40000}));
+    g.add_output("s", g.add_node(Op::Sum, {x}, {{"axes", std::vector<int64_t>{1}}}));
+    cuda::KernelLaunch k = launch_of(g);
+    CHECK(k.grid[0] == 3);
+    CHECK(k.block[0] == 256);
+    Graph h("short");
+    ValueId y = h.add_input("y", f32({1000, 64}));
+    h.add_output("s", h.add_node(Op::Sum, {y}, {{"axes", std::vector<int64_t>{1}}}));
+    CHECK(launch_of(h).grid[0] * launch_of(h).block[0] >= 1000);
+    CHECK(launch_of(h).block[0] == 256);
+  }
+  SECTION("conv2d_grad_weight: a block per weight, not a thread") {
+    Graph g("dw");
+    ValueId x = g.add_input("x", f32({16, 1, 28, 28}));
+    ValueId dy = g.add_input("dy", f32({16, 6, 24, 24}));
+    g.add_output("dw", g.add_node(Op::Conv2dGradWeight, {x, dy}, {{"kernel", std::vector<int64_t>{5, 5}}}));
+    cuda::KernelLaunch k = launch_of(g);
+    CHECK(k.grid[0] == 6 * 25);
+    CHECK(k.block[0] == 256);
+  }
+}
