@@ -14,7 +14,7 @@
 // interpreter's tie and NaN rules, so the same tree gives its answer too.
 //
 // A row of at most one block (L <= 64) is done by one thread (a grid-stride loop over rows);
-// longer rows by one block of up to 256 threads each.
+// longer rows by one block of up to 256 threads each (1024 when there are few rows).
 #include <bit>
 
 #include "codegen/cuda/render_internal.h"
@@ -25,7 +25,9 @@ namespace kiln::cuda::detail {
 namespace {
 
 constexpr int64_t kBlock = 64;       // kiln::kSumBlock
-constexpr int64_t kMaxThreads = 256;  // per row
+// Threads per row: 256, or 1024 when there are too few rows to fill the GPU with blocks
+// (the block size changes only the speed: the tree is the same).
+constexpr int64_t kMaxThreads = 256, kMaxThreadsFewRows = 1024, kFewRows = 128;
 constexpr int64_t kMaxRowBlocks = 65535;
 
 enum class Fold {
@@ -50,7 +52,8 @@ class RowKernel {
         red_(std::move(red)), red_st_(std::move(red_strides)), it_(index_type(extent)) {
     leaves_ = std::max<int64_t>(1, (len_ + kBlock - 1) / kBlock);
     per_row_thread_ = leaves_ == 1;
-    threads_ = per_row_thread_ ? 1 : std::min<int64_t>(kMaxThreads, std::max<int64_t>(32, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(leaves_)))));
+    int64_t most = rows_ < kFewRows ? kMaxThreadsFewRows : kMaxThreads;
+    threads_ = per_row_thread_ ? 1 : std::min<int64_t>(most, std::max<int64_t>(32, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(leaves_)))));
     group_ = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>((leaves_ + threads_ - 1) / threads_)));
     if (per_row_thread_) group_ = 1;
   }

