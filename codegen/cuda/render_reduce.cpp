@@ -60,7 +60,7 @@ class RowKernel {
 
   bool per_row_thread() const { return per_row_thread_; }
   // Replaces the element load: `code` (a block body, with r and k in scope) assigns x, which
-  // is declared before it.
+  // is declared before it. The row then has no base offset (rb0).
   void set_element(std::string code) { element_ = std::move(code); }
   const std::string& itype() const { return it_; }
 
@@ -176,7 +176,7 @@ class RowKernel {
     } else {
       s += "  for (" + it_ + " r = blockIdx.x; r < " + std::to_string(rows_) + "; r += gridDim.x) {\n";
     }
-    s += row_base(4) + body + "  }\n";
+    s += (element_.empty() ? row_base(4) : "") + body + "  }\n";
     if (rows_ == 0) return;
     if (per_row_thread_) {
       int64_t block = std::min<int64_t>(out.block_size(), (rows_ + 31) / 32 * 32);
