@@ -13,8 +13,9 @@
 // size. Max, min and argmax combine partials in order (left operand first) with the
 // interpreter's tie and NaN rules, so the same tree gives its answer too.
 //
-// A row of at most one block (L <= 64) is done by one thread (a grid-stride loop over rows);
-// longer rows by one block of up to 256 threads each (1024 when there are few rows).
+// A row of at most one block (L <= 64), or of a few blocks when there are many rows, is
+// done by one thread (a grid-stride loop over rows); longer rows by one block of up to 256
+// threads each (1024 when there are few rows).
 #include <bit>
 
 #include "codegen/cuda/render_internal.h"
@@ -28,6 +29,9 @@ constexpr int64_t kBlock = 64;       // kiln::kSumBlock
 // Threads per row: 256, or 1024 when there are too few rows to fill the GPU with blocks
 // (the block size changes only the speed: the tree is the same).
 constexpr int64_t kMaxThreads = 256, kMaxThreadsFewRows = 1024, kFewRows = 128;
+// Rows of at most kFewLeaves blocks, when there are at least kManyRows of them, are
+// reduced a row per thread.
+constexpr int64_t kManyRows = 4096, kFewLeaves = 8;
 constexpr int64_t kMaxRowBlocks = 65535;
 
 enum class Fold {
@@ -51,11 +55,12 @@ class RowKernel {
       : t_(t), T_(ctype(t)), rows_(rows), len_(len), kept_(std::move(kept)), kept_st_(std::move(kept_strides)),
         red_(std::move(red)), red_st_(std::move(red_strides)), it_(index_type(extent)) {
     leaves_ = std::max<int64_t>(1, (len_ + kBlock - 1) / kBlock);
-    per_row_thread_ = leaves_ == 1;
+    // Many short rows: a thread per row reads neighbouring rows' elements side by side.
+    per_row_thread_ = leaves_ == 1 || (rows_ >= kManyRows && leaves_ <= kFewLeaves);
     int64_t most = rows_ < kFewRows ? kMaxThreadsFewRows : kMaxThreads;
     threads_ = per_row_thread_ ? 1 : std::min<int64_t>(most, std::max<int64_t>(32, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(leaves_)))));
     group_ = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>((leaves_ + threads_ - 1) / threads_)));
-    if (per_row_thread_) group_ = 1;
+    if (per_row_thread_) group_ = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(leaves_)));
   }
 
   bool per_row_thread() const { return per_row_thread_; }
@@ -75,7 +80,7 @@ class RowKernel {
   std::string thread_fold(Fold f, const std::string& X, const std::string& value, int ind) const {
     std::string s, in = sp(ind);
     std::string lo = per_row_thread_ ? "(" + it_ + ")0" : "(" + it_ + ")threadIdx.x * " + std::to_string(group_);
-    std::string hi = per_row_thread_ ? "(" + it_ + ")1"
+    std::string hi = per_row_thread_ ? "(" + it_ + ")" + std::to_string(leaves_)
                                      : "kiln_min(" + lo + " + " + std::to_string(group_) + ", (" + it_ + ")" +
                                            std::to_string(leaves_) + ")";
     s += in + ctype_acc() + " acc = " + identity(f) + ";\n";

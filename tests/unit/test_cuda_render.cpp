@@ -297,6 +297,17 @@ TEST_CASE("cuda render: long reductions run one block per row, short ones one th
     CHECK(launch_of(h).grid[0] * launch_of(h).block[0] >= 1000);
     CHECK(launch_of(h).block[0] == 256);
   }
+  SECTION("many rows of a few blocks: a thread per row") {
+    Graph g("many");
+    ValueId x = g.add_input("x", f32({300, 5000}));
+    g.add_output("s", g.add_node(Op::Sum, {x}, {{"axes", std::vector<int64_t>{0}}}));
+    cuda::Rendered r = cuda::render(prepare(g));
+    REQUIRE(r.launches.size() == 1);
+    CHECK(r.launches[0].kernel.block[0] == 256);
+    CHECK(r.launches[0].kernel.grid[0] * 256 >= 5000);
+    CHECK(r.source.find("slot[") != std::string::npos);  // 5 blocks pairwise in one thread
+    CHECK(r.source.find("__shfl_down_sync") == std::string::npos);
+  }
   SECTION("conv2d_grad_weight: a block per weight, not a thread") {
     Graph g("dw");
     ValueId x = g.add_input("x", f32({16, 1, 28, 28}));
