@@ -45,7 +45,7 @@ std::string pointer(const Ref& r, DType t) {
 
 void Emitter::kernel(const std::string& body, int64_t grid, int64_t block) {
   std::string name = "kiln_k" + std::to_string(kernels_++);
-  source_ += "extern \"C\" __global__ void " + name +
+  source_ += "// " + label_ + "\nextern \"C\" __global__ void " + name +
              "(unsigned char* __restrict__ arena, void* const* __restrict__ bufs) {\n" + body + "}\n\n";
   Launch l;
   l.kind = Launch::Kind::Kernel;
@@ -180,6 +180,13 @@ class Renderer {
   std::string ptr(Level& L, ValueId v) { return pointer(ref(L, v), L.g.type(v).dtype); }
 
   void kernel(Level& L, const Kernel& k) {
+    // "node 7 (fused @body): mul, neg -> f32[64,10]": the top-level node, the ops, the type.
+    std::string label = "node " + std::to_string(L.parent ? L.fused - L.parent->g.nodes().data() : k.nodes.at(0)) +
+                        (L.parent ? " (fused @" + L.g.name() + "):" : ":");
+    for (size_t j = 0; j < k.nodes.size(); ++j)
+      label += (j ? ", " : " ") + std::string(op_name(L.g.nodes()[static_cast<size_t>(k.nodes[j])].op));
+    label += " -> " + L.g.type(L.g.nodes()[static_cast<size_t>(k.nodes.back())].results.at(0)).str();
+    out_.set_label(label);
     switch (k.kind) {
       case KernelKind::Loop: return loop(L, k);
       case KernelKind::Gemm: return gemm(L, k);

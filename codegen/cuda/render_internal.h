@@ -58,6 +58,8 @@ class Emitter {
   explicit Emitter(int block_size) : block_size_(block_size) {}
   int block_size() const { return block_size_; }
   void set_node(int32_t node) { node_ = node; }
+  // A comment put before the next kernels (what they compute), for readers of the source.
+  void set_label(std::string label) { label_ = std::move(label); }
   // Adds `extern "C" __global__ void kiln_kN(...) { body }` launched on grid x block.
   void kernel(const std::string& body, int64_t grid, int64_t block);
   // A grid-stride loop kernel over n elements: `body` is the loop body, with the index
@@ -72,6 +74,7 @@ class Emitter {
   int block_size_;
   int32_t node_ = -1;
   int kernels_ = 0;
+  std::string label_;
   std::string source_;
   std::vector<Launch> launches_;
 };
