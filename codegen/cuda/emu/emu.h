@@ -56,6 +56,14 @@ class EmuModule {
   mutable std::map<std::string, Kernel, std::less<>> kernels_;
 };
 
+// The cuda-emu Program of `prepared` rendered as `rendered`, whose kernels are in `module`
+// under `prefix` + their launch names: what the backend's compile() returns (prefix ""), and
+// how tests run many programs from one compiled module.
+std::shared_ptr<const Program> make_emu_program(std::shared_ptr<const Prepared> prepared,
+                                                Rendered rendered,
+                                                std::shared_ptr<const EmuModule> module,
+                                                std::string prefix = "");
+
 // Runs a rendered program's launches in order on host memory: `arena` of
 // r.total_bytes(), bufs as in render.h. Kernel launch names are looked up in `module` with
 // `prefix` in front (a module may hold several programs' kernels, renamed).

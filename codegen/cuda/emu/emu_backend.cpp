@@ -56,11 +56,11 @@ class EmuInstance final : public Instance {
 class EmuProgram final : public Program, public std::enable_shared_from_this<EmuProgram> {
  public:
   EmuProgram(std::shared_ptr<const Prepared> prepared, Rendered rendered,
-             std::shared_ptr<const EmuModule> module, std::shared_ptr<Device> device)
+             std::shared_ptr<const EmuModule> module, std::string prefix)
       : prepared_(std::move(prepared)),
         rendered_(std::move(rendered)),
         module_(std::move(module)),
-        device_(std::move(device)) {
+        prefix_(std::move(prefix)) {
     // Constants go to the device once per program, as the GPU backend uploads them.
     for (const Tensor& t : rendered_.constants) {
       constants_.push_back(std::make_unique<Allocation>(device_, static_cast<int64_t>(t.nbytes())));
@@ -80,13 +80,15 @@ class EmuProgram final : public Program, public std::enable_shared_from_this<Emu
 
   const Rendered& rendered() const { return rendered_; }
   const EmuModule& module() const { return *module_; }
+  const std::string& prefix() const { return prefix_; }
   void* constant(int32_t j) const { return constants_.at(static_cast<size_t>(j))->p; }
 
  private:
   std::shared_ptr<const Prepared> prepared_;
   Rendered rendered_;
   std::shared_ptr<const EmuModule> module_;
-  std::shared_ptr<Device> device_;
+  std::string prefix_;
+  std::shared_ptr<Device> device_ = std::make_shared<HostDevice>();
   std::vector<std::unique_ptr<Allocation>> constants_;
 };
 
@@ -102,7 +104,7 @@ void EmuInstance::call(const std::vector<void*>& buffers) {
   for (size_t j = 0; j < program_->rendered().constants.size(); ++j)
     bufs_.push_back(program_->constant(static_cast<int32_t>(j)));
   emu_run(program_->rendered(), program_->module(), static_cast<unsigned char*>(arena_.p),
-          bufs_.data());
+          bufs_.data(), program_->prefix());
 }
 
 const void* EmuInstance::output_data(ValueId v, const std::vector<void*>& buffers) const {
@@ -140,16 +142,20 @@ class EmuBackend final : public Backend {
   std::shared_ptr<const Program> compile(std::shared_ptr<const Prepared> prepared,
                                          const CompileOptions&) const override {
     Rendered r = render(*prepared);
-    auto module = EmuModule::compile(r.source, prepared->graph.name().empty() ? "kiln" : prepared->graph.name());
-    return std::make_shared<EmuProgram>(std::move(prepared), std::move(r), std::move(module),
-                                        device_);
+    auto module = EmuModule::compile(r.source, "graph '" + prepared->graph.name() + "'");
+    return make_emu_program(std::move(prepared), std::move(r), std::move(module));
   }
-
- private:
-  std::shared_ptr<Device> device_ = std::make_shared<HostDevice>();
 };
 
 }  // namespace
+
+std::shared_ptr<const Program> make_emu_program(std::shared_ptr<const Prepared> prepared,
+                                                Rendered rendered,
+                                                std::shared_ptr<const EmuModule> module,
+                                                std::string prefix) {
+  return std::make_shared<EmuProgram>(std::move(prepared), std::move(rendered), std::move(module),
+                                      std::move(prefix));
+}
 
 std::unique_ptr<Backend> make_emu_backend() { return std::make_unique<EmuBackend>(); }
 
