@@ -12,7 +12,9 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -192,6 +194,28 @@ std::string batch_source(const Suite& s, const std::vector<bool>& used) {
   return source;
 }
 
+// Runs f(source, name, program) on the batch of the programs `used` (program: nullopt); if
+// that throws kiln::Error, on each of them alone, failing for each that throws.
+template <typename F>
+void batch_or_one_by_one(const Suite& s, const std::vector<bool>& used, F f) {
+  try {
+    f(batch_source(s, used), "the batch", std::nullopt);
+    return;
+  } catch (const Error& batch_error) {
+    UNSCOPED_INFO("the batch fails: " << std::string(batch_error.what()).substr(0, 2000));
+  }
+  for (size_t p = 0; p < s.programs.size(); ++p) {
+    if (!used[p]) continue;
+    const Case& c = s.cases[s.programs[p]];
+    INFO(c.label << "\n" << print(c.prepared->graph));
+    try {
+      f(c.rendered.source, c.label, p);
+    } catch (const Error& e) {
+      FAIL_CHECK(e.what());
+    }
+  }
+}
+
 void require_toolkit() {
   std::string why;
   if (!cuda::nvrtc_available(&why)) SKIP(why);
@@ -202,31 +226,15 @@ void require_toolkit() {
 
 // Every distinct program through NVRTC for compute_`sm` and its PTX through ptxas for
 // sm_`sm`: one batch; if it fails, program by program to name the culprits.
-void check_compiles(int sm) {
+void check_compiles([[maybe_unused]] int sm) {
   require_toolkit();
 #ifdef KILN_PTXAS
   const Suite& s = suite();
-  auto compile = [sm](const std::string& source, const std::string& name) {
-    cuda::NvrtcOutput out = cuda::nvrtc_compile(source, "kiln.cu", sm, false);
-    cuda::ptxas_check(KILN_PTXAS, out.ptx, sm, name);
-  };
-  const std::vector<bool> used = programs_of(s, [](const Case& c) { return c.nvrtc; });
-  try {
-    compile(batch_source(s, used), "the batch");
-    return;
-  } catch (const Error& batch_error) {
-    UNSCOPED_INFO("the batch fails: " << std::string(batch_error.what()).substr(0, 2000));
-  }
-  for (size_t p = 0; p < s.programs.size(); ++p) {
-    if (!used[p]) continue;
-    const Case& c = s.cases[s.programs[p]];
-    INFO(c.label << "\n" << print(c.prepared->graph));
-    try {
-      compile(c.rendered.source, c.label);
-    } catch (const Error& e) {
-      FAIL_CHECK(e.what());
-    }
-  }
+  batch_or_one_by_one(s, programs_of(s, [](const Case& c) { return c.nvrtc; }),
+                      [sm](const std::string& source, const std::string& name, std::optional<size_t>) {
+                        cuda::NvrtcOutput out = cuda::nvrtc_compile(source, "kiln.cu", sm, false);
+                        cuda::ptxas_check(KILN_PTXAS, out.ptx, sm, name);
+                      });
 #endif
 }
 
@@ -268,25 +276,14 @@ void check_emulated(Pick pick) {
   const std::vector<bool> used = programs_of(s, pick);
   std::vector<std::shared_ptr<const cuda::EmuModule>> modules(s.programs.size());
   std::vector<std::string> prefixes(s.programs.size());
-  try {
-    auto m = cuda::EmuModule::compile(batch_source(s, used), "the batch");
+  batch_or_one_by_one(s, used, [&](const std::string& source, const std::string& name, std::optional<size_t> alone) {
+    auto m = cuda::EmuModule::compile(source, name);
     for (size_t p = 0; p < s.programs.size(); ++p) {
+      if (alone && p != *alone) continue;
       modules[p] = m;
-      prefixes[p] = prefix(p);
+      prefixes[p] = alone ? "" : prefix(p);
     }
-  } catch (const Error& batch_error) {
-    UNSCOPED_INFO("the batch fails: " << std::string(batch_error.what()).substr(0, 2000));
-    for (size_t p = 0; p < s.programs.size(); ++p) {
-      if (!used[p]) continue;
-      const Case& c = s.cases[s.programs[p]];
-      INFO(c.label << "\n" << print(c.prepared->graph));
-      try {
-        modules[p] = cuda::EmuModule::compile(c.rendered.source, c.label);
-      } catch (const Error& e) {
-        FAIL_CHECK(e.what());
-      }
-    }
-  }
+  });
   for (const Case& c : s.cases) {
     if (!pick(c) || !modules[c.program]) continue;
     INFO(c.label << "\n" << print(c.prepared->graph) << "\n--- cuda ---\n" << c.rendered.source);
@@ -349,4 +346,24 @@ TEST_CASE("cuda checks: the cuda-emu backend compiles and runs a graph end to en
   check_outputs(run_program(*program, r.inputs), interpret(r.graph, r.inputs), 1e-4, 1e-5);
   // A second instance of the same program runs on an arena of its own.
   check_outputs(run_program(*program, r.inputs), interpret(r.graph, r.inputs), 1e-4, 1e-5);
+}
+
+TEST_CASE("cuda checks: cuda-emu without a host compiler is one clear error", "[cuda][checks][emu]") {
+  const char* old = std::getenv("CXX");
+  const std::string saved = old ? old : "";
+  setenv("CXX", "/nonexistent/c++ -O2", 1);
+  std::string why;
+  std::string found = cuda::emu_host_compiler(&why);
+  auto backend = cuda::make_emu_backend();
+  std::string error;
+  try {
+    backend->check_available({});
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  old ? setenv("CXX", saved.c_str(), 1) : unsetenv("CXX");
+  CHECK(found.empty());
+  CHECK(why == "no host C++ compiler for the CUDA emulation: $CXX (/nonexistent/c++ -O2) is not an "
+               "executable; install one or set $CXX");
+  CHECK(error == why);
 }
