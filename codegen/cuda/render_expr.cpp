@@ -140,7 +140,7 @@ typedef long long i64;
 typedef unsigned char u8;
 typedef unsigned int u32;
 typedef unsigned long long u64;
-#define KILN_FN static __device__ __forceinline__
+#define KILN_FN __device__ __forceinline__
 
 KILN_FN bool kiln_isnan(f32 x) { return x != x; }
 KILN_FN bool kiln_isnan(f64 x) { return x != x; }
@@ -229,35 +229,42 @@ std::string stream_offsets(const Shape& shape, const std::vector<Stream>& stream
   }
   std::string code;
   std::vector<int64_t> contiguous = strides_of(dims);
-  bool need_coords = false;
-  for (size_t k = 0; k < streams.size(); ++k)
-    need_coords = need_coords || !(st[k] == contiguous && streams[k].base == 0);
-  // Coordinates, innermost first: c_d = rest % dims[d]; the outermost takes what is left.
+  auto plain = [&](size_t k) { return st[k] == contiguous && streams[k].base == 0; };
+  // Coordinates of the dims some strided stream steps along, innermost first:
+  // c_d = rest % dims[d], then rest /= dims[d]; the outermost takes what is left.
+  std::vector<bool> used(dims.size(), false);
+  size_t outermost_used = dims.size();
+  for (size_t d = 0; d < dims.size(); ++d)
+    for (size_t k = 0; k < streams.size(); ++k)
+      if (!plain(k) && st[k][d] != 0 && !used[d]) {
+        used[d] = true;
+        outermost_used = std::min(outermost_used, d);
+      }
   std::vector<std::string> coord(dims.size());
-  if (need_coords && !dims.empty()) {
+  if (outermost_used < dims.size()) {
     if (dims.size() == 1) {
       coord[0] = idx;
     } else {
-      code += indent + itype + " " + prefix + "r = " + idx + ";\n";
-      for (size_t d = dims.size(); d-- > 0;) {
-        coord[d] = prefix + "c" + std::to_string(d);
-        if (d == 0) {
-          code += indent + itype + " " + coord[d] + " = " + prefix + "r;\n";
-        } else {
-          std::string size = std::to_string(dims[d]);
-          code += indent + itype + " " + coord[d] + " = " + prefix + "r % " + size + "; " + prefix + "r /= " + size + ";\n";
+      std::string rest = prefix + "_r";
+      code += indent + itype + " " + rest + " = " + idx + ";\n";
+      for (size_t d = dims.size(); d-- > outermost_used;) {
+        std::string size = std::to_string(dims[d]);
+        if (used[d]) {
+          coord[d] = prefix + "_c" + std::to_string(d);
+          code += indent + itype + " " + coord[d] + " = " + rest + (d == 0 ? "" : " % " + size) + ";\n";
         }
+        if (d > outermost_used) code += indent + rest + " /= " + size + ";\n";
       }
     }
   }
   for (size_t k = 0; k < streams.size(); ++k) {
     std::string e;
-    if (st[k] == contiguous && streams[k].base == 0) {
+    if (plain(k)) {
       e = idx;
     } else {
-      e = std::to_string(streams[k].base);
       for (size_t d = 0; d < dims.size(); ++d)
-        if (st[k][d] != 0) e += " + " + coord[d] + (st[k][d] == 1 ? "" : " * " + std::to_string(st[k][d]));
+        if (st[k][d] != 0) e += (e.empty() ? "" : " + ") + coord[d] + (st[k][d] == 1 ? "" : " * " + std::to_string(st[k][d]));
+      if (streams[k].base != 0 || e.empty()) e = std::to_string(streams[k].base) + (e.empty() ? "" : " + " + e);
     }
     code += indent + itype + " " + prefix + std::to_string(k) + " = " + e + ";\n";
   }

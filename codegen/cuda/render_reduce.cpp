@@ -129,9 +129,10 @@ class RowKernel {
     };
     int64_t warps = threads_ / 32;
     s += in + "{\n";
-    s += sp(ind + 2) + "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n";
+    s += sp(ind + 2) + "const int lane = threadIdx.x & 31;\n";
     s += level("threadIdx.x", "32", g, ind + 2);
     if (warps > 1) {
+      s += sp(ind + 2) + "const int warp = threadIdx.x >> 5;\n";
       s += sp(ind + 2) + "if (lane == 0) { kiln_sh[warp] = acc;" + (f == Fold::Argmax ? " kiln_shi[warp] = acci;" : "") + " }\n";
       s += sp(ind + 2) + "__syncthreads();\n";
       s += sp(ind + 2) + "if (warp == 0) {\n";
@@ -150,8 +151,11 @@ class RowKernel {
 
   std::string shared_decls(bool argmax) const {
     if (per_row_thread_) return "";
-    std::string s = "  __shared__ " + T_ + " kiln_sh[32];\n  __shared__ " + T_ + " kiln_shb;\n";
-    if (argmax) s += "  __shared__ i32 kiln_shi[32];\n  __shared__ i32 kiln_shbi;\n";
+    bool warps = threads_ > 32;
+    std::string s = "  __shared__ " + T_ + " kiln_shb;\n";
+    if (warps) s += "  __shared__ " + T_ + " kiln_sh[" + std::to_string(threads_ / 32) + "];\n";
+    if (argmax) s += "  __shared__ i32 kiln_shbi;\n";
+    if (argmax && warps) s += "  __shared__ i32 kiln_shi[" + std::to_string(threads_ / 32) + "];\n";
     return s;
   }
 
