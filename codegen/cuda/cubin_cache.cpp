@@ -117,6 +117,7 @@ bool write_cubin_entry(const std::string& path, std::string_view key_text, std::
 namespace {
 struct MemoryCache {
   std::mutex mutex;
+  CubinCacheStats stats;
   std::map<std::string, std::shared_ptr<const std::string>, std::less<>> entries;  // by key text
 };
 MemoryCache& memory_cache() {
@@ -130,15 +131,27 @@ std::shared_ptr<const std::string> find_cubin(std::string_view key_text, const s
   {
     std::lock_guard<std::mutex> lock(c.mutex);
     auto it = c.entries.find(key_text);
-    if (it != c.entries.end()) return it->second;
+    if (it != c.entries.end()) {
+      ++c.stats.memory_hits;
+      return it->second;
+    }
   }
-  if (dir.empty()) return nullptr;
-  auto cubin = read_cubin_entry(cubin_entry_path(dir, key_text), key_text);
-  if (!cubin) return nullptr;
-  auto shared = std::make_shared<const std::string>(std::move(*cubin));
+  auto cubin = dir.empty() ? std::nullopt : read_cubin_entry(cubin_entry_path(dir, key_text), key_text);
   std::lock_guard<std::mutex> lock(c.mutex);
-  c.entries.emplace(std::string(key_text), shared);
+  if (!cubin) {
+    ++c.stats.misses;
+    return nullptr;
+  }
+  ++c.stats.disk_hits;
+  auto shared = std::make_shared<const std::string>(std::move(*cubin));
+  c.entries.insert_or_assign(std::string(key_text), shared);
   return shared;
+}
+
+CubinCacheStats cubin_cache_stats() {
+  MemoryCache& c = memory_cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.stats;
 }
 
 void clear_cubin_memory_cache() {
@@ -151,7 +164,7 @@ void store_cubin(std::string_view key_text, std::shared_ptr<const std::string> c
   if (!dir.empty()) write_cubin_entry(cubin_entry_path(dir, key_text), key_text, *cubin);
   MemoryCache& c = memory_cache();
   std::lock_guard<std::mutex> lock(c.mutex);
-  c.entries.emplace(std::string(key_text), std::move(cubin));
+  c.entries.insert_or_assign(std::string(key_text), std::move(cubin));
 }
 
 }  // namespace kiln::cuda

@@ -10,6 +10,7 @@
 // miss, never an error; a cache that cannot be written is skipped.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,6 +39,12 @@ bool write_cubin_entry(const std::string& path, std::string_view key_text, std::
 // The process-wide cache: memory first, then the disk directory given (empty: memory only).
 // Thread-safe.
 std::shared_ptr<const std::string> find_cubin(std::string_view key_text, const std::string& dir);
+// What find_cubin answered so far, process-wide.
+struct CubinCacheStats {
+  int64_t memory_hits = 0, disk_hits = 0, misses = 0;
+};
+CubinCacheStats cubin_cache_stats();
+
 // Forgets the in-memory entries (the disk stays): a later find reads the disk.
 void clear_cubin_memory_cache();
 void store_cubin(std::string_view key_text, std::shared_ptr<const std::string> cubin, const std::string& dir);

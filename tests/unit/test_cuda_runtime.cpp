@@ -219,14 +219,18 @@ TEST_CASE("the process CUBIN cache: memory first, then disk", "[cuda_runtime]") 
   using namespace kiln::cuda;
   TempDir dir;
   std::string key = cubin_key_text("// " + dir.path.string(), "sm_75", "13.0");  // unique to this run
+  CubinCacheStats s0 = cubin_cache_stats();
   CHECK(find_cubin(key, dir.path.string()) == nullptr);
+  CHECK(cubin_cache_stats().misses == s0.misses + 1);
   // An entry another process left on disk is found and then served from memory.
   REQUIRE(write_cubin_entry(cubin_entry_path(dir.path.string(), key), key, "from disk"));
   auto hit = find_cubin(key, dir.path.string());
   REQUIRE(hit != nullptr);
   CHECK(*hit == "from disk");
+  CHECK(cubin_cache_stats().disk_hits == s0.disk_hits + 1);
   fs::remove_all(dir.path);
   CHECK(find_cubin(key, dir.path.string()) == hit);
+  CHECK(cubin_cache_stats().memory_hits == s0.memory_hits + 1);
   clear_cubin_memory_cache();
   CHECK(find_cubin(key, dir.path.string()) == nullptr);
   // A stored entry goes to disk as well.
