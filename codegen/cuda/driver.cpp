@@ -70,14 +70,24 @@ const char* cublas_status_name(cublasStatus_t s) {
 std::string driver_library() { return env_or("KILN_CUDA_DRIVER_LIB", "libcuda.so.1"); }
 std::string cublas_library() { return env_or("KILN_CUBLAS_LIB", "libcublas.so.13"); }
 
-std::shared_ptr<const Driver> load_driver(const std::string& library) {
+namespace {
+// A function table for `library`, opened; kiln::Error "<missing> (library): <dlerror>" if it
+// cannot be. The handle is never closed: function pointers into it outlive every caller.
+template <typename Table>
+std::shared_ptr<Table> open_table(const std::string& library, const char* missing) {
   std::string error;
   void* h = open_library(library, error);
-  if (!h) throw Error(fmt::format("no CUDA driver found ({}): {}", library, error));
-  // The handle is never closed: function pointers into it outlive every caller.
-  auto d = std::make_shared<Driver>();
-  d->handle = h;
-  d->library = library;
+  if (!h) throw Error(fmt::format("{} ({}): {}", missing, library, error));
+  auto t = std::make_shared<Table>();
+  t->handle = h;
+  t->library = library;
+  return t;
+}
+}  // namespace
+
+std::shared_ptr<const Driver> load_driver(const std::string& library) {
+  auto d = open_table<Driver>(library, "no CUDA driver found");
+  void* h = d->handle;
   std::string m;
   resolve(h, "cuGetErrorName", d->cuGetErrorName, m);
   resolve(h, "cuGetErrorString", d->cuGetErrorString, m);
@@ -125,12 +135,8 @@ std::shared_ptr<const Driver> load_driver(const std::string& library) {
 }
 
 std::shared_ptr<const Cublas> load_cublas(const std::string& library) {
-  std::string error;
-  void* h = open_library(library, error);
-  if (!h) throw Error(fmt::format("cuBLAS not found ({}): {}", library, error));
-  auto c = std::make_shared<Cublas>();
-  c->handle = h;
-  c->library = library;
+  auto c = open_table<Cublas>(library, "cuBLAS not found");
+  void* h = c->handle;
   std::string m;
   resolve(h, "cublasCreate_v2", c->cublasCreate, m);
   resolve(h, "cublasDestroy_v2", c->cublasDestroy, m);

@@ -41,20 +41,19 @@ void enqueue_gemm(const Cublas& blas, cublasHandle_t handle, DType dtype, const 
   auto i = [](int64_t v) { return static_cast<int>(v); };  // range-checked by to_column_major
   // cuBLAS requires ld >= max(1, rows): a k of 0 leaves some operands with no rows.
   auto ld = [](int64_t v) { return static_cast<int>(v < 1 ? 1 : v); };
+  // The same call for both precisions: fn is cublasSgemmStridedBatched or its double twin.
+  auto run = [&](auto fn, auto one, const char* what) {
+    using T = decltype(one);
+    const T zero = 0;
+    check_cublas(fn(handle, ta, tb, i(g.m), i(g.n), i(g.k), &one, static_cast<const T*>(a), ld(g.lda), g.stride_a,
+                    static_cast<const T*>(b), ld(g.ldb), g.stride_b, &zero, static_cast<T*>(c), ld(g.ldc), g.stride_c,
+                    i(g.batch)),
+                 what);
+  };
   if (dtype == DType::f32) {
-    const float one = 1.0f, zero = 0.0f;
-    check_cublas(blas.cublasSgemmStridedBatched(handle, ta, tb, i(g.m), i(g.n), i(g.k), &one,
-                                                static_cast<const float*>(a), ld(g.lda), g.stride_a,
-                                                static_cast<const float*>(b), ld(g.ldb), g.stride_b, &zero,
-                                                static_cast<float*>(c), ld(g.ldc), g.stride_c, i(g.batch)),
-                 "cublasSgemmStridedBatched");
+    run(blas.cublasSgemmStridedBatched, 1.0f, "cublasSgemmStridedBatched");
   } else if (dtype == DType::f64) {
-    const double one = 1.0, zero = 0.0;
-    check_cublas(blas.cublasDgemmStridedBatched(handle, ta, tb, i(g.m), i(g.n), i(g.k), &one,
-                                                static_cast<const double*>(a), ld(g.lda), g.stride_a,
-                                                static_cast<const double*>(b), ld(g.ldb), g.stride_b, &zero,
-                                                static_cast<double*>(c), ld(g.ldc), g.stride_c, i(g.batch)),
-                 "cublasDgemmStridedBatched");
+    run(blas.cublasDgemmStridedBatched, 1.0, "cublasDgemmStridedBatched");
   } else {
     throw Error(std::string("cuda: matmul on ") + std::string(dtype_name(dtype)) + " is not supported (f32, f64)");
   }
