@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/backend.h"
 #include "codegen/cuda/cubin_cache.h"
 #include "codegen/cuda/driver.h"
 #include "codegen/cuda/gemm.h"
@@ -82,6 +83,18 @@ TEST_CASE("a missing CUDA driver is one clear line naming the library", "[cuda_r
   CHECK(error_of([] { kiln::cuda::gpu(); }) == e);
   // Making a device reports it the same way.
   CHECK(error_of([] { kiln::cuda::CudaDevice d; }) == e);
+}
+
+TEST_CASE("the cuda backend without a driver: check_available and target_key are that one line", "[cuda_runtime]") {
+  auto backend = kiln::cuda::make_backend();
+  CHECK(backend->name() == "cuda");
+  ScopedEnv env("KILN_CUDA_DRIVER_LIB", "libkiln-no-such-driver.so.1");
+  kiln::CompileOptions o;
+  o.target = "cuda";
+  std::string e = error_of([&] { backend->check_available(o); });
+  CHECK_THAT(e, StartsWith("no CUDA driver found (libkiln-no-such-driver.so.1): "));
+  CHECK(e.find('\n') == std::string::npos);
+  CHECK(error_of([&] { backend->target_key(o); }) == e);
 }
 
 TEST_CASE("without libcuda.so.1 on the loader path, the default driver name is reported", "[cuda_runtime]") {
