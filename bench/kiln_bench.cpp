@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "codegen/cpu/compile.h"
+#include "codegen/executable.h"
 #include "frontend/losses.h"
 #include "frontend/nn.h"
 #include "passes/train_step.h"
@@ -70,7 +70,7 @@ void bench_matmul() {
     auto a = g.add_input("a", {kiln::DType::f32, {m, k}});
     auto b = g.add_input("b", {kiln::DType::f32, {k, n}});
     g.add_output("c", g.add_node(kiln::Op::Matmul, {a, b}));
-    auto code = kiln::cpu::compile(g);
+    auto code = kiln::compile(g, {.target = "cpu"});
     kiln::TensorMap in{{"a", random_tensor(kiln::DType::f32, {m, k}, 1)}, {"b", random_tensor(kiln::DType::f32, {k, n}, 2)}};
     double kiln_s = best_time([&] { code->run(in); });
     double blas_s = sgemm_seconds(m, n, k);
@@ -96,15 +96,12 @@ void bench_elementwise() {
   v = g.add_node(kiln::Op::Neg, {v});
   g.add_output("y", v);
   kiln::TensorMap in{{"x", random_tensor(kiln::DType::f32, {n}, 3)}};
-  auto fused = kiln::cpu::compile(g);
-  kiln::cpu::CompileOptions unfused_opts;
-  unfused_opts.optimize_graph = false;
-  auto unfused = kiln::cpu::compile(g, unfused_opts);
-  // The executable's own time: run() also copies the output out of the arena, so time the
-  // low-level call, which is what a caller pays per step.
-  std::vector<void*> buffers{in.at("x").raw()};
-  double fused_s = best_time([&] { fused->call(buffers); });
-  double unfused_s = best_time([&] { unfused->call(buffers); });
+  auto fused = kiln::compile(g, {.target = "cpu"});
+  auto unfused = kiln::compile(g, {.target = "cpu", .optimize_graph = false});
+  // The executable's own time: run() also copies the output out of the arena, so time
+  // step(), which reads nothing back.
+  double fused_s = best_time([&] { fused->step(in); });
+  double unfused_s = best_time([&] { unfused->step(in); });
   std::vector<float> src(n, 1.0f), dst(n);
   double memcpy_s = best_time([&] { std::memcpy(dst.data(), src.data(), n * sizeof(float)); });
   double bytes = 2.0 * n * sizeof(float);
@@ -151,11 +148,10 @@ Model make_model(bool cnn, int64_t batch, int64_t infer_batch) {
 void bench_compile_latency() {
   std::printf("3. compile latency, trace -> passes -> LLVM -> callable (targets: MLP <= 200 ms, LeNet <= 400 ms)\n");
   for (bool cnn : {false, true}) {
-    kiln::cpu::CompileOptions o;
-    o.use_cache = false;
+    kiln::CompileOptions o{.target = "cpu", .use_cache = false};
     double best = best_time([&] {
       Model m = make_model(cnn, 64, 1);
-      kiln::cpu::compile(m.train, o);
+      kiln::compile(m.train, o);
     }, std::min(g_reps, 3));
     std::printf("   %s training step: %.0f ms\n", cnn ? "LeNet" : "MLP", best * 1000);
   }
@@ -163,13 +159,13 @@ void bench_compile_latency() {
 
 void bench_training(bool cnn, int64_t batch, double target) {
   Model m = make_model(cnn, batch, 1);
-  auto code = kiln::cpu::compile(m.train);
+  auto code = kiln::compile(m.train, {.target = "cpu"});
+  code->set_state(m.state);
   kiln::TensorMap batch_in{{"x", random_tensor(kiln::DType::f32, cnn ? kiln::Shape{batch, 1, 28, 28} : kiln::Shape{batch, 784}, 4)},
                            {"y", kiln::Tensor(kiln::DType::i32, {batch})}};
-  kiln::TensorMap state = m.state;
   int steps = cnn ? 3 : 20;
   double s = best_time([&] {
-    for (int i = 0; i < steps; ++i) code->run_step(state, batch_in);
+    for (int i = 0; i < steps; ++i) code->step(batch_in);
   }) / steps;
   // The limit: the step's GEMM-equivalent FLOPs at the best GEMM throughput OpenBLAS
   // reaches on this machine now (a large square GEMM on all threads; small GEMMs run
@@ -187,11 +183,12 @@ void bench_inference_latency() {
   std::printf("6. inference latency at batch 1 vs the time of the model's GEMMs alone\n");
   for (bool cnn : {false, true}) {
     Model m = make_model(cnn, 8, 1);
-    auto code = kiln::cpu::compile(m.infer);
-    kiln::TensorMap in = m.state;
-    in["x"] = random_tensor(kiln::DType::f32, cnn ? kiln::Shape{1, 1, 28, 28} : kiln::Shape{1, 784}, 5);
-    for (auto it = in.begin(); it != in.end();)
-      it = it->first.starts_with("sgd.") || it->first == "step" || it->first == "lr" ? in.erase(it) : std::next(it);
+    auto code = kiln::compile(m.infer, {.target = "cpu"});
+    kiln::TensorMap params = m.state;
+    for (auto it = params.begin(); it != params.end();)
+      it = it->first.starts_with("sgd.") || it->first == "step" || it->first == "lr" ? params.erase(it) : std::next(it);
+    code->set_state(params);
+    kiln::TensorMap in{{"x", random_tensor(kiln::DType::f32, cnn ? kiln::Shape{1, 1, 28, 28} : kiln::Shape{1, 784}, 5)}};
     double s = best_time([&] { for (int i = 0; i < 100; ++i) code->run(in); }) / 100;
     double gemms = cnn ? sgemm_seconds(784, 8, 9) + sgemm_seconds(196, 16, 72) + sgemm_seconds(1, 10, 784)
                        : sgemm_seconds(1, 256, 784) + sgemm_seconds(1, 10, 256);

@@ -25,17 +25,21 @@ namespace kiln {
 // of its cache key).
 struct CompileOptions {
   // "cpu" or "cuda"; empty: $KILN_TARGET if set, else "cpu".
-  std::string target;
+  std::string target{};
   bool optimize_graph = true;  // run the default pass pipeline (passes/pipeline.h) first
   int opt_level = 3;           // cpu: LLVM O0..O3
   // cpu: empty or "host": the host CPU with the host's features; or an LLVM CPU name.
-  std::string cpu;
+  std::string cpu{};
   // cpu: extra target features in LLVM's spelling, comma-separated ("+avx2,-avx512f"), on
   // top of the CPU's. Unknown names, and "+f" for a feature the host lacks, are errors.
-  std::string features;
+  std::string features{};
   bool profile = false;  // per-kernel timers (Executable::profile_report)
   bool use_cache = true; // look up / store the compiled code in the compile cache
   bool tf32 = false;     // cuda: let cuBLAS use TF32 tensor cores for f32 GEMMs
+  // cuda: the GPU architecture to compile for ("sm_90"); empty: the device's. With an
+  // architecture given, compiling (and emit) needs only NVRTC, not a GPU: kiln dump
+  // --target cuda --arch sm_90 works anywhere; running needs the GPU.
+  std::string cuda_arch{};
 };
 
 // The target a compile resolves to: options.target, else $KILN_TARGET, else "cpu".
@@ -57,6 +61,13 @@ class Device {
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() {}
 };
+
+// Host memory as a Device (the CPU backend's, and the CUDA emulation's): zero-filled,
+// 64-byte aligned blocks; upload/download/copy are memcpy.
+std::shared_ptr<Device> host_device();
+
+// Lower-case hex BLAKE3 digest (256 bits) of `text`: compile-cache keys of every backend.
+std::string hash_hex(std::string_view text);
 
 // What a backend compiles: the graph after the pipeline and its plans.
 struct Prepared {
@@ -119,7 +130,8 @@ namespace cpu {
 std::unique_ptr<Backend> make_backend();
 }
 namespace cuda {
-std::unique_ptr<Backend> make_backend();
+std::unique_ptr<Backend> make_backend();      // "cuda": a GPU through the driver API
+std::unique_ptr<Backend> make_emu_backend();  // "cuda-emu": the same CUDA C run on the CPU (tests)
 }
 
 }  // namespace kiln

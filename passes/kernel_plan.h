@@ -108,6 +108,9 @@ KernelPlan plan_kernels(const Graph& g, const MemoryPlan& plan, const KernelPlan
 // Throws an internal kiln::Error naming the first kernel or value that breaks the rules above.
 void check_kernel_plan(const Graph& g, const MemoryPlan& plan, const KernelPlan& kp);
 
+// Whether a transpose's perm swaps just the last two axes (what a GEMM transpose flag folds).
+bool is_last_two_swap(const std::vector<int64_t>& perm);
+
 // One line per kernel, bodies indented:
 //   k0 loop f32[64,256] %3 = add, %4 = relu -> store %4
 //   k1 gemm %5 = matmul(%x, %w1^T)

@@ -14,9 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "codegen/cpu/compile.h"
-#include "codegen/cpu/executable.h"
 #include "codegen/cpu/host.h"
+#include "codegen/executable.h"
 #include "ir/dot.h"
 #include "ir/interp.h"
 #include "ir/npy.h"
@@ -124,7 +123,7 @@ kiln::TensorMap read_inputs(const kiln::Graph& g, const std::string& file, const
 // --- dump and dot ---------------------------------------------------------------------------
 
 struct Dump {
-  std::string file, emit = "kir";
+  std::string file, emit = "kir", target;
 };
 
 int run_dump(const Dump& a) {
@@ -132,10 +131,12 @@ int run_dump(const Dump& a) {
   kiln::Graph g = kiln::parse_file(a.file);
   if (a.emit == "kir") {
     std::fputs(kiln::print(g).c_str(), stdout);
-  } else {
-    std::unique_ptr<kiln::cpu::CompiledGraph> code = kiln::cpu::compile(g);
-    std::fputs(a.emit == "llvm" ? code->llvm_ir().c_str() : code->assembly().c_str(), stdout);
+    return 0;
   }
+  kiln::CompileOptions options;
+  options.target = a.target;
+  auto exe = kiln::compile(g, options);
+  std::fputs(exe->emit(a.emit).c_str(), stdout);
   return 0;
 }
 
@@ -205,7 +206,7 @@ int run_train_step(const TrainStepArgs& a) {
 // --- run -------------------------------------------------------------------------------------
 
 struct Run {
-  std::string file, output_dir;
+  std::string file, output_dir, target;
   std::vector<std::string> inputs;
   bool interp = false, profile = false;
 };
@@ -219,19 +220,13 @@ int run_run(const Run& a) {
   std::string profile;
   if (a.interp) {
     outputs = kiln::interpret(g, inputs);
-  } else if (a.profile) {
-    kiln::cpu::CompileOptions options;
-    options.profile = true;
-    kiln::cpu::Executable exe(g, options);
-    kiln::TensorMap state, rest;
-    for (auto& [name, t] : inputs) (g.is_state(g.find(name)) ? state : rest).emplace(name, t);
-    exe.set_state(state);
-    outputs = exe.run(rest);
-    for (const kiln::GraphOutput& o : g.outputs())
-      if (!outputs.count(o.name)) outputs.emplace(o.name, exe.state(o.name.substr(0, o.name.size() - 5)));
-    profile = exe.profile_report();
   } else {
-    outputs = kiln::cpu::compile(g)->run(inputs);
+    kiln::CompileOptions options;
+    options.target = a.target;
+    options.profile = a.profile;
+    auto exe = kiln::compile(g, options);
+    outputs = exe->evaluate(inputs);
+    if (a.profile) profile = exe->profile_report();
   }
   if (a.output_dir.empty()) {
     for (const kiln::GraphOutput& o : g.outputs()) fmt::print("{} = {}\n", o.name, summarize(outputs.at(o.name)));
@@ -317,18 +312,29 @@ int run_info() {
 
 // --- the command line ------------------------------------------------------------------------
 
+void add_target(kiln::cli::Parser& p, CLI::App* cmd, std::string& target) {
+  p.add_choice(cmd, "--target", kiln::backend_names(), target,
+               "where the code runs: cpu (LLVM JIT), cuda (an NVIDIA GPU: needs libcuda.so.1, "
+               "libnvrtc.so.13 and libcublas.so.13) or cuda-emu (the CUDA code emulated on the CPU, for "
+               "tests); default: $KILN_TARGET, else cpu");
+}
+
 int run_command_line(int argc, char** argv) {
   kiln::cli::Parser p(kDescription, kFooter);
 
   Dump dump;
   CLI::App* dump_cmd = p.add_command(
-      "dump", "parse and verify a graph, print its canonical form", "FILE.kir [--emit=kir|llvm|asm]",
-      "Parses FILE (or standard input for '-'), verifies it and prints its canonical text form.\n"
+      "dump", "parse and verify a graph, print its canonical form or the code it compiles to",
+      "FILE.kir [--emit=kir|kernels|llvm|asm|cuda|ptx] [--target cpu|cuda]",
+      "Parses FILE (or standard input for '-'), verifies it and prints its canonical text form,\n"
+      "or compiles it for --target and prints the kernel plan or the generated code.\n"
       "Errors are reported as FILE:LINE:COL: error: ... with exit status 1.");
   p.add_file(dump_cmd, dump.file);
-  p.add_choice(dump_cmd, "--emit", {"kir", "llvm", "asm"}, dump.emit,
-               "kir: the canonical text form (the default); llvm: the LLVM IR the CPU backend generates, "
-               "after optimization; asm: the host assembly it generates");
+  p.add_choice(dump_cmd, "--emit", {"kir", "kernels", "llvm", "asm", "cuda", "ptx"}, dump.emit,
+               "kir: the canonical text form (the default); kernels: the kernel plan (every target); "
+               "llvm / asm: the LLVM IR after optimization / the host assembly (cpu target); "
+               "cuda / ptx: the CUDA C source / the PTX NVRTC makes of it (cuda target)");
+  add_target(p, dump_cmd, dump.target);
 
   std::string dot_file;
   CLI::App* dot_cmd = p.add_command("dot", "print the graph in Graphviz dot format", "FILE.kir",
@@ -340,7 +346,8 @@ int run_command_line(int argc, char** argv) {
   CLI::App* run_cmd = p.add_command(
       "run", "run a graph on .npy inputs, print or write its outputs",
       "FILE.kir --input NAME=FILE.npy ... [--output-dir DIR] [--interp | --profile]",
-      "Compiles the graph with the CPU backend (LLVM JIT) and runs it on the given inputs.\n"
+      "Compiles the graph for --target (default: $KILN_TARGET, else cpu) and runs it on the given\n"
+      "inputs.\n"
       "Every graph input, state inputs included, needs an --input with a .npy file of exactly\n"
       "its dtype and shape.");
   p.add_file(run_cmd, run.file);
@@ -348,7 +355,8 @@ int run_command_line(int argc, char** argv) {
   p.add_text(run_cmd, "--output-dir", "DIR", run.output_dir,
              "write each output as DIR/OUTPUT_NAME.npy (DIR is created); without it, the first elements of "
              "each output are printed");
-  p.add_flag(run_cmd, "--interp", run.interp, "run with the reference interpreter instead of the JIT");
+  p.add_flag(run_cmd, "--interp", run.interp, "run with the reference interpreter instead of compiling");
+  add_target(p, run_cmd, run.target);
   p.add_flag(run_cmd, "--profile", run.profile,
              "after the outputs, print the time spent in each compiled kernel (fused regions, GEMMs, ...), "
              "slowest first");

@@ -194,27 +194,14 @@ llvm::orc::JITTargetMachineBuilder target_builder(const CompileOptions& options)
   return jtmb;
 }
 
-// 128-bit FNV-1a (two 64-bit lanes with different offsets), as hex.
-std::string hash_hex(std::string_view text) {
-  uint64_t a = 0xcbf29ce484222325ull, b = 0x84222325cbf29ce4ull;
-  for (unsigned char c : text) {
-    a = (a ^ c) * 0x100000001b3ull;
-    b = (b ^ (c + 0x9eu)) * 0x100000001b3ull;
-  }
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(a),
-                static_cast<unsigned long long>(b));
-  return buf;
-}
-
-std::string cache_key_of(const Graph& g, const CompileOptions& options, const llvm::orc::JITTargetMachineBuilder& jtmb) {
-  std::string text = print(g);
-  text += "\n;target " + jtmb.getTargetTriple().str() + " cpu=" + jtmb.getCPU() +
-          " features=" + jtmb.getFeatures().getString();
-  text += "\n;options optimize_graph=" + std::to_string(options.optimize_graph) +
-          " opt_level=" + std::to_string(std::clamp(options.opt_level, 0, 3)) +
-          " profile=" + std::to_string(options.profile);
-  return hash_hex(text);
+// What besides the graph decides the code: triple, CPU, features, optimization level.
+std::string target_key_of(const CompileOptions& options, const llvm::orc::JITTargetMachineBuilder& jtmb) {
+  std::string key = jtmb.getTargetTriple().str() + " cpu=" + jtmb.getCPU() +
+                    " features=" + jtmb.getFeatures().getString() +
+                    " opt_level=" + std::to_string(std::clamp(options.opt_level, 0, 3));
+  std::lock_guard<std::mutex> lock(hidden_mutex);
+  for (const std::string& h : hidden_symbols) key += " hide=" + h;  // never a cache hit
+  return key;
 }
 
 void optimize(llvm::Module& m, llvm::TargetMachine& tm, int level) {
@@ -239,150 +226,127 @@ void optimize(llvm::Module& m, llvm::TargetMachine& tm, int level) {
   mpm.run(m, mam);
 }
 
-}  // namespace
-
-// The compiled code: immutable once built, shared by the cache and every CompiledGraph
+// The compiled code: immutable once built, shared by the compile cache and every instance
 // made from it (each has its own arena and constant outputs).
-namespace detail {
-struct Code {
-  Graph graph;
-  MemoryPlan plan;
+class CpuProgram final : public Program {
+ public:
+  std::shared_ptr<const Prepared> prep;
   CompileOptions options;
-  std::string key;
   std::string ir;
   std::unique_ptr<llvm::orc::LLJIT> jit;
   EntryFn entry = nullptr;
-  int64_t arena_bytes = 0;        // arena + scratch (at least 1 byte: mmap's length)
-  std::string cannot_run;         // non-empty: the code uses ISA features the host lacks
-  double compile_ms = 0;
-};
-}  // namespace detail
-using detail::Code;
+  int64_t arena_bytes = 0;  // arena + scratch (at least 1 byte: mmap's length)
+  std::string cannot_run;   // non-empty: the code uses ISA features the host lacks
 
-namespace {
-
-// Least recently used entries go first beyond `capacity`; a CompiledGraph keeps its code
-// alive after eviction.
-struct Cache {
-  struct Entry {
-    std::shared_ptr<const Code> code;
-    uint64_t last_use = 0;
-  };
-  std::mutex mutex;
-  std::map<std::string, Entry> entries;
-  size_t capacity = 64;
-  uint64_t clock = 0;
-  size_t hits = 0, misses = 0;
-
-  void evict() {
-    while (entries.size() > capacity) {
-      auto oldest = entries.begin();
-      for (auto it = entries.begin(); it != entries.end(); ++it)
-        if (it->second.last_use < oldest->second.last_use) oldest = it;
-      entries.erase(oldest);
-    }
+  const Prepared& prepared() const override { return *prep; }
+  const std::shared_ptr<Device>& device() const override {
+    static const std::shared_ptr<Device> host = host_device();
+    return host;
   }
+  std::unique_ptr<Instance> instantiate() const override;
+  std::vector<std::string> emit_forms() const override { return {"llvm", "asm"}; }
+  std::string emit(std::string_view form) const override {
+    if (form == "llvm") return ir;
+    if (form == "asm") return assembly();
+    throw Error("cpu codegen: no form '" + std::string(form) + "' (forms: llvm, asm)");
+  }
+  std::string assembly() const;
 };
-Cache& cache() {
-  static Cache* c = new Cache;  // never destroyed: JIT'ed code outlives static destructors
-  return *c;
-}
-
-}  // namespace
 
 // Run-time storage is allocated by the first call(), so that compiling only to print the
 // code (kiln dump --emit=llvm) allocates none of it.
-struct CompiledGraph::Impl {
-  std::shared_ptr<const detail::Code> code;
-  uint8_t* arena = nullptr;         // mmap'ed: page-aligned, zero pages touched on demand
-  std::vector<Tensor> constants;    // per value id: the value of constant outputs, filled out
-  bool from_cache = false;
-  double compile_ms = 0;
+class CpuInstance final : public Instance {
+ public:
+  explicit CpuInstance(const CpuProgram& p) : program_(p) {}
+  CpuInstance(const CpuInstance&) = delete;
+  CpuInstance& operator=(const CpuInstance&) = delete;
+  ~CpuInstance() override {
+    if (arena_) munmap(arena_, static_cast<size_t>(program_.arena_bytes));
+  }
 
-  Impl() = default;
-  Impl(const Impl&) = delete;
-  Impl& operator=(const Impl&) = delete;
-  ~Impl() {
-    if (arena) munmap(arena, static_cast<size_t>(code->arena_bytes));
+  void call(const std::vector<void*>& buffers) override {
+    const CpuProgram& p = program_;
+    const Graph& g = p.prep->graph;
+    if (!p.cannot_run.empty()) throw Error(p.cannot_run);
+    KILN_CHECK(buffers.size() == g.inputs().size(), "cpu codegen: wrong number of buffers");
+    if (!arena_) allocate();
+    bool profile = p.options.profile;
+    if (profile) kiln_rt_prof_reset(static_cast<int32_t>(g.nodes().size()));
+    kiln_rt_take_error();  // a message left over from a failed call to other code is not ours
+    p.entry(const_cast<void**>(buffers.data()), arena_);
+    if (const char* failed = kiln_rt_take_error())
+      throw Error("running @" + g.name() + ": " + failed +
+                  " (the outputs, and any state updated in place, are invalid)");
+    if (profile) {
+      std::vector<int64_t> ns(g.nodes().size()), calls(g.nodes().size());
+      int32_t n = kiln_rt_prof_read(ns.data(), calls.data(), static_cast<int32_t>(ns.size()));
+      prof_ns_.resize(ns.size(), 0);
+      for (int32_t i = 0; i < n; ++i) prof_ns_[static_cast<size_t>(i)] += ns[static_cast<size_t>(i)];
+    }
   }
+
+  const void* output_data(ValueId v, const std::vector<void*>& buffers) const override {
+    const Prepared& p = *program_.prep;
+    const ValuePlan& vp = p.memory.at(v);
+    switch (vp.kind) {
+      case BufferKind::Input:
+      case BufferKind::State: return buffers.at(static_cast<size_t>(p.graph.value(v).input));
+      case BufferKind::StateInPlace: return buffers.at(static_cast<size_t>(p.graph.value(vp.state).input));
+      case BufferKind::Arena: return arena_ + vp.offset;
+      case BufferKind::Constant: return constants_.at(static_cast<size_t>(v.id)).raw();
+    }
+    return nullptr;
+  }
+
+  std::vector<int64_t> profile_ns() const override { return prof_ns_; }
+  void reset_profile() override { prof_ns_.assign(prof_ns_.size(), 0); }
+
+ private:
   void allocate() {
-    const Code& c = *code;
-    void* p = mmap(nullptr, static_cast<size_t>(c.arena_bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
+    const CpuProgram& c = program_;
+    const Prepared& p = *c.prep;
+    void* m = mmap(nullptr, static_cast<size_t>(c.arena_bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
       throw Error("cpu codegen: cannot allocate the " + std::to_string(c.arena_bytes) + "-byte arena of @" +
-                  c.graph.name() + ": " + std::strerror(errno));
-    arena = static_cast<uint8_t*>(p);
-    constants.resize(c.graph.values().size());
-    for (const GraphOutput& o : c.graph.outputs())
-      if (c.plan.at(o.value).kind == BufferKind::Constant)
-        constants[static_cast<size_t>(o.value.id)] =
-            attr_tensor(c.graph.defining_node(o.value)->attrs, "value").materialized();
+                  p.graph.name() + ": " + std::strerror(errno));
+    arena_ = static_cast<uint8_t*>(m);
+    constants_.resize(p.graph.values().size());
+    for (const GraphOutput& o : p.graph.outputs())
+      if (p.memory.at(o.value).kind == BufferKind::Constant)
+        constants_[static_cast<size_t>(o.value.id)] =
+            attr_tensor(p.graph.defining_node(o.value)->attrs, "value").materialized();
   }
+
+  const CpuProgram& program_;  // kept alive by the Executable that holds both
+  uint8_t* arena_ = nullptr;   // mmap'ed: page-aligned, zero pages touched on demand
+  std::vector<Tensor> constants_;  // per value id: the value of constant outputs, filled out
+  std::vector<int64_t> prof_ns_;
 };
 
-CompiledGraph::CompiledGraph(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-CompiledGraph::~CompiledGraph() = default;
-const Graph& CompiledGraph::graph() const { return impl_->code->graph; }
-const std::string& CompiledGraph::llvm_ir() const { return impl_->code->ir; }
-double CompiledGraph::compile_milliseconds() const { return impl_->compile_ms; }
-bool CompiledGraph::from_cache() const { return impl_->from_cache; }
-const std::string& CompiledGraph::cache_key() const { return impl_->code->key; }
-const CompileOptions& CompiledGraph::options() const { return impl_->code->options; }
-const MemoryPlan& CompiledGraph::plan() const { return impl_->code->plan; }
+std::unique_ptr<Instance> CpuProgram::instantiate() const { return std::make_unique<CpuInstance>(*this); }
 
-void CompiledGraph::call(const std::vector<void*>& buffers) {
-  const Code& c = *impl_->code;
-  if (!c.cannot_run.empty()) throw Error(c.cannot_run);
-  KILN_CHECK(buffers.size() == c.graph.inputs().size(), "cpu codegen: wrong number of buffers");
-  if (!impl_->arena) impl_->allocate();
-  kiln_rt_take_error();  // a message left over from a failed call to other code is not ours
-  c.entry(const_cast<void**>(buffers.data()), impl_->arena);
-  if (const char* failed = kiln_rt_take_error())
-    throw Error("running @" + c.graph.name() + ": " + failed +
-                " (the outputs, and any state updated in place, are invalid)");
+std::string CpuProgram::assembly() const {
+  init_llvm();
+  llvm::LLVMContext ctx;
+  llvm::SMDiagnostic err;
+  std::unique_ptr<llvm::Module> m = llvm::parseAssemblyString(ir, err, ctx);
+  if (!m) throw Error("cpu codegen: cannot re-read the module: " + err.getMessage().str());
+  std::unique_ptr<llvm::TargetMachine> tm = unwrap(target_builder(options).createTargetMachine(), "target machine");
+  llvm::SmallString<0> text;
+  llvm::raw_svector_ostream os(text);
+  llvm::legacy::PassManager pm;
+  if (tm->addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::AssemblyFile))
+    throw Error("cpu codegen: the target cannot emit assembly");
+  pm.run(*m);
+  return std::string(text.str());
 }
 
-const void* CompiledGraph::output_data(ValueId v, const std::vector<void*>& buffers) const {
-  const Code& c = *impl_->code;
-  const ValuePlan& p = c.plan.at(v);
-  switch (p.kind) {
-    case BufferKind::Input:
-    case BufferKind::State: return buffers.at(static_cast<size_t>(c.graph.value(v).input));
-    case BufferKind::StateInPlace: return buffers.at(static_cast<size_t>(c.graph.value(p.state).input));
-    case BufferKind::Arena: return impl_->arena + p.offset;
-    case BufferKind::Constant: return impl_->constants.at(static_cast<size_t>(v.id)).raw();
-  }
-  return nullptr;
-}
-
-namespace {
-
-Tensor output_value(const CompiledGraph& cg, ValueId v, const std::vector<void*>& buffers) {
-  const TensorType& t = cg.graph().type(v);
-  Tensor out(t.dtype, t.shape);
-  if (out.nbytes()) std::memcpy(out.raw(), cg.output_data(v, buffers), out.nbytes());
-  return out;
-}
-
-std::unique_ptr<CompiledGraph> instantiate(std::shared_ptr<const Code> code, bool from_cache, double ms) {
-  auto impl = std::make_unique<CompiledGraph::Impl>();
-  impl->code = std::move(code);
-  impl->from_cache = from_cache;
-  impl->compile_ms = ms;
-  return std::make_unique<CompiledGraph>(std::move(impl));
-}
-
-std::shared_ptr<Code> build(const Graph& input, const CompileOptions& options, llvm::orc::JITTargetMachineBuilder jtmb,
-                            std::string key) {
-  auto code = std::make_shared<Code>();
+std::shared_ptr<const Program> build(std::shared_ptr<const Prepared> prep, const CompileOptions& options) {
+  auto code = std::make_shared<CpuProgram>();
+  code->prep = prep;
   code->options = options;
-  code->key = std::move(key);
-  PipelineOptions po;
-  if (options.optimize_graph) code->graph = run_pipeline(input, po).graph;
-  else code->graph = input;
-  const Graph& g = code->graph;
-  code->plan = plan_memory(g, po.pass_options);
-
+  const Graph& g = prep->graph;
+  llvm::orc::JITTargetMachineBuilder jtmb = target_builder(options);
   std::unique_ptr<llvm::TargetMachine> tm = unwrap(jtmb.createTargetMachine(), "target machine");
   std::string missing = missing_host_features(*tm);
   if (!missing.empty())
@@ -392,7 +356,7 @@ std::shared_ptr<Code> build(const Graph& input, const CompileOptions& options, l
   detail::LoweringInfo info;
   detail::LowerOptions lower_options;
   lower_options.profile = options.profile;
-  std::unique_ptr<llvm::Module> m = detail::lower_graph(g, code->plan, *ctx, info, lower_options);
+  std::unique_ptr<llvm::Module> m = detail::lower_graph(g, prep->memory, *ctx, info, lower_options);
   m->setDataLayout(tm->createDataLayout());
   m->setTargetTriple(tm->getTargetTriple().str());
   for (llvm::Function& f : *m) {  // kiln_entry and the parallel loops' task functions
@@ -442,48 +406,27 @@ std::shared_ptr<Code> build(const Graph& input, const CompileOptions& options, l
   return code;
 }
 
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  void check_available(const CompileOptions& options) const override {
+    init_llvm();
+    target_builder(options);  // an unknown CPU or feature is an error here
+  }
+  std::string target_key(const CompileOptions& options) const override {
+    init_llvm();
+    return target_key_of(options, target_builder(options));
+  }
+  std::shared_ptr<const Program> compile(std::shared_ptr<const Prepared> prepared,
+                                         const CompileOptions& options) const override {
+    init_llvm();
+    return build(std::move(prepared), options);
+  }
+};
+
 }  // namespace
 
-std::string CompiledGraph::assembly() const {
-  init_llvm();
-  llvm::LLVMContext ctx;
-  llvm::SMDiagnostic err;
-  std::unique_ptr<llvm::Module> m = llvm::parseAssemblyString(impl_->code->ir, err, ctx);
-  if (!m) throw Error("cpu codegen: cannot re-read the module: " + err.getMessage().str());
-  std::unique_ptr<llvm::TargetMachine> tm =
-      unwrap(target_builder(impl_->code->options).createTargetMachine(), "target machine");
-  llvm::SmallString<0> text;
-  llvm::raw_svector_ostream os(text);
-  llvm::legacy::PassManager pm;
-  if (tm->addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::AssemblyFile))
-    throw Error("cpu codegen: the target cannot emit assembly");
-  pm.run(*m);
-  return std::string(text.str());
-}
-
-std::string compile_cache_key(const Graph& g, const CompileOptions& options) {
-  init_llvm();
-  return cache_key_of(g, options, target_builder(options));
-}
-
-CompileCacheStats compile_cache_stats() {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  return {c.entries.size(), c.hits, c.misses};
-}
-
-void set_compile_cache_capacity(size_t entries) {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  c.capacity = entries;
-  c.evict();
-}
-
-void clear_compile_cache() {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  c.entries.clear();  // CompiledGraphs made from an entry keep its code alive
-}
+std::unique_ptr<Backend> make_backend() { return std::make_unique<CpuBackend>(); }
 
 namespace testing {
 HideRuntimeSymbol::HideRuntimeSymbol(std::string name) {
@@ -495,85 +438,5 @@ HideRuntimeSymbol::~HideRuntimeSymbol() {
   hidden_symbols.pop_back();
 }
 }  // namespace testing
-
-std::unique_ptr<CompiledGraph> compile(const Graph& input, const CompileOptions& options) {
-  auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); };
-  init_llvm();
-  verify(input);
-  llvm::orc::JITTargetMachineBuilder jtmb = target_builder(options);
-  bool use_cache = options.use_cache;
-  {
-    std::lock_guard<std::mutex> lock(hidden_mutex);
-    use_cache = use_cache && hidden_symbols.empty();
-  }
-  std::string key = cache_key_of(input, options, jtmb);
-  Cache& c = cache();
-  if (use_cache) {
-    std::lock_guard<std::mutex> lock(c.mutex);
-    auto it = c.entries.find(key);
-    if (it != c.entries.end()) {
-      ++c.hits;
-      it->second.last_use = ++c.clock;
-      std::shared_ptr<const Code> code = it->second.code;
-      return instantiate(std::move(code), true, elapsed());
-    }
-    ++c.misses;
-  }
-  std::shared_ptr<Code> code = build(input, options, std::move(jtmb), key);
-  code->compile_ms = elapsed();
-  if (use_cache) {
-    std::lock_guard<std::mutex> lock(c.mutex);
-    c.entries.emplace(key, Cache::Entry{code, ++c.clock});  // a concurrent compile may have won: keep theirs
-    c.evict();
-  }
-  return instantiate(std::move(code), false, elapsed());
-}
-
-TensorMap CompiledGraph::run(const TensorMap& inputs) {
-  const Graph& g = graph();
-  std::vector<const Tensor*> in = check_arguments(g, inputs);
-  std::vector<Tensor> state_copies;  // state buffers may be written in place
-  state_copies.reserve(g.inputs().size());
-  std::vector<void*> buffers;
-  for (size_t i = 0; i < g.inputs().size(); ++i) {
-    if (g.inputs()[i].is_state) {
-      state_copies.push_back(*in[i]);
-      buffers.push_back(state_copies.back().raw());
-    } else {
-      buffers.push_back(const_cast<std::byte*>(in[i]->raw()));  // inputs are never written
-    }
-  }
-  call(buffers);
-  TensorMap out;
-  for (const GraphOutput& o : g.outputs()) out.emplace(o.name, output_value(*this, o.value, buffers));
-  return out;
-}
-
-TensorMap CompiledGraph::run_step(TensorMap& state, const TensorMap& inputs) {
-  const Graph& g = graph();
-  std::vector<const Tensor*> in = check_step_arguments(g, state, inputs, "run_step @" + g.name() + ": ");
-  std::vector<void*> buffers;
-  // State tensors are the caller's (mutable) map entries: written in place by the code.
-  for (const Tensor* t : in) buffers.push_back(const_cast<std::byte*>(t->raw()));
-  call(buffers);
-  // Gather every output first (copies), then update the state: no update clobbers another's source.
-  TensorMap rest;
-  std::vector<std::pair<std::string, Tensor>> updates;
-  for (const GraphOutput& o : g.outputs()) {
-    if (o.name.ends_with(".next")) {
-      std::string name = o.name.substr(0, o.name.size() - 5);
-      const ValuePlan& p = plan().at(o.value);
-      ValueId x = g.find(name);
-      if (p.kind == BufferKind::StateInPlace && p.state == x) continue;                  // written in place
-      if ((p.kind == BufferKind::State || p.kind == BufferKind::Input) && o.value == x) continue;  // X.next = %X
-      updates.emplace_back(name, output_value(*this, o.value, buffers));
-    } else {
-      rest.emplace(o.name, output_value(*this, o.value, buffers));
-    }
-  }
-  for (auto& [name, t] : updates) state.find(name)->second = std::move(t);
-  return rest;
-}
 
 }  // namespace kiln::cpu

@@ -1,4 +1,4 @@
-// cpu::Executable (codegen/cpu/executable.h): state held and updated in place, state shared
+// Executable (codegen/cpu/executable.h): state held and updated in place, state shared
 // between a training and an inference executable, the compile cache, profiling, bad input.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
@@ -7,7 +7,8 @@
 #include <cmath>
 #include <iostream>
 
-#include "codegen/cpu/executable.h"
+#include "codegen/cpu/compile.h"
+#include "codegen/executable.h"
 #include "codegen/cpu/host.h"
 #include "frontend/losses.h"
 #include "frontend/nn.h"
@@ -73,7 +74,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 TEST_CASE("executable: state is held and updated in place, matching interpret_step", "[cpu][executable]") {
   for (const Optimizer& opt : {Optimizer{SGD{0.05, 0.9}}, Optimizer{Adam{}}}) {
     Mlp m = make_mlp(opt);
-    auto exe = cpu::compile_executable(m.step.graph);
+    auto exe = compile(m.step.graph);
     TensorMap ref_state = whole_state(m);
     exe->set_state(ref_state);
     CHECK(exe->state().size() == ref_state.size());
@@ -96,12 +97,13 @@ TEST_CASE("executable: state is held and updated in place, matching interpret_st
 TEST_CASE("executable: training updates are visible to an inference executable sharing the state",
           "[cpu][executable]") {
   Mlp m = make_mlp(SGD{0.1});
-  auto train = cpu::compile_executable(m.step.graph);
+  auto train = compile(m.step.graph);
   train->set_state(whole_state(m));
-  auto infer = cpu::compile_executable(m.model);
+  auto infer = compile(m.model);
   infer->share_state_with(*train);
   CHECK(infer->state_store() == train->state_store());
-  for (const auto& [name, t] : m.params) CHECK(&infer->state(name) == &train->state(name));  // one tensor
+  for (const auto& [name, t] : m.params)
+    CHECK(infer->state_store()->data(name) == train->state_store()->data(name));  // one buffer
   CHECK(infer->state().size() == m.params.size());  // only its own state (no optimizer state)
 
   TensorMap before = infer->run(m.batch);
@@ -119,34 +121,34 @@ TEST_CASE("executable: training updates are visible to an inference executable s
   CHECK(train->state(p) == zero);
 
   // A store given at construction is shared too.
-  auto infer2 = cpu::compile_executable(m.model, {}, train->state_store());
-  CHECK(&infer2->state(p) == &train->state(p));
+  auto infer2 = compile(m.model, {}, train->state_store());
+  CHECK(infer2->state_store()->data(p) == train->state_store()->data(p));
 
   // Shared state must agree on types.
   Graph other("other");
   ValueId w = other.add_input(p, {DType::f64, {3}}, true);
   other.add_output("y", other.add_node(Op::Neg, {w}));
-  auto o = cpu::compile_executable(other);
+  auto o = compile(other);
   CHECK_THROWS_WITH(o->share_state_with(*train), ContainsSubstring("state '%" + p + "' is f64[3]"));
 }
 
 TEST_CASE("executable: the compile cache returns the same code fast", "[cpu][executable][cache]") {
   Mlp m = make_mlp(Adam{});
-  cpu::clear_compile_cache();
-  cpu::CompileCacheStats s0 = cpu::compile_cache_stats();
+  clear_compile_cache();
+  CompileCacheStats s0 = compile_cache_stats();
   auto t0 = std::chrono::steady_clock::now();
-  auto a = cpu::compile_executable(m.step.graph);
+  auto a = compile(m.step.graph);
   double first = ms_since(t0);
   t0 = std::chrono::steady_clock::now();
-  auto b = cpu::compile_executable(m.step.graph);
+  auto b = compile(m.step.graph);
   double second = ms_since(t0);
   std::cout << "executable: mlp adam step compiled in " << first << " ms, from the cache in " << second << " ms\n";
-  CHECK(!a->compiled().from_cache());
-  CHECK(b->compiled().from_cache());
-  CHECK(a->compiled().cache_key() == b->compiled().cache_key());
-  CHECK(a->compiled().cache_key() == cpu::compile_cache_key(m.step.graph));
+  CHECK(!a->from_cache());
+  CHECK(b->from_cache());
+  CHECK(a->cache_key() == b->cache_key());
+  CHECK(a->cache_key() == compile_cache_key(m.step.graph));
   CHECK(second * 10 < first);
-  cpu::CompileCacheStats s1 = cpu::compile_cache_stats();
+  CompileCacheStats s1 = compile_cache_stats();
   CHECK(s1.hits == s0.hits + 1);
   CHECK(s1.misses == s0.misses + 1);
   // Each executable has its own state and arena; results are bitwise identical.
@@ -159,23 +161,23 @@ TEST_CASE("executable: the compile cache returns the same code fast", "[cpu][exe
   for (const auto& [k, v] : a->state()) CHECK(v == b->state(k));
 
   // Different options or target: a different key.
-  cpu::CompileOptions o2;
+  CompileOptions o2;
   o2.opt_level = 2;
-  CHECK(cpu::compile_cache_key(m.step.graph, o2) != a->compiled().cache_key());
-  cpu::CompileOptions o3;
+  CHECK(compile_cache_key(m.step.graph, o2) != a->cache_key());
+  CompileOptions o3;
   o3.cpu = "x86-64";
-  CHECK(cpu::compile_cache_key(m.step.graph, o3) != a->compiled().cache_key());
-  cpu::CompileOptions nocache;
+  CHECK(compile_cache_key(m.step.graph, o3) != a->cache_key());
+  CompileOptions nocache;
   nocache.use_cache = false;
-  CHECK(!cpu::compile(m.step.graph, nocache)->from_cache());
+  CHECK(!compile(m.step.graph, nocache)->from_cache());
 }
 
 TEST_CASE("executable: same inputs and thread count give bitwise-identical results", "[cpu][executable]") {
   Mlp m = make_mlp(Adam{});
-  cpu::CompileOptions o;
+  CompileOptions o;
   o.use_cache = false;  // two independently compiled copies
-  auto a = cpu::compile_executable(m.step.graph, o);
-  auto b = cpu::compile_executable(m.step.graph, o);
+  auto a = compile(m.step.graph, o);
+  auto b = compile(m.step.graph, o);
   a->set_state(whole_state(m));
   b->set_state(whole_state(m));
   for (int step = 0; step < 3; ++step) {
@@ -187,12 +189,12 @@ TEST_CASE("executable: same inputs and thread count give bitwise-identical resul
 
 TEST_CASE("executable: profile report", "[cpu][executable][profile]") {
   Mlp m = make_mlp(SGD{0.1});
-  auto plain = cpu::compile_executable(m.step.graph);
+  auto plain = compile(m.step.graph);
   CHECK_THAT(plain->profile_report(), ContainsSubstring("profile: off"));
-  cpu::CompileOptions o;
+  CompileOptions o;
   o.profile = true;
-  auto exe = cpu::compile_executable(m.step.graph, o);
-  CHECK(exe->compiled().cache_key() != plain->compiled().cache_key());
+  auto exe = compile(m.step.graph, o);
+  CHECK(exe->cache_key() != plain->cache_key());
   exe->set_state(whole_state(m));
   for (int step = 0; step < 3; ++step) exe->run(m.batch);
   std::string report = exe->profile_report();
@@ -213,21 +215,21 @@ TEST_CASE("executable: bad input is a clear kiln::Error", "[cpu][executable][err
   g.add_output("w.next", g.add_node(Op::Mul, {w, g.add_constant(Tensor::scalar(DType::f32, 0.5))}));
 
   SECTION("unknown CPU or feature") {
-    cpu::CompileOptions o;
+    CompileOptions o;
     o.cpu = "not-a-cpu";
-    CHECK_THROWS_WITH(cpu::compile(g, o), ContainsSubstring("cpu codegen: unknown target CPU 'not-a-cpu' for x86_64"));
+    CHECK_THROWS_WITH(compile(g, o), ContainsSubstring("cpu codegen: unknown target CPU 'not-a-cpu' for x86_64"));
     o.cpu = "";
     o.features = "+not-a-feature";
-    CHECK_THROWS_WITH(cpu::compile(g, o), ContainsSubstring("unknown target feature 'not-a-feature'"));
+    CHECK_THROWS_WITH(compile(g, o), ContainsSubstring("unknown target feature 'not-a-feature'"));
     o.features = "avx2";
-    CHECK_THROWS_WITH(cpu::compile(g, o), ContainsSubstring("must start with '+' or '-'"));
+    CHECK_THROWS_WITH(compile(g, o), ContainsSubstring("must start with '+' or '-'"));
     o.features = "-avx512f";  // disabling is always fine
-    CHECK_NOTHROW(cpu::compile(g, o));
+    CHECK_NOTHROW(compile(g, o));
     cpu::HostInfo host = cpu::host_info();
     for (const char* f : {"avx512f", "avx512vp2intersect", "amx-tile", "avx512fp16"}) {
       if (host.has(f)) continue;
       o.features = std::string("+") + f;
-      CHECK_THROWS_WITH(cpu::compile(g, o), ContainsSubstring("'" + std::string(f) + "' is not supported by the host"));
+      CHECK_THROWS_WITH(compile(g, o), ContainsSubstring("'" + std::string(f) + "' is not supported by the host"));
       break;
     }
   }
@@ -235,10 +237,10 @@ TEST_CASE("executable: bad input is a clear kiln::Error", "[cpu][executable][err
   SECTION("code for a CPU with features the host lacks compiles but does not run") {
     cpu::HostInfo host = cpu::host_info();
     if (host.has("amx-tile")) SKIP("the host has AMX");
-    cpu::CompileOptions o;
+    CompileOptions o;
     o.cpu = "sapphirerapids";
-    auto c = cpu::compile(g, o);
-    CHECK_THAT(c->assembly(), ContainsSubstring("kiln_entry"));
+    auto c = compile(g, o);
+    CHECK_THAT(c->emit("asm"), ContainsSubstring("kiln_entry"));
     TensorMap in{{"x", Tensor(DType::f32, {2, 3})}, {"w", Tensor(DType::f32, {3, 4})}};
     CHECK_THROWS_WITH(c->run(in), ContainsSubstring("uses features the host CPU lacks (") &&
                                       ContainsSubstring("amx-tile"));
@@ -248,12 +250,12 @@ TEST_CASE("executable: bad input is a clear kiln::Error", "[cpu][executable][err
     Graph bad("bad");
     ValueId s = bad.add_input("s", {DType::f32, {3}}, true);
     bad.add_output("s.next", bad.add_node(Op::Concat, {s, s}, {{"axis", int64_t{0}}}));
-    CHECK_THROWS_AS(cpu::compile(bad), Error);
-    CHECK_THROWS_WITH(cpu::compile(bad), ContainsSubstring("s.next"));
+    CHECK_THROWS_AS(compile(bad), Error);
+    CHECK_THROWS_WITH(compile(bad), ContainsSubstring("s.next"));
   }
 
   SECTION("run and state errors") {
-    auto exe = cpu::compile_executable(g);
+    auto exe = compile(g);
     Tensor xs(DType::f32, {2, 3});
     CHECK_THROWS_WITH(exe->run({{"x", xs}}), ContainsSubstring("state '%w' is not set"));
     CHECK_THROWS_WITH(exe->set_state("x", xs), ContainsSubstring("'%x' is an input, not state"));
@@ -278,7 +280,7 @@ TEST_CASE("executable: bad input is a clear kiln::Error", "[cpu][executable][err
 
   SECTION("a runtime symbol the JIT cannot resolve") {
     cpu::testing::HideRuntimeSymbol hide("kiln_rt_sgemm");
-    CHECK_THROWS_AS(cpu::compile(g), Error);
-    CHECK_THROWS_WITH(cpu::compile(g), ContainsSubstring("kiln_rt_sgemm"));
+    CHECK_THROWS_AS(compile(g), Error);
+    CHECK_THROWS_WITH(compile(g), ContainsSubstring("kiln_rt_sgemm"));
   }
 }

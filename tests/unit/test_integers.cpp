@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "codegen/cpu/compile.h"
+#include "codegen/executable.h"
 #include "frontend/trace.h"
 #include "ir/interp.h"
 #include "ir/parser.h"
@@ -50,9 +51,9 @@ TEST_CASE("i64 beyond 2^53: interpreter, pipeline and JIT give exact values", "[
   check_exact(interpret(opt, big_input()));
   for (bool optimize : {false, true}) {
     CAPTURE(optimize);
-    cpu::CompileOptions o;
+    CompileOptions o;
     o.optimize_graph = optimize;
-    check_exact(cpu::compile(g, o)->run(big_input()));
+    check_exact(compile(g, o)->evaluate(big_input()));
   }
 }
 

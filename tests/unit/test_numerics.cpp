@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "codegen/cpu/compile.h"
+#include "codegen/executable.h"
 #include "frontend/losses.h"
 #include "ir/interp.h"
 #include "ir/printer.h"
@@ -35,11 +36,11 @@ std::vector<Runs> run_all(const Graph& g, const std::vector<TensorMap>& ins) {
   std::vector<Runs> r(ins.size());
   for (size_t i = 0; i < ins.size(); ++i) r[i].interp = interpret(g, ins[i]);
   for (bool opt : {false, true}) {
-    cpu::CompileOptions o;
+    CompileOptions o;
     o.optimize_graph = opt;
     o.use_cache = false;
-    auto exe = cpu::compile(g, o);
-    for (size_t i = 0; i < ins.size(); ++i) (opt ? r[i].jit_opt : r[i].jit) = exe->run(ins[i]);
+    auto exe = compile(g, o);
+    for (size_t i = 0; i < ins.size(); ++i) (opt ? r[i].jit_opt : r[i].jit) = exe->evaluate(ins[i]);
   }
   return r;
 }
@@ -222,7 +223,7 @@ bool sums_match_interpreter() {
   Graph g = sums_graph(shape, {{}, {2}, {0}, {0, 2}, {1}, {0, 1}}, /*means=*/true);
   TensorMap in{{"x", uniform(shape, -1.0f, 1.0f, 11)}};
   TensorMap want = interpret(g, in);
-  TensorMap got = cpu::compile(g)->run(in);
+  TensorMap got = compile(g)->evaluate(in);
   bool same = true;
   for (const auto& [name, v] : want) same = same && got.at(name) == v;
   return same;

@@ -129,7 +129,7 @@ TEST_CASE("the README's training-step snippet runs and updates the state", "[rea
   CHECK(state.at("lr").get(0) == Catch::Approx(0.01));
 }
 
-#include "codegen/cpu/executable.h"
+#include "codegen/executable.h"
 
 TEST_CASE("the README's compile-and-run snippet trains natively and shares state", "[readme][cpu]") {
   kiln::Tracer t("mlp");
@@ -147,13 +147,13 @@ TEST_CASE("the README's compile-and-run snippet trains natively and shares state
   kiln::Tensor images(kiln::DType::f32, {4, 784}), labels(kiln::DType::i32, {4});
   for (int64_t i = 0; i < images.numel(); ++i) images.set(i, (i % 5) / 5.0);
 
-  auto train = kiln::cpu::compile_executable(step.graph);
+  auto train = kiln::compile(step.graph);
   train->set_state(state);
   kiln::TensorMap out = train->run({{"x", images}, {"y", labels}});
-  auto infer = kiln::cpu::compile_executable(g);
+  auto infer = kiln::compile(g);
   infer->share_state_with(*train);
   CHECK(out.count("loss") == 1);
-  CHECK(&infer->state("fc1.weight") == &train->state("fc1.weight"));
+  CHECK(infer->state_store()->data("fc1.weight") == train->state_store()->data("fc1.weight"));
   CHECK(train->state("step").get(0) == 1.0);
 }
 

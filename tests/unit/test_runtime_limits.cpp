@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "codegen/cpu/compile.h"
+#include "codegen/executable.h"
 #include "ir/parser.h"
 #include "runtime/blas.h"
 #include "runtime/kernels.h"
@@ -112,13 +113,13 @@ TEST_CASE("runtime: limits child", "[.runtime_limits_child]") {
   std::vector<float> a(512 * 512, 1.0f), b(512 * 512, 0.5f);
   if (name == "many_threads") {
     // Compile first (LLVM needs room), then leave room for a few buffers only.
-    auto code = cpu::compile(parse(kMatmul));
+    auto code = compile(parse(kMatmul));
     limit_address_space(uint64_t{kManyThreadsRoomMiB} << 20);
     TensorMap in;
     in.emplace("a", Tensor::from(DType::f32, {512, 512}, a));
     in.emplace("b", Tensor::from(DType::f32, {512, 512}, b));
     for (int run = 0; run < 3; ++run) {
-      TensorMap out = code->run(in);
+      TensorMap out = code->evaluate(in);
       const Tensor& c = out.at("out");
       for (int64_t i = 0; i < c.numel(); i += 4099) REQUIRE(c.get(i) == 256.0);
     }

@@ -1,0 +1,546 @@
+// The backend-neutral Executable: compile cache, state by name, run / evaluate, profiles.
+#include "codegen/executable.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+
+#include "ir/error.h"
+#include "ir/printer.h"
+#include "passes/kernel_plan.h"
+#include "passes/memory_plan.h"
+#include "passes/pipeline.h"
+
+namespace kiln {
+
+// ---- Backends ----
+
+namespace {
+
+const std::vector<std::unique_ptr<Backend>>& backends() {
+  static const std::vector<std::unique_ptr<Backend>>* list = [] {
+    auto* v = new std::vector<std::unique_ptr<Backend>>;
+    v->push_back(cpu::make_backend());
+    v->push_back(cuda::make_backend());
+    v->push_back(cuda::make_emu_backend());
+    return v;
+  }();
+  return *list;
+}
+
+}  // namespace
+
+std::vector<std::string> backend_names() {
+  std::vector<std::string> out;
+  for (const auto& b : backends()) out.push_back(b->name());
+  return out;
+}
+
+const Backend& backend(std::string_view target) {
+  for (const auto& b : backends())
+    if (b->name() == target) return *b;
+  return backend(resolve_target({.target = std::string(target)}));  // throws, listing the names
+}
+
+// ---- StateStore ----
+
+StateStore::StateStore(std::shared_ptr<Device> device) : device_(std::move(device)) {}
+
+StateStore::~StateStore() {
+  for (auto& [name, e] : entries_) device_->release(e.data);
+}
+
+bool StateStore::contains(std::string_view name) const { return entries_.find(name) != entries_.end(); }
+
+const TensorType* StateStore::type(std::string_view name) const {
+  auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : &it->second.type;
+}
+
+void* StateStore::data(std::string_view name) const {
+  auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : it->second.data;
+}
+
+void StateStore::set(std::string_view name, const Tensor& value) {
+  auto it = entries_.find(name);
+  if (it != entries_.end() && it->second.type != value.type()) {
+    device_->release(it->second.data);
+    entries_.erase(it);
+    it = entries_.end();
+  }
+  if (it == entries_.end()) {
+    Entry e{value.type(), device_->allocate(static_cast<int64_t>(value.nbytes()))};
+    it = entries_.emplace(std::string(name), e).first;
+  }
+  Tensor dense = value.materialized();
+  device_->upload(it->second.data, dense.raw(), static_cast<int64_t>(dense.nbytes()));
+}
+
+Tensor StateStore::get(std::string_view name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw Error("state '%" + std::string(name) + "' is not set");
+  Tensor t(it->second.type.dtype, it->second.type.shape);
+  device_->download(t.raw(), it->second.data, static_cast<int64_t>(t.nbytes()));
+  return t;
+}
+
+void StateStore::erase(std::string_view name) {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return;
+  device_->release(it->second.data);
+  entries_.erase(it);
+}
+
+std::vector<std::string> StateStore::names() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : entries_) out.push_back(k);
+  return out;
+}
+
+TensorMap StateStore::snapshot() const {
+  TensorMap out;
+  for (const auto& [k, v] : entries_) out.emplace(k, get(k));
+  return out;
+}
+
+// ---- Compile cache ----
+
+namespace {
+
+struct Cache {
+  struct Entry {
+    std::string key_text;
+    std::shared_ptr<const Program> program;
+    uint64_t last_use = 0;
+  };
+  std::mutex mutex;
+  std::map<std::string, Entry> entries;  // by hash
+  size_t capacity = 64;
+  uint64_t clock = 0;
+  size_t hits = 0, misses = 0;
+
+  void evict() {
+    while (entries.size() > capacity) {
+      auto oldest = entries.begin();
+      for (auto it = entries.begin(); it != entries.end(); ++it)
+        if (it->second.last_use < oldest->second.last_use) oldest = it;
+      entries.erase(oldest);
+    }
+  }
+};
+Cache& cache() {
+  static Cache* c = new Cache;  // never destroyed: JIT'ed code outlives static destructors
+  return *c;
+}
+
+std::string key_text(const Graph& g, const CompileOptions& options, const Backend& be) {
+  std::string text = print(g);
+  text += "\n;target " + be.name() + " " + be.target_key(options);
+  text += "\n;options optimize_graph=" + std::to_string(options.optimize_graph) +
+          " profile=" + std::to_string(options.profile);
+  if (const char* e = std::getenv("KILN_CODEGEN_BASELINE"); e && std::string_view(e) == "1") text += " baseline";
+  return text;
+}
+
+}  // namespace
+
+std::shared_ptr<const Prepared> prepare(const Graph& g, const CompileOptions& options) {
+  verify(g);
+  auto p = std::make_shared<Prepared>();
+  PipelineOptions po;
+  p->graph = options.optimize_graph ? run_pipeline(g, po).graph : g;
+  p->memory = plan_memory(p->graph, po.pass_options);
+  KernelPlanOptions ko;
+  if (const char* e = std::getenv("KILN_CODEGEN_BASELINE"); e && std::string_view(e) == "1") {
+    ko.gemm_epilogue = false;
+  }
+  p->kernels = plan_kernels(p->graph, p->memory, ko);
+  check_kernel_plan(p->graph, p->memory, p->kernels);
+  return p;
+}
+
+std::string compile_cache_key(const Graph& g, const CompileOptions& options) {
+  return hash_hex(key_text(g, options, backend(resolve_target(options))));
+}
+
+CompileCacheStats compile_cache_stats() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return {c.entries.size(), c.hits, c.misses};
+}
+
+void set_compile_cache_capacity(size_t entries) {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.capacity = entries;
+  c.evict();
+}
+
+void clear_compile_cache() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.entries.clear();  // executables made from an entry keep its program alive
+}
+
+// ---- Executable ----
+
+namespace {
+
+// The state input named `name` of `g`, or null.
+const Value* state_input(const Graph& g, std::string_view name) {
+  ValueId v = g.find(name);
+  if (!v.valid() || g.value(v).input < 0 || !g.is_state(v)) return nullptr;
+  return &g.value(v);
+}
+
+std::string state_list(const Graph& g) {
+  std::string s;
+  for (const GraphInput& gi : g.inputs())
+    if (gi.is_state) s += (s.empty() ? "%" : ", %") + g.value(gi.value).name;
+  return s.empty() ? "none" : s;
+}
+
+int64_t byte_size(const TensorType& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype)); }
+
+}  // namespace
+
+Executable::Executable(const Graph& g, const CompileOptions& options, std::shared_ptr<StateStore> store)
+    : graph_(g), options_(options) {
+  auto t0 = std::chrono::steady_clock::now();
+  target_ = resolve_target(options);
+  options_.target = target_;
+  const Backend& be = backend(target_);
+  be.check_available(options_);
+  verify(g);
+  std::string text = key_text(g, options_, be);
+  key_ = hash_hex(text);
+  Cache& c = cache();
+  bool use_cache = options.use_cache;
+  if (use_cache) {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto it = c.entries.find(key_);
+    if (it != c.entries.end() && it->second.key_text == text) {
+      ++c.hits;
+      it->second.last_use = ++c.clock;
+      program_ = it->second.program;
+      from_cache_ = true;
+    } else {
+      ++c.misses;
+    }
+  }
+  if (!program_) {
+    program_ = be.compile(prepare(g, options_), options_);
+    if (use_cache) {
+      std::lock_guard<std::mutex> lock(c.mutex);
+      c.entries[key_] = Cache::Entry{text, program_, ++c.clock};
+      c.evict();
+    }
+  }
+  compile_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  instance_ = program_->instantiate();
+  if (store && store->device() != program_->device())
+    throw Error("compile @" + g.name() + ": the state store is on " + store->device()->name() + " but the target '" +
+                target_ + "' runs on " + program_->device()->name());
+  store_ = store ? std::move(store) : std::make_shared<StateStore>(program_->device());
+
+  const Graph& cg = compiled_graph();
+  // The pipeline keeps the signature; run() relies on it.
+  KILN_CHECK(cg.inputs().size() == graph_.inputs().size(), "executable: the pipeline changed the graph's inputs");
+  for (size_t i = 0; i < cg.inputs().size(); ++i) {
+    const Value& a = cg.value(cg.inputs()[i].value);
+    const Value& b = graph_.value(graph_.inputs()[i].value);
+    KILN_CHECK(a.name == b.name && a.type == b.type && cg.inputs()[i].is_state == graph_.inputs()[i].is_state,
+               "executable: the pipeline changed input '" + b.name + "'");
+  }
+  for (size_t i = 0; i < cg.outputs().size(); ++i) {
+    const GraphOutput& o = cg.outputs()[i];
+    const Value* x = o.name.ends_with(".next") ? state_input(cg, std::string_view(o.name).substr(0, o.name.size() - 5))
+                                               : nullptr;
+    if (!x) {
+      returned_outputs_.push_back(i);
+      continue;
+    }
+    ValueId xv = cg.find(x->name);
+    const ValuePlan& p = plan().at(o.value);
+    if (p.kind == BufferKind::StateInPlace && p.state == xv) continue;  // the code wrote it into X
+    if (o.value == xv) continue;                                        // X.next = %X
+    bool from_input = p.kind == BufferKind::Input || p.kind == BufferKind::State;
+    updates_.push_back({static_cast<size_t>(x->input), o.value, from_input});
+  }
+  buffers_.resize(cg.inputs().size());
+  staging_.resize(cg.inputs().size(), nullptr);
+  reset_profile();
+}
+
+Executable::~Executable() {
+  for (void* p : staging_)
+    if (p) program_->device()->release(p);
+}
+
+const Prepared& Executable::prepared() const { return program_->prepared(); }
+const std::shared_ptr<Device>& Executable::device() const { return program_->device(); }
+
+std::vector<std::string> Executable::emit_forms() const {
+  std::vector<std::string> forms = {"kernels"};
+  for (const std::string& f : program_->emit_forms()) forms.push_back(f);
+  return forms;
+}
+
+std::string Executable::emit(std::string_view form) const {
+  if (form == "kernels") return format_kernel_plan(compiled_graph(), prepared().kernels);
+  for (const std::string& f : program_->emit_forms())
+    if (f == form) return program_->emit(form);
+  std::string known;
+  for (const std::string& f : emit_forms()) known += (known.empty() ? "" : ", ") + f;
+  throw Error("emit: target '" + target_ + "' has no form '" + std::string(form) + "' (forms: " + known + ")");
+}
+
+std::vector<std::string> Executable::input_names() const {
+  std::vector<std::string> out;
+  for (const GraphInput& gi : graph_.inputs())
+    if (!gi.is_state) out.push_back(graph_.value(gi.value).name);
+  return out;
+}
+
+std::vector<std::string> Executable::state_names() const {
+  std::vector<std::string> out;
+  for (const GraphInput& gi : graph_.inputs())
+    if (gi.is_state) out.push_back(graph_.value(gi.value).name);
+  return out;
+}
+
+void Executable::set_state(std::string_view name, const Tensor& value) {
+  const Value* v = state_input(graph_, name);
+  if (!v) {
+    ValueId id = graph_.find(name);
+    if (id.valid() && graph_.value(id).input >= 0)
+      throw Error("set_state @" + graph_.name() + ": '%" + std::string(name) +
+                  "' is an input, not state: pass it to run()");
+    throw Error("set_state @" + graph_.name() + ": no state input '%" + std::string(name) + "' (state: " +
+                state_list(graph_) + ")");
+  }
+  if (value.type() != v->type)
+    throw Error("set_state @" + graph_.name() + ": state '%" + v->name + "': expected " + v->type.str() + ", got " +
+                value.type().str());
+  store_->set(name, value);
+}
+
+void Executable::set_state(const TensorMap& state) {
+  // Check everything first: a bad map changes nothing.
+  for (const auto& [name, t] : state) {
+    const Value* v = state_input(graph_, name);
+    if (!v || t.type() != v->type) set_state(name, t);  // throws the right message
+  }
+  for (const auto& [name, t] : state) store_->set(name, t);
+}
+
+Tensor Executable::state(std::string_view name) const {
+  if (!state_input(graph_, name))
+    throw Error("state @" + graph_.name() + ": no state input '%" + std::string(name) + "' (state: " +
+                state_list(graph_) + ")");
+  if (!store_->contains(name)) throw Error("state @" + graph_.name() + ": state '%" + std::string(name) + "' is not set");
+  return store_->get(name);
+}
+
+TensorMap Executable::state() const {
+  TensorMap out;
+  for (const GraphInput& gi : graph_.inputs()) {
+    if (!gi.is_state) continue;
+    const std::string& name = graph_.value(gi.value).name;
+    if (store_->contains(name)) out.emplace(name, store_->get(name));
+  }
+  return out;
+}
+
+void Executable::share_state_with(const Executable& other) {
+  if (other.store_->device() != store_->device())
+    throw Error("share_state_with: @" + graph_.name() + " runs on " + store_->device()->name() + " but @" +
+                other.graph_.name() + " on " + other.store_->device()->name() +
+                ": copy the state instead (set_state(other.state()))");
+  for (const GraphInput& gi : graph_.inputs()) {
+    if (!gi.is_state) continue;
+    const Value& v = graph_.value(gi.value);
+    if (const Value* o = state_input(other.graph_, v.name); o && o->type != v.type)
+      throw Error("share_state_with: state '%" + v.name + "' is " + v.type.str() + " in @" + graph_.name() + " but " +
+                  o->type.str() + " in @" + other.graph_.name());
+  }
+  store_ = other.store_;
+}
+
+// Points buffers_ at every input: the caller's tensors (a host device reads them in place,
+// another gets them uploaded into per-input staging buffers) and the store's state.
+void Executable::bind_inputs(const TensorMap& inputs, std::string_view where_) {
+  const Graph& g = compiled_graph();
+  const std::string where(where_);
+  for (const auto& [name, t] : inputs) {
+    ValueId v = g.find(name);
+    if (!v.valid() || g.value(v).input < 0) {
+      std::string expected;
+      for (const std::string& n : input_names()) expected += (expected.empty() ? "%" : ", %") + n;
+      throw Error(where + "unknown input '" + name + "' (inputs: " + (expected.empty() ? "none" : expected) + ")");
+    }
+    if (g.is_state(v)) throw Error(where + "'%" + name + "' is state held by the executable: use set_state()");
+  }
+  Device& dev = *device();
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    const GraphInput& gi = g.inputs()[i];
+    const Value& v = g.value(gi.value);
+    if (gi.is_state) {
+      const TensorType* t = store_->type(v.name);
+      if (!t) throw Error(where + "state '%" + v.name + "' is not set: call set_state() first");
+      if (*t != v.type) throw Error(where + "state '%" + v.name + "': expected " + v.type.str() + ", got " + t->str());
+      buffers_[i] = store_->data(v.name);
+      continue;
+    }
+    auto it = inputs.find(v.name);
+    if (it == inputs.end()) throw Error(where + "missing input '%" + v.name + "': expected " + v.type.str());
+    const Tensor& t = it->second;
+    if (t.type() != v.type)
+      throw Error(where + "input '%" + v.name + "': expected " + v.type.str() + ", got " + t.type().str());
+    if (dev.host_visible() && !t.is_splat()) {
+      buffers_[i] = const_cast<std::byte*>(t.raw());  // inputs are never written
+      continue;
+    }
+    if (!staging_[i]) staging_[i] = dev.allocate(byte_size(v.type));
+    Tensor dense = t.materialized();
+    dev.upload(staging_[i], dense.raw(), byte_size(v.type));
+    buffers_[i] = staging_[i];
+  }
+}
+
+Tensor Executable::download(ValueId v) const {
+  const TensorType& type = compiled_graph().type(v);
+  Tensor t(type.dtype, type.shape);
+  device()->download(t.raw(), instance_->output_data(v, buffers_), byte_size(type));
+  return t;
+}
+
+TensorMap Executable::run(const TensorMap& inputs) {
+  TensorMap out;
+  run_impl(inputs, &out);
+  return out;
+}
+
+void Executable::step(const TensorMap& inputs) { run_impl(inputs, nullptr); }
+
+void Executable::run_impl(const TensorMap& inputs, TensorMap* outputs) {
+  const Graph& g = compiled_graph();
+  bind_inputs(inputs, (outputs ? "run @" : "step @") + g.name() + ": ");
+  instance_->call(buffers_);
+  if (options_.profile) {
+    std::vector<int64_t> ns = instance_->profile_ns();
+    for (size_t i = 0; i < ns.size() && i < prof_ns_.size(); ++i) prof_ns_[i] += ns[i];
+    instance_->reset_profile();
+    ++prof_runs_;
+  }
+  // Outputs first (an old state value may be one), then the updates whose source is an
+  // input or state buffer (staged: another update may overwrite it), then the rest.
+  if (outputs)
+    for (size_t i : returned_outputs_) outputs->emplace(g.outputs()[i].name, download(g.outputs()[i].value));
+  Device& dev = *device();
+  std::vector<void*> staged;
+  for (const Update& u : updates_) {
+    if (!u.from_input) continue;
+    void* p = dev.allocate(byte_size(g.type(u.value)));
+    dev.copy(p, instance_->output_data(u.value, buffers_), byte_size(g.type(u.value)));
+    staged.push_back(p);
+  }
+  size_t k = 0;
+  for (const Update& u : updates_) {
+    const void* src = u.from_input ? staged[k++] : instance_->output_data(u.value, buffers_);
+    dev.copy(buffers_[u.state_input], src, byte_size(g.type(u.value)));
+  }
+  for (void* p : staged) dev.release(p);
+}
+
+TensorMap Executable::evaluate(const TensorMap& inputs_and_state) {
+  const Graph& g = compiled_graph();
+  const std::string where = "evaluate @" + g.name() + ": ";
+  // A private store for the given state: the held one is not touched.
+  auto held = store_;
+  store_ = std::make_shared<StateStore>(device());
+  TensorMap plain;
+  try {
+    for (const auto& [name, t] : inputs_and_state) {
+      if (state_input(graph_, name)) {
+        const Value* v = state_input(graph_, name);
+        if (t.type() != v->type)
+          throw Error(where + "state '%" + name + "': expected " + v->type.str() + ", got " + t.type().str());
+        store_->set(name, t);
+      } else {
+        plain.emplace(name, t);
+      }
+    }
+    for (const GraphInput& gi : g.inputs())
+      if (gi.is_state && !store_->contains(g.value(gi.value).name))
+        throw Error(where + "missing input '%" + g.value(gi.value).name + "': expected " + g.type(gi.value).str());
+    bind_inputs(plain, where);
+    instance_->call(buffers_);
+    TensorMap out;
+    for (const GraphOutput& o : g.outputs()) out.emplace(o.name, download(o.value));
+    store_ = held;
+    return out;
+  } catch (...) {
+    store_ = held;
+    throw;
+  }
+}
+
+void Executable::reset_profile() {
+  prof_ns_.assign(compiled_graph().nodes().size(), 0);
+  prof_runs_ = 0;
+  instance_->reset_profile();
+}
+
+namespace {
+
+// "matmul", or "fused{matmul,add,relu}" for a fused node (its body's ops, in order).
+std::string op_list(const Node& n) {
+  if (n.op != Op::Fused || !n.body) return std::string(op_name(n.op));
+  std::string s = "fused{";
+  for (size_t i = 0; i < n.body->nodes().size(); ++i) s += (i ? "," : "") + op_list(n.body->nodes()[i]);
+  return s + "}";
+}
+
+}  // namespace
+
+std::string Executable::profile_report() const {
+  if (!options_.profile) return "profile: off (compile with CompileOptions::profile = true)\n";
+  const Graph& g = compiled_graph();
+  std::vector<std::string> names = value_names(g);
+  int64_t total = 0;
+  for (int64_t ns : prof_ns_) total += ns;
+  std::vector<size_t> order(prof_ns_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return prof_ns_[a] > prof_ns_[b]; });
+  std::ostringstream os;
+  char line[512];
+  std::snprintf(line, sizeof line, "profile @%s (%s): %lld runs, %.3f ms in %zu kernels\n", g.name().c_str(),
+                target_.c_str(), static_cast<long long>(prof_runs_), static_cast<double>(total) / 1e6, order.size());
+  os << line;
+  std::snprintf(line, sizeof line, "%-24s %-40s %8s %12s %7s\n", "kernel", "ops", "calls", "total ms", "%");
+  os << line;
+  for (size_t i : order) {
+    const Node& n = g.nodes()[i];
+    std::string kernel;
+    for (ValueId r : n.results) kernel += (kernel.empty() ? "" : ",") + names.at(static_cast<size_t>(r.id));
+    std::string ops = op_list(n);
+    if (ops.size() > 40) ops = ops.substr(0, 37) + "...";
+    double ms = static_cast<double>(prof_ns_[i]) / 1e6;
+    double pct = total ? 100.0 * static_cast<double>(prof_ns_[i]) / static_cast<double>(total) : 0.0;
+    std::snprintf(line, sizeof line, "%-24s %-40s %8lld %12.3f %6.1f%%\n", kernel.c_str(), ops.c_str(),
+                  static_cast<long long>(prof_runs_), ms, pct);
+    os << line;
+  }
+  return os.str();
+}
+
+std::shared_ptr<Executable> compile(const Graph& g, const CompileOptions& options, std::shared_ptr<StateStore> store) {
+  return std::make_shared<Executable>(g, options, std::move(store));
+}
+
+}  // namespace kiln

@@ -1,0 +1,177 @@
+// The user-facing compiled graph, the same for every target: kiln::compile() runs the pass
+// pipeline, plans memory and kernels (codegen/backend.h's Prepared), hands the result to
+// the target's backend (cpu: LLVM JIT; cuda: NVRTC + cuBLAS) and wraps the code in an
+// Executable that holds the state (parameters, optimizer buffers, step, lr) by name.
+//
+//   auto train = kiln::compile(step.graph, {.target = "cpu"});  // or "cuda", or $KILN_TARGET
+//   train->set_state(params); train->set_state(step.initial_state());
+//   for (...) TensorMap out = train->run({{"x", xs}, {"y", ys}});  // loss, accuracy
+//   auto infer = kiln::compile(model);            // same parameter names and types
+//   infer->share_state_with(*train);               // no copies: one StateStore
+//   TensorMap logits = infer->run({{"x", xs}});     // sees train's latest weights
+//
+// run() takes the non-state inputs and returns every output except the state updates
+// ("X.next" of a state input X: ir/calling.h), which become X's new value. State lives on
+// the target's device in a StateStore and its buffers are handed straight to the code,
+// which writes the updates planned in place (passes/memory_plan.h) directly into them; the
+// rest are copied on the device after the step. On a GPU nothing goes back to the host but
+// the returned outputs and what the user reads with state().
+//
+// evaluate() is the pure form, like kiln::interpret: every input, state included, in; every
+// output, state updates included, out; the held state is neither read nor changed.
+//
+// Compile cache: compile() keeps every program it builds in an in-process cache keyed by a
+// BLAKE3 hash of the canonical IR text of the input graph, the target (backend name and its
+// target_key: CPU triple/features, GPU architecture) and the options that change the code; a
+// hit compares the full key text before it is trusted. Compiling the same graph for the same
+// target again skips the pipeline and the backend: the new Executable shares the code
+// (read-only) and gets its own arena. Up to 64 programs (least recently used evicted first)
+// for the life of the process.
+//
+// Not thread-safe: one run() at a time per executable and per state store. Separate
+// executables with separate stores may run concurrently.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "codegen/backend.h"
+#include "ir/interp.h"
+
+namespace kiln {
+
+// Named state tensors on one device, shared by the executables that use them.
+class StateStore {
+ public:
+  explicit StateStore(std::shared_ptr<Device> device = host_device());
+  ~StateStore();
+  StateStore(const StateStore&) = delete;
+  StateStore& operator=(const StateStore&) = delete;
+
+  const std::shared_ptr<Device>& device() const { return device_; }
+  bool contains(std::string_view name) const;
+  const TensorType* type(std::string_view name) const;  // null if not set
+  void* data(std::string_view name) const;               // device pointer; null if not set
+  // Sets `name` (uploads); an existing tensor of the same type is overwritten in place
+  // (its buffer stays where it is), otherwise replaced.
+  void set(std::string_view name, const Tensor& value);
+  Tensor get(std::string_view name) const;  // downloads a copy; kiln::Error if not set
+  void erase(std::string_view name);
+  std::vector<std::string> names() const;
+  TensorMap snapshot() const;  // downloads every tensor
+
+ private:
+  struct Entry {
+    TensorType type;
+    void* data = nullptr;
+  };
+  std::shared_ptr<Device> device_;
+  std::map<std::string, Entry, std::less<>> entries_;
+};
+
+class Executable {
+ public:
+  // Compiles `g` for options.target (see compile()). With `store`, state lives there
+  // (shared with whoever else holds it; it must be on the target's device); otherwise in
+  // a new, empty store on the target's device.
+  explicit Executable(const Graph& g, const CompileOptions& options = {}, std::shared_ptr<StateStore> store = {});
+  ~Executable();
+  Executable(const Executable&) = delete;
+  Executable& operator=(const Executable&) = delete;
+
+  const Graph& graph() const { return graph_; }  // the graph as given (its signature)
+  const Prepared& prepared() const;              // optimized graph, memory and kernel plans
+  const Graph& compiled_graph() const { return prepared().graph; }
+  const MemoryPlan& plan() const { return prepared().memory; }
+  const std::string& target() const { return target_; }
+  const CompileOptions& options() const { return options_; }
+  const std::shared_ptr<Device>& device() const;
+  double compile_milliseconds() const { return compile_ms_; }  // pipeline included, or the cache hit
+  bool from_cache() const { return from_cache_; }
+  const std::string& cache_key() const { return key_; }  // hex BLAKE3 of the key text
+
+  // The generated code as text: "kernels" (the kernel plan, every target) and the
+  // backend's forms (cpu: "llvm", "asm"; cuda: "cuda", "ptx"). kiln::Error for another.
+  std::string emit(std::string_view form) const;
+  std::vector<std::string> emit_forms() const;
+
+  std::vector<std::string> input_names() const;  // non-state inputs, in graph order
+  std::vector<std::string> state_names() const;  // state inputs, in graph order
+
+  // Sets state: every name must be a state input of graph() with exactly its type (a
+  // kiln::Error names the first that is not; then nothing is set). Names not given keep
+  // their values; run() requires every state input to be set.
+  void set_state(const TensorMap& state);
+  void set_state(std::string_view name, const Tensor& value);
+  // A copy of state input `name` (downloaded; kiln::Error if unknown or not set yet).
+  Tensor state(std::string_view name) const;
+  TensorMap state() const;  // copies of every state input of graph() that is set
+  const std::shared_ptr<StateStore>& state_store() const { return store_; }
+  // From now on use `other`'s store (this one's values are dropped). Both must be on the
+  // same device, and state both graphs use must have the same type (kiln::Error otherwise).
+  void share_state_with(const Executable& other);
+
+  // One step: the non-state inputs by name (missing, unknown, state or mistyped inputs
+  // are kiln::Errors) -> every output but the state updates, by name.
+  TensorMap run(const TensorMap& inputs);
+  // As run(), without reading any output back: the state is updated and nothing else leaves
+  // the device (a training loop that reads the loss only now and then).
+  void step(const TensorMap& inputs);
+  // Pure: every input, state included -> every output, state updates included.
+  TensorMap evaluate(const TensorMap& inputs_and_state);
+
+  // Per-kernel time of the runs so far (compile with CompileOptions::profile), slowest
+  // first: kernel (its results' names), the ops it runs, calls, total ms, % of the total.
+  std::string profile_report() const;
+  void reset_profile();
+
+ private:
+  struct Update {
+    size_t state_input;  // index into the compiled graph's inputs
+    ValueId value;       // the X.next value in the compiled graph
+    bool from_input;     // its data is an input/state buffer: stage it before any update
+  };
+  void bind_inputs(const TensorMap& inputs, std::string_view where);
+  void run_impl(const TensorMap& inputs, TensorMap* outputs);
+  Tensor download(ValueId v) const;
+
+  Graph graph_;
+  CompileOptions options_;
+  std::string target_, key_;
+  double compile_ms_ = 0;
+  bool from_cache_ = false;
+  std::shared_ptr<const Program> program_;
+  std::unique_ptr<Instance> instance_;
+  std::shared_ptr<StateStore> store_;
+  std::vector<Update> updates_;           // X.next not written in place by the code
+  std::vector<size_t> returned_outputs_;  // indices into compiled graph outputs
+  std::vector<void*> buffers_;            // per compiled input: device pointer of this call
+  std::vector<void*> staging_;            // per non-state input on a non-host device
+  std::vector<int64_t> prof_ns_;
+  int64_t prof_runs_ = 0;
+};
+
+// Compiles `g` for options.target ("cpu", "cuda"; empty: $KILN_TARGET, else "cpu"). Throws
+// kiln::Error for a graph that does not verify, an unknown target, a target not usable here
+// (one line saying why, e.g. "no CUDA driver found (libcuda.so.1)"), or an op the backend
+// cannot compile.
+std::shared_ptr<Executable> compile(const Graph& g, const CompileOptions& options = {},
+                                    std::shared_ptr<StateStore> store = {});
+
+// The pipeline and plans compile() runs before the backend (no cache).
+std::shared_ptr<const Prepared> prepare(const Graph& g, const CompileOptions& options = {});
+
+// The cache key compile() would use (hex).
+std::string compile_cache_key(const Graph& g, const CompileOptions& options = {});
+struct CompileCacheStats {
+  size_t entries = 0, hits = 0, misses = 0;
+};
+CompileCacheStats compile_cache_stats();
+void clear_compile_cache();
+// At most this many entries (default 64), least recently used evicted first; 0 disables.
+void set_compile_cache_capacity(size_t entries);
+
+}  // namespace kiln
