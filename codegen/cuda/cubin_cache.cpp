@@ -1,7 +1,8 @@
 #include "codegen/cuda/cubin_cache.h"
 
+#include "codegen/backend.h"
+
 #include <fmt/format.h>
-#include <llvm-c/blake3.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -30,18 +31,6 @@ bool read_number(std::string_view s, size_t& pos, uint64_t& value) {
 }
 
 }  // namespace
-
-std::string hash_hex(std::string_view s) {
-  llvm_blake3_hasher h;
-  llvm_blake3_hasher_init(&h);
-  llvm_blake3_hasher_update(&h, s.data(), s.size());
-  uint8_t out[LLVM_BLAKE3_OUT_LEN];
-  llvm_blake3_hasher_finalize(&h, out, LLVM_BLAKE3_OUT_LEN);
-  std::string hex;
-  hex.reserve(2 * LLVM_BLAKE3_OUT_LEN);
-  for (uint8_t b : out) hex += fmt::format("{:02x}", b);
-  return hex;
-}
 
 std::string cache_directory() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");

@@ -3,6 +3,7 @@
 //
 // The key text is everything that decides the CUBIN: the whole CUDA source, the GPU
 // architecture and the NVRTC version. An entry is named by the BLAKE3 hash of the key text
+// (kiln::hash_hex)
 // and stores the key text itself, which a hit compares before trusting the entry (a hash
 // match alone is never trusted). Entries live in $XDG_CACHE_HOME/kiln (default
 // ~/.cache/kiln) and are written atomically (a temporary file renamed into place), so a
@@ -17,10 +18,6 @@
 #include <string_view>
 
 namespace kiln::cuda {
-
-// BLAKE3 of `s` as 64 lower-case hex digits. (Local to the CUDA backend until a shared
-// kiln::hash_hex lands in codegen/.)
-std::string hash_hex(std::string_view s);
 
 // $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; empty when neither variable is set.
 std::string cache_directory();
