@@ -19,6 +19,8 @@
 
 #include "codegen/backend.h"
 #include "codegen/cuda/cubin_cache.h"
+#include "codegen/cuda/nvrtc.h"
+#include "codegen/executable.h"
 #include "codegen/cuda/driver.h"
 #include "codegen/cuda/gemm.h"
 #include "ir/error.h"
@@ -95,6 +97,33 @@ TEST_CASE("the cuda backend without a driver: check_available and target_key are
   CHECK_THAT(e, StartsWith("no CUDA driver found (libkiln-no-such-driver.so.1): "));
   CHECK(e.find('\n') == std::string::npos);
   CHECK(error_of([&] { backend->target_key(o); }) == e);
+}
+
+TEST_CASE("with an architecture given, the cuda backend compiles and emits with NVRTC alone", "[cuda_runtime]") {
+  std::string why;
+  if (!kiln::cuda::nvrtc_available(&why)) SKIP(why);
+  ScopedEnv env("KILN_CUDA_DRIVER_LIB", "libkiln-no-such-driver.so.1");
+  kiln::Graph g("relu_add");
+  auto x = g.add_input("x", {kiln::DType::f32, {4, 8}});
+  g.add_output("y", g.add_node(kiln::Op::Relu, {g.add_node(kiln::Op::Add, {x, x})}));
+  kiln::CompileOptions o;
+  o.target = "cuda";
+  o.cuda_arch = "sm_80";
+  o.use_cache = false;
+  auto backend = kiln::cuda::make_backend();
+  backend->check_available(o);  // no driver needed
+  CHECK_THAT(backend->target_key(o), ContainsSubstring("sm_80") && ContainsSubstring("driver none"));
+  auto program = backend->compile(kiln::prepare(g, o), o);
+  CHECK_THAT(program->emit("cuda"), ContainsSubstring("kiln_k0"));
+  CHECK_THAT(program->emit("ptx"), ContainsSubstring(".target sm_80"));
+  CHECK(program->emit_forms() == std::vector<std::string>{"cuda", "ptx"});
+  CHECK_THAT(error_of([&] { program->emit("asm"); }), StartsWith("the cuda target cannot emit 'asm'"));
+  // Running needs the GPU: the driver's one line.
+  CHECK_THAT(error_of([&] { program->instantiate(); }), StartsWith("no CUDA driver found"));
+  CHECK_THAT(error_of([&] { program->device(); }), StartsWith("no CUDA driver found"));
+  o.cuda_arch = "sm_9x";
+  CHECK(error_of([&] { backend->check_available(o); }) ==
+        "cuda: bad architecture 'sm_9x' (expected sm_XX, e.g. sm_75, sm_80, sm_90)");
 }
 
 TEST_CASE("without libcuda.so.1 on the loader path, the default driver name is reported", "[cuda_runtime]") {
