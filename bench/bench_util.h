@@ -1,5 +1,5 @@
-// What the benchmark programs share: deterministic random inputs, the fused elementwise
-// chain they time, and the command line (--quick, --help).
+// What the benchmark programs share: deterministic random inputs, the graphs they both time
+// (a fused elementwise chain, a matmul), and the command line (--quick, --help).
 #pragma once
 
 #include <cstdio>
@@ -37,6 +37,15 @@ inline Graph elementwise_chain(int64_t n) {
   v = g.add_node(Op::Mul, {v, v});
   v = g.add_node(Op::Neg, {v});
   g.add_output("y", v);
+  return g;
+}
+
+// c = a x b for a: f32[m,k], b: f32[k,n].
+inline Graph matmul_graph(int64_t m, int64_t k, int64_t n) {
+  Graph g("mm");
+  auto a = g.add_input("a", {DType::f32, {m, k}});
+  auto b = g.add_input("b", {DType::f32, {k, n}});
+  g.add_output("c", g.add_node(Op::Matmul, {a, b}));
   return g;
 }
 

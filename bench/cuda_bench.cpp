@@ -7,7 +7,7 @@
 //      the Executable (host batches in, loss out, as a user trains), with the per-step time
 //      and a CPU-side breakdown of one step through the backend seam (upload the batch,
 //      enqueue the step's CUDA graph, wait for the GPU, download the loss);
-//   4. compile time of both training steps: cold (render + NVRTC + load), and cached (CUBIN
+//   4. compile time of both training steps: cold (render + NVRTC), and cached (render + the CUBIN
 //      from the disk cache, and from memory): a cached start skips NVRTC.
 // GPU times come from CUDA events around N back-to-back repetitions. Without a usable GPU
 // it exits 1 with the one-line reason.
@@ -119,10 +119,7 @@ void bench_matmul() {
   const int64_t shapes[][3] = {{64, 784, 256}, {1024, 1024, 1024}, {4096, 4096, 4096}};
   for (const auto& s : shapes) {
     int64_t m = s[0], k = s[1], n = s[2];
-    kiln::Graph g("mm");
-    auto a = g.add_input("a", {kiln::DType::f32, {m, k}});
-    auto b = g.add_input("b", {kiln::DType::f32, {k, n}});
-    g.add_output("c", g.add_node(kiln::Op::Matmul, {a, b}));
+    kiln::Graph g = kiln::bench::matmul_graph(m, k, n);
     Compiled kc = compile_seam(g, {{"a", random_tensor(kiln::DType::f32, {m, k}, 1)},
                                    {"b", random_tensor(kiln::DType::f32, {k, n}, 2)}});
     cu::CudaDevice& dev = device_of(*kc.program);
@@ -235,7 +232,8 @@ void bench_training(bool cnn, int64_t batch, double pytorch_eager, double pytorc
 }
 
 void bench_compile() {
-  std::printf("4. compile time of the training steps: cold (render + NVRTC + load) vs cached (no NVRTC)\n");
+  std::printf("4. compile time of the training steps (the backend alone): cold (render + NVRTC) vs cached "
+              "(render + CUBIN read, no NVRTC)\n");
   // A private cache directory, so "cold" and "disk" are what they say.
   auto dir = std::filesystem::temp_directory_path() / ("kiln_cuda_bench_" + std::to_string(::getpid()));
   ::setenv("XDG_CACHE_HOME", dir.c_str(), 1);

@@ -59,10 +59,7 @@ void bench_matmul() {
   const int64_t shapes[][3] = {{64, 784, 256}, {256, 256, 256}, {512, 512, 512}, {1024, 1024, 1024}};
   for (const auto& s : shapes) {
     int64_t m = s[0], k = s[1], n = s[2];
-    kiln::Graph g("mm");
-    auto a = g.add_input("a", {kiln::DType::f32, {m, k}});
-    auto b = g.add_input("b", {kiln::DType::f32, {k, n}});
-    g.add_output("c", g.add_node(kiln::Op::Matmul, {a, b}));
+    kiln::Graph g = kiln::bench::matmul_graph(m, k, n);
     auto code = kiln::compile(g, {.target = "cpu"});
     kiln::TensorMap in{{"a", random_tensor(kiln::DType::f32, {m, k}, 1)}, {"b", random_tensor(kiln::DType::f32, {k, n}, 2)}};
     double kiln_s = best_time([&] { code->run(in); });

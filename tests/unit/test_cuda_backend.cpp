@@ -21,23 +21,16 @@
 #include "codegen/cuda/render.h"
 #include "codegen/executable.h"
 #include "ir/error.h"
+#include "error_of.h"
 #include "frontend/losses.h"
 #include "frontend/nn.h"
 #include "ir/interp.h"
 #include "passes/train_step.h"
 
 using Catch::Matchers::StartsWith;
+using kiln::testing::error_of;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const kiln::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 kiln::Tensor ramp(kiln::Shape s, double scale, double offset) {
   kiln::Tensor t(kiln::DType::f32, std::move(s));

@@ -24,10 +24,12 @@
 #include "codegen/cuda/driver.h"
 #include "codegen/cuda/gemm.h"
 #include "ir/error.h"
+#include "error_of.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::ContainsSubstring;
 using Catch::Matchers::StartsWith;
+using kiln::testing::error_of;
 
 namespace {
 
@@ -63,15 +65,6 @@ struct TempDir {
     fs::remove_all(path, ec);
   }
 };
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const kiln::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 
