@@ -13,6 +13,8 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <type_traits>
+#include <utility>
 
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/DerivedTypes.h>
@@ -26,6 +28,7 @@
 #include "ir/error.h"
 #include "ir/interp.h"
 #include "ir/ops.h"
+#include "runtime/abi.h"
 
 namespace kiln::cpu::detail {
 
@@ -36,6 +39,7 @@ namespace {
 constexpr int64_t kMaxConstantBytes = int64_t{1} << 30;
 
 using llvm::Value;
+using RtFn = rt::Fn;
 
 struct Stream {
   std::vector<int64_t> strides;  // per dim of the iteration shape (elements; 0 = broadcast)
@@ -48,6 +52,42 @@ std::vector<int64_t> broadcast_strides(const Shape& from, const Shape& to) {
   size_t off = to.size() - from.size();
   for (size_t d = 0; d < from.size(); ++d) s[off + d] = from[d] == 1 ? 0 : fs[d];
   return s;
+}
+
+// The LLVM type of a type of runtime/abi.def's vocabulary (runtime/abi.h).
+template <typename T>
+llvm::Type* abi_type(llvm::LLVMContext& C) {
+  using namespace rt::abi;
+  if constexpr (std::is_void_v<T>) return llvm::Type::getVoidTy(C);
+  else if constexpr (std::is_same_v<T, ptr>) return llvm::PointerType::get(C, 0);
+  else if constexpr (std::is_same_v<T, i32>) return llvm::Type::getInt32Ty(C);
+  else if constexpr (std::is_same_v<T, i64>) return llvm::Type::getInt64Ty(C);
+  else if constexpr (std::is_same_v<T, f32>) return llvm::Type::getFloatTy(C);
+  else {
+    static_assert(std::is_same_v<T, f64>, "a type outside runtime/abi.def's vocabulary");
+    return llvm::Type::getDoubleTy(C);
+  }
+}
+template <typename F>
+struct AbiFunction;
+template <typename R, typename... A>
+struct AbiFunction<R(A...)> {
+  static llvm::FunctionType* get(llvm::LLVMContext& C) {
+    std::vector<llvm::Type*> params{abi_type<A>(C)...};
+    return llvm::FunctionType::get(abi_type<R>(C), params, false);
+  }
+};
+
+// The name and LLVM type of runtime function f, from its line in runtime/abi.def.
+std::pair<const char*, llvm::FunctionType*> runtime_function(RtFn f, llvm::LLVMContext& C) {
+  using namespace rt::abi;
+  switch (f) {
+#define KILN_RT(name, ret, ...) \
+  case RtFn::name: return {#name, AbiFunction<ret(__VA_ARGS__)>::get(C)};
+#include "runtime/abi.def"
+#undef KILN_RT
+  }
+  internal_error("codegen", "cpu codegen: a runtime function outside runtime/abi.def");
 }
 
 bool is_last_two_swap(const std::vector<int64_t>& perm) {
@@ -189,9 +229,13 @@ class Lowerer {
   void copy_bytes(Value* dst, Value* src, int64_t bytes) {
     if (bytes > 0) B_.CreateMemMove(dst, llvm::MaybeAlign(), src, llvm::MaybeAlign(), static_cast<uint64_t>(bytes));
   }
-  llvm::FunctionCallee runtime(const std::string& name, llvm::Type* ret, std::vector<llvm::Type*> args) {
+  llvm::FunctionCallee runtime(RtFn f) {
+    auto [name, type] = runtime_function(f, C_);
+    return external(name, type);
+  }
+  llvm::FunctionCallee external(const std::string& name, llvm::FunctionType* type) {
     runtime_.insert(name);
-    return M_->getOrInsertFunction(name, llvm::FunctionType::get(ret, args, false));
+    return M_->getOrInsertFunction(name, type);
   }
   Value* intrinsic(llvm::Intrinsic::ID id, Value* x) { return B_.CreateUnaryIntrinsic(id, x); }
 
@@ -247,7 +291,7 @@ class Lowerer {
       for_range(f->getArg(1), f->getArg(2), body);
       outlining_ = false;
     });
-    B_.CreateCall(runtime("kiln_rt_parallel_for", B_.getVoidTy(), {i64_, i64_, ptr_, ptr_}), {c64(n), c64(grain), fn, ctx});
+    B_.CreateCall(runtime(RtFn::kiln_rt_parallel_for), {c64(n), c64(grain), fn, ctx});
   }
 
   // Emits `body` into a new internal function NAME(ctx, extra...) and returns it with the
@@ -373,7 +417,8 @@ class Lowerer {
   Value* is_nan(Value* x) { return B_.CreateFCmpUNO(x, x); }
   Value* libm(const char* f32_name, const char* f64_name, Value* x) {
     bool f = x->getType()->isFloatTy();
-    llvm::FunctionCallee fn = runtime(f ? f32_name : f64_name, x->getType(), {x->getType()});
+    llvm::FunctionCallee fn =
+        external(f ? f32_name : f64_name, llvm::FunctionType::get(x->getType(), {x->getType()}, false));
     llvm::CallInst* call = B_.CreateCall(fn, {x});
     call->setDoesNotThrow();
     call->setOnlyAccessesInaccessibleMemory();
@@ -668,8 +713,8 @@ class Lowerer {
     };
     if (top && options_.profile) {
       // At the top level every item is one node: time each node, constants included.
-      llvm::FunctionCallee begin = runtime("kiln_rt_prof_begin", B_.getVoidTy(), {i32_});
-      llvm::FunctionCallee end = runtime("kiln_rt_prof_end", B_.getVoidTy(), {i32_});
+      llvm::FunctionCallee begin = runtime(RtFn::kiln_rt_prof_begin);
+      llvm::FunctionCallee end = runtime(RtFn::kiln_rt_prof_end);
       for (size_t i = 0; i < nodes.size(); ++i) {
         B_.CreateCall(begin, {B_.getInt32(static_cast<uint32_t>(i))});
         if (item_of[i] >= 0) emit(items[static_cast<size_t>(item_of[i])]);
@@ -814,45 +859,45 @@ class Lowerer {
       }
       case Op::Matmul: return lower_matmul(g, n, ptr, fold_users, index);
       case Op::Conv2d: {
-        std::string f = rt.dtype == DType::f32 ? "kiln_rt_conv2d_f32" : "kiln_rt_conv2d_f64";
+        RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_conv2d_f32 : RtFn::kiln_rt_conv2d_f64;
         Value* bias = n.operands.size() > 2 ? in(2) : llvm::ConstantPointerNull::get(llvm::PointerType::get(C_, 0));
-        B_.CreateCall(runtime(f, B_.getVoidTy(), {ptr_, ptr_, ptr_, ptr_, ptr_}),
+        B_.CreateCall(runtime(f),
                       {in(0), in(1), bias, out, conv_params(n, it(0).shape, it(1).shape, rt.shape)});
         return;
       }
       case Op::Conv2dGradInput: {
-        std::string f = rt.dtype == DType::f32 ? "kiln_rt_conv2d_grad_input_f32" : "kiln_rt_conv2d_grad_input_f64";
-        B_.CreateCall(runtime(f, B_.getVoidTy(), {ptr_, ptr_, ptr_, ptr_}),
+        RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_conv2d_grad_input_f32 : RtFn::kiln_rt_conv2d_grad_input_f64;
+        B_.CreateCall(runtime(f),
                       {in(0), in(1), out, conv_params(n, rt.shape, it(1).shape, it(0).shape)});
         return;
       }
       case Op::Conv2dGradWeight: {
-        std::string f = rt.dtype == DType::f32 ? "kiln_rt_conv2d_grad_weight_f32" : "kiln_rt_conv2d_grad_weight_f64";
-        B_.CreateCall(runtime(f, B_.getVoidTy(), {ptr_, ptr_, ptr_, ptr_}),
+        RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_conv2d_grad_weight_f32 : RtFn::kiln_rt_conv2d_grad_weight_f64;
+        B_.CreateCall(runtime(f),
                       {in(0), in(1), out, conv_params(n, it(0).shape, rt.shape, it(1).shape)});
         return;
       }
       case Op::MaxPool2d: {
-        std::string f = rt.dtype == DType::f32 ? "kiln_rt_max_pool2d_f32" : "kiln_rt_max_pool2d_f64";
-        B_.CreateCall(runtime(f, B_.getVoidTy(), {ptr_, ptr_, ptr_}), {in(0), out, pool_params(n, it(0).shape, rt.shape)});
+        RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_max_pool2d_f32 : RtFn::kiln_rt_max_pool2d_f64;
+        B_.CreateCall(runtime(f), {in(0), out, pool_params(n, it(0).shape, rt.shape)});
         return;
       }
       case Op::AvgPool2d: {
-        std::string f = rt.dtype == DType::f32 ? "kiln_rt_avg_pool2d_f32" : "kiln_rt_avg_pool2d_f64";
-        B_.CreateCall(runtime(f, B_.getVoidTy(), {ptr_, ptr_, ptr_, i32_}),
+        RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_avg_pool2d_f32 : RtFn::kiln_rt_avg_pool2d_f64;
+        B_.CreateCall(runtime(f),
                       {in(0), out, pool_params(n, it(0).shape, rt.shape),
                        B_.getInt32(attr_bool(n.attrs, "count_include_pad") ? 1 : 0)});
         return;
       }
       case Op::MaxPool2dGrad: {
-        std::string f = rt.dtype == DType::f32 ? "kiln_rt_max_pool2d_grad_f32" : "kiln_rt_max_pool2d_grad_f64";
-        B_.CreateCall(runtime(f, B_.getVoidTy(), {ptr_, ptr_, ptr_, ptr_}),
+        RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_max_pool2d_grad_f32 : RtFn::kiln_rt_max_pool2d_grad_f64;
+        B_.CreateCall(runtime(f),
                       {in(0), in(1), out, pool_params(n, it(0).shape, it(1).shape)});
         return;
       }
       case Op::AvgPool2dGrad: {
-        std::string f = rt.dtype == DType::f32 ? "kiln_rt_avg_pool2d_grad_f32" : "kiln_rt_avg_pool2d_grad_f64";
-        B_.CreateCall(runtime(f, B_.getVoidTy(), {ptr_, ptr_, ptr_, i32_}),
+        RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_avg_pool2d_grad_f32 : RtFn::kiln_rt_avg_pool2d_grad_f64;
+        B_.CreateCall(runtime(f),
                       {in(0), out, pool_params(n, rt.shape, it(0).shape),
                        B_.getInt32(attr_bool(n.attrs, "count_include_pad") ? 1 : 0)});
         return;
@@ -923,14 +968,25 @@ class Lowerer {
     const auto& s = attr_ints(n.attrs, "stride");
     const auto& p = attr_ints(n.attrs, "padding");
     const auto& d = attr_ints(n.attrs, "dilation");
-    return i64_array({x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], s[0], s[1], p[0], p[1], d[0], d[1],
-                      attr_int(n.attrs, "groups")});
+    return params_array(KilnConv2dParams{.n = x[0], .c = x[1], .h = x[2], .w = x[3], .o = w[0], .kh = w[2],
+                                         .kw = w[3], .oh = y[2], .ow = y[3], .stride_h = s[0], .stride_w = s[1],
+                                         .pad_h = p[0], .pad_w = p[1], .dil_h = d[0], .dil_w = d[1],
+                                         .groups = attr_int(n.attrs, "groups")});
   }
   Value* pool_params(const Node& n, const Shape& x, const Shape& y) {
     const auto& k = attr_ints(n.attrs, "kernel");
     const auto& s = attr_ints(n.attrs, "stride");
     const auto& p = attr_ints(n.attrs, "padding");
-    return i64_array({x[0], x[1], x[2], x[3], y[2], y[3], k[0], k[1], s[0], s[1], p[0], p[1]});
+    return params_array(KilnPool2dParams{.n = x[0], .c = x[1], .h = x[2], .w = x[3], .oh = y[2], .ow = y[3],
+                                         .kh = k[0], .kw = k[1], .stride_h = s[0], .stride_w = s[1], .pad_h = p[0],
+                                         .pad_w = p[1]});
+  }
+  // A runtime parameter struct as the constant i64 array it is laid out as (runtime/kernels.h).
+  template <typename Params>
+  Value* params_array(const Params& q) {
+    std::vector<int64_t> fields(sizeof(Params) / sizeof(int64_t));
+    std::memcpy(fields.data(), &q, sizeof(Params));
+    return i64_array(fields);
   }
 
   // The float sum of elem(0), ..., elem(n - 1) in Kiln's summation order (kSumBlock,
@@ -1220,8 +1276,7 @@ class Lowerer {
     Shape ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2), ob(rt.shape.begin(), rt.shape.end() - 2);
     bool f32 = rt.dtype == DType::f32;
     llvm::Type* ft = ty(rt.dtype);
-    llvm::FunctionCallee gemm = runtime(f32 ? "kiln_rt_sgemm" : "kiln_rt_dgemm", B_.getVoidTy(),
-                                        {i32_, i32_, i64_, i64_, i64_, ft, ptr_, i64_, ptr_, i64_, ft, ptr_, i64_});
+    llvm::FunctionCallee gemm = runtime(f32 ? RtFn::kiln_rt_sgemm : RtFn::kiln_rt_dgemm);
     std::vector<int64_t> sa = broadcast_strides(ab, ob), sb = broadcast_strides(bb, ob);
     for (auto& s : sa) s *= m * k;
     for (auto& s : sb) s *= k * nn;
