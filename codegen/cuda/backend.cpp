@@ -192,8 +192,8 @@ class CudaInstance final : public Instance {
     workspace_ = dev.allocate(kCublasWorkspace);
     check_cublas(blas.cublasSetWorkspace(blas_, workspace_, kCublasWorkspace), "cublasSetWorkspace");
     if (p_->profile_) {
-      prof_.ns.assign(graph.nodes().size(), 0);
-      prof_.calls.assign(graph.nodes().size(), 0);
+      profile_.ns.assign(graph.nodes().size(), 0);
+      profile_.calls.assign(graph.nodes().size(), 0);
       events_.assign(p_->rendered_.launches.size() + 1, nullptr);
       for (CUevent& e : events_) check(g.driver().cuEventCreate(&e, CU_EVENT_DEFAULT), "cuEventCreate");
     }
@@ -267,10 +267,10 @@ class CudaInstance final : public Instance {
     KILN_CHECK(false, "unknown buffer kind");
   }
 
-  Profile profile() const override { return prof_; }
+  Profile profile() const override { return profile_; }
   void reset_profile() override {
-    std::fill(prof_.ns.begin(), prof_.ns.end(), 0);
-    std::fill(prof_.calls.begin(), prof_.calls.end(), 0);
+    std::fill(profile_.ns.begin(), profile_.ns.end(), 0);
+    std::fill(profile_.calls.begin(), profile_.calls.end(), 0);
   }
 
  private:
@@ -344,10 +344,11 @@ class CudaInstance final : public Instance {
       float ms = 0;
       check(d.cuEventElapsedTime(&ms, events_[i], events_[i + 1]), "cuEventElapsedTime");
       int32_t node = launches[i].node;
-      if (node >= 0 && static_cast<size_t>(node) < prof_.ns.size())
-        prof_.ns[static_cast<size_t>(node)] += static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+      if (node < 0 || static_cast<size_t>(node) >= profile_.ns.size()) continue;
+      profile_.ns[static_cast<size_t>(node)] += static_cast<int64_t>(static_cast<double>(ms) * 1e6);
     }
-    for (int64_t& c : prof_.calls) ++c;  // every node runs once per call, launches or not
+    // Every node ran once (a node with no launch of its own, e.g. a folded transpose, too).
+    for (int64_t& c : profile_.calls) ++c;
   }
 
   std::shared_ptr<const CudaProgram> p_;
@@ -360,7 +361,7 @@ class CudaInstance final : public Instance {
   void* workspace_ = nullptr;
   CUgraphExec exec_ = nullptr;
   std::vector<CUevent> events_;
-  Profile prof_;
+  Profile profile_;
 };
 
 std::unique_ptr<Instance> CudaProgram::instantiate() const {
