@@ -103,7 +103,8 @@ struct Conv {
 
 void bench_conv(const Conv& cv, std::mt19937& rng) {
   int64_t oh = cv.h + 2 * cv.pad - cv.kh + 1, ow = cv.w + 2 * cv.pad - cv.kw + 1;
-  int64_t p[KILN_CONV_PARAMS] = {cv.n, cv.c, cv.h, cv.w, cv.o, cv.kh, cv.kw, oh, ow, 1, 1, cv.pad, cv.pad, 1, 1, 1};
+  const KilnConv2dParams params{cv.n, cv.c, cv.h, cv.w, cv.o, cv.kh, cv.kw, oh, ow, 1, 1, cv.pad, cv.pad, 1, 1, 1};
+  const KilnConv2dParams* p = &params;
   int64_t K = cv.c * cv.kh * cv.kw, P = oh * ow;
   std::vector<float> x = random_vector(static_cast<size_t>(cv.n * cv.c * cv.h * cv.w), rng);
   std::vector<float> w = random_vector(static_cast<size_t>(cv.o * K), rng);
@@ -146,7 +147,8 @@ void bench_conv(const Conv& cv, std::mt19937& rng) {
 
 void bench_pool(int64_t n, int64_t c, int64_t h, int64_t w, std::mt19937& rng) {
   int64_t oh = h / 2, ow = w / 2;
-  int64_t p[KILN_POOL_PARAMS] = {n, c, h, w, oh, ow, 2, 2, 2, 2, 0, 0};
+  const KilnPool2dParams params{n, c, h, w, oh, ow, 2, 2, 2, 2, 0, 0};
+  const KilnPool2dParams* p = &params;
   std::vector<float> x = random_vector(static_cast<size_t>(n * c * h * w), rng), dx(x.size());
   std::vector<float> y(static_cast<size_t>(n * c * oh * ow)), dy = random_vector(y.size(), rng);
   double fwd = time_it([&] { kiln_rt_max_pool2d_f32(x.data(), y.data(), p); });

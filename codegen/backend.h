@@ -87,9 +87,12 @@ class Instance {
   // Device pointer of value v of the prepared graph after call(): arena, a buffer, or a
   // constant. Valid until the next call.
   virtual const void* output_data(ValueId v, const std::vector<void*>& buffers) const = 0;
-  // Per-node time of the calls so far (CompileOptions::profile), indexed by node of the
-  // prepared graph; empty without profiling.
-  virtual std::vector<int64_t> profile_ns() const { return {}; }
+  // Per-node time and number of runs over the calls so far (CompileOptions::profile),
+  // indexed by node of the prepared graph; empty without profiling.
+  struct Profile {
+    std::vector<int64_t> ns, calls;
+  };
+  virtual Profile profile() const { return {}; }
   virtual void reset_profile() {}
 };
 

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "ir/calling.h"
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "passes/kernel_plan.h"
@@ -72,11 +73,12 @@ void StateStore::set(std::string_view name, const Tensor& value) {
     entries_.erase(it);
     it = entries_.end();
   }
+  // A splat is stored in full: the code reads every element.
+  Tensor dense = value.materialized();
   if (it == entries_.end()) {
-    Entry e{value.type(), device_->allocate(static_cast<int64_t>(value.nbytes()))};
+    Entry e{value.type(), device_->allocate(static_cast<int64_t>(dense.nbytes()))};
     it = entries_.emplace(std::string(name), e).first;
   }
-  Tensor dense = value.materialized();
   device_->upload(it->second.data, dense.raw(), static_cast<int64_t>(dense.nbytes()));
 }
 
@@ -258,13 +260,12 @@ Executable::Executable(const Graph& g, const CompileOptions& options, std::share
   }
   for (size_t i = 0; i < cg.outputs().size(); ++i) {
     const GraphOutput& o = cg.outputs()[i];
-    const Value* x = o.name.ends_with(".next") ? state_input(cg, std::string_view(o.name).substr(0, o.name.size() - 5))
-                                               : nullptr;
-    if (!x) {
+    ValueId xv = updated_state(cg, o);
+    if (!xv.valid()) {
       returned_outputs_.push_back(i);
       continue;
     }
-    ValueId xv = cg.find(x->name);
+    const Value* x = &cg.value(xv);
     const ValuePlan& p = plan().at(o.value);
     if (p.kind == BufferKind::StateInPlace && p.state == xv) continue;  // the code wrote it into X
     if (o.value == xv) continue;                                        // X.next = %X
@@ -373,18 +374,9 @@ void Executable::share_state_with(const Executable& other) {
 
 // Points buffers_ at every input: the caller's tensors (a host device reads them in place,
 // another gets them uploaded into per-input staging buffers) and the store's state.
-void Executable::bind_inputs(const TensorMap& inputs, std::string_view where_) {
+void Executable::bind_inputs(const std::vector<const Tensor*>& given, std::string_view where_) {
   const Graph& g = compiled_graph();
   const std::string where(where_);
-  for (const auto& [name, t] : inputs) {
-    ValueId v = g.find(name);
-    if (!v.valid() || g.value(v).input < 0) {
-      std::string expected;
-      for (const std::string& n : input_names()) expected += (expected.empty() ? "%" : ", %") + n;
-      throw Error(where + "unknown input '" + name + "' (inputs: " + (expected.empty() ? "none" : expected) + ")");
-    }
-    if (g.is_state(v)) throw Error(where + "'%" + name + "' is state held by the executable: use set_state()");
-  }
   Device& dev = *device();
   for (size_t i = 0; i < g.inputs().size(); ++i) {
     const GraphInput& gi = g.inputs()[i];
@@ -396,18 +388,13 @@ void Executable::bind_inputs(const TensorMap& inputs, std::string_view where_) {
       buffers_[i] = store_->data(v.name);
       continue;
     }
-    auto it = inputs.find(v.name);
-    if (it == inputs.end()) throw Error(where + "missing input '%" + v.name + "': expected " + v.type.str());
-    const Tensor& t = it->second;
-    if (t.type() != v.type)
-      throw Error(where + "input '%" + v.name + "': expected " + v.type.str() + ", got " + t.type().str());
-    if (dev.host_visible() && !t.is_splat()) {
+    const Tensor& t = *given[i];
+    if (dev.host_visible()) {
       buffers_[i] = const_cast<std::byte*>(t.raw());  // inputs are never written
       continue;
     }
     if (!staging_[i]) staging_[i] = dev.allocate(byte_size(v.type));
-    Tensor dense = t.materialized();
-    dev.upload(staging_[i], dense.raw(), byte_size(v.type));
+    dev.upload(staging_[i], t.raw(), byte_size(v.type));
     buffers_[i] = staging_[i];
   }
 }
@@ -429,14 +416,10 @@ void Executable::step(const TensorMap& inputs) { run_impl(inputs, nullptr); }
 
 void Executable::run_impl(const TensorMap& inputs, TensorMap* outputs) {
   const Graph& g = compiled_graph();
-  bind_inputs(inputs, (outputs ? "run @" : "step @") + g.name() + ": ");
+  const std::string where = (outputs ? "run @" : "step @") + g.name() + ": ";
+  bind_inputs(check_inputs(g, inputs, where), where);
   instance_->call(buffers_);
-  if (options_.profile) {
-    std::vector<int64_t> ns = instance_->profile_ns();
-    for (size_t i = 0; i < ns.size() && i < prof_ns_.size(); ++i) prof_ns_[i] += ns[i];
-    instance_->reset_profile();
-    ++prof_runs_;
-  }
+  if (options_.profile) ++prof_runs_;
   // Outputs first (an old state value may be one), then the updates whose source is an
   // input or state buffer (staged: another update may overwrite it), then the rest.
   if (outputs)
@@ -460,26 +443,19 @@ void Executable::run_impl(const TensorMap& inputs, TensorMap* outputs) {
 TensorMap Executable::evaluate(const TensorMap& inputs_and_state) {
   const Graph& g = compiled_graph();
   const std::string where = "evaluate @" + g.name() + ": ";
+  std::vector<const Tensor*> given = check_arguments(g, inputs_and_state, where);
   // A private store for the given state: the held one is not touched.
   auto held = store_;
   store_ = std::make_shared<StateStore>(device());
-  TensorMap plain;
   try {
-    for (const auto& [name, t] : inputs_and_state) {
-      if (state_input(graph_, name)) {
-        const Value* v = state_input(graph_, name);
-        if (t.type() != v->type)
-          throw Error(where + "state '%" + name + "': expected " + v->type.str() + ", got " + t.type().str());
-        store_->set(name, t);
-      } else {
-        plain.emplace(name, t);
-      }
+    for (size_t i = 0; i < g.inputs().size(); ++i) {
+      if (!g.inputs()[i].is_state) continue;
+      store_->set(g.value(g.inputs()[i].value).name, *given[i]);
+      given[i] = nullptr;  // bound from the store
     }
-    for (const GraphInput& gi : g.inputs())
-      if (gi.is_state && !store_->contains(g.value(gi.value).name))
-        throw Error(where + "missing input '%" + g.value(gi.value).name + "': expected " + g.type(gi.value).str());
-    bind_inputs(plain, where);
+    bind_inputs(given, where);
     instance_->call(buffers_);
+    if (options_.profile) ++prof_runs_;
     TensorMap out;
     for (const GraphOutput& o : g.outputs()) out.emplace(o.name, download(o.value));
     store_ = held;
@@ -491,7 +467,6 @@ TensorMap Executable::evaluate(const TensorMap& inputs_and_state) {
 }
 
 void Executable::reset_profile() {
-  prof_ns_.assign(compiled_graph().nodes().size(), 0);
   prof_runs_ = 0;
   instance_->reset_profile();
 }
@@ -512,11 +487,15 @@ std::string Executable::profile_report() const {
   if (!options_.profile) return "profile: off (compile with CompileOptions::profile = true)\n";
   const Graph& g = compiled_graph();
   std::vector<std::string> names = value_names(g);
+  Instance::Profile prof = instance_->profile();
+  prof.ns.resize(g.nodes().size(), 0);
+  prof.calls.resize(g.nodes().size(), 0);
+  const std::vector<int64_t>& ns_of = prof.ns;
   int64_t total = 0;
-  for (int64_t ns : prof_ns_) total += ns;
-  std::vector<size_t> order(prof_ns_.size());
+  for (int64_t ns : ns_of) total += ns;
+  std::vector<size_t> order(ns_of.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return prof_ns_[a] > prof_ns_[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ns_of[a] > ns_of[b]; });
   std::ostringstream os;
   char line[512];
   std::snprintf(line, sizeof line, "profile @%s (%s): %lld runs, %.3f ms in %zu kernels\n", g.name().c_str(),
@@ -530,10 +509,10 @@ std::string Executable::profile_report() const {
     for (ValueId r : n.results) kernel += (kernel.empty() ? "" : ",") + names.at(static_cast<size_t>(r.id));
     std::string ops = op_list(n);
     if (ops.size() > 40) ops = ops.substr(0, 37) + "...";
-    double ms = static_cast<double>(prof_ns_[i]) / 1e6;
-    double pct = total ? 100.0 * static_cast<double>(prof_ns_[i]) / static_cast<double>(total) : 0.0;
+    double ms = static_cast<double>(ns_of[i]) / 1e6;
+    double pct = total ? 100.0 * static_cast<double>(ns_of[i]) / static_cast<double>(total) : 0.0;
     std::snprintf(line, sizeof line, "%-24s %-40s %8lld %12.3f %6.1f%%\n", kernel.c_str(), ops.c_str(),
-                  static_cast<long long>(prof_runs_), ms, pct);
+                  static_cast<long long>(prof.calls[i]), ms, pct);
     os << line;
   }
   return os.str();

@@ -126,6 +126,8 @@ class Executable {
   // Per-kernel time of the runs so far (compile with CompileOptions::profile), slowest
   // first: kernel (its results' names), the ops it runs, calls, total ms, % of the total.
   std::string profile_report() const;
+  // The figures behind it: per node of compiled_graph(), nanoseconds and calls.
+  Instance::Profile profile() const { return instance_->profile(); }
   void reset_profile();
 
  private:
@@ -134,7 +136,9 @@ class Executable {
     ValueId value;       // the X.next value in the compiled graph
     bool from_input;     // its data is an input/state buffer: stage it before any update
   };
-  void bind_inputs(const TensorMap& inputs, std::string_view where);
+  // Points buffers_ at every input: given[i] for a plain input (read in place on a host
+  // device, else uploaded into a staging buffer), the store's buffer for state.
+  void bind_inputs(const std::vector<const Tensor*>& given, std::string_view where);
   void run_impl(const TensorMap& inputs, TensorMap* outputs);
   Tensor download(ValueId v) const;
 
@@ -150,7 +154,6 @@ class Executable {
   std::vector<size_t> returned_outputs_;  // indices into compiled graph outputs
   std::vector<void*> buffers_;            // per compiled input: device pointer of this call
   std::vector<void*> staging_;            // per non-state input on a non-host device
-  std::vector<int64_t> prof_ns_;
   int64_t prof_runs_ = 0;
 };
 

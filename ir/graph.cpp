@@ -3,6 +3,8 @@
 #include <cctype>
 #include <unordered_set>
 
+#include "ir/calling.h"
+
 namespace kiln {
 
 bool is_valid_name(std::string_view name) {
@@ -292,15 +294,9 @@ void verify_graph(const Graph& g, const std::string& where, int depth) {
   for (const GraphOutput& o : g.outputs())
     if (o.value.id < 0 || o.value.id >= static_cast<int32_t>(values.size()) || !defined[o.value.id])
       throw Error(where + ": output '" + o.name + "' is not a defined value");
-  // A state input's next value, output as NAME.next, must keep its type.
-  for (const GraphOutput& o : g.outputs()) {
-    if (!o.name.ends_with(".next")) continue;
-    ValueId s = g.find(o.name.substr(0, o.name.size() - 5));
-    if (!s.valid() || !g.is_state(s)) throw Error(where + ": output '" + o.name + "' names no state input");
-    if (g.type(s) != g.type(o.value))
-      throw Error(where + ": output '" + o.name + "' has type " + g.type(o.value).str() + " but state '%" +
-                  g.value(s).name + "' is " + g.type(s).str());
-  }
+  // A state input's update (ir/calling.h) must name it and keep its type.
+  for (const GraphOutput& o : g.outputs())
+    if (std::string bad = update_error(g, o.name, o.value); !bad.empty()) throw Error(where + ": " + bad);
 }
 
 }  // namespace

@@ -482,83 +482,7 @@ TensorMap run_named(const Graph& g, const std::vector<const Tensor*>& in) {
   return out;
 }
 
-std::string input_names(const Graph& g, bool state) {
-  std::string known;
-  for (const GraphInput& gi : g.inputs())
-    if (gi.is_state == state) known += (known.empty() ? "%" : ", %") + g.value(gi.value).name;
-  return known;
-}
-
-// The tensor given for graph input `gi`, checked against its type.
-const Tensor* checked_input(const Graph& g, const GraphInput& gi, const TensorMap& from,
-                            const char* kind) {
-  const Value& v = g.value(gi.value);
-  auto it = from.find(v.name);
-  if (it == from.end())
-    throw Error(std::string("missing ") + kind + " '%" + v.name + "': expected " + v.type.str());
-  if (it->second.type() != v.type)
-    throw Error(std::string(kind) + " '%" + v.name + "': expected " + v.type.str() + ", got " +
-                it->second.type().str());
-  // Kernels and compiled code read every element of an argument; a splat stores one.
-  if (it->second.is_splat())
-    throw Error(std::string(kind) + " '%" + v.name + "' is a splat that stores one element: pass "
-                "tensor.materialized() (for a train step's state, TrainStep::initial_state())");
-  return &it->second;
-}
-
 }  // namespace
-
-std::vector<const Tensor*> check_arguments(const Graph& g, const TensorMap& inputs, const std::string& where) {
-  for (const auto& [name, tensor] : inputs) {
-    ValueId v = g.find(name);
-    if (!v.valid() || g.value(v).input < 0) {
-      std::string known;
-      for (const GraphInput& gi : g.inputs()) known += (known.empty() ? "%" : ", %") + g.value(gi.value).name;
-      throw Error(where + "unknown input '" + name + "': graph @" + g.name() + " takes " +
-                  (known.empty() ? "no inputs" : known));
-    }
-  }
-  std::vector<const Tensor*> in;
-  try {
-    for (const GraphInput& gi : g.inputs()) in.push_back(checked_input(g, gi, inputs, "input"));
-  } catch (const Error& e) {
-    throw Error(where + e.what());
-  }
-  return in;
-}
-
-std::vector<const Tensor*> check_step_arguments(const Graph& g, const TensorMap& state, const TensorMap& inputs,
-                                                const std::string& where) {
-  for (const auto& [name, tensor] : inputs) {
-    ValueId v = g.find(name);
-    if (v.valid() && g.value(v).input >= 0 && g.is_state(v))
-      throw Error(where + "'%" + name + "' is a state input: pass it in the state, not the inputs");
-    if (!v.valid() || g.value(v).input < 0) {
-      std::string known = input_names(g, false);
-      throw Error(where + "unknown input '" + name + "': the graph's non-state inputs are " +
-                  (known.empty() ? "none" : known));
-    }
-  }
-  std::vector<const Tensor*> in;
-  try {
-    for (const GraphInput& gi : g.inputs())
-      in.push_back(gi.is_state ? checked_input(g, gi, state, "state") : checked_input(g, gi, inputs, "input"));
-  } catch (const Error& e) {
-    throw Error(where + e.what());
-  }
-  // Every update is checked before running, so a bad graph leaves the state untouched.
-  for (const GraphOutput& o : g.outputs()) {
-    if (!o.name.ends_with(".next")) continue;
-    std::string name = o.name.substr(0, o.name.size() - 5);
-    auto it = state.find(name);
-    if (it == state.end())
-      throw Error(where + "output '" + o.name + "' updates '" + name + "', which is not in the state");
-    if (it->second.type() != g.type(o.value))
-      throw Error(where + "output '" + o.name + "' is " + g.type(o.value).str() + " but state '" + name +
-                  "' is " + it->second.type().str());
-  }
-  return in;
-}
 
 TensorMap interpret(const Graph& g, const TensorMap& inputs) {
   verify(g);
@@ -568,12 +492,13 @@ TensorMap interpret(const Graph& g, const TensorMap& inputs) {
 TensorMap interpret_step(const Graph& g, TensorMap& state, const TensorMap& inputs) {
   verify(g);
   std::vector<const Tensor*> in = check_step_arguments(g, state, inputs, "interpret_step @" + g.name() + ": ");
-  TensorMap out = run_named(g, in);
+  std::vector<Tensor> out = run_graph(g, in);
+  const Signature sig = signature(g);
   TensorMap rest;
-  for (auto& [name, tensor] : out) {
-    if (name.ends_with(".next")) state.find(name.substr(0, name.size() - 5))->second = std::move(tensor);
-    else rest.emplace(name, std::move(tensor));
-  }
+  for (size_t i : sig.outputs) rest.emplace(g.outputs()[i].name, std::move(out[i]));
+  for (size_t k = 0; k < sig.state.size(); ++k)
+    if (sig.update[k])
+      state.find(g.value(g.inputs()[sig.state[k]].value).name)->second = std::move(out[*sig.update[k]]);
   return rest;
 }
 

@@ -3,16 +3,13 @@
 // Every backend is tested against it.
 #pragma once
 
-#include <map>
-#include <string>
 #include <vector>
 
+#include "ir/calling.h"
 #include "ir/graph.h"
 #include "ir/tensor.h"
 
 namespace kiln {
-
-using TensorMap = std::map<std::string, Tensor, std::less<>>;
 
 // Float summation order (sum, mean, and the denominators of softmax / log_softmax), which
 // every backend follows bitwise (docs/ir.md, "Summation order"): a reduction's n elements,
@@ -28,18 +25,9 @@ inline constexpr int64_t kSumBlock = 64;
 TensorMap interpret(const Graph& g, const TensorMap& inputs);
 
 // Runs one step of a graph that updates state (a training step): state inputs are taken
-// from `state`, the others from `inputs`; every output named "X.next" replaces state[X]
-// (same type, checked), and the remaining outputs are returned by name.
+// from `state`, the others from `inputs` (check_step_arguments); every update output
+// "X.next" replaces state[X] (ir/calling.h), and the other outputs are returned by name.
 TensorMap interpret_step(const Graph& g, TensorMap& state, const TensorMap& inputs);
-
-// The argument checks of interpret (every input by name, exact types, nothing unknown)
-// and of interpret_step (non-state inputs in `inputs`, state in `state`, and every X.next
-// output updating a state entry of its type), shared with the compiled backends. They
-// return the tensor for each graph input in Graph::inputs() order; errors are kiln::Error
-// prefixed with `where`.
-std::vector<const Tensor*> check_arguments(const Graph& g, const TensorMap& inputs, const std::string& where = "");
-std::vector<const Tensor*> check_step_arguments(const Graph& g, const TensorMap& state, const TensorMap& inputs,
-                                                const std::string& where);
 
 // Evaluates a single op on concrete operands; `result` is the type the shape rule gives.
 // Throws kiln::Error for fused, whose kernel is its node's body: interpret() runs a fused

@@ -19,6 +19,8 @@
 #include <new>
 #include <unordered_map>
 
+#include "ir/calling.h"
+
 namespace kiln {
 namespace {
 
@@ -635,14 +637,7 @@ void Parser::parse_return() {
     } catch (const Error& e) {
       fail(name_at, e.what());
     }
-    if (name.ends_with(".next")) {
-      ValueId s = g_.find(name.substr(0, name.size() - 5));
-      if (!s.valid() || !g_.is_state(s))
-        fail(name_at, "output '" + name + "' names no state input");
-      if (g_.type(s) != g_.type(v))
-        fail(name_at, "output '" + name + "' has type " + g_.type(v).str() + " but state '%" +
-                          g_.value(s).name + "' is " + g_.type(s).str());
-    }
+    if (std::string bad = update_error(g_, name, v); !bad.empty()) fail(name_at, bad);
   } while (consume(','));
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 
+#include "ir/calling.h"
 #include "ir/printer.h"
 
 namespace kiln {
@@ -172,7 +173,7 @@ struct Checker {
     const ValueId x = plan.values[v.id].state;
     if (!x.valid() || x.id >= static_cast<int32_t>(g.values().size()) || g.value(x).node >= 0 || !g.is_state(x))
       fail(describe(v) + " is in a state buffer, but not of a state input");
-    const std::string next_name = g.value(x).name + ".next";
+    const std::string next_name = update_name(g.value(x).name);
     bool is_next = false;
     for (const GraphOutput& o : g.outputs()) {
       if (o.value == x) fail(describe(v) + " overwrites " + describe(x) + ", which is an output");

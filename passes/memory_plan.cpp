@@ -13,6 +13,7 @@
 #include <map>
 #include <sstream>
 
+#include "ir/calling.h"
 #include "ir/printer.h"
 
 namespace kiln {
@@ -48,9 +49,8 @@ Analysis analyze(const Graph& g) {
   // State outputs X.next into X's own buffer, where legal.
   std::vector<bool> state_taken(g.values().size(), false);
   for (const GraphOutput& o : g.outputs()) {
-    if (!o.name.ends_with(".next")) continue;
-    ValueId x = g.find(std::string_view(o.name).substr(0, o.name.size() - 5));
-    if (!x.valid() || g.value(x).node >= 0 || !g.is_state(x)) continue;
+    ValueId x = updated_state(g, o);
+    if (!x.valid()) continue;
     ValuePlan& next = a.values[o.value.id];
     const ValuePlan& state = a.values[x.id];
     if (next.kind != BufferKind::Arena || g.type(x) != g.type(o.value)) continue;

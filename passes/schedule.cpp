@@ -7,6 +7,7 @@
 #include <set>
 #include <tuple>
 
+#include "ir/calling.h"
 #include "passes/memory_plan.h"
 #include "passes/rebuild.h"
 
@@ -37,9 +38,9 @@ std::vector<int32_t> greedy_order(const Graph& g, TieBreak tie) {
   // For each result that is some state's X.next: X.
   std::vector<ValueId> next_of(num_values);
   for (const GraphOutput& o : g.outputs()) {
-    if (!o.name.ends_with(".next") || next_of[o.value.id].valid()) continue;
-    ValueId x = g.find(std::string_view(o.name).substr(0, o.name.size() - 5));
-    if (x.valid() && g.value(x).node < 0 && g.is_state(x) && in_arena[o.value.id]) next_of[o.value.id] = x;
+    if (next_of[o.value.id].valid()) continue;
+    ValueId x = updated_state(g, o);
+    if (x.valid() && in_arena[o.value.id]) next_of[o.value.id] = x;
   }
 
   std::vector<std::vector<ValueId>> operands(num_nodes);  // distinct, in operand order

@@ -21,6 +21,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "ir/calling.h"
 #include "ir/error.h"
 #include "passes/autodiff.h"
 
@@ -263,7 +264,7 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
   std::vector<const GraphInput*> params;
   for (const GraphInput& in : model.inputs()) {
     const Value& v = model.value(in.value);
-    if (in.is_state && is_float(v.type.dtype) && !model.find_output(v.name + ".next").valid())
+    if (in.is_state && is_float(v.type.dtype) && !model.find_output(update_name(v.name)).valid())
       params.push_back(&in);
   }
   if (params.empty()) {
@@ -272,7 +273,7 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
     for (const GraphInput& in : model.inputs()) {
       const Value& v = model.value(in.value);
       if (in.is_state && is_float(v.type.dtype))
-        updated += (updated.empty() ? "" : ", ") + v.name + ".next";
+        updated += (updated.empty() ? "" : ", ") + update_name(v.name);
     }
     if (!updated.empty())
       fail(where + " has no parameters to train: it already returns " + updated + " for its float state, " +
@@ -297,9 +298,9 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
     if (model.find(name).valid())
       fail(where + " already has a value named '%" + name +
            "', which the training step adds as optimizer state; rename it");
-    if (model.find_output(name).valid() || model.find_output(name + ".next").valid())
+    if (model.find_output(name).valid() || model.find_output(update_name(name)).valid())
       fail(where + " already has an output named '" +
-           (model.find_output(name).valid() ? name : name + ".next") +
+           (model.find_output(name).valid() ? name : update_name(name)) +
            "', which the training step adds; rename it");
   }
 
@@ -389,15 +390,15 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
     if (!in.is_state) continue;
     const std::string& name = model.value(in.value).name;
     if (next_param < updates.size() && updates[next_param].name == name)
-      g.add_output(name + ".next", updates[next_param++].param_next);
-    else if (!model.find_output(name + ".next").valid())
-      g.add_output(name + ".next", map[in.value.id]);  // state the model never changes
+      g.add_output(update_name(name), updates[next_param++].param_next);
+    else if (!model.find_output(update_name(name)).valid())
+      g.add_output(update_name(name), map[in.value.id]);  // state the model never changes
   }
   for (const ParamUpdate& u : updates)
     for (size_t k = 0; k < u.state.size(); ++k)
-      g.add_output(g.value(u.state[k]).name + ".next", u.state_next[k]);
-  g.add_output("step.next", step_next);
-  g.add_output("lr.next", lr);
+      g.add_output(update_name(g.value(u.state[k]).name), u.state_next[k]);
+  g.add_output(update_name("step"), step_next);
+  g.add_output(update_name("lr"), lr);
 
   verify(g);
   return result;

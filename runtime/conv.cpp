@@ -29,9 +29,9 @@ struct ConvShape {
   int64_t p;       // columns: oh * ow
   bool pointwise;  // 1x1, stride 1, no padding: the column matrix is the input itself
 
-  explicit ConvShape(const int64_t* a)
-      : n(a[0]), c(a[1]), h(a[2]), w(a[3]), o(a[4]), kh(a[5]), kw(a[6]), oh(a[7]), ow(a[8]), sh(a[9]),
-        sw(a[10]), ph(a[11]), pw(a[12]), dh(a[13]), dw(a[14]), groups(a[15]) {
+  explicit ConvShape(const KilnConv2dParams& a)
+      : n(a.n), c(a.c), h(a.h), w(a.w), o(a.o), kh(a.kh), kw(a.kw), oh(a.oh), ow(a.ow), sh(a.stride_h),
+        sw(a.stride_w), ph(a.pad_h), pw(a.pad_w), dh(a.dil_h), dw(a.dil_w), groups(a.groups) {
     cg = c / groups;
     og = o / groups;
     k = cg * kh * kw;
@@ -195,8 +195,8 @@ void for_each_item(int64_t items, F&& body) {
 }
 
 template <typename T>
-void conv2d(const T* x, const T* w, const T* bias, T* y, const int64_t* params) {
-  const ConvShape s(params);
+void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams* params) {
+  const ConvShape s(*params);
   for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {
     T* col = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
     for (int64_t item = begin; item < end; ++item) {
@@ -213,8 +213,8 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const int64_t* params) 
 }
 
 template <typename T>
-void conv2d_grad_input(const T* dy, const T* w, T* dx, const int64_t* params) {
-  const ConvShape s(params);
+void conv2d_grad_input(const T* dy, const T* w, T* dx, const KilnConv2dParams* params) {
+  const ConvShape s(*params);
   for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {
     T* dcol = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
     for (int64_t item = begin; item < end; ++item) {
@@ -234,8 +234,8 @@ void conv2d_grad_input(const T* dy, const T* w, T* dx, const int64_t* params) {
 }
 
 template <typename T>
-void conv2d_grad_weight(const T* x, const T* dy, T* dw, const int64_t* params) {
-  const ConvShape s(params);
+void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* params) {
+  const ConvShape s(*params);
   int64_t size = s.o * s.k;
   if (s.n == 0) {
     std::fill_n(dw, size, T(0));
@@ -284,22 +284,22 @@ void guarded(const char* name, F&& f) {
 
 extern "C" {
 
-void kiln_rt_conv2d_f32(const float* x, const float* w, const float* bias, float* y, const int64_t* p) {
+void kiln_rt_conv2d_f32(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams* p) {
   guarded("conv2d: out of memory", [&] { conv2d(x, w, bias, y, p); });
 }
-void kiln_rt_conv2d_f64(const double* x, const double* w, const double* bias, double* y, const int64_t* p) {
+void kiln_rt_conv2d_f64(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams* p) {
   guarded("conv2d: out of memory", [&] { conv2d(x, w, bias, y, p); });
 }
-void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const int64_t* p) {
+void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams* p) {
   guarded("conv2d_grad_input: out of memory", [&] { conv2d_grad_input(dy, w, dx, p); });
 }
-void kiln_rt_conv2d_grad_input_f64(const double* dy, const double* w, double* dx, const int64_t* p) {
+void kiln_rt_conv2d_grad_input_f64(const double* dy, const double* w, double* dx, const KilnConv2dParams* p) {
   guarded("conv2d_grad_input: out of memory", [&] { conv2d_grad_input(dy, w, dx, p); });
 }
-void kiln_rt_conv2d_grad_weight_f32(const float* x, const float* dy, float* dw, const int64_t* p) {
+void kiln_rt_conv2d_grad_weight_f32(const float* x, const float* dy, float* dw, const KilnConv2dParams* p) {
   guarded("conv2d_grad_weight: out of memory", [&] { conv2d_grad_weight(x, dy, dw, p); });
 }
-void kiln_rt_conv2d_grad_weight_f64(const double* x, const double* dy, double* dw, const int64_t* p) {
+void kiln_rt_conv2d_grad_weight_f64(const double* x, const double* dy, double* dw, const KilnConv2dParams* p) {
   guarded("conv2d_grad_weight: out of memory", [&] { conv2d_grad_weight(x, dy, dw, p); });
 }
 }

@@ -1,7 +1,7 @@
 // Errors from runtime kernels. Generated code cannot take exceptions, so a kernel that
 // cannot do its work (out of memory, no room for a BLAS buffer) records a message and
 // returns without its result; the caller of the compiled entry point (codegen's
-// CompiledGraph::call, or the user of an AOT object) takes the message after the call and
+// a CPU Instance::call, or the user of an AOT object) takes the message after the call and
 // fails it. The first error of a call wins: later kernels may fail only because of it.
 #include <atomic>
 

@@ -1,43 +1,63 @@
 // Library kernels that generated code calls for convolution and pooling (and their
 // gradients), and the thread pool its parallel loops run on. C linkage: JIT'ed and AOT
-// code bind to these by name; the JIT registers each symbol explicitly.
+// code bind to these by name; the JIT registers each symbol explicitly. Each is listed in
+// runtime/abi.def, which a compile-time check (runtime/abi_check.cpp) holds to these
+// declarations.
 //
-// Every kernel takes its sizes in one int64 array so the call signature stays small:
-//   conv params  (KILN_CONV_PARAMS = 16): n, c, h, w, o, kh, kw, oh, ow,
-//                                         stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups
-//   pool params  (KILN_POOL_PARAMS = 12): n, c, h, w, oh, ow, kh, kw,
-//                                         stride_h, stride_w, pad_h, pad_w
+// Every kernel takes its sizes in one parameter struct, passed by pointer, so the call
+// signature stays small. Generated code writes the struct as a constant array of int64 in
+// field order (codegen/cpu/lower.cpp fills it from the struct's fields), so the fields are
+// all int64_t, without padding; the static_asserts below hold that layout.
 // Layouts are NCHW for activations and [O, C/groups, KH, KW] for weights, contiguous.
 // Semantics are exactly the reference interpreter's (ir/interp_nn.cpp): same padding rules,
 // max pooling picks the first maximum in row-major window order, avg pooling divides by the
 // window size or by the count of non-padding cells (count_include_pad = 0).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
-#define KILN_CONV_PARAMS 16
-#define KILN_POOL_PARAMS 12
+// A conv2d's sizes, the same for its two gradients: input x [n, c, h, w], weight
+// [o, c/groups, kh, kw], output y [n, o, oh, ow].
+struct KilnConv2dParams {
+  int64_t n, c, h, w, o, kh, kw, oh, ow, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups;
+};
+// A pooling's sizes, the same for its gradient: input [n, c, h, w], output [n, c, oh, ow],
+// window kh x kw.
+struct KilnPool2dParams {
+  int64_t n, c, h, w, oh, ow, kh, kw, stride_h, stride_w, pad_h, pad_w;
+};
+
+static_assert(std::is_standard_layout_v<KilnConv2dParams> && std::is_trivially_copyable_v<KilnConv2dParams> &&
+                  sizeof(KilnConv2dParams) == 16 * sizeof(int64_t) &&
+                  offsetof(KilnConv2dParams, groups) == 15 * sizeof(int64_t),
+              "KilnConv2dParams must be 16 int64 fields, as generated code writes it");
+static_assert(std::is_standard_layout_v<KilnPool2dParams> && std::is_trivially_copyable_v<KilnPool2dParams> &&
+                  sizeof(KilnPool2dParams) == 12 * sizeof(int64_t) &&
+                  offsetof(KilnPool2dParams, pad_w) == 11 * sizeof(int64_t),
+              "KilnPool2dParams must be 12 int64 fields, as generated code writes it");
 
 extern "C" {
 
 // y = conv2d(x, w) (+ bias if not null)
-void kiln_rt_conv2d_f32(const float* x, const float* w, const float* bias, float* y, const int64_t* p);
-void kiln_rt_conv2d_f64(const double* x, const double* w, const double* bias, double* y, const int64_t* p);
+void kiln_rt_conv2d_f32(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams* p);
+void kiln_rt_conv2d_f64(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams* p);
 // dx = conv2d_grad_input(dy, w): dx is overwritten (not accumulated)
-void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const int64_t* p);
-void kiln_rt_conv2d_grad_input_f64(const double* dy, const double* w, double* dx, const int64_t* p);
+void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams* p);
+void kiln_rt_conv2d_grad_input_f64(const double* dy, const double* w, double* dx, const KilnConv2dParams* p);
 // dw = conv2d_grad_weight(x, dy): dw is overwritten
-void kiln_rt_conv2d_grad_weight_f32(const float* x, const float* dy, float* dw, const int64_t* p);
-void kiln_rt_conv2d_grad_weight_f64(const double* x, const double* dy, double* dw, const int64_t* p);
+void kiln_rt_conv2d_grad_weight_f32(const float* x, const float* dy, float* dw, const KilnConv2dParams* p);
+void kiln_rt_conv2d_grad_weight_f64(const double* x, const double* dy, double* dw, const KilnConv2dParams* p);
 
-void kiln_rt_max_pool2d_f32(const float* x, float* y, const int64_t* p);
-void kiln_rt_max_pool2d_f64(const double* x, double* y, const int64_t* p);
-void kiln_rt_max_pool2d_grad_f32(const float* x, const float* dy, float* dx, const int64_t* p);
-void kiln_rt_max_pool2d_grad_f64(const double* x, const double* dy, double* dx, const int64_t* p);
-void kiln_rt_avg_pool2d_f32(const float* x, float* y, const int64_t* p, int32_t count_include_pad);
-void kiln_rt_avg_pool2d_f64(const double* x, double* y, const int64_t* p, int32_t count_include_pad);
-void kiln_rt_avg_pool2d_grad_f32(const float* dy, float* dx, const int64_t* p, int32_t count_include_pad);
-void kiln_rt_avg_pool2d_grad_f64(const double* dy, double* dx, const int64_t* p, int32_t count_include_pad);
+void kiln_rt_max_pool2d_f32(const float* x, float* y, const KilnPool2dParams* p);
+void kiln_rt_max_pool2d_f64(const double* x, double* y, const KilnPool2dParams* p);
+void kiln_rt_max_pool2d_grad_f32(const float* x, const float* dy, float* dx, const KilnPool2dParams* p);
+void kiln_rt_max_pool2d_grad_f64(const double* x, const double* dy, double* dx, const KilnPool2dParams* p);
+void kiln_rt_avg_pool2d_f32(const float* x, float* y, const KilnPool2dParams* p, int32_t count_include_pad);
+void kiln_rt_avg_pool2d_f64(const double* x, double* y, const KilnPool2dParams* p, int32_t count_include_pad);
+void kiln_rt_avg_pool2d_grad_f32(const float* dy, float* dx, const KilnPool2dParams* p, int32_t count_include_pad);
+void kiln_rt_avg_pool2d_grad_f64(const double* dy, double* dx, const KilnPool2dParams* p, int32_t count_include_pad);
 
 // Runs fn(ctx, begin, end) over [0, n) split into contiguous chunks of at least `grain`
 // iterations on the runtime's thread pool (KILN_NUM_THREADS threads, default: all

@@ -23,9 +23,9 @@ namespace {
 struct PoolShape {
   int64_t n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
 
-  explicit PoolShape(const int64_t* a)
-      : n(a[0]), c(a[1]), h(a[2]), w(a[3]), oh(a[4]), ow(a[5]), kh(a[6]), kw(a[7]), sh(a[8]), sw(a[9]), ph(a[10]),
-        pw(a[11]) {}
+  explicit PoolShape(const KilnPool2dParams& a)
+      : n(a.n), c(a.c), h(a.h), w(a.w), oh(a.oh), ow(a.ow), kh(a.kh), kw(a.kw), sh(a.stride_h), sw(a.stride_w),
+        ph(a.pad_h), pw(a.pad_w) {}
 };
 
 // The cells of a window of fixed size wholly inside the input, its top-left cell at plane
@@ -176,8 +176,8 @@ bool interior_max(const T* in, int64_t w, int64_t lo, int64_t hi, int64_t base, 
 constexpr int64_t kBlock = 256;  // outputs of an interior run handled at a time
 
 template <typename T>
-void max_pool2d(const T* x, T* y, const int64_t* params) {
-  const PoolShape s(params);
+void max_pool2d(const T* x, T* y, const KilnPool2dParams* params) {
+  const PoolShape s(*params);
   for_each_plane(s, [&]<int KH, int KW, int SW>(int64_t plane) {
     const T* in = x + plane * s.h * s.w;
     T* out = y + plane * s.oh * s.ow;
@@ -193,8 +193,8 @@ void max_pool2d(const T* x, T* y, const int64_t* params) {
 }
 
 template <typename T>
-void max_pool2d_grad(const T* x, const T* dy, T* dx, const int64_t* params) {
-  const PoolShape s(params);
+void max_pool2d_grad(const T* x, const T* dy, T* dx, const KilnPool2dParams* params) {
+  const PoolShape s(*params);
   for_each_plane(s, [&]<int KH, int KW, int SW>(int64_t plane) {
     const T* in = x + plane * s.h * s.w;
     const T* d = dy + plane * s.oh * s.ow;
@@ -226,8 +226,8 @@ void max_pool2d_grad(const T* x, const T* dy, T* dx, const int64_t* params) {
 }
 
 template <typename T>
-void avg_pool2d(const T* x, T* y, const int64_t* params, bool include_pad) {
-  const PoolShape s(params);
+void avg_pool2d(const T* x, T* y, const KilnPool2dParams* params, bool include_pad) {
+  const PoolShape s(*params);
   for_each_plane(s, [&]<int KH, int KW, int SW>(int64_t plane) {
     const T* in = x + plane * s.h * s.w;
     T* out = y + plane * s.oh * s.ow;
@@ -254,8 +254,8 @@ void avg_pool2d(const T* x, T* y, const int64_t* params, bool include_pad) {
 }
 
 template <typename T>
-void avg_pool2d_grad(const T* dy, T* dx, const int64_t* params, bool include_pad) {
-  const PoolShape s(params);
+void avg_pool2d_grad(const T* dy, T* dx, const KilnPool2dParams* params, bool include_pad) {
+  const PoolShape s(*params);
   for_each_plane(s, [&]<int KH, int KW, int SW>(int64_t plane) {
     const T* d = dy + plane * s.oh * s.ow;
     T* out = dx + plane * s.h * s.w;
@@ -283,24 +283,24 @@ void avg_pool2d_grad(const T* dy, T* dx, const int64_t* params, bool include_pad
 
 extern "C" {
 
-void kiln_rt_max_pool2d_f32(const float* x, float* y, const int64_t* p) { max_pool2d(x, y, p); }
-void kiln_rt_max_pool2d_f64(const double* x, double* y, const int64_t* p) { max_pool2d(x, y, p); }
-void kiln_rt_max_pool2d_grad_f32(const float* x, const float* dy, float* dx, const int64_t* p) {
+void kiln_rt_max_pool2d_f32(const float* x, float* y, const KilnPool2dParams* p) { max_pool2d(x, y, p); }
+void kiln_rt_max_pool2d_f64(const double* x, double* y, const KilnPool2dParams* p) { max_pool2d(x, y, p); }
+void kiln_rt_max_pool2d_grad_f32(const float* x, const float* dy, float* dx, const KilnPool2dParams* p) {
   max_pool2d_grad(x, dy, dx, p);
 }
-void kiln_rt_max_pool2d_grad_f64(const double* x, const double* dy, double* dx, const int64_t* p) {
+void kiln_rt_max_pool2d_grad_f64(const double* x, const double* dy, double* dx, const KilnPool2dParams* p) {
   max_pool2d_grad(x, dy, dx, p);
 }
-void kiln_rt_avg_pool2d_f32(const float* x, float* y, const int64_t* p, int32_t count_include_pad) {
+void kiln_rt_avg_pool2d_f32(const float* x, float* y, const KilnPool2dParams* p, int32_t count_include_pad) {
   avg_pool2d(x, y, p, count_include_pad != 0);
 }
-void kiln_rt_avg_pool2d_f64(const double* x, double* y, const int64_t* p, int32_t count_include_pad) {
+void kiln_rt_avg_pool2d_f64(const double* x, double* y, const KilnPool2dParams* p, int32_t count_include_pad) {
   avg_pool2d(x, y, p, count_include_pad != 0);
 }
-void kiln_rt_avg_pool2d_grad_f32(const float* dy, float* dx, const int64_t* p, int32_t count_include_pad) {
+void kiln_rt_avg_pool2d_grad_f32(const float* dy, float* dx, const KilnPool2dParams* p, int32_t count_include_pad) {
   avg_pool2d_grad(dy, dx, p, count_include_pad != 0);
 }
-void kiln_rt_avg_pool2d_grad_f64(const double* dy, double* dx, const int64_t* p, int32_t count_include_pad) {
+void kiln_rt_avg_pool2d_grad_f64(const double* dy, double* dx, const KilnPool2dParams* p, int32_t count_include_pad) {
   avg_pool2d_grad(dy, dx, p, count_include_pad != 0);
 }
 }

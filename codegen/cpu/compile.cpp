@@ -30,10 +30,12 @@
 #include <llvm/TargetParser/Host.h>
 
 #include "codegen/cpu/lower.h"
+#include "ir/calling.h"
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "passes/memory_plan.h"
 #include "passes/pipeline.h"
+#include "runtime/abi.h"
 #include "runtime/blas.h"
 #include "runtime/kernels.h"
 #include "runtime/profile.h"
@@ -62,29 +64,14 @@ void check(llvm::Error e, const char* what) {
   if (e) throw Error(std::string("cpu codegen: ") + what + ": " + llvm::toString(std::move(e)));
 }
 
-// Every external function generated code may call, by name. Registered with the JIT
-// explicitly (the process symbol table is not reliable under --as-needed).
+// Every external function generated code may call, by name: the runtime's (runtime/abi.def)
+// and libm's. Registered with the JIT explicitly (the process symbol table is not reliable
+// under --as-needed).
 const std::vector<std::pair<const char*, void*>>& runtime_symbol_table() {
   static const std::vector<std::pair<const char*, void*>> table = {
-      {"kiln_rt_sgemm", reinterpret_cast<void*>(&kiln_rt_sgemm)},
-      {"kiln_rt_dgemm", reinterpret_cast<void*>(&kiln_rt_dgemm)},
-      {"kiln_rt_conv2d_f32", reinterpret_cast<void*>(&kiln_rt_conv2d_f32)},
-      {"kiln_rt_conv2d_f64", reinterpret_cast<void*>(&kiln_rt_conv2d_f64)},
-      {"kiln_rt_conv2d_grad_input_f32", reinterpret_cast<void*>(&kiln_rt_conv2d_grad_input_f32)},
-      {"kiln_rt_conv2d_grad_input_f64", reinterpret_cast<void*>(&kiln_rt_conv2d_grad_input_f64)},
-      {"kiln_rt_conv2d_grad_weight_f32", reinterpret_cast<void*>(&kiln_rt_conv2d_grad_weight_f32)},
-      {"kiln_rt_conv2d_grad_weight_f64", reinterpret_cast<void*>(&kiln_rt_conv2d_grad_weight_f64)},
-      {"kiln_rt_max_pool2d_f32", reinterpret_cast<void*>(&kiln_rt_max_pool2d_f32)},
-      {"kiln_rt_max_pool2d_f64", reinterpret_cast<void*>(&kiln_rt_max_pool2d_f64)},
-      {"kiln_rt_max_pool2d_grad_f32", reinterpret_cast<void*>(&kiln_rt_max_pool2d_grad_f32)},
-      {"kiln_rt_max_pool2d_grad_f64", reinterpret_cast<void*>(&kiln_rt_max_pool2d_grad_f64)},
-      {"kiln_rt_avg_pool2d_f32", reinterpret_cast<void*>(&kiln_rt_avg_pool2d_f32)},
-      {"kiln_rt_avg_pool2d_f64", reinterpret_cast<void*>(&kiln_rt_avg_pool2d_f64)},
-      {"kiln_rt_avg_pool2d_grad_f32", reinterpret_cast<void*>(&kiln_rt_avg_pool2d_grad_f32)},
-      {"kiln_rt_avg_pool2d_grad_f64", reinterpret_cast<void*>(&kiln_rt_avg_pool2d_grad_f64)},
-      {"kiln_rt_parallel_for", reinterpret_cast<void*>(&kiln_rt_parallel_for)},
-      {"kiln_rt_prof_begin", reinterpret_cast<void*>(&kiln_rt_prof_begin)},
-      {"kiln_rt_prof_end", reinterpret_cast<void*>(&kiln_rt_prof_end)},
+#define KILN_RT(name, ...) {#name, reinterpret_cast<void*>(&name)},
+#include "runtime/abi.def"
+#undef KILN_RT
       // libm: what llvm.exp/log/pow lower to, and what LLVM's libcall simplifier may pick.
       {"expf", reinterpret_cast<void*>(static_cast<float (*)(float)>(&::expf))},
       {"exp", reinterpret_cast<void*>(static_cast<double (*)(double)>(&::exp))},
@@ -280,8 +267,12 @@ class CpuInstance final : public Instance {
     if (profile) {
       std::vector<int64_t> ns(g.nodes().size()), calls(g.nodes().size());
       int32_t n = kiln_rt_prof_read(ns.data(), calls.data(), static_cast<int32_t>(ns.size()));
-      prof_ns_.resize(ns.size(), 0);
-      for (int32_t i = 0; i < n; ++i) prof_ns_[static_cast<size_t>(i)] += ns[static_cast<size_t>(i)];
+      prof_.ns.resize(ns.size(), 0);
+      prof_.calls.resize(ns.size(), 0);
+      for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+        prof_.ns[i] += ns[i];
+        prof_.calls[i] += calls[i];
+      }
     }
   }
 
@@ -298,8 +289,8 @@ class CpuInstance final : public Instance {
     return nullptr;
   }
 
-  std::vector<int64_t> profile_ns() const override { return prof_ns_; }
-  void reset_profile() override { prof_ns_.assign(prof_ns_.size(), 0); }
+  Profile profile() const override { return prof_; }
+  void reset_profile() override { prof_ = {}; }
 
  private:
   void allocate() {
@@ -320,7 +311,7 @@ class CpuInstance final : public Instance {
   const CpuProgram& program_;  // kept alive by the Executable that holds both
   uint8_t* arena_ = nullptr;   // mmap'ed: page-aligned, zero pages touched on demand
   std::vector<Tensor> constants_;  // per value id: the value of constant outputs, filled out
-  std::vector<int64_t> prof_ns_;
+  Profile prof_;
 };
 
 std::unique_ptr<Instance> CpuProgram::instantiate() const { return std::make_unique<CpuInstance>(*this); }

@@ -122,8 +122,8 @@ void Lowerer::lower_level(const Graph& g, const KernelPlan& kp, std::vector<Valu
   };
   if (top && options_.profile) {
     // At the top level every item is one node: time each node, constants included.
-    llvm::FunctionCallee begin = runtime("kiln_rt_prof_begin", B_.getVoidTy(), {i32_});
-    llvm::FunctionCallee end = runtime("kiln_rt_prof_end", B_.getVoidTy(), {i32_});
+    llvm::FunctionCallee begin = runtime(RtFn::kiln_rt_prof_begin);
+    llvm::FunctionCallee end = runtime(RtFn::kiln_rt_prof_end);
     for (size_t i = 0; i < nodes.size(); ++i) {
       B_.CreateCall(begin, {B_.getInt32(static_cast<uint32_t>(i))});
       if (item_of[i] >= 0) emit_items(static_cast<size_t>(item_of[i]), static_cast<size_t>(item_of[i]) + 1);

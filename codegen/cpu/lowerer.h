@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <set>
@@ -24,10 +25,12 @@
 #include "ir/graph.h"
 #include "passes/kernel_plan.h"
 #include "passes/memory_plan.h"
+#include "runtime/abi.h"
 
 namespace kiln::cpu::detail {
 
 using llvm::Value;
+using RtFn = rt::Fn;
 
 // What the constants of one module may take in all (each is stored in the module and again
 // in the JIT'ed code): a splat that only fused loops read takes nothing.
@@ -63,7 +66,8 @@ class Lowerer {
   Value* alloca(llvm::Type* t);
   Value* scratch(int64_t bytes, int64_t& cursor);
   void copy_bytes(Value* dst, Value* src, int64_t bytes);
-  llvm::FunctionCallee runtime(const std::string& name, llvm::Type* ret, std::vector<llvm::Type*> args);
+  llvm::FunctionCallee runtime(RtFn f);  // declared from its line in runtime/abi.def
+  llvm::FunctionCallee external(const std::string& name, llvm::FunctionType* type);
   void for_loop(int64_t n, const std::function<void(Value*)>& body);
   void for_range(Value* lo, Value* hi, const std::function<void(Value*)>& body);
   void par_for(int64_t n, int64_t work, const std::function<void(Value*)>& body);
@@ -87,6 +91,13 @@ class Lowerer {
   void copy_strided(DType t, const Shape& shape, Value* dst, Stream ds, Value* src, Stream ss);
   Value* conv_params(const Node& n, const Shape& x, const Shape& w, const Shape& y);
   Value* pool_params(const Node& n, const Shape& x, const Shape& y);
+  // A runtime parameter struct as the constant i64 array it is laid out as (runtime/kernels.h).
+  template <typename Params>
+  Value* params_array(const Params& q) {
+    std::vector<int64_t> fields(sizeof(Params) / sizeof(int64_t));
+    std::memcpy(fields.data(), &q, sizeof(Params));
+    return i64_array(fields);
+  }
   Value* blocked_sum(DType t, int64_t n, const std::function<Value*(Value*)>& elem);
   void column_sums(DType t, int64_t k1, int64_t r, int64_t k2, Value* x, Value* out, bool mean, int64_t& cursor);
   void lower_reduce(const Node& n, const TensorType& xt, const TensorType& rt, Value* x, Value* out, int64_t& cursor);

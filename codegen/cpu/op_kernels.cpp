@@ -85,45 +85,45 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
     }
     case Op::Matmul: return lower_matmul(g, n, kernel, ptr);
     case Op::Conv2d: {
-      std::string f = rt.dtype == DType::f32 ? "kiln_rt_conv2d_f32" : "kiln_rt_conv2d_f64";
+      RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_conv2d_f32 : RtFn::kiln_rt_conv2d_f64;
       Value* bias = n.operands.size() > 2 ? in(2) : llvm::ConstantPointerNull::get(llvm::PointerType::get(C_, 0));
-      B_.CreateCall(runtime(f, B_.getVoidTy(), {ptr_, ptr_, ptr_, ptr_, ptr_}),
+      B_.CreateCall(runtime(f),
                     {in(0), in(1), bias, out, conv_params(n, it(0).shape, it(1).shape, rt.shape)});
       return;
     }
     case Op::Conv2dGradInput: {
-      std::string f = rt.dtype == DType::f32 ? "kiln_rt_conv2d_grad_input_f32" : "kiln_rt_conv2d_grad_input_f64";
-      B_.CreateCall(runtime(f, B_.getVoidTy(), {ptr_, ptr_, ptr_, ptr_}),
+      RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_conv2d_grad_input_f32 : RtFn::kiln_rt_conv2d_grad_input_f64;
+      B_.CreateCall(runtime(f),
                     {in(0), in(1), out, conv_params(n, rt.shape, it(1).shape, it(0).shape)});
       return;
     }
     case Op::Conv2dGradWeight: {
-      std::string f = rt.dtype == DType::f32 ? "kiln_rt_conv2d_grad_weight_f32" : "kiln_rt_conv2d_grad_weight_f64";
-      B_.CreateCall(runtime(f, B_.getVoidTy(), {ptr_, ptr_, ptr_, ptr_}),
+      RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_conv2d_grad_weight_f32 : RtFn::kiln_rt_conv2d_grad_weight_f64;
+      B_.CreateCall(runtime(f),
                     {in(0), in(1), out, conv_params(n, it(0).shape, rt.shape, it(1).shape)});
       return;
     }
     case Op::MaxPool2d: {
-      std::string f = rt.dtype == DType::f32 ? "kiln_rt_max_pool2d_f32" : "kiln_rt_max_pool2d_f64";
-      B_.CreateCall(runtime(f, B_.getVoidTy(), {ptr_, ptr_, ptr_}), {in(0), out, pool_params(n, it(0).shape, rt.shape)});
+      RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_max_pool2d_f32 : RtFn::kiln_rt_max_pool2d_f64;
+      B_.CreateCall(runtime(f), {in(0), out, pool_params(n, it(0).shape, rt.shape)});
       return;
     }
     case Op::AvgPool2d: {
-      std::string f = rt.dtype == DType::f32 ? "kiln_rt_avg_pool2d_f32" : "kiln_rt_avg_pool2d_f64";
-      B_.CreateCall(runtime(f, B_.getVoidTy(), {ptr_, ptr_, ptr_, i32_}),
+      RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_avg_pool2d_f32 : RtFn::kiln_rt_avg_pool2d_f64;
+      B_.CreateCall(runtime(f),
                     {in(0), out, pool_params(n, it(0).shape, rt.shape),
                      B_.getInt32(attr_bool(n.attrs, "count_include_pad") ? 1 : 0)});
       return;
     }
     case Op::MaxPool2dGrad: {
-      std::string f = rt.dtype == DType::f32 ? "kiln_rt_max_pool2d_grad_f32" : "kiln_rt_max_pool2d_grad_f64";
-      B_.CreateCall(runtime(f, B_.getVoidTy(), {ptr_, ptr_, ptr_, ptr_}),
+      RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_max_pool2d_grad_f32 : RtFn::kiln_rt_max_pool2d_grad_f64;
+      B_.CreateCall(runtime(f),
                     {in(0), in(1), out, pool_params(n, it(0).shape, it(1).shape)});
       return;
     }
     case Op::AvgPool2dGrad: {
-      std::string f = rt.dtype == DType::f32 ? "kiln_rt_avg_pool2d_grad_f32" : "kiln_rt_avg_pool2d_grad_f64";
-      B_.CreateCall(runtime(f, B_.getVoidTy(), {ptr_, ptr_, ptr_, i32_}),
+      RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_avg_pool2d_grad_f32 : RtFn::kiln_rt_avg_pool2d_grad_f64;
+      B_.CreateCall(runtime(f),
                     {in(0), out, pool_params(n, rt.shape, it(0).shape),
                      B_.getInt32(attr_bool(n.attrs, "count_include_pad") ? 1 : 0)});
       return;
@@ -170,15 +170,18 @@ Value* Lowerer::conv_params(const Node& n, const Shape& x, const Shape& w, const
   const auto& s = attr_ints(n.attrs, "stride");
   const auto& p = attr_ints(n.attrs, "padding");
   const auto& d = attr_ints(n.attrs, "dilation");
-  return i64_array({x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], s[0], s[1], p[0], p[1], d[0], d[1],
-                    attr_int(n.attrs, "groups")});
+  return params_array(KilnConv2dParams{.n = x[0], .c = x[1], .h = x[2], .w = x[3], .o = w[0], .kh = w[2],
+                                       .kw = w[3], .oh = y[2], .ow = y[3], .stride_h = s[0], .stride_w = s[1],
+                                       .pad_h = p[0], .pad_w = p[1], .dil_h = d[0], .dil_w = d[1],
+                                       .groups = attr_int(n.attrs, "groups")});
 }
-
 Value* Lowerer::pool_params(const Node& n, const Shape& x, const Shape& y) {
   const auto& k = attr_ints(n.attrs, "kernel");
   const auto& s = attr_ints(n.attrs, "stride");
   const auto& p = attr_ints(n.attrs, "padding");
-  return i64_array({x[0], x[1], x[2], x[3], y[2], y[3], k[0], k[1], s[0], s[1], p[0], p[1]});
+  return params_array(KilnPool2dParams{.n = x[0], .c = x[1], .h = x[2], .w = x[3], .oh = y[2], .ow = y[3],
+                                       .kh = k[0], .kw = k[1], .stride_h = s[0], .stride_w = s[1], .pad_h = p[0],
+                                       .pad_w = p[1]});
 }
 
 // The float sum of elem(0), ..., elem(n - 1) in Kiln's summation order (kSumBlock,
@@ -456,8 +459,7 @@ void Lowerer::lower_matmul(const Graph& g, const Node& n, const Kernel& k, std::
   Shape ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2), ob(rt.shape.begin(), rt.shape.end() - 2);
   bool f32 = rt.dtype == DType::f32;
   llvm::Type* ft = ty(rt.dtype);
-  llvm::FunctionCallee gemm = runtime(f32 ? "kiln_rt_sgemm" : "kiln_rt_dgemm", B_.getVoidTy(),
-                                      {i32_, i32_, i64_, i64_, i64_, ft, ptr_, i64_, ptr_, i64_, ft, ptr_, i64_});
+  llvm::FunctionCallee gemm = runtime(f32 ? RtFn::kiln_rt_sgemm : RtFn::kiln_rt_dgemm);
   std::vector<int64_t> sa = broadcast_strides(ab, ob), sb = broadcast_strides(bb, ob);
   for (auto& s : sa) s *= m * kk;
   for (auto& s : sb) s *= kk * nn;

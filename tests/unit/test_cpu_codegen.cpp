@@ -638,26 +638,29 @@ TEST_CASE("cpu codegen: profiling counts every node once per run", "[cpu][codege
   CompileOptions o;
   o.profile = true;
   auto c = compile(m.step, o);
-  auto n = static_cast<int32_t>(c->compiled_graph().nodes().size());
-  kiln_rt_prof_reset(n);
+  size_t n = c->compiled_graph().nodes().size();
   TensorMap state = m.state;
   for (int i = 0; i < 3; ++i) testing::run_step(*c, state, m.batch);
-  std::vector<int64_t> ns(static_cast<size_t>(n)), calls(static_cast<size_t>(n));
-  REQUIRE(kiln_rt_prof_read(ns.data(), calls.data(), n) == n);
+  Instance::Profile p = c->profile();
+  REQUIRE(p.ns.size() == n);
+  REQUIRE(p.calls.size() == n);
   int64_t matmul_ns = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    CAPTURE(i, op_name(c->compiled_graph().nodes()[static_cast<size_t>(i)].op));
-    CHECK(calls[static_cast<size_t>(i)] == 3);
-    CHECK(ns[static_cast<size_t>(i)] >= 0);
-    bool gemm = c->compiled_graph().nodes()[static_cast<size_t>(i)].op == Op::Matmul ||
-                c->compiled_graph().nodes()[static_cast<size_t>(i)].op == Op::Fused;
-    if (gemm) matmul_ns = std::max(matmul_ns, ns[static_cast<size_t>(i)]);
+  for (size_t i = 0; i < n; ++i) {
+    CAPTURE(i, op_name(c->compiled_graph().nodes()[i].op));
+    CHECK(p.calls[i] == 3);
+    CHECK(p.ns[i] >= 0);
+    bool gemm = c->compiled_graph().nodes()[i].op == Op::Matmul || c->compiled_graph().nodes()[i].op == Op::Fused;
+    if (gemm) matmul_ns = std::max(matmul_ns, p.ns[i]);
   }
   CHECK(matmul_ns > 0);
+  c->reset_profile();
+  CHECK(c->profile().calls.empty());
   // Code compiled without profiling calls nothing.
-  kiln_rt_prof_reset(n);
+  auto n32 = static_cast<int32_t>(n);
+  std::vector<int64_t> ns(n), calls(n);
+  kiln_rt_prof_reset(n32);
   testing::run_step(*compile(m.step), state, m.batch);
-  REQUIRE(kiln_rt_prof_read(ns.data(), calls.data(), n) == n);
+  REQUIRE(kiln_rt_prof_read(ns.data(), calls.data(), n32) == n32);
   for (int64_t k : calls) CHECK(k == 0);
   CHECK(c->emit("llvm").find("kiln_rt_prof_begin") != std::string::npos);
 }

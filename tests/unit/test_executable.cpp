@@ -1,4 +1,4 @@
-// Executable (codegen/cpu/executable.h): state held and updated in place, state shared
+// Executable (codegen/executable.h): state held and updated in place, state shared
 // between a training and an inference executable, the compile cache, profiling, bad input.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
@@ -79,17 +79,17 @@ TEST_CASE("executable: state is held and updated in place, matching interpret_st
     exe->set_state(ref_state);
     CHECK(exe->state().size() == ref_state.size());
     // The buffers handed to the code stay put over the steps: no per-step copies of state.
-    std::map<std::string, const std::byte*> where;
-    for (const std::string& name : exe->state_names()) where[name] = exe->state(name).raw();
+    std::map<std::string, const void*> where;
+    for (const std::string& name : exe->state_names()) where[name] = exe->state_store()->data(name);
     for (int step = 0; step < 4; ++step) {
       CAPTURE(step);
       TensorMap want = interpret_step(m.step.graph, ref_state, m.batch);
       TensorMap got = exe->run(m.batch);
-      for (const auto& [name, t] : got) CHECK(!name.ends_with(".next"));
+      for (const auto& [name, t] : got) CHECK(!updated_state_name(name));
       check_close(got, want, 1e-3, 1e-5);
       check_close(exe->state(), ref_state, 1e-3, 1e-5);
     }
-    for (const std::string& name : exe->state_names()) CHECK(exe->state(name).raw() == where[name]);
+    for (const std::string& name : exe->state_names()) CHECK(exe->state_store()->data(name) == where[name]);
     CHECK(exe->state("step").get_int(0) == 4);
   }
 }
@@ -242,7 +242,7 @@ TEST_CASE("executable: bad input is a clear kiln::Error", "[cpu][executable][err
     auto c = compile(g, o);
     CHECK_THAT(c->emit("asm"), ContainsSubstring("kiln_entry"));
     TensorMap in{{"x", Tensor(DType::f32, {2, 3})}, {"w", Tensor(DType::f32, {3, 4})}};
-    CHECK_THROWS_WITH(c->run(in), ContainsSubstring("uses features the host CPU lacks (") &&
+    CHECK_THROWS_WITH(c->evaluate(in), ContainsSubstring("uses features the host CPU lacks (") &&
                                       ContainsSubstring("amx-tile"));
   }
 
@@ -268,11 +268,20 @@ TEST_CASE("executable: bad input is a clear kiln::Error", "[cpu][executable][err
     CHECK(exe->state().empty());
     exe->set_state("w", Tensor(DType::f32, {3, 4}));
     CHECK_THROWS_WITH(exe->run({}), ContainsSubstring("missing input '%x': expected f32[2,3]"));
-    CHECK_THROWS_WITH(exe->run({{"x", xs}, {"z", xs}}), ContainsSubstring("unknown input 'z' (inputs: %x)"));
+    CHECK_THROWS_WITH(exe->run({{"x", xs}, {"z", xs}}),
+                      ContainsSubstring("unknown input 'z': the graph's non-state inputs are %x"));
     CHECK_THROWS_WITH(exe->run({{"x", Tensor(DType::f64, {2, 3})}}),
                       ContainsSubstring("input '%x': expected f32[2,3], got f64[2,3]"));
     CHECK_THROWS_WITH(exe->run({{"x", xs}, {"w", Tensor(DType::f32, {3, 4})}}),
                       ContainsSubstring("'%w' is state held by the executable"));
+    // State is taken by value: a splat is stored in full on the device, so nothing reads
+    // past its one element (and the next set_state overwrites all of it).
+    exe->set_state("w", Tensor::splat(Tensor::scalar(DType::f32, 1), {3, 4}));
+    CHECK(exe->state("w") == Tensor::splat(Tensor::scalar(DType::f32, 1), {3, 4}).materialized());
+    CHECK_THROWS_WITH(exe->run({{"x", Tensor::splat(Tensor::scalar(DType::f32, 1), {2, 3})}}),
+                      ContainsSubstring("input '%x' is a splat that stores one element"));
+    exe->set_state("w", Tensor(DType::f32, {3, 4}));
+    CHECK(exe->state("w") == Tensor(DType::f32, {3, 4}));
     TensorMap out = exe->run({{"x", xs}});
     CHECK(out.size() == 1);
     CHECK(out.count("y") == 1);

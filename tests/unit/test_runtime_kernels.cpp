@@ -120,9 +120,11 @@ void check_conv(const ConvCase& k, DType dt, std::mt19937& rng) {
   Tensor want_dx = reference(Op::Conv2dGradInput, {&dy, &w}, gi);
   Tensor want_dw = reference(Op::Conv2dGradWeight, {&x, &dy}, gw);
 
-  int64_t p[KILN_CONV_PARAMS] = {k.n,         k.c,         k.h,          k.w,          k.o,          k.kh,
-                                 k.kw,        ys[2],       ys[3],        k.stride[0],  k.stride[1],  k.padding[0],
-                                 k.padding[1], k.dilation[0], k.dilation[1], k.groups};
+  const KilnConv2dParams params{.n = k.n, .c = k.c, .h = k.h, .w = k.w, .o = k.o, .kh = k.kh, .kw = k.kw,
+                                .oh = ys[2], .ow = ys[3], .stride_h = k.stride[0], .stride_w = k.stride[1],
+                                .pad_h = k.padding[0], .pad_w = k.padding[1], .dil_h = k.dilation[0],
+                                .dil_w = k.dilation[1], .groups = k.groups};
+  const KilnConv2dParams* p = &params;
   Tensor y = poisoned(want_y.type()), yb = poisoned(want_y.type());
   Tensor dx = poisoned(x.type()), dw = poisoned(w.type());
   if (dt == DType::f32) {
@@ -190,8 +192,10 @@ void check_pool(const Shape& xs, const PoolCase& k, DType dt, Fill fill, std::mt
   const Shape& ys = want_max.shape();
   Tensor dy = random_tensor(dt, ys, rng);
   Tensor want_max_grad = reference(Op::MaxPool2dGrad, {&x, &dy}, attrs);
-  int64_t p[KILN_POOL_PARAMS] = {xs[0], xs[1], xs[2], xs[3], ys[2], ys[3], k.kernel[0], k.kernel[1],
-                                 k.stride[0], k.stride[1], k.padding[0], k.padding[1]};
+  const KilnPool2dParams params{.n = xs[0], .c = xs[1], .h = xs[2], .w = xs[3], .oh = ys[2], .ow = ys[3],
+                                .kh = k.kernel[0], .kw = k.kernel[1], .stride_h = k.stride[0],
+                                .stride_w = k.stride[1], .pad_h = k.padding[0], .pad_w = k.padding[1]};
+  const KilnPool2dParams* p = &params;
   Tensor y = poisoned(want_max.type()), dx = poisoned(x.type());
   if (dt == DType::f32) {
     kiln_rt_max_pool2d_f32(x.data<float>(), y.data<float>(), p);
@@ -375,7 +379,8 @@ TEST_CASE("runtime: conv2d_grad_weight is reproducible run to run", "[runtime][c
   ConvCase k{9, 4, 10, 10, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1};
   Tensor x = random_tensor(DType::f32, {k.n, k.c, k.h, k.w}, rng);
   Tensor dy = random_tensor(DType::f32, {k.n, k.o, 10, 10}, rng);
-  int64_t p[KILN_CONV_PARAMS] = {9, 4, 10, 10, 8, 3, 3, 10, 10, 1, 1, 1, 1, 1, 1, 1};
+  const KilnConv2dParams params{9, 4, 10, 10, 8, 3, 3, 10, 10, 1, 1, 1, 1, 1, 1, 1};
+  const KilnConv2dParams* p = &params;
   Tensor first(DType::f32, {8, 4, 3, 3});
   kiln_rt_conv2d_grad_weight_f32(x.data<float>(), dy.data<float>(), first.data<float>(), p);
   for (int run = 0; run < 20; ++run) {
@@ -414,7 +419,8 @@ TEST_CASE("runtime: pooling matches the interpreter bit for bit", "[runtime][poo
 
 TEST_CASE("runtime: max pooling picks the first maximum and lets NaN win", "[runtime][pool]") {
   // One 2x3 window over a whole plane: ties go to the first cell; a NaN wins wherever it is.
-  int64_t p[KILN_POOL_PARAMS] = {1, 1, 2, 3, 1, 1, 2, 3, 1, 1, 0, 0};
+  const KilnPool2dParams params{1, 1, 2, 3, 1, 1, 2, 3, 1, 1, 0, 0};
+  const KilnPool2dParams* p = &params;
   float nan = std::numeric_limits<float>::quiet_NaN();
   float x1[6] = {1, 5, 2, 5, 0, 5}, x2[6] = {1, 5, nan, 7, nan, 5}, dy = 3, y = 0;
   float dx[6];
