@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "codegen/executable.h"
 #include "frontend/losses.h"
 #include "frontend/nn.h"
@@ -38,15 +39,7 @@ double best_time(const std::function<void()>& f, int reps = -1) {
   return best;
 }
 
-kiln::Tensor random_tensor(kiln::DType dt, kiln::Shape s, uint64_t seed) {
-  kiln::Tensor t(dt, std::move(s));
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    t.set(i, static_cast<double>(x % 2001) / 1000.0 - 1.0);
-  }
-  return t;
-}
+using kiln::bench::random_tensor;
 
 // OpenBLAS called directly, with as many threads as Kiln may use. (Kiln's runtime sets
 // OpenBLAS to one thread process-wide and splits GEMMs over its own pool; the baseline
@@ -66,10 +59,7 @@ void bench_matmul() {
   const int64_t shapes[][3] = {{64, 784, 256}, {256, 256, 256}, {512, 512, 512}, {1024, 1024, 1024}};
   for (const auto& s : shapes) {
     int64_t m = s[0], k = s[1], n = s[2];
-    kiln::Graph g("mm");
-    auto a = g.add_input("a", {kiln::DType::f32, {m, k}});
-    auto b = g.add_input("b", {kiln::DType::f32, {k, n}});
-    g.add_output("c", g.add_node(kiln::Op::Matmul, {a, b}));
+    kiln::Graph g = kiln::bench::matmul_graph(m, k, n);
     auto code = kiln::compile(g, {.target = "cpu"});
     kiln::TensorMap in{{"a", random_tensor(kiln::DType::f32, {m, k}, 1)}, {"b", random_tensor(kiln::DType::f32, {k, n}, 2)}};
     double kiln_s = best_time([&] { code->run(in); });
@@ -83,18 +73,7 @@ void bench_matmul() {
 void bench_elementwise() {
   std::printf("2. a fused chain of 8 elementwise ops over 16M floats vs memcpy of the same bytes (target >= 0.7)\n");
   const int64_t n = 16 << 20;
-  kiln::Graph g("chain");
-  auto x = g.add_input("x", {kiln::DType::f32, {n}});
-  auto c = g.add_constant(kiln::Tensor::scalar(kiln::DType::f32, 0.5));
-  auto v = g.add_node(kiln::Op::Mul, {x, c});
-  v = g.add_node(kiln::Op::Add, {v, c});
-  v = g.add_node(kiln::Op::Relu, {v});
-  v = g.add_node(kiln::Op::Sub, {v, c});
-  v = g.add_node(kiln::Op::Abs, {v});
-  v = g.add_node(kiln::Op::Maximum, {v, c});
-  v = g.add_node(kiln::Op::Mul, {v, v});
-  v = g.add_node(kiln::Op::Neg, {v});
-  g.add_output("y", v);
+  kiln::Graph g = kiln::bench::elementwise_chain(n);
   kiln::TensorMap in{{"x", random_tensor(kiln::DType::f32, {n}, 3)}};
   auto fused = kiln::compile(g, {.target = "cpu"});
   auto unfused = kiln::compile(g, {.target = "cpu", .optimize_graph = false});
@@ -200,29 +179,12 @@ void bench_inference_latency() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--quick") {
-      g_reps = 1;
-    } else if (a == "--help" || a == "-h") {
-      std::printf("usage: kiln_bench [--quick]\n\nRuns Kiln's six CPU benchmarks; each figure is printed with a baseline "
-                  "measured in the same run and their ratio.\n  --quick   one repetition each (a smoke run)\n");
-      return 0;
-    } else {
-      std::fprintf(stderr, "kiln_bench: error: unknown option '%s' (see --help)\n", a.c_str());
-      return 1;
-    }
-  }
-  try {
+  return kiln::bench::bench_main(argc, argv, "kiln_bench", "Runs Kiln's six CPU benchmarks", g_reps, 1, [] {
     bench_matmul();
     bench_elementwise();
     bench_compile_latency();
     bench_training(false, 64, 0.6);
     bench_training(true, 256, 0.3);
     bench_inference_latency();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kiln_bench: error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+  });
 }

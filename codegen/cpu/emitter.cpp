@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <type_traits>
 #include <utility>
+#include <limits>
 
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/DerivedTypes.h>
@@ -16,46 +16,6 @@
 #include "ir/error.h"
 
 namespace kiln::cpu::detail {
-
-namespace {
-
-// The LLVM type of a type of runtime/abi.def's vocabulary (runtime/abi.h).
-template <typename T>
-llvm::Type* abi_type(llvm::LLVMContext& C) {
-  using namespace rt::abi;
-  if constexpr (std::is_void_v<T>) return llvm::Type::getVoidTy(C);
-  else if constexpr (std::is_same_v<T, ptr>) return llvm::PointerType::get(C, 0);
-  else if constexpr (std::is_same_v<T, i32>) return llvm::Type::getInt32Ty(C);
-  else if constexpr (std::is_same_v<T, i64>) return llvm::Type::getInt64Ty(C);
-  else if constexpr (std::is_same_v<T, f32>) return llvm::Type::getFloatTy(C);
-  else {
-    static_assert(std::is_same_v<T, f64>, "a type outside runtime/abi.def's vocabulary");
-    return llvm::Type::getDoubleTy(C);
-  }
-}
-template <typename F>
-struct AbiFunction;
-template <typename R, typename... A>
-struct AbiFunction<R(A...)> {
-  static llvm::FunctionType* get(llvm::LLVMContext& C) {
-    std::vector<llvm::Type*> params{abi_type<A>(C)...};
-    return llvm::FunctionType::get(abi_type<R>(C), params, false);
-  }
-};
-
-// The name and LLVM type of runtime function f, from its line in runtime/abi.def.
-std::pair<const char*, llvm::FunctionType*> runtime_function(RtFn f, llvm::LLVMContext& C) {
-  using namespace rt::abi;
-  switch (f) {
-#define KILN_RT(name, ret, ...) \
-  case RtFn::name: return {#name, AbiFunction<ret(__VA_ARGS__)>::get(C)};
-#include "runtime/abi.def"
-#undef KILN_RT
-  }
-  internal_error("codegen", "cpu codegen: a runtime function outside runtime/abi.def");
-}
-
-}  // namespace
 
 std::vector<int64_t> broadcast_strides(const Shape& from, const Shape& to) {
   std::vector<int64_t> s(to.size(), 0);
@@ -166,10 +126,51 @@ void Lowerer::copy_bytes(Value* dst, Value* src, int64_t bytes) {
   if (bytes > 0) B_.CreateMemMove(dst, llvm::MaybeAlign(), src, llvm::MaybeAlign(), static_cast<uint64_t>(bytes));
 }
 
+namespace {
+
+// The LLVM type of a type of runtime/abi.def's vocabulary (runtime/abi.h).
+template <typename T>
+llvm::Type* abi_type(llvm::LLVMContext& C) {
+  using namespace rt::abi;
+  if constexpr (std::is_void_v<T>) return llvm::Type::getVoidTy(C);
+  else if constexpr (std::is_same_v<T, ptr>) return llvm::PointerType::get(C, 0);
+  else if constexpr (std::is_same_v<T, i32>) return llvm::Type::getInt32Ty(C);
+  else if constexpr (std::is_same_v<T, i64>) return llvm::Type::getInt64Ty(C);
+  else if constexpr (std::is_same_v<T, f32>) return llvm::Type::getFloatTy(C);
+  else {
+    static_assert(std::is_same_v<T, f64>, "a type outside runtime/abi.def's vocabulary");
+    return llvm::Type::getDoubleTy(C);
+  }
+}
+template <typename F>
+struct AbiFunction;
+template <typename R, typename... A>
+struct AbiFunction<R(A...)> {
+  static llvm::FunctionType* get(llvm::LLVMContext& C) {
+    std::vector<llvm::Type*> params{abi_type<A>(C)...};
+    return llvm::FunctionType::get(abi_type<R>(C), params, false);
+  }
+};
+
+// The name and LLVM type of runtime function f, from its line in runtime/abi.def.
+std::pair<const char*, llvm::FunctionType*> runtime_function(RtFn f, llvm::LLVMContext& C) {
+  using namespace rt::abi;
+  switch (f) {
+#define KILN_RT(name, ret, ...) \
+  case RtFn::name: return {#name, AbiFunction<ret(__VA_ARGS__)>::get(C)};
+#include "runtime/abi.def"
+#undef KILN_RT
+  }
+  internal_error("codegen", "cpu codegen: a runtime function outside runtime/abi.def");
+}
+
+}  // namespace
+
 llvm::FunctionCallee Lowerer::runtime(RtFn f) {
   auto [name, type] = runtime_function(f, C_);
   return external(name, type);
 }
+
 llvm::FunctionCallee Lowerer::external(const std::string& name, llvm::FunctionType* type) {
   runtime_.insert(name);
   return M_->getOrInsertFunction(name, type);

@@ -29,8 +29,9 @@
 
 namespace kiln::cpu::detail {
 
+using RtFn = rt::Fn;  // runtime/abi.def
+
 using llvm::Value;
-using RtFn = rt::Fn;
 
 // What the constants of one module may take in all (each is stored in the module and again
 // in the JIT'ed code): a splat that only fused loops read takes nothing.
@@ -66,7 +67,7 @@ class Lowerer {
   Value* alloca(llvm::Type* t);
   Value* scratch(int64_t bytes, int64_t& cursor);
   void copy_bytes(Value* dst, Value* src, int64_t bytes);
-  llvm::FunctionCallee runtime(RtFn f);  // declared from its line in runtime/abi.def
+  llvm::FunctionCallee runtime(RtFn f);  // declared from runtime/abi.def
   llvm::FunctionCallee external(const std::string& name, llvm::FunctionType* type);
   void for_loop(int64_t n, const std::function<void(Value*)>& body);
   void for_range(Value* lo, Value* hi, const std::function<void(Value*)>& body);

@@ -175,6 +175,7 @@ Value* Lowerer::conv_params(const Node& n, const Shape& x, const Shape& w, const
                                        .pad_h = p[0], .pad_w = p[1], .dil_h = d[0], .dil_w = d[1],
                                        .groups = attr_int(n.attrs, "groups")});
 }
+
 Value* Lowerer::pool_params(const Node& n, const Shape& x, const Shape& y) {
   const auto& k = attr_ints(n.attrs, "kernel");
   const auto& s = attr_ints(n.attrs, "stride");

@@ -12,8 +12,7 @@ namespace kiln::cpu::detail {
 
 Value* Lowerer::libm(const char* f32_name, const char* f64_name, Value* x) {
   bool f = x->getType()->isFloatTy();
-  llvm::FunctionCallee fn =
-      external(f ? f32_name : f64_name, llvm::FunctionType::get(x->getType(), {x->getType()}, false));
+  llvm::FunctionCallee fn = external(f ? f32_name : f64_name, llvm::FunctionType::get(x->getType(), {x->getType()}, false));
   llvm::CallInst* call = B_.CreateCall(fn, {x});
   call->setDoesNotThrow();
   call->setOnlyAccessesInaccessibleMemory();

@@ -1,0 +1,348 @@
+#include "codegen/cuda/driver.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fmt/format.h>
+
+#include "ir/error.h"
+
+namespace kiln::cuda {
+namespace {
+
+std::string env_or(const char* var, const char* fallback) {
+  const char* v = std::getenv(var);
+  return v && *v ? std::string(v) : std::string(fallback);
+}
+
+// dlopen without RTLD_GLOBAL: the libraries' symbols stay out of the process's namespace.
+void* open_library(const std::string& library, std::string& error) {
+  void* h = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char* e = dlerror();
+    error = e ? e : "dlopen failed";
+  }
+  return h;
+}
+
+// Resolves `symbol` into `fn`; returns false (and names the symbol in `missing`) if absent.
+template <typename F>
+bool resolve(void* h, const char* symbol, F& fn, std::string& missing) {
+  fn = reinterpret_cast<F>(dlsym(h, symbol));
+  if (!fn && missing.empty()) missing = symbol;
+  return fn != nullptr;
+}
+
+// Codes Kiln names itself when the driver cannot (the toolkit's stub answers every
+// cuGetErrorName with CUDA_ERROR_STUB_LIBRARY).
+const char* known_name(CUresult r) {
+  switch (r) {
+    case 1: return "CUDA_ERROR_INVALID_VALUE";
+    case CUDA_ERROR_OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case CUDA_ERROR_NOT_INITIALIZED: return "CUDA_ERROR_NOT_INITIALIZED";
+    case CUDA_ERROR_STUB_LIBRARY: return "CUDA_ERROR_STUB_LIBRARY";
+    case 35: return "CUDA_ERROR_INSUFFICIENT_DRIVER";
+    case CUDA_ERROR_NO_DEVICE: return "CUDA_ERROR_NO_DEVICE";
+    case 209: return "CUDA_ERROR_NO_BINARY_FOR_GPU";
+    case 999: return "CUDA_ERROR_UNKNOWN";
+    default: return nullptr;
+  }
+}
+
+const char* cublas_status_name(cublasStatus_t s) {
+  switch (s) {
+    case 1: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case 3: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case 7: return "CUBLAS_STATUS_INVALID_VALUE";
+    case 8: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case 11: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case 13: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case 14: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case 15: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+std::string driver_library() { return env_or("KILN_CUDA_DRIVER_LIB", "libcuda.so.1"); }
+std::string cublas_library() { return env_or("KILN_CUBLAS_LIB", "libcublas.so.13"); }
+
+namespace {
+// A function table for `library`, opened; kiln::Error "<missing> (library): <dlerror>" if it
+// cannot be. The handle is never closed: function pointers into it outlive every caller.
+template <typename Table>
+std::shared_ptr<Table> open_table(const std::string& library, const char* missing) {
+  std::string error;
+  void* h = open_library(library, error);
+  if (!h) throw Error(fmt::format("{} ({}): {}", missing, library, error));
+  auto t = std::make_shared<Table>();
+  t->handle = h;
+  t->library = library;
+  return t;
+}
+}  // namespace
+
+std::shared_ptr<const Driver> load_driver(const std::string& library) {
+  auto d = open_table<Driver>(library, "no CUDA driver found");
+  void* h = d->handle;
+  std::string m;
+  resolve(h, "cuGetErrorName", d->cuGetErrorName, m);
+  resolve(h, "cuGetErrorString", d->cuGetErrorString, m);
+  resolve(h, "cuInit", d->cuInit, m);
+  resolve(h, "cuDriverGetVersion", d->cuDriverGetVersion, m);
+  resolve(h, "cuDeviceGetCount", d->cuDeviceGetCount, m);
+  resolve(h, "cuDeviceGet", d->cuDeviceGet, m);
+  resolve(h, "cuDeviceGetName", d->cuDeviceGetName, m);
+  resolve(h, "cuDeviceGetAttribute", d->cuDeviceGetAttribute, m);
+  resolve(h, "cuDevicePrimaryCtxRetain", d->cuDevicePrimaryCtxRetain, m);
+  resolve(h, "cuCtxSetCurrent", d->cuCtxSetCurrent, m);
+  resolve(h, "cuMemAlloc_v2", d->cuMemAlloc, m);
+  resolve(h, "cuMemFree_v2", d->cuMemFree, m);
+  resolve(h, "cuMemHostAlloc", d->cuMemHostAlloc, m);
+  resolve(h, "cuMemFreeHost", d->cuMemFreeHost, m);
+  resolve(h, "cuMemsetD8Async", d->cuMemsetD8Async, m);
+  resolve(h, "cuMemcpyHtoDAsync_v2", d->cuMemcpyHtoDAsync, m);
+  resolve(h, "cuMemcpyDtoHAsync_v2", d->cuMemcpyDtoHAsync, m);
+  resolve(h, "cuMemcpyDtoDAsync_v2", d->cuMemcpyDtoDAsync, m);
+  resolve(h, "cuStreamCreate", d->cuStreamCreate, m);
+  resolve(h, "cuStreamSynchronize", d->cuStreamSynchronize, m);
+  resolve(h, "cuStreamDestroy_v2", d->cuStreamDestroy, m);
+  resolve(h, "cuModuleLoadData", d->cuModuleLoadData, m);
+  resolve(h, "cuModuleGetFunction", d->cuModuleGetFunction, m);
+  resolve(h, "cuModuleUnload", d->cuModuleUnload, m);
+  resolve(h, "cuLaunchKernel", d->cuLaunchKernel, m);
+  resolve(h, "cuStreamBeginCapture_v2", d->cuStreamBeginCapture, m);
+  resolve(h, "cuStreamEndCapture", d->cuStreamEndCapture, m);
+  resolve(h, "cuGraphInstantiateWithFlags", d->cuGraphInstantiateWithFlags, m);
+  resolve(h, "cuGraphLaunch", d->cuGraphLaunch, m);
+  resolve(h, "cuGraphExecDestroy", d->cuGraphExecDestroy, m);
+  resolve(h, "cuGraphDestroy", d->cuGraphDestroy, m);
+  resolve(h, "cuEventCreate", d->cuEventCreate, m);
+  resolve(h, "cuEventRecord", d->cuEventRecord, m);
+  resolve(h, "cuEventSynchronize", d->cuEventSynchronize, m);
+  resolve(h, "cuEventDestroy_v2", d->cuEventDestroy, m);
+  // CUDA 13 renamed the export to _v2; older drivers have only the plain name.
+  std::string none;
+  if (!resolve(h, "cuEventElapsedTime_v2", d->cuEventElapsedTime, none))
+    resolve(h, "cuEventElapsedTime", d->cuEventElapsedTime, m);
+  if (!m.empty())
+    throw Error(fmt::format("no CUDA driver found ({}): the library has no {} (driver too old for CUDA 12+?)",
+                            library, m));
+  return d;
+}
+
+std::shared_ptr<const Cublas> load_cublas(const std::string& library) {
+  auto c = open_table<Cublas>(library, "cuBLAS not found");
+  void* h = c->handle;
+  std::string m;
+  resolve(h, "cublasCreate_v2", c->cublasCreate, m);
+  resolve(h, "cublasDestroy_v2", c->cublasDestroy, m);
+  resolve(h, "cublasGetVersion_v2", c->cublasGetVersion, m);
+  resolve(h, "cublasSetStream_v2", c->cublasSetStream, m);
+  resolve(h, "cublasSetWorkspace_v2", c->cublasSetWorkspace, m);
+  resolve(h, "cublasSetMathMode", c->cublasSetMathMode, m);
+  resolve(h, "cublasSgemm_v2", c->cublasSgemm, m);
+  resolve(h, "cublasSgemmStridedBatched", c->cublasSgemmStridedBatched, m);
+  resolve(h, "cublasDgemmStridedBatched", c->cublasDgemmStridedBatched, m);
+  if (!m.empty()) throw Error(fmt::format("cuBLAS not found ({}): the library has no {}", library, m));
+  return c;
+}
+
+std::string describe(const Driver& d, CUresult r) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (d.cuGetErrorName(r, &name) != CUDA_SUCCESS || !name) name = known_name(r);
+  if (d.cuGetErrorString(r, &text) != CUDA_SUCCESS) text = nullptr;
+  std::string s = name ? name : fmt::format("CUresult {}", r);
+  if (text) s += fmt::format(": {}", text);
+  return s;
+}
+
+void init_driver(const Driver& d) {
+  CUresult r = d.cuInit(0);
+  if (r == CUDA_SUCCESS) return;
+  const char* name = known_name(r);
+  if (r == CUDA_ERROR_NO_DEVICE) throw Error("cuInit failed: no GPU (CUDA_ERROR_NO_DEVICE)");
+  if (r == CUDA_ERROR_STUB_LIBRARY)
+    throw Error(fmt::format("cuInit failed: {} is the toolkit's stub, not a driver (CUDA_ERROR_STUB_LIBRARY)",
+                            d.library));
+  throw Error(fmt::format("cuInit failed: {}{}", describe(d, r), name ? "" : " (is an NVIDIA driver installed?)"));
+}
+
+namespace {
+const Driver* g_driver = nullptr;  // set once gpu() succeeds; check() needs it
+}
+
+void check(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return;
+  std::string why = g_driver ? describe(*g_driver, r) : fmt::format("CUresult {}", r);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) throw Error(fmt::format("cuda: out of GPU memory in {} ({})", what, why));
+  throw Error(fmt::format("cuda: {} failed: {}", what, why));
+}
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  const char* name = cublas_status_name(s);
+  throw Error(name ? fmt::format("cuda: {} failed: {}", what, name)
+                   : fmt::format("cuda: {} failed: cublasStatus {}", what, s));
+}
+
+std::string Gpu::arch() const { return fmt::format("sm_{}{}", major_, minor_); }
+
+namespace {
+// One context for the process; a thread makes it current once.
+thread_local CUcontext t_bound = nullptr;
+}
+
+void Gpu::bind() const {
+  if (t_bound == context_) return;
+  check(driver_->cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+  t_bound = context_;
+}
+
+void Gpu::bind_quietly() const noexcept {
+  if (t_bound != context_ && driver_->cuCtxSetCurrent(context_) == CUDA_SUCCESS) t_bound = context_;
+}
+
+const Cublas& Gpu::cublas() const {
+  std::lock_guard<std::mutex> lock(cublas_mutex_);
+  if (!cublas_) cublas_ = load_cublas(cublas_library());
+  return *cublas_;
+}
+
+const Gpu& gpu() {
+  // Built once on success; a failure is thrown again on the next call (it may be fixed by
+  // then, e.g. a test that changes KILN_CUDA_DRIVER_LIB back).
+  static std::mutex mutex;
+  static std::unique_ptr<Gpu> instance;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (instance) return *instance;
+  auto d = load_driver(driver_library());
+  init_driver(*d);
+  g_driver = d.get();
+  auto g = std::make_unique<Gpu>();
+  g->driver_ = d;
+  int count = 0;
+  check(d->cuDeviceGetCount(&count), "cuDeviceGetCount");
+  if (count == 0) throw Error("cuInit failed: no GPU (CUDA_ERROR_NO_DEVICE)");
+  check(d->cuDeviceGet(&g->device_, 0), "cuDeviceGet");
+  check(d->cuDriverGetVersion(&g->driver_version_), "cuDriverGetVersion");
+  check(d->cuDeviceGetAttribute(&g->major_, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, g->device_),
+        "cuDeviceGetAttribute");
+  check(d->cuDeviceGetAttribute(&g->minor_, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, g->device_),
+        "cuDeviceGetAttribute");
+  char name[256] = {};
+  check(d->cuDeviceGetName(name, sizeof name - 1, g->device_), "cuDeviceGetName");
+  g->name_ = name;
+  // The primary context is the one the CUDA runtime (inside cuBLAS) uses too.
+  check(d->cuDevicePrimaryCtxRetain(&g->context_, g->device_), "cuDevicePrimaryCtxRetain");
+  instance = std::move(g);
+  return *instance;
+}
+
+// --- CudaDevice --------------------------------------------------------------------------
+
+namespace {
+// Transfers larger than this go through the staging buffer in chunks.
+constexpr int64_t kStagingChunk = int64_t{32} << 20;
+}
+
+CudaDevice::CudaDevice() : gpu_(gpu()) {
+  gpu_.bind();
+  check(gpu_.driver().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+}
+
+CudaDevice::~CudaDevice() {
+  const Driver& d = gpu_.driver();
+  gpu_.bind_quietly();
+  d.cuStreamSynchronize(stream_);
+  if (staging_) d.cuMemFreeHost(staging_);
+  d.cuStreamDestroy(stream_);
+}
+
+std::string CudaDevice::name() const { return fmt::format("cuda:0 ({})", gpu_.name()); }
+
+void* CudaDevice::allocate(int64_t bytes) {
+  gpu_.bind();
+  CUdeviceptr p = 0;
+  size_t n = static_cast<size_t>(std::max<int64_t>(bytes, 1));
+  CUresult r = gpu_.driver().cuMemAlloc(&p, n);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY)
+    throw Error(fmt::format("cuda: out of GPU memory allocating {} bytes on {}", bytes, name()));
+  check(r, "cuMemAlloc");
+  // Zero-filled, in stream order: any later work on the stream sees zeros.
+  check(gpu_.driver().cuMemsetD8Async(p, 0, n, stream_), "cuMemsetD8Async");
+  return reinterpret_cast<void*>(p);
+}
+
+void CudaDevice::release(void* p) noexcept {
+  if (!p) return;
+  gpu_.bind_quietly();
+  // Work still queued may read p: wait for it (cuMemFree itself does not order with a
+  // non-blocking stream).
+  gpu_.driver().cuStreamSynchronize(stream_);
+  gpu_.driver().cuMemFree(dptr(p));
+}
+
+void* CudaDevice::staging(int64_t bytes) {
+  int64_t want = std::min(bytes, kStagingChunk);
+  if (staging_bytes_ < want) {
+    if (staging_) gpu_.driver().cuMemFreeHost(staging_);
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+    check(gpu_.driver().cuMemHostAlloc(&staging_, static_cast<size_t>(want), CU_MEMHOSTALLOC_PORTABLE),
+          "cuMemHostAlloc (pinned staging buffer)");
+    staging_bytes_ = want;
+  }
+  return staging_;
+}
+
+void CudaDevice::upload(void* device_dst, const void* host_src, int64_t bytes) {
+  if (bytes <= 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  gpu_.bind();
+  const Driver& d = gpu_.driver();
+  char* pinned = static_cast<char*>(staging(bytes));
+  for (int64_t done = 0; done < bytes; done += staging_bytes_) {
+    int64_t n = std::min(staging_bytes_, bytes - done);
+    std::memcpy(pinned, static_cast<const char*>(host_src) + done, static_cast<size_t>(n));
+    check(d.cuMemcpyHtoDAsync(dptr(device_dst) + static_cast<CUdeviceptr>(done), pinned, static_cast<size_t>(n),
+                              stream_),
+          "cuMemcpyHtoDAsync");
+    // The staging buffer is reused by the next chunk (and the next call): wait for the copy.
+    check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize after an upload");
+  }
+}
+
+void CudaDevice::download(void* host_dst, const void* device_src, int64_t bytes) {
+  if (bytes <= 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  gpu_.bind();
+  const Driver& d = gpu_.driver();
+  char* pinned = static_cast<char*>(staging(bytes));
+  for (int64_t done = 0; done < bytes; done += staging_bytes_) {
+    int64_t n = std::min(staging_bytes_, bytes - done);
+    check(d.cuMemcpyDtoHAsync(pinned, dptr(device_src) + static_cast<CUdeviceptr>(done), static_cast<size_t>(n),
+                              stream_),
+          "cuMemcpyDtoHAsync");
+    check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize after a download");
+    std::memcpy(static_cast<char*>(host_dst) + done, pinned, static_cast<size_t>(n));
+  }
+}
+
+void CudaDevice::copy(void* device_dst, const void* device_src, int64_t bytes) {
+  if (bytes <= 0) return;
+  gpu_.bind();
+  check(gpu_.driver().cuMemcpyDtoDAsync(dptr(device_dst), dptr(device_src), static_cast<size_t>(bytes), stream_),
+        "cuMemcpyDtoDAsync");
+}
+
+void CudaDevice::synchronize() {
+  gpu_.bind();
+  check(gpu_.driver().cuStreamSynchronize(stream_), "cuStreamSynchronize");
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,318 @@
+// The CUDA kernels of the non-elementwise ops (reductions and softmax are in
+// render_reduce.cpp). Each is one thread per output element in a grid-stride loop, reading
+// its inputs by gathering, so no kernel needs atomics and every sum is added in the
+// interpreter's order (ir/interp_nn.cpp): that is what makes the results bitwise the
+// interpreter's (given the same math functions and no FMA contraction).
+#include "codegen/cuda/render_internal.h"
+#include "ir/error.h"
+
+namespace kiln::cuda::detail {
+
+void render_reduce(Emitter& out, const Graph& g, const Node& n, const std::string& x, const std::string& y);
+void render_softmax(Emitter& out, const Graph& g, const Node& n, const std::string& x, const std::string& y);
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// y[i] = x[offset of stream 0 at i] over `shape` (a strided copy).
+void strided_copy(Emitter& out, DType t, const Shape& shape, const std::string& x, const Stream& src,
+                  const std::string& y, int64_t extent) {
+  std::string T = ctype(t), it = index_type(extent);
+  std::string body = stream_offsets(shape, {src}, "i", it, "o", "    ") + "    Y[i] = X[o0];\n";
+  out.elementwise(num_elements(shape), extent, "  " + T + "* X = " + x + "; " + T + "* Y = " + y + ";\n", body);
+}
+
+// Declares the coordinates NAME0.. of the row-major index `idx` of `shape` (every dim).
+std::string coords(const Shape& shape, const std::string& idx, const std::string& it, const std::string& name) {
+  std::string s = "    " + it + " " + name + "r = " + idx + ";\n";
+  for (size_t d = shape.size(); d-- > 0;) {
+    std::string c = name + str(static_cast<int64_t>(d));
+    if (d == 0) s += "    " + it + " " + c + " = " + name + "r;\n";
+    else s += "    " + it + " " + c + " = " + name + "r % " + str(shape[d]) + "; " + name + "r /= " + str(shape[d]) + ";\n";
+  }
+  return s;
+}
+
+// The input row (a = 'h') or column (a = 'w') that output position o<a> reads at tap k<a>,
+// skipping taps in the padding: "i64 ih = oh * S - P + kh * D; if (outside) continue;".
+std::string tap(const std::string& ind, char a, int64_t S, int64_t P, int64_t D, int64_t size) {
+  std::string i = std::string("i") + a, o = std::string("o") + a, k = std::string("k") + a;
+  return ind + "i64 " + i + " = " + o + " * " + str(S) + " - " + str(P) + " + " + k + " * " + str(D) + ";\n" + ind +
+         "if (" + i + " < 0 || " + i + " >= " + str(size) + ") continue;\n";
+}
+
+struct Pool {
+  int64_t NC, H, W, OH, OW, KH, KW, SH, SW, PH, PW;
+};
+Pool pool_of(const AttrMap& a, const Shape& x, const Shape& y) {
+  const auto& k = attr_ints(a, "kernel");
+  const auto& s = attr_ints(a, "stride");
+  const auto& p = attr_ints(a, "padding");
+  return {x[0] * x[1], x[2], x[3], y[2], y[3], k[0], k[1], s[0], s[1], p[0], p[1]};
+}
+
+// The first maximum of window (oh, ow) of plane nc, as max_pool2d picks it: declares
+// `best` (its input index, -1 if none) and `bv` (its value).
+std::string first_max(const Pool& p, const std::string& T, const std::string& ind) {
+  std::string s = ind + "i64 best = -1; " + T + " bv = (" + T + ")0;\n";
+  s += ind + "for (i64 kh = 0; kh < " + str(p.KH) + "; ++kh) {\n";
+  s += tap(ind + "  ", 'h', p.SH, p.PH, 1, p.H);
+  s += ind + "  for (i64 kw = 0; kw < " + str(p.KW) + "; ++kw) {\n";
+  s += tap(ind + "    ", 'w', p.SW, p.PW, 1, p.W);
+  s += ind + "    i64 src = (nc * " + str(p.H) + " + ih) * " + str(p.W) + " + iw;\n";
+  s += ind + "    " + T + " v = X[src];\n";
+  s += ind + "    if (best < 0 || (!kiln_isnan(bv) && (kiln_isnan(v) || v > bv))) { best = src; bv = v; }\n";
+  s += ind + "  }\n" + ind + "}\n";
+  return s;
+}
+
+// The windows (oh, ow) that contain input cell (ih, iw), in increasing (oh, ow): kh and kw
+// run downwards. `dil` is the dilation (1 for pooling). Opens two loops; close with "}}".
+std::string windows_containing(int64_t KH, int64_t KW, int64_t SH, int64_t SW, int64_t PH, int64_t PW, int64_t DH,
+                               int64_t DW, int64_t OH, int64_t OW, const std::string& ind) {
+  std::string s;
+  s += ind + "for (i64 kh = " + str(KH - 1) + "; kh >= 0; --kh) {\n";
+  s += ind + "  i64 th = ih + " + str(PH) + " - kh * " + str(DH) + ";\n";
+  s += ind + "  if (th < 0 || th % " + str(SH) + " != 0 || th / " + str(SH) + " >= " + str(OH) + ") continue;\n";
+  s += ind + "  i64 oh = th / " + str(SH) + ";\n";
+  s += ind + "  for (i64 kw = " + str(KW - 1) + "; kw >= 0; --kw) {\n";
+  s += ind + "    i64 tw = iw + " + str(PW) + " - kw * " + str(DW) + ";\n";
+  s += ind + "    if (tw < 0 || tw % " + str(SW) + " != 0 || tw / " + str(SW) + " >= " + str(OW) + ") continue;\n";
+  s += ind + "    i64 ow = tw / " + str(SW) + ";\n";
+  return s;
+}
+
+struct Conv {
+  int64_t N, C, H, W, O, KH, KW, OH, OW, SH, SW, PH, PW, DH, DW, G;
+  int64_t cg() const { return C / G; }
+  int64_t og() const { return O / G; }
+};
+Conv conv_of(const AttrMap& a, const Shape& x, const Shape& w, const Shape& y) {
+  const auto& s = attr_ints(a, "stride");
+  const auto& p = attr_ints(a, "padding");
+  const auto& d = attr_ints(a, "dilation");
+  return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], s[0], s[1], p[0], p[1], d[0], d[1], attr_int(a, "groups")};
+}
+
+// Direct convolution kernels (conv2d, conv2d_grad_input): one thread per output element
+// looping over its whole reduction (C/groups*KH*KW taps, or the windows a pixel is in),
+// accumulating in the output dtype in the interpreter's order. This is the simple correct
+// version (no tiling, no shared memory, no tensor cores): a large convolution is far from
+// peak; an implicit-GEMM or im2col + cuBLAS version would replace it.
+void conv2d(Emitter& out, const Conv& c, const std::string& T, const std::string& x, const std::string& w,
+            const std::string* bias, const std::string& y) {
+  int64_t n = c.N * c.O * c.OH * c.OW;
+  std::string decls = "  " + T + "* X = " + x + "; " + T + "* Wt = " + w + "; " + T + "* Y = " + y + ";\n";
+  if (bias) decls += "  " + T + "* B = " + *bias + ";\n";
+  std::string s = coords({c.N, c.O, c.OH, c.OW}, "(i64)i", "i64", "y");
+  s += "    i64 oc = y1, oh = y2, ow = y3, grp = oc / " + str(c.og()) + ";\n";
+  s += "    " + T + " acc = (" + T + ")0;\n";
+  s += "    for (i64 ch = 0; ch < " + str(c.cg()) + "; ++ch)\n";
+  s += "      for (i64 kh = 0; kh < " + str(c.KH) + "; ++kh) {\n";
+  s += tap("        ", 'h', c.SH, c.PH, c.DH, c.H);
+  s += "        for (i64 kw = 0; kw < " + str(c.KW) + "; ++kw) {\n";
+  s += tap("          ", 'w', c.SW, c.PW, c.DW, c.W);
+  s += "          acc = acc + X[((y0 * " + str(c.C) + " + grp * " + str(c.cg()) + " + ch) * " + str(c.H) + " + ih) * " +
+       str(c.W) + " + iw] * Wt[((oc * " + str(c.cg()) + " + ch) * " + str(c.KH) + " + kh) * " + str(c.KW) + " + kw];\n";
+  s += "        }\n      }\n";
+  s += bias ? "    Y[i] = acc + B[oc];\n" : "    Y[i] = acc;\n";
+  out.elementwise(n, n, decls, s);
+}
+
+void conv2d_grad_input(Emitter& out, const Conv& c, const std::string& T, const std::string& dy, const std::string& w,
+                       const std::string& dx) {
+  int64_t n = c.N * c.C * c.H * c.W;
+  std::string decls = "  " + T + "* D = " + dy + "; " + T + "* Wt = " + w + "; " + T + "* Y = " + dx + ";\n";
+  std::string s = coords({c.N, c.C, c.H, c.W}, "(i64)i", "i64", "x");
+  s += "    i64 ih = x2, iw = x3, grp = x1 / " + str(c.cg()) + ", ch = x1 % " + str(c.cg()) + ";\n";
+  s += "    " + T + " acc = (" + T + ")0;\n";
+  s += "    for (i64 oc = grp * " + str(c.og()) + "; oc < (grp + 1) * " + str(c.og()) + "; ++oc) {\n";
+  s += windows_containing(c.KH, c.KW, c.SH, c.SW, c.PH, c.PW, c.DH, c.DW, c.OH, c.OW, "      ");
+  s += "          acc = acc + D[((x0 * " + str(c.O) + " + oc) * " + str(c.OH) + " + oh) * " + str(c.OW) + " + ow] * Wt[((oc * " +
+       str(c.cg()) + " + ch) * " + str(c.KH) + " + kh) * " + str(c.KW) + " + kw];\n";
+  s += "        }\n      }\n    }\n    Y[i] = acc;\n";
+  out.elementwise(n, n, decls, s);
+}
+
+// dw[oc, ch, kh, kw] = the sum over (b, oh, ow) of x * dy: a row reduction of N*OH*OW
+// terms per weight (one block of threads per weight once that is more than 64), so the
+// few weights of a convolution still keep the GPU busy. Taps in the padding add zero. The
+// order is the summation order's, not the interpreter's serial one (whose result the
+// checks accept to a tolerance, as they do the CPU backend's GEMM-based version).
+void conv2d_grad_weight(Emitter& out, const Conv& c, DType t, const std::string& x, const std::string& dy,
+                        const std::string& dw) {
+  std::string T = ctype(t);
+  std::string decls = T + "* X = " + x + "; " + T + "* D = " + dy + "; " + T + "* Y = " + dw + ";\n";
+  std::string row = coords({c.O, c.cg(), c.KH, c.KW}, "(i64)r", "i64", "w");
+  row += "    i64 oc = w0, ch = w1, kh = w2, kw = w3, grp = oc / " + str(c.og()) + ";\n";
+  std::string e = "        i64 b = (i64)k / " + str(c.OH * c.OW) + ", oh = (i64)k / " + str(c.OW) + " % " + str(c.OH) +
+                  ", ow = (i64)k % " + str(c.OW) + ";\n";
+  e += "        i64 ih = oh * " + str(c.SH) + " - " + str(c.PH) + " + kh * " + str(c.DH) + ";\n";
+  e += "        i64 iw = ow * " + str(c.SW) + " - " + str(c.PW) + " + kw * " + str(c.DW) + ";\n";
+  e += "        x = ih < 0 || ih >= " + str(c.H) + " || iw < 0 || iw >= " + str(c.W) + " ? (" + T + ")0 : X[((b * " +
+       str(c.C) + " + grp * " + str(c.cg()) + " + ch) * " + str(c.H) + " + ih) * " + str(c.W) + " + iw] * D[((b * " +
+       str(c.O) + " + oc) * " + str(c.OH) + " + oh) * " + str(c.OW) + " + ow];\n";
+  row_sum(out, t, c.O * c.cg() * c.KH * c.KW, c.N * c.OH * c.OW, decls, row, e, "      Y[r] = acc;\n");
+}
+
+void pool(Emitter& out, const Node& n, const Pool& p, const std::string& T, const std::string& x, const std::string& y) {
+  int64_t total = p.NC * p.OH * p.OW;
+  std::string decls = "  " + T + "* X = " + x + "; " + T + "* Y = " + y + ";\n";
+  std::string s = coords({p.NC, p.OH, p.OW}, "(i64)i", "i64", "y");
+  s += "    i64 nc = y0, oh = y1, ow = y2;\n";
+  if (n.op == Op::MaxPool2d) {
+    // Padded cells never win; the first NaN wins over everything.
+    s += "    " + T + " acc = -" + (T == "f32" ? std::string("kiln_f32_bits(0x7f800000u)") : "kiln_f64_bits(0x7ff0000000000000ull)") + ";\n";
+  } else {
+    s += "    " + T + " acc = (" + T + ")0; i64 inside = 0;\n";
+  }
+  s += "    for (i64 kh = 0; kh < " + str(p.KH) + "; ++kh) {\n";
+  s += tap("      ", 'h', p.SH, p.PH, 1, p.H);
+  s += "      for (i64 kw = 0; kw < " + str(p.KW) + "; ++kw) {\n";
+  s += tap("        ", 'w', p.SW, p.PW, 1, p.W);
+  s += "        " + T + " v = X[(nc * " + str(p.H) + " + ih) * " + str(p.W) + " + iw];\n";
+  s += n.op == Op::MaxPool2d ? "        if (!kiln_isnan(acc) && (kiln_isnan(v) || v > acc)) acc = v;\n"
+                             : "        acc = acc + v; ++inside;\n";
+  s += "      }\n    }\n";
+  if (n.op == Op::MaxPool2d) s += "    Y[i] = acc;\n";
+  else if (attr_bool(n.attrs, "count_include_pad")) s += "    Y[i] = acc / (" + T + ")" + str(p.KH * p.KW) + ";\n";
+  else s += "    Y[i] = acc / (" + T + ")inside;\n";
+  out.elementwise(total, std::max(total, p.NC * p.H * p.W), decls, s);
+}
+
+// dx cell (nc, ih, iw) gathers dy of every window containing it, in increasing (oh, ow):
+// for max pooling those whose first maximum it is, for average pooling dy / divisor.
+void pool_grad(Emitter& out, const Node& n, const Pool& p, const std::string& T, const std::string* x,
+               const std::string& dy, const std::string& dx) {
+  int64_t total = p.NC * p.H * p.W;
+  std::string decls = "  " + T + "* D = " + dy + "; " + T + "* Y = " + dx + ";\n";
+  if (x) decls += "  " + T + "* X = " + *x + ";\n";
+  std::string s = coords({p.NC, p.H, p.W}, "(i64)i", "i64", "x");
+  s += "    i64 nc = x0, ih = x1, iw = x2;\n";
+  s += "    " + T + " acc = (" + T + ")0;\n";
+  s += windows_containing(p.KH, p.KW, p.SH, p.SW, p.PH, p.PW, 1, 1, p.OH, p.OW, "    ");
+  std::string dyv = "D[(nc * " + str(p.OH) + " + oh) * " + str(p.OW) + " + ow]";
+  if (n.op == Op::MaxPool2dGrad) {
+    s += "      {\n" + first_max(p, T, "        ");
+    s += "        if (best == i) acc = acc + " + dyv + ";\n      }\n";
+  } else if (attr_bool(n.attrs, "count_include_pad")) {
+    s += "      acc = acc + " + dyv + " / (" + T + ")" + str(p.KH * p.KW) + ";\n";
+  } else {
+    // The window's real cells: rows times columns inside the input.
+    s += "      i64 rows = 0, cols = 0;\n";
+    s += "      for (i64 k = 0; k < " + str(p.KH) + "; ++k) { i64 r = oh * " + str(p.SH) + " - " + str(p.PH) +
+         " + k; rows += r >= 0 && r < " + str(p.H) + "; }\n";
+    s += "      for (i64 k = 0; k < " + str(p.KW) + "; ++k) { i64 q = ow * " + str(p.SW) + " - " + str(p.PW) +
+         " + k; cols += q >= 0 && q < " + str(p.W) + "; }\n";
+    s += "      acc = acc + " + dyv + " / (" + T + ")(rows * cols);\n";
+  }
+  s += "      }\n    }\n    Y[i] = acc;\n";
+  out.elementwise(total, std::max(total, p.NC * p.OH * p.OW), decls, s);
+}
+
+}  // namespace
+
+void render_op(Emitter& out, const Graph& g, const Node& n, const std::function<std::string(ValueId)>& ptr) {
+  const TensorType& rt = g.type(n.result());
+  auto it = [&](size_t k) -> const TensorType& { return g.type(n.operands[k]); };
+  auto in = [&](size_t k) { return ptr(n.operands[k]); };
+  std::string y = ptr(n.result());
+  std::string T = ctype(rt.dtype);
+  int64_t numel = rt.numel();
+  switch (n.op) {
+    case Op::Neg: case Op::Abs: case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh:
+    case Op::Sigmoid: case Op::Relu: case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow:
+    case Op::Maximum: case Op::Minimum: case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt:
+    case Op::Ge: case Op::Select: case Op::Cast: case Op::Matmul: case Op::Fused: case Op::Constant:
+      internal_error("op", "cuda render: " + std::string(op_name(n.op)) + " is not an op kernel (the plan runs it otherwise)");
+    case Op::Sum: case Op::Mean: case Op::Max: case Op::Min: case Op::Argmax:
+      return render_reduce(out, g, n, in(0), y);
+    case Op::Softmax: case Op::LogSoftmax:
+      return render_softmax(out, g, n, in(0), y);
+    case Op::Reshape:
+      return strided_copy(out, rt.dtype, rt.shape, in(0), {strides_of(rt.shape), 0}, y, numel);
+    case Op::Transpose: {
+      const auto& perm = attr_ints(n.attrs, "perm");
+      std::vector<int64_t> s = strides_of(it(0).shape), src(perm.size());
+      for (size_t d = 0; d < perm.size(); ++d) src[d] = s[static_cast<size_t>(perm[d])];
+      return strided_copy(out, rt.dtype, rt.shape, in(0), {src, 0}, y, numel);
+    }
+    case Op::BroadcastTo:
+      return strided_copy(out, rt.dtype, rt.shape, in(0), {broadcast_strides(it(0).shape, rt.shape), 0}, y, numel);
+    case Op::Slice: {
+      const auto& start = attr_ints(n.attrs, "start");
+      const auto& step = attr_ints(n.attrs, "step");
+      std::vector<int64_t> s = strides_of(it(0).shape), src(s.size());
+      int64_t base = 0;
+      for (size_t d = 0; d < s.size(); ++d) {
+        base += start[d] * s[d];
+        src[d] = step[d] * s[d];
+      }
+      return strided_copy(out, rt.dtype, rt.shape, in(0), {src, base}, y, std::max(numel, it(0).numel()));
+    }
+    case Op::Concat: {
+      int64_t axis = attr_int(n.attrs, "axis");
+      size_t a = static_cast<size_t>(axis < 0 ? axis + rt.rank() : axis);
+      int64_t inner = 1;
+      for (size_t d = a + 1; d < rt.shape.size(); ++d) inner *= rt.shape[d];
+      std::string it_ = index_type(numel);
+      std::string s = "    " + it_ + " in = i % " + str(inner) + ", rest = i / " + str(inner) + ";\n";
+      s += "    " + it_ + " c = rest % " + str(rt.shape[a]) + ", outer = rest / " + str(rt.shape[a]) + ";\n";
+      std::string decls;
+      int64_t base = 0;
+      for (size_t k = 0; k < n.operands.size(); ++k) {
+        int64_t len = it(k).shape[a];
+        decls += "  " + T + "* X" + str(static_cast<int64_t>(k)) + " = " + in(k) + ";\n";
+        s += std::string(k == 0 ? "    " : "    else ") + "if (c < " + str(base + len) + ") Y[i] = X" +
+             str(static_cast<int64_t>(k)) + "[(outer * " + str(len) + " + (c - " + str(base) + ")) * " + str(inner) + " + in];\n";
+        base += len;
+      }
+      return out.elementwise(numel, numel, "  " + T + "* Y = " + y + ";\n" + decls, s);
+    }
+    case Op::Pad: {
+      const auto& low = attr_ints(n.attrs, "low");
+      std::string value = literal(Tensor::scalar(DType::f64, attr_float(n.attrs, "value")).cast(rt.dtype), 0);
+      std::string it_ = index_type(numel);
+      std::string s = coords(rt.shape, "i", it_, "c") + "    bool inside = true; " + it_ + " src = 0;\n";
+      std::vector<int64_t> xs = strides_of(it(0).shape);
+      for (size_t d = 0; d < rt.shape.size(); ++d) {
+        std::string c = "(c" + str(static_cast<int64_t>(d)) + " - " + str(low[d]) + ")";
+        s += "    inside = inside && " + c + " >= 0 && " + c + " < " + str(it(0).shape[d]) + "; src += " + c + " * " +
+             str(xs[d]) + ";\n";
+      }
+      s += "    Y[i] = inside ? X[src] : " + value + ";\n";
+      return out.elementwise(numel, numel, "  " + T + "* X = " + in(0) + "; " + T + "* Y = " + y + ";\n", s);
+    }
+    case Op::OneHot: {
+      int64_t depth = rt.shape.back();
+      std::string it_ = index_type(numel);
+      std::string one = literal(Tensor::scalar(DType::i64, int64_t{1}).cast(rt.dtype), 0);
+      std::string zero = literal(Tensor(rt.dtype, {}), 0);
+      std::string s = "    i64 index = (i64)X[i / " + str(depth) + "];\n";
+      s += "    Y[i] = index == (i64)(i % " + str(depth) + ") ? " + one + " : " + zero + ";\n";
+      return out.elementwise(numel, numel, "  " + ctype(it(0).dtype) + "* X = " + in(0) + "; " + T + "* Y = " + y + ";\n", s);
+    }
+    case Op::Conv2d: {
+      std::string bias = n.operands.size() > 2 ? in(2) : "";
+      return conv2d(out, conv_of(n.attrs, it(0).shape, it(1).shape, rt.shape), T, in(0), in(1),
+                    n.operands.size() > 2 ? &bias : nullptr, y);
+    }
+    case Op::Conv2dGradInput:
+      return conv2d_grad_input(out, conv_of(n.attrs, rt.shape, it(1).shape, it(0).shape), T, in(0), in(1), y);
+    case Op::Conv2dGradWeight:
+      return conv2d_grad_weight(out, conv_of(n.attrs, it(0).shape, rt.shape, it(1).shape), rt.dtype, in(0), in(1), y);
+    case Op::MaxPool2d:
+    case Op::AvgPool2d:
+      return pool(out, n, pool_of(n.attrs, it(0).shape, rt.shape), T, in(0), y);
+    case Op::MaxPool2dGrad: {
+      std::string x = in(0);
+      return pool_grad(out, n, pool_of(n.attrs, it(0).shape, it(1).shape), T, &x, in(1), y);
+    }
+    case Op::AvgPool2dGrad:
+      return pool_grad(out, n, pool_of(n.attrs, rt.shape, it(0).shape), T, nullptr, in(0), y);
+  }
+  internal_error("op", "cuda render: no kernel for op " + std::to_string(static_cast<int>(n.op)));
+}
+
+}  // namespace kiln::cuda::detail

@@ -1,0 +1,306 @@
+// The op table's test cases, shared by the backends' every-op tests (the CPU backend,
+// the CUDA emulation and compile checks): small graphs exercising each op in several
+// dtypes, shapes and attribute combinations, with their inputs and tolerances, and the
+// comparison of a backend's outputs with the interpreter's. op_cases() is a switch over
+// every op with no default: a new op in ops.def does not build until it has cases here.
+#pragma once
+
+#include <catch2/catch_test_macros.hpp>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/interp.h"
+#include "ir/printer.h"
+
+namespace kiln::testing {
+
+// Element-wise closeness (kiln::element_abs_diff): NaN matches NaN, infinities must be
+// equal, integers and bools exact.
+inline bool close(const Tensor& got, const Tensor& want, double rtol, double atol, std::string& why) {
+  if (got.type() != want.type()) {
+    why = "type " + got.type().str() + " vs " + want.type().str();
+    return false;
+  }
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    double d = element_abs_diff(got, want, i);
+    if (d != 0 && !(d <= element_tolerance(want, i, rtol, atol))) {
+      why = "element " + std::to_string(i) + ": got " + print_element(got, i) + ", want " + print_element(want, i);
+      return false;
+    }
+  }
+  return true;
+}
+
+inline void check_outputs(const TensorMap& got, const TensorMap& want, double rtol, double atol) {
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, w] : want) {
+    REQUIRE(got.count(name) == 1);
+    std::string why;
+    CAPTURE(name);
+    bool ok = close(got.at(name), w, rtol, atol, why);
+    CAPTURE(why);
+    CHECK(ok);
+  }
+}
+
+
+inline Tensor random_tensor(DType dt, const Shape& s, double lo, double hi, std::mt19937_64& rng, bool integral = false) {
+  Tensor t(dt, s);
+  std::uniform_real_distribution<double> u(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    double v = u(rng);
+    if (integral || !is_float(dt)) v = std::round(v);
+    if (dt == DType::boolean) v = v > 0 ? 1 : 0;
+    t.set(i, v);
+  }
+  return t;
+}
+
+struct OpCase {
+  Graph g{"op"};
+  TensorMap inputs;
+  double rtol = 0, atol = 0;
+};
+
+using Attrs = AttrMap;
+using Ints = std::vector<int64_t>;
+
+// Small graphs exercising `op`: several dtypes, shapes and attribute combinations.
+inline std::vector<OpCase> op_cases(Op op) {
+  std::vector<OpCase> cases;
+  std::mt19937_64 rng(static_cast<uint64_t>(op) * 7919 + 1);
+  auto add = [&](DType dt, std::vector<std::pair<Shape, std::pair<double, double>>> ins, Op o, Attrs attrs,
+                 double rtol, double atol, DType in_dt = DType::f32, bool integral = false) {
+    OpCase c;
+    std::vector<ValueId> vs;
+    for (size_t i = 0; i < ins.size(); ++i) {
+      DType d = i == 0 && in_dt != DType::f32 ? in_dt : dt;
+      std::string name = "x" + std::to_string(i);
+      vs.push_back(c.g.add_input(name, {d, ins[i].first}));
+      c.inputs[name] = random_tensor(d, ins[i].first, ins[i].second.first, ins[i].second.second, rng, integral);
+    }
+    c.g.add_output("out", c.g.add_node(o, vs, attrs));
+    c.rtol = rtol;
+    c.atol = atol;
+    cases.push_back(std::move(c));
+  };
+  const DType floats[] = {DType::f32, DType::f64};
+  const DType numeric[] = {DType::f32, DType::f64, DType::i32, DType::i64};
+  auto tol = [](DType dt) { return dt == DType::f64 ? 1e-13 : 2e-6; };
+  switch (op) {
+    case Op::Neg: case Op::Abs: case Op::Relu:
+      for (DType dt : numeric) {
+        add(dt, {{{3, 17}, {-50, 50}}}, op, {}, 0, 0);
+        add(dt, {{{}, {-5, 5}}}, op, {}, 0, 0);
+      }
+      break;
+    case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh: case Op::Sigmoid: {
+      bool pos = op == Op::Log || op == Op::Sqrt || op == Op::Rsqrt;
+      for (DType dt : floats) add(dt, {{{5, 37}, {pos ? 1e-3 : -30, 30}}}, op, {}, tol(dt), 0);
+      break;
+    }
+    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow: case Op::Maximum: case Op::Minimum:
+    case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt: case Op::Ge: {
+      bool cmp = op_info(op).has(kCompare);
+      for (DType dt : numeric) {
+        if (op == Op::Pow && !is_float(dt)) continue;
+        double lo = op == Op::Pow ? 0.1 : -6, hi = 6;
+        double blo = op == Op::Div && !is_float(dt) ? 1 : lo;  // integer divisors nonzero
+        const std::vector<std::pair<Shape, Shape>> shapes = {
+            {{4, 33}, {4, 33}}, {{4, 1, 5}, {3, 5}}, {{}, {7}}, {{2, 3, 1}, {1, 1, 9}}, {{6}, {}}};
+        for (const auto& [sa, sb] : shapes)
+          add(dt, {{sa, {lo, hi}}, {sb, {blo, hi}}}, op, {}, cmp ? 0 : tol(dt), 0, DType::f32, cmp);
+      }
+      break;
+    }
+    case Op::Select:
+      for (DType dt : numeric) {
+        OpCase c;
+        ValueId cond = c.g.add_input("c", {DType::boolean, {4, 1}});
+        ValueId a = c.g.add_input("a", {dt, {4, 6}});
+        ValueId b = c.g.add_input("b", {dt, {6}});
+        c.g.add_output("out", c.g.add_node(Op::Select, {cond, a, b}));
+        c.inputs["c"] = random_tensor(DType::boolean, {4, 1}, -1, 1, rng);
+        c.inputs["a"] = random_tensor(dt, {4, 6}, -9, 9, rng);
+        c.inputs["b"] = random_tensor(dt, {6}, -9, 9, rng);
+        cases.push_back(std::move(c));
+      }
+      break;
+    case Op::Cast:
+      for (DType from : kAllDTypes)
+        for (DType to : kAllDTypes) {
+          OpCase c;
+          ValueId x = c.g.add_input("x", {from, {13}});
+          c.g.add_output("out", c.g.add_node(Op::Cast, {x}, {{"dtype", to}}));
+          Tensor t = random_tensor(from, {13}, -100, 100, rng);
+          if (is_float(from)) {  // NaN, huge, negative zero, fractional values
+            t.set(0, std::nan(""));
+            t.set(1, 1e30);
+            t.set(2, -1e30);
+            t.set(3, -0.0);
+            t.set(4, 2.75);
+            t.set(5, -2.75);
+          }
+          c.inputs["x"] = t;
+          cases.push_back(std::move(c));
+        }
+      break;
+    case Op::Sum: case Op::Mean: case Op::Max: case Op::Min:
+      for (DType dt : numeric) {
+        if (op == Op::Mean && !is_float(dt)) continue;
+        for (const Ints& axes : {Ints{}, Ints{1}, Ints{0, 2}, Ints{-1}, Ints{0}, Ints{1, 2}})
+          for (bool keep : {false, true})
+            add(dt, {{{3, 4, 5}, {-9, 9}}}, op, {{"axes", axes}, {"keepdims", keep}}, is_float(dt) ? 1e-5 : 0, 1e-6);
+      }
+      break;
+    case Op::Argmax:
+      for (DType dt : numeric)
+        for (int64_t axis : {0, 1, -1})
+          for (bool keep : {false, true})
+            add(dt, {{{4, 5, 6}, {-3, 3}}}, op, {{"axis", axis}, {"keepdims", keep}}, 0, 0, DType::f32, true);
+      break;
+    case Op::Reshape:
+      for (DType dt : kAllDTypes) add(dt, {{{3, 4}, {-3, 3}}}, op, {{"shape", Ints{2, 6}}}, 0, 0);
+      break;
+    case Op::Transpose:
+      for (DType dt : kAllDTypes) {
+        add(dt, {{{3, 4, 5}, {-3, 3}}}, op, {{"perm", Ints{2, 0, 1}}}, 0, 0);
+        add(dt, {{{3, 4}, {-3, 3}}}, op, {{"perm", Ints{1, 0}}}, 0, 0);
+      }
+      break;
+    case Op::BroadcastTo:
+      for (DType dt : kAllDTypes) add(dt, {{{3, 1}, {-3, 3}}}, op, {{"shape", Shape{2, 3, 4}}}, 0, 0);
+      break;
+    case Op::Slice:
+      for (DType dt : kAllDTypes) {
+        add(dt, {{{6, 7}, {-3, 3}}}, op, {{"start", Ints{1, 0}}, {"stop", Ints{5, 7}}, {"step", Ints{2, 3}}}, 0, 0);
+        add(dt, {{{6, 7}, {-3, 3}}}, op, {{"start", Ints{0, 2}}, {"stop", Ints{6, 5}}, {"step", Ints{1, 1}}}, 0, 0);
+      }
+      break;
+    case Op::Concat:
+      for (DType dt : kAllDTypes) {
+        add(dt, {{{2, 3}, {-3, 3}}, {{2, 4}, {-3, 3}}, {{2, 1}, {-3, 3}}}, op, {{"axis", int64_t{1}}}, 0, 0);
+        add(dt, {{{2, 3}, {-3, 3}}, {{1, 3}, {-3, 3}}}, op, {{"axis", int64_t{0}}}, 0, 0);
+      }
+      break;
+    case Op::Pad:
+      for (DType dt : numeric)
+        add(dt, {{{3, 4}, {-3, 3}}}, op, {{"low", Ints{1, 0}}, {"high", Ints{2, 3}}, {"value", 1.5}}, 0, 0);
+      break;
+    case Op::Matmul:
+      for (DType dt : floats) {
+        double t = dt == DType::f32 ? 1e-4 : 1e-10;
+        add(dt, {{{5, 7}, {-1, 1}}, {{7, 3}, {-1, 1}}}, op, {}, t, t);
+        add(dt, {{{2, 1, 5, 7}, {-1, 1}}, {{3, 7, 4}, {-1, 1}}}, op, {}, t, t);
+        add(dt, {{{64, 33}, {-1, 1}}, {{33, 70}, {-1, 1}}}, op, {}, t, t);
+        // Transposed operands: folded into the GEMM flags.
+        OpCase c;
+        ValueId a = c.g.add_input("a", {dt, {2, 7, 5}});
+        ValueId b = c.g.add_input("b", {dt, {3, 7}});
+        ValueId at = c.g.add_node(Op::Transpose, {a}, {{"perm", Ints{0, 2, 1}}});
+        ValueId bt = c.g.add_node(Op::Transpose, {b}, {{"perm", Ints{1, 0}}});
+        c.g.add_output("out", c.g.add_node(Op::Matmul, {at, bt}));
+        c.inputs["a"] = random_tensor(dt, {2, 7, 5}, -1, 1, rng);
+        c.inputs["b"] = random_tensor(dt, {3, 7}, -1, 1, rng);
+        c.rtol = c.atol = t;
+        cases.push_back(std::move(c));
+      }
+      break;
+    case Op::Conv2d:
+      for (DType dt : floats) {
+        double t = dt == DType::f32 ? 1e-4 : 1e-10;
+        add(dt, {{{2, 3, 9, 9}, {-1, 1}}, {{4, 3, 3, 3}, {-1, 1}}, {{4}, {-1, 1}}}, op,
+            {{"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, t, t);
+        add(dt, {{{1, 4, 8, 7}, {-1, 1}}, {{6, 2, 3, 2}, {-1, 1}}}, op,
+            {{"groups", int64_t{2}}, {"dilation", Ints{2, 1}}}, t, t);
+      }
+      break;
+    case Op::Conv2dGradInput:
+      for (DType dt : floats) {
+        double t = dt == DType::f32 ? 1e-4 : 1e-10;
+        add(dt, {{{2, 4, 5, 5}, {-1, 1}}, {{4, 3, 3, 3}, {-1, 1}}}, op,
+            {{"input_size", Ints{9, 9}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, t, t);
+      }
+      break;
+    case Op::Conv2dGradWeight:
+      for (DType dt : floats) {
+        double t = dt == DType::f32 ? 1e-4 : 1e-10;
+        add(dt, {{{2, 3, 9, 9}, {-1, 1}}, {{2, 4, 5, 5}, {-1, 1}}}, op,
+            {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, t, t);
+      }
+      break;
+    case Op::MaxPool2d:
+      for (DType dt : floats)
+        add(dt, {{{2, 3, 8, 8}, {-1, 1}}}, op, {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, 0, 0);
+      break;
+    case Op::AvgPool2d:
+      for (DType dt : floats)
+        for (bool inc : {false, true})
+          add(dt, {{{2, 3, 8, 8}, {-1, 1}}}, op,
+              {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}, {"count_include_pad", inc}}, tol(dt), 1e-7);
+      break;
+    case Op::MaxPool2dGrad:
+      for (DType dt : floats)
+        add(dt, {{{2, 3, 8, 8}, {-1, 1}}, {{2, 3, 4, 4}, {-1, 1}}}, op,
+            {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, tol(dt), 1e-7);
+      break;
+    case Op::AvgPool2dGrad:
+      for (DType dt : floats)
+        for (bool inc : {false, true})
+          add(dt, {{{2, 3, 4, 4}, {-1, 1}}}, op,
+              {{"input_size", Ints{8, 8}}, {"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}},
+               {"count_include_pad", inc}}, tol(dt), 1e-7);
+      break;
+    case Op::Softmax: case Op::LogSoftmax:
+      for (DType dt : floats)
+        for (int64_t axis : {-1, 0, 1}) add(dt, {{{4, 10, 3}, {-20, 20}}}, op, {{"axis", axis}}, tol(dt), 1e-7);
+      break;
+    case Op::OneHot:
+      for (DType idx : {DType::i32, DType::i64})
+        for (DType dt : {DType::f32, DType::i32, DType::boolean}) {
+          OpCase c;
+          ValueId x = c.g.add_input("x", {idx, {3, 4}});
+          c.g.add_output("out", c.g.add_node(Op::OneHot, {x}, {{"depth", int64_t{5}}, {"dtype", dt}}));
+          c.inputs["x"] = random_tensor(idx, {3, 4}, -2, 7, rng);
+          cases.push_back(std::move(c));
+        }
+      break;
+    case Op::Constant:
+      for (DType dt : kAllDTypes) {
+        OpCase c;
+        ValueId x = c.g.add_input("x", {dt, {2, 3}});
+        ValueId k = c.g.add_constant(random_tensor(dt, {2, 3}, -5, 5, rng));
+        ValueId s = c.g.add_constant(Tensor::scalar(dt, 1));
+        c.g.add_output("k", k);
+        c.g.add_output("s", s);
+        c.g.add_output("out", c.g.add_node(Op::Select, {c.g.add_node(Op::Eq, {x, k}), x, k}));
+        c.inputs["x"] = random_tensor(dt, {2, 3}, -5, 5, rng);
+        cases.push_back(std::move(c));
+      }
+      break;
+    case Op::Fused: {
+      // A fused elementwise chain with a broadcast operand, a reduction and its epilogue.
+      OpCase c;
+      ValueId x = c.g.add_input("x", {DType::f32, {8, 20}});
+      ValueId b = c.g.add_input("b", {DType::f32, {20}});
+      ValueId h = c.g.add_node(Op::Relu, {c.g.add_node(Op::Add, {x, b})});
+      ValueId e = c.g.add_node(Op::Exp, {c.g.add_node(Op::Neg, {h})});
+      ValueId s = c.g.add_node(Op::Sum, {c.g.add_node(Op::Mul, {e, e})}, {{"axes", Ints{1}}, {"keepdims", true}});
+      c.g.add_output("out", c.g.add_node(Op::Div, {e, s}));
+      c.g.add_output("h", h);
+      c.inputs["x"] = random_tensor(DType::f32, {8, 20}, -2, 2, rng);
+      c.inputs["b"] = random_tensor(DType::f32, {20}, -2, 2, rng);
+      c.rtol = 1e-5;
+      c.atol = 1e-6;
+      cases.push_back(std::move(c));
+      break;
+    }
+  }
+  return cases;
+}
+
+}  // namespace kiln::testing
