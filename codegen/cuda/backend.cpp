@@ -192,7 +192,8 @@ class CudaInstance final : public Instance {
     workspace_ = dev.allocate(kCublasWorkspace);
     check_cublas(blas.cublasSetWorkspace(blas_, workspace_, kCublasWorkspace), "cublasSetWorkspace");
     if (p_->profile_) {
-      profile_ns_.assign(graph.nodes().size(), 0);
+      prof_.ns.assign(graph.nodes().size(), 0);
+      prof_.calls.assign(graph.nodes().size(), 0);
       events_.assign(p_->rendered_.launches.size() + 1, nullptr);
       for (CUevent& e : events_) check(g.driver().cuEventCreate(&e, CU_EVENT_DEFAULT), "cuEventCreate");
     }
@@ -266,8 +267,11 @@ class CudaInstance final : public Instance {
     KILN_CHECK(false, "unknown buffer kind");
   }
 
-  std::vector<int64_t> profile_ns() const override { return profile_ns_; }
-  void reset_profile() override { std::fill(profile_ns_.begin(), profile_ns_.end(), 0); }
+  Profile profile() const override { return prof_; }
+  void reset_profile() override {
+    std::fill(prof_.ns.begin(), prof_.ns.end(), 0);
+    std::fill(prof_.calls.begin(), prof_.calls.end(), 0);
+  }
 
  private:
   int64_t bytes_of(ValueId v) const { return p_->prepared_->memory.at(v).bytes; }
@@ -340,9 +344,10 @@ class CudaInstance final : public Instance {
       float ms = 0;
       check(d.cuEventElapsedTime(&ms, events_[i], events_[i + 1]), "cuEventElapsedTime");
       int32_t node = launches[i].node;
-      if (node >= 0 && static_cast<size_t>(node) < profile_ns_.size())
-        profile_ns_[static_cast<size_t>(node)] += static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+      if (node >= 0 && static_cast<size_t>(node) < prof_.ns.size())
+        prof_.ns[static_cast<size_t>(node)] += static_cast<int64_t>(static_cast<double>(ms) * 1e6);
     }
+    for (int64_t& c : prof_.calls) ++c;  // every node runs once per call, launches or not
   }
 
   std::shared_ptr<const CudaProgram> p_;
@@ -355,7 +360,7 @@ class CudaInstance final : public Instance {
   void* workspace_ = nullptr;
   CUgraphExec exec_ = nullptr;
   std::vector<CUevent> events_;
-  std::vector<int64_t> profile_ns_;
+  Profile prof_;
 };
 
 std::unique_ptr<Instance> CudaProgram::instantiate() const {
