@@ -53,6 +53,14 @@ std::vector<int64_t> strides_of(const Shape& s) {
   return st;
 }
 
+std::vector<int64_t> broadcast_strides(const Shape& from, const Shape& to) {
+  std::vector<int64_t> s(to.size(), 0);
+  std::vector<int64_t> fs = strides_of(from);
+  size_t off = to.size() - from.size();
+  for (size_t d = 0; d < from.size(); ++d) s[off + d] = from[d] == 1 ? 0 : fs[d];
+  return s;
+}
+
 std::string TensorType::str() const { return std::string(dtype_name(dtype)) + shape_str(shape); }
 
 std::string format_location(const std::source_location& loc) {

@@ -27,6 +27,9 @@ int64_t num_elements(const Shape& s);
 std::string shape_str(const Shape& s);  // "[2,3]"
 // Row-major strides (in elements).
 std::vector<int64_t> strides_of(const Shape& s);
+// Element strides over `to` of a tensor of shape `from` broadcast NumPy-style onto it (0 on
+// the broadcast dims): how every backend reads a broadcast operand.
+std::vector<int64_t> broadcast_strides(const Shape& from, const Shape& to);
 
 struct TensorType {
   DType dtype = DType::f32;

@@ -17,14 +17,6 @@
 
 namespace kiln::cpu::detail {
 
-std::vector<int64_t> broadcast_strides(const Shape& from, const Shape& to) {
-  std::vector<int64_t> s(to.size(), 0);
-  std::vector<int64_t> fs = strides_of(from);
-  size_t off = to.size() - from.size();
-  for (size_t d = 0; d < from.size(); ++d) s[off + d] = from[d] == 1 ? 0 : fs[d];
-  return s;
-}
-
 Lowerer::Lowerer(const Graph& g, const MemoryPlan& plan, const KernelPlan& kp, llvm::LLVMContext& ctx, LoweringInfo& info,
                  const LowerOptions& options)
     : g_(g), plan_(plan), kp_(kp), C_(ctx), info_(info), options_(options), B_(ctx) {

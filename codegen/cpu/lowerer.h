@@ -42,9 +42,6 @@ struct Stream {
   int64_t base = 0;
 };
 
-// Strides over `to` of a tensor of shape `from` broadcast to it (0 on broadcast dims).
-std::vector<int64_t> broadcast_strides(const Shape& from, const Shape& to);
-
 class Lowerer {
  public:
   Lowerer(const Graph& g, const MemoryPlan& plan, const KernelPlan& kp, llvm::LLVMContext& ctx, LoweringInfo& info,
@@ -102,7 +99,7 @@ class Lowerer {
   Value* blocked_sum(DType t, int64_t n, const std::function<Value*(Value*)>& elem);
   void column_sums(DType t, int64_t k1, int64_t r, int64_t k2, Value* x, Value* out, bool mean, int64_t& cursor);
   void lower_reduce(const Node& n, const TensorType& xt, const TensorType& rt, Value* x, Value* out, int64_t& cursor);
-  static void split_axis(const Shape& s, size_t axis, int64_t& outer, int64_t& len, int64_t& inner);
+  static void split_axis(const Node& n, const TensorType& xt, int64_t& outer, int64_t& len, int64_t& inner);
   void lower_argmax(const Node& n, const TensorType& xt, Value* x, Value* out);
   void outer_inner(int64_t outer, int64_t inner, int64_t len, const std::function<void(Value*, Value*)>& body);
   void lower_softmax(const Node& n, const TensorType& xt, Value* x, Value* out);

@@ -375,20 +375,21 @@ void Lowerer::lower_reduce(const Node& n, const TensorType& xt, const TensorType
   if (n.op == Op::Mean) for_loop(m, [&](Value* j) { store(t, finish(load(t, out, j)), out, j); });
 }
 
-// outer x len x inner view of `xt` around `axis`.
-void Lowerer::split_axis(const Shape& s, size_t axis, int64_t& outer, int64_t& len, int64_t& inner) {
+// outer x len x inner view of `xt` around node n's "axis" attribute (negative: from the end).
+void Lowerer::split_axis(const Node& n, const TensorType& xt, int64_t& outer, int64_t& len, int64_t& inner) {
+  int64_t axis = attr_int(n.attrs, "axis");
+  auto a = static_cast<size_t>(axis < 0 ? axis + xt.rank() : axis);
+  const Shape& s = xt.shape;
   outer = 1;
   inner = 1;
-  len = s[axis];
-  for (size_t d = 0; d < axis; ++d) outer *= s[d];
-  for (size_t d = axis + 1; d < s.size(); ++d) inner *= s[d];
+  len = s[a];
+  for (size_t d = 0; d < a; ++d) outer *= s[d];
+  for (size_t d = a + 1; d < s.size(); ++d) inner *= s[d];
 }
 
 void Lowerer::lower_argmax(const Node& n, const TensorType& xt, Value* x, Value* out) {
-  int64_t axis = attr_int(n.attrs, "axis");
-  if (axis < 0) axis += xt.rank();
   int64_t outer, len, inner;
-  split_axis(xt.shape, static_cast<size_t>(axis), outer, len, inner);
+  split_axis(n, xt, outer, len, inner);
   DType t = xt.dtype;
   bool fl = is_float(t);
   outer_inner(outer, inner, len, [&](Value* a, Value* b) {
@@ -421,10 +422,8 @@ void Lowerer::outer_inner(int64_t outer, int64_t inner, int64_t len, const std::
 }
 
 void Lowerer::lower_softmax(const Node& n, const TensorType& xt, Value* x, Value* out) {
-  int64_t axis = attr_int(n.attrs, "axis");
-  if (axis < 0) axis += xt.rank();
   int64_t outer, len, inner;
-  split_axis(xt.shape, static_cast<size_t>(axis), outer, len, inner);
+  split_axis(n, xt, outer, len, inner);
   DType t = xt.dtype;
   bool log = n.op == Op::LogSoftmax;
   outer_inner(outer, inner, len, [&](Value* a, Value* b) {

@@ -199,14 +199,6 @@ KILN_FN f64 kiln_sigmoid(f64 x) {
 )";
 }
 
-std::vector<int64_t> broadcast_strides(const Shape& from, const Shape& to) {
-  std::vector<int64_t> s(to.size(), 0);
-  std::vector<int64_t> fs = strides_of(from);
-  size_t off = to.size() - from.size();
-  for (size_t d = 0; d < from.size(); ++d) s[off + d] = from[d] == 1 ? 0 : fs[d];
-  return s;
-}
-
 std::string index_type(int64_t extent) { return extent < (int64_t{1} << 30) ? "i32" : "i64"; }
 
 std::string stream_offsets(const Shape& shape, const std::vector<Stream>& streams, const std::string& idx,

@@ -37,8 +37,6 @@ struct Stream {
   std::vector<int64_t> strides;
   int64_t base = 0;
 };
-// Strides of a NumPy-style broadcast of `from` onto `to` (0 for broadcast dims).
-std::vector<int64_t> broadcast_strides(const Shape& from, const Shape& to);
 
 // The C type of indices for a kernel whose indices stay below `extent`: i32 when that
 // leaves room for a grid-stride step, else i64.
