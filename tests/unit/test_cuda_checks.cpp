@@ -19,6 +19,7 @@
 #include <set>
 
 #include "codegen/cuda/emu/emu.h"
+#include "codegen/executable.h"
 #include "codegen/cuda/nvrtc.h"
 #include "codegen/cuda/ptxas.h"
 #include "codegen/cuda/render.h"
@@ -28,6 +29,7 @@
 #include "passes/pipeline.h"
 #include "op_cases.h"
 #include "random_graph.h"
+#include "run_step.h"
 #include "training_model.h"
 
 using namespace kiln;
@@ -366,4 +368,24 @@ TEST_CASE("cuda checks: cuda-emu without a host compiler is one clear error", "[
   CHECK(why == "no host C++ compiler for the CUDA emulation: $CXX (/nonexistent/c++ -O2) is not an "
                "executable; install one or set $CXX");
   CHECK(error == why);
+}
+
+TEST_CASE("cuda checks: MLP and LeNet train on cuda-emu through kiln::compile as interpret_step does",
+          "[cuda][checks][emu]") {
+  std::string why;
+  if (cuda::emu_host_compiler(&why).empty()) SKIP(why);
+  for (bool cnn : {false, true}) {
+    Model m = training_model(cnn, cnn ? 4 : 16, cnn ? Optimizer{Adam{}} : Optimizer{SGD{0.05, 0.9}});
+    CAPTURE(m.step.name());
+    auto exe = compile(m.step, {.target = "cuda-emu"});
+    CHECK(exe->target() == "cuda-emu");
+    TensorMap ref_state = m.state, emu_state = m.state;
+    for (int step = 0; step < 3; ++step) {  // state updated in place on the device, read back
+      CAPTURE(step);
+      TensorMap ref = interpret_step(m.step, ref_state, m.batch);
+      TensorMap got = run_step(*exe, emu_state, m.batch);
+      check_outputs(got, ref, 1e-3, 1e-5);
+      check_outputs(emu_state, ref_state, 1e-3, 1e-5);
+    }
+  }
 }
