@@ -1,6 +1,7 @@
 // The backend-neutral pieces every backend shares: target names, host memory, hashing.
 #include "codegen/backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -18,8 +19,9 @@ class HostDevice final : public Device {
   std::string name() const override { return "cpu"; }
   bool host_visible() const override { return true; }
   void* allocate(int64_t bytes) override {
-    size_t n = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
-    void* p = std::aligned_alloc(64, n);
+    // 256-byte aligned like cuMemAlloc's, for the CUDA emulation's sake.
+    size_t n = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 255) / 256 * 256);
+    void* p = std::aligned_alloc(256, n);
     if (!p) throw Error("cannot allocate " + std::to_string(bytes) + " bytes of host memory");
     std::memset(p, 0, n);
     return p;

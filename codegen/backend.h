@@ -63,7 +63,7 @@ class Device {
 };
 
 // Host memory as a Device (the CPU backend's, and the CUDA emulation's): zero-filled,
-// 64-byte aligned blocks; upload/download/copy are memcpy.
+// 256-byte aligned blocks; upload/download/copy are memcpy.
 std::shared_ptr<Device> host_device();
 
 // Lower-case hex BLAKE3 digest (256 bits) of `text`: compile-cache keys of every backend.

@@ -243,11 +243,10 @@ Executable::Executable(const Graph& g, const CompileOptions& options, std::share
     }
   }
   compile_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  instance_ = program_->instantiate();
   if (store && store->device() != program_->device())
     throw Error("compile @" + g.name() + ": the state store is on " + store->device()->name() + " but the target '" +
                 target_ + "' runs on " + program_->device()->name());
-  store_ = store ? std::move(store) : std::make_shared<StateStore>(program_->device());
+  store_ = std::move(store);  // else made on first use, like the instance: emit() needs neither
 
   const Graph& cg = compiled_graph();
   // The pipeline keeps the signature; run() relies on it.
@@ -275,6 +274,16 @@ Executable::Executable(const Graph& g, const CompileOptions& options, std::share
   buffers_.resize(cg.inputs().size());
   staging_.resize(cg.inputs().size(), nullptr);
   reset_profile();
+}
+
+Instance& Executable::instance() const {
+  if (!instance_) instance_ = program_->instantiate();
+  return *instance_;
+}
+
+const std::shared_ptr<StateStore>& Executable::store() const {
+  if (!store_) store_ = std::make_shared<StateStore>(program_->device());
+  return store_;
 }
 
 Executable::~Executable() {
@@ -327,7 +336,7 @@ void Executable::set_state(std::string_view name, const Tensor& value) {
   if (value.type() != v->type)
     throw Error("set_state @" + graph_.name() + ": state '%" + v->name + "': expected " + v->type.str() + ", got " +
                 value.type().str());
-  store_->set(name, value);
+  store()->set(name, value);
 }
 
 void Executable::set_state(const TensorMap& state) {
@@ -336,15 +345,15 @@ void Executable::set_state(const TensorMap& state) {
     const Value* v = state_input(graph_, name);
     if (!v || t.type() != v->type) set_state(name, t);  // throws the right message
   }
-  for (const auto& [name, t] : state) store_->set(name, t);
+  for (const auto& [name, t] : state) store()->set(name, t);
 }
 
 Tensor Executable::state(std::string_view name) const {
   if (!state_input(graph_, name))
     throw Error("state @" + graph_.name() + ": no state input '%" + std::string(name) + "' (state: " +
                 state_list(graph_) + ")");
-  if (!store_->contains(name)) throw Error("state @" + graph_.name() + ": state '%" + std::string(name) + "' is not set");
-  return store_->get(name);
+  if (!store()->contains(name)) throw Error("state @" + graph_.name() + ": state '%" + std::string(name) + "' is not set");
+  return store()->get(name);
 }
 
 TensorMap Executable::state() const {
@@ -352,15 +361,15 @@ TensorMap Executable::state() const {
   for (const GraphInput& gi : graph_.inputs()) {
     if (!gi.is_state) continue;
     const std::string& name = graph_.value(gi.value).name;
-    if (store_->contains(name)) out.emplace(name, store_->get(name));
+    if (store()->contains(name)) out.emplace(name, store()->get(name));
   }
   return out;
 }
 
 void Executable::share_state_with(const Executable& other) {
-  if (other.store_->device() != store_->device())
-    throw Error("share_state_with: @" + graph_.name() + " runs on " + store_->device()->name() + " but @" +
-                other.graph_.name() + " on " + other.store_->device()->name() +
+  if (other.store()->device() != store()->device())
+    throw Error("share_state_with: @" + graph_.name() + " runs on " + store()->device()->name() + " but @" +
+                other.graph_.name() + " on " + other.store()->device()->name() +
                 ": copy the state instead (set_state(other.state()))");
   for (const GraphInput& gi : graph_.inputs()) {
     if (!gi.is_state) continue;
@@ -369,7 +378,7 @@ void Executable::share_state_with(const Executable& other) {
       throw Error("share_state_with: state '%" + v.name + "' is " + v.type.str() + " in @" + graph_.name() + " but " +
                   o->type.str() + " in @" + other.graph_.name());
   }
-  store_ = other.store_;
+  store_ = other.store();
 }
 
 // Points buffers_ at every input: the caller's tensors (a host device reads them in place,
@@ -382,10 +391,10 @@ void Executable::bind_inputs(const std::vector<const Tensor*>& given, std::strin
     const GraphInput& gi = g.inputs()[i];
     const Value& v = g.value(gi.value);
     if (gi.is_state) {
-      const TensorType* t = store_->type(v.name);
+      const TensorType* t = store()->type(v.name);
       if (!t) throw Error(where + "state '%" + v.name + "' is not set: call set_state() first");
       if (*t != v.type) throw Error(where + "state '%" + v.name + "': expected " + v.type.str() + ", got " + t->str());
-      buffers_[i] = store_->data(v.name);
+      buffers_[i] = store()->data(v.name);
       continue;
     }
     const Tensor& t = *given[i];
@@ -402,7 +411,7 @@ void Executable::bind_inputs(const std::vector<const Tensor*>& given, std::strin
 Tensor Executable::download(ValueId v) const {
   const TensorType& type = compiled_graph().type(v);
   Tensor t(type.dtype, type.shape);
-  device()->download(t.raw(), instance_->output_data(v, buffers_), byte_size(type));
+  device()->download(t.raw(), instance().output_data(v, buffers_), byte_size(type));
   return t;
 }
 
@@ -418,7 +427,7 @@ void Executable::run_impl(const TensorMap& inputs, TensorMap* outputs) {
   const Graph& g = compiled_graph();
   const std::string where = (outputs ? "run @" : "step @") + g.name() + ": ";
   bind_inputs(check_inputs(g, inputs, where), where);
-  instance_->call(buffers_);
+  instance().call(buffers_);
   if (options_.profile) ++prof_runs_;
   // Outputs first (an old state value may be one), then the updates whose source is an
   // input or state buffer (staged: another update may overwrite it), then the rest.
@@ -429,12 +438,12 @@ void Executable::run_impl(const TensorMap& inputs, TensorMap* outputs) {
   for (const Update& u : updates_) {
     if (!u.from_input) continue;
     void* p = dev.allocate(byte_size(g.type(u.value)));
-    dev.copy(p, instance_->output_data(u.value, buffers_), byte_size(g.type(u.value)));
+    dev.copy(p, instance().output_data(u.value, buffers_), byte_size(g.type(u.value)));
     staged.push_back(p);
   }
   size_t k = 0;
   for (const Update& u : updates_) {
-    const void* src = u.from_input ? staged[k++] : instance_->output_data(u.value, buffers_);
+    const void* src = u.from_input ? staged[k++] : instance().output_data(u.value, buffers_);
     dev.copy(buffers_[u.state_input], src, byte_size(g.type(u.value)));
   }
   for (void* p : staged) dev.release(p);
@@ -450,11 +459,11 @@ TensorMap Executable::evaluate(const TensorMap& inputs_and_state) {
   try {
     for (size_t i = 0; i < g.inputs().size(); ++i) {
       if (!g.inputs()[i].is_state) continue;
-      store_->set(g.value(g.inputs()[i].value).name, *given[i]);
+      store()->set(g.value(g.inputs()[i].value).name, *given[i]);
       given[i] = nullptr;  // bound from the store
     }
     bind_inputs(given, where);
-    instance_->call(buffers_);
+    instance().call(buffers_);
     if (options_.profile) ++prof_runs_;
     TensorMap out;
     for (const GraphOutput& o : g.outputs()) out.emplace(o.name, download(o.value));
@@ -468,7 +477,7 @@ TensorMap Executable::evaluate(const TensorMap& inputs_and_state) {
 
 void Executable::reset_profile() {
   prof_runs_ = 0;
-  instance_->reset_profile();
+  if (instance_) instance_->reset_profile();
 }
 
 namespace {
@@ -487,7 +496,7 @@ std::string Executable::profile_report() const {
   if (!options_.profile) return "profile: off (compile with CompileOptions::profile = true)\n";
   const Graph& g = compiled_graph();
   std::vector<std::string> names = value_names(g);
-  Instance::Profile prof = instance_->profile();
+  Instance::Profile prof = instance().profile();
   prof.ns.resize(g.nodes().size(), 0);
   prof.calls.resize(g.nodes().size(), 0);
   const std::vector<int64_t>& ns_of = prof.ns;

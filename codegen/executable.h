@@ -109,7 +109,7 @@ class Executable {
   // A copy of state input `name` (downloaded; kiln::Error if unknown or not set yet).
   Tensor state(std::string_view name) const;
   TensorMap state() const;  // copies of every state input of graph() that is set
-  const std::shared_ptr<StateStore>& state_store() const { return store_; }
+  const std::shared_ptr<StateStore>& state_store() const { return store(); }
   // From now on use `other`'s store (this one's values are dropped). Both must be on the
   // same device, and state both graphs use must have the same type (kiln::Error otherwise).
   void share_state_with(const Executable& other);
@@ -127,7 +127,7 @@ class Executable {
   // first: kernel (its results' names), the ops it runs, calls, total ms, % of the total.
   std::string profile_report() const;
   // The figures behind it: per node of compiled_graph(), nanoseconds and calls.
-  Instance::Profile profile() const { return instance_->profile(); }
+  Instance::Profile profile() const { return instance().profile(); }
   void reset_profile();
 
  private:
@@ -147,9 +147,14 @@ class Executable {
   std::string target_, key_;
   double compile_ms_ = 0;
   bool from_cache_ = false;
+  // The instance and (unless given) the store are made on first use: compiling only to
+  // emit the code (kiln dump --target cuda --arch sm_90) needs no device.
+  Instance& instance() const;
+  const std::shared_ptr<StateStore>& store() const;
+
   std::shared_ptr<const Program> program_;
-  std::unique_ptr<Instance> instance_;
-  std::shared_ptr<StateStore> store_;
+  mutable std::unique_ptr<Instance> instance_;
+  mutable std::shared_ptr<StateStore> store_;
   std::vector<Update> updates_;           // X.next not written in place by the code
   std::vector<size_t> returned_outputs_;  // indices into compiled graph outputs
   std::vector<void*> buffers_;            // per compiled input: device pointer of this call

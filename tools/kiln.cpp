@@ -120,10 +120,20 @@ kiln::TensorMap read_inputs(const kiln::Graph& g, const std::string& file, const
   return inputs;
 }
 
+// --target and --arch as compile options; --arch is the cuda target's.
+kiln::CompileOptions compile_options(const std::string& target, const std::string& arch) {
+  kiln::CompileOptions options;
+  options.target = target;
+  options.cuda_arch = arch;
+  if (!arch.empty() && kiln::resolve_target(options) != "cuda")
+    throw Error(fmt::format("--arch {} is an option of the cuda target, not {}", arch, kiln::resolve_target(options)));
+  return options;
+}
+
 // --- dump and dot ---------------------------------------------------------------------------
 
 struct Dump {
-  std::string file, emit = "kir", target;
+  std::string file, emit = "kir", target, arch;
 };
 
 int run_dump(const Dump& a) {
@@ -133,9 +143,7 @@ int run_dump(const Dump& a) {
     std::fputs(kiln::print(g).c_str(), stdout);
     return 0;
   }
-  kiln::CompileOptions options;
-  options.target = a.target;
-  auto exe = kiln::compile(g, options);
+  auto exe = kiln::compile(g, compile_options(a.target, a.arch));
   std::fputs(exe->emit(a.emit).c_str(), stdout);
   return 0;
 }
@@ -206,7 +214,7 @@ int run_train_step(const TrainStepArgs& a) {
 // --- run -------------------------------------------------------------------------------------
 
 struct Run {
-  std::string file, output_dir, target;
+  std::string file, output_dir, target, arch;
   std::vector<std::string> inputs;
   bool interp = false, profile = false;
 };
@@ -221,8 +229,7 @@ int run_run(const Run& a) {
   if (a.interp) {
     outputs = kiln::interpret(g, inputs);
   } else {
-    kiln::CompileOptions options;
-    options.target = a.target;
+    kiln::CompileOptions options = compile_options(a.target, a.arch);
     options.profile = a.profile;
     auto exe = kiln::compile(g, options);
     outputs = exe->evaluate(inputs);
@@ -312,11 +319,14 @@ int run_info() {
 
 // --- the command line ------------------------------------------------------------------------
 
-void add_target(kiln::cli::Parser& p, CLI::App* cmd, std::string& target) {
+void add_target(kiln::cli::Parser& p, CLI::App* cmd, std::string& target, std::string& arch) {
   p.add_choice(cmd, "--target", kiln::backend_names(), target,
                "where the code runs: cpu (LLVM JIT), cuda (an NVIDIA GPU: needs libcuda.so.1, "
                "libnvrtc.so.13 and libcublas.so.13) or cuda-emu (the CUDA code emulated on the CPU, for "
                "tests); default: $KILN_TARGET, else cpu");
+  p.add_text(cmd, "--arch", "sm_XX", arch,
+             "cuda: the GPU architecture to compile for (e.g. sm_90; default: the GPU's). With it, "
+             "compiling needs only NVRTC, so --emit=cuda|ptx works on a machine without a GPU");
 }
 
 int run_command_line(int argc, char** argv) {
@@ -325,7 +335,7 @@ int run_command_line(int argc, char** argv) {
   Dump dump;
   CLI::App* dump_cmd = p.add_command(
       "dump", "parse and verify a graph, print its canonical form or the code it compiles to",
-      "FILE.kir [--emit=kir|kernels|llvm|asm|cuda|ptx] [--target cpu|cuda]",
+      "FILE.kir [--emit=kir|kernels|llvm|asm|cuda|ptx] [--target cpu|cuda] [--arch sm_XX]",
       "Parses FILE (or standard input for '-'), verifies it and prints its canonical text form,\n"
       "or compiles it for --target and prints the kernel plan or the generated code.\n"
       "Errors are reported as FILE:LINE:COL: error: ... with exit status 1.");
@@ -334,7 +344,7 @@ int run_command_line(int argc, char** argv) {
                "kir: the canonical text form (the default); kernels: the kernel plan (every target); "
                "llvm / asm: the LLVM IR after optimization / the host assembly (cpu target); "
                "cuda / ptx: the CUDA C source / the PTX NVRTC makes of it (cuda target)");
-  add_target(p, dump_cmd, dump.target);
+  add_target(p, dump_cmd, dump.target, dump.arch);
 
   std::string dot_file;
   CLI::App* dot_cmd = p.add_command("dot", "print the graph in Graphviz dot format", "FILE.kir",
@@ -356,7 +366,7 @@ int run_command_line(int argc, char** argv) {
              "write each output as DIR/OUTPUT_NAME.npy (DIR is created); without it, the first elements of "
              "each output are printed");
   p.add_flag(run_cmd, "--interp", run.interp, "run with the reference interpreter instead of compiling");
-  add_target(p, run_cmd, run.target);
+  add_target(p, run_cmd, run.target, run.arch);
   p.add_flag(run_cmd, "--profile", run.profile,
              "after the outputs, print the time spent in each compiled kernel (fused regions, GEMMs, ...), "
              "slowest first");

@@ -178,6 +178,10 @@ TEST_CASE("every kiln command in README.md runs as printed from the repository r
     if (l.command.rfind("build/tools/kiln ", 0) != 0) continue;  // scripts/*.sh, cmake: not kiln's
     RunResult r = run_shell("cd '" + root.string() + "' && " + l.command);
     INFO(r.output);
+    if (l.command.find("--target cuda") != std::string::npos && r.output.find("(libnvrtc.so.13)") != std::string::npos) {
+      WARN("README.md:" << l.line << " needs NVRTC (the CUDA toolkit), which this machine lacks: " << r.output);
+      continue;
+    }
     CHECK(r.status == 0);
     ++ran;
   }

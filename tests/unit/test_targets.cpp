@@ -117,6 +117,18 @@ TEST_CASE("targets: kiln run and dump take --target", "[targets][cli]") {
   RunResult env = run_shell("KILN_TARGET=tpu " + kiln + " dump " + file + " --emit=kernels");
   CHECK(env.status == 1);
   CHECK_THAT(env.output, ContainsSubstring("kiln: error: unknown target 'tpu' (from KILN_TARGET)"));
+  RunResult arch_cpu = run_shell(kiln + " dump " + file + " --emit=kernels --arch sm_90");
+  CHECK(arch_cpu.status == 1);
+  CHECK_THAT(arch_cpu.output, ContainsSubstring("kiln: error: --arch sm_90 is an option of the cuda target, not cpu"));
+  // With an architecture, CUDA code is compiled by NVRTC alone: no GPU needed to print it.
+  RunResult src = run_shell(kiln + " dump " + file + " --emit=cuda --target cuda --arch sm_90");
+  RunResult ptx = run_shell(kiln + " dump " + file + " --emit=ptx --target cuda --arch sm_90");
+  if (src.output.find("libnvrtc.so.13") == std::string::npos) {
+    CHECK(src.status == 0);
+    CHECK_THAT(src.output, ContainsSubstring("extern \"C\" __global__ void kiln_k"));
+    CHECK(ptx.status == 0);
+    CHECK_THAT(ptx.output, ContainsSubstring(".target sm_90"));
+  }
   RunResult cuda = run_shell(kiln + " dump " + file + " --emit=cuda --target cuda");
   if (cuda.status != 0) {
     CHECK(cuda.status == 1);

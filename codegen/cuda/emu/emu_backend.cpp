@@ -9,26 +9,6 @@
 namespace kiln::cuda {
 namespace {
 
-// Host memory standing in for the GPU's.
-class HostDevice final : public Device {
- public:
-  std::string name() const override { return "cuda-emu (the CPU, emulating a GPU)"; }
-  bool host_visible() const override { return true; }
-  void* allocate(int64_t bytes) override {
-    size_t n = static_cast<size_t>((bytes + 255) / 256 * 256);
-    void* p = std::aligned_alloc(256, n == 0 ? 256 : n);
-    if (!p) throw Error("cuda-emu: out of memory allocating " + std::to_string(bytes) + " bytes");
-    std::memset(p, 0, n == 0 ? 256 : n);
-    return p;
-  }
-  void release(void* p) noexcept override { std::free(p); }
-  void upload(void* dst, const void* src, int64_t bytes) override { copy(dst, src, bytes); }
-  void download(void* dst, const void* src, int64_t bytes) override { copy(dst, src, bytes); }
-  void copy(void* dst, const void* src, int64_t bytes) override {
-    if (bytes > 0) std::memmove(dst, src, static_cast<size_t>(bytes));
-  }
-};
-
 // Device memory released on destruction.
 struct Allocation {
   std::shared_ptr<Device> device;
@@ -88,7 +68,7 @@ class EmuProgram final : public Program, public std::enable_shared_from_this<Emu
   Rendered rendered_;
   std::shared_ptr<const EmuModule> module_;
   std::string prefix_;
-  std::shared_ptr<Device> device_ = std::make_shared<HostDevice>();
+  std::shared_ptr<Device> device_ = host_device();  // host memory stands in for the GPU's
   std::vector<std::unique_ptr<Allocation>> constants_;
 };
 
