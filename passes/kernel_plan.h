@@ -15,7 +15,9 @@
 // Scratch is one area after the arena. Each top-level kernel starts it afresh (offset 0);
 // a fused node's body plan gives its intermediates fixed offsets in [0, scratch_bytes), and a
 // backend that needs temporaries of its own (a reduction's partial sums) takes them from
-// scratch_bytes on. Offsets are aligned to 64 bytes.
+// scratch_bytes on. Offsets are aligned to 64 bytes. A fused node nested in a body places
+// its body's offsets from wherever the enclosing kernel's scratch use has reached (the CPU
+// backend: its scratch cursor at that kernel), so they are relative, not absolute.
 //
 // check_kernel_plan() checks a plan against the graph and memory plan (every node run or
 // elided exactly once, in order; loops elementwise over one shape; every operand computed
