@@ -288,21 +288,9 @@ std::pair<llvm::Function*, Value*> Lowerer::outline(const std::string& name, con
 void Lowerer::nest(const Shape& shape, std::vector<Stream> streams,
                    const std::function<void(const std::vector<Value*>&)>& body, int64_t ops) {
   if (num_elements(shape) == 0) return;
-  Shape dims;
-  std::vector<std::vector<int64_t>> st(streams.size());
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
-    bool merge = !dims.empty();
-    for (size_t k = 0; k < streams.size() && merge; ++k)
-      merge = st[k].back() == streams[k].strides[d] * shape[d];
-    if (merge) {
-      dims.back() *= shape[d];
-      for (size_t k = 0; k < streams.size(); ++k) st[k].back() = streams[k].strides[d];
-    } else {
-      dims.push_back(shape[d]);
-      for (size_t k = 0; k < streams.size(); ++k) st[k].push_back(streams[k].strides[d]);
-    }
-  }
+  MergedDims merged = merge_dims(shape, streams);
+  const Shape& dims = merged.dims;
+  const std::vector<std::vector<int64_t>>& st = merged.strides;
   std::vector<Value*> off;
   for (const Stream& s : streams) off.push_back(c64(s.base));
   int64_t total = 1;

@@ -23,6 +23,7 @@
 
 #include "codegen/cpu/lower.h"
 #include "ir/graph.h"
+#include "ir/strides.h"
 #include "passes/kernel_plan.h"
 #include "passes/memory_plan.h"
 #include "runtime/abi.h"
@@ -37,10 +38,7 @@ using llvm::Value;
 // in the JIT'ed code): a splat that only fused loops read takes nothing.
 inline constexpr int64_t kMaxConstantBytes = int64_t{1} << 30;
 
-struct Stream {
-  std::vector<int64_t> strides;  // per dim of the iteration shape (elements; 0 = broadcast)
-  int64_t base = 0;
-};
+using Stream = StridedView;  // per dim of the iteration shape (elements; 0 = broadcast)
 
 class Lowerer {
  public:

@@ -39,26 +39,9 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
       return lower_reduce(n, it(0), rt, in(0), out, cursor);
     case Op::Argmax: return lower_argmax(n, it(0), in(0), out);
     case Op::Reshape: return copy_bytes(out, in(0), rt.numel() * esize);
-    case Op::Transpose: {
-      const auto& perm = attr_ints(n.attrs, "perm");
-      std::vector<int64_t> s = strides_of(it(0).shape), src(perm.size());
-      for (size_t d = 0; d < perm.size(); ++d) src[d] = s[static_cast<size_t>(perm[d])];
-      return copy_strided(rt.dtype, rt.shape, out, {strides_of(rt.shape), 0}, in(0), {src, 0});
-    }
-    case Op::BroadcastTo:
+    case Op::Transpose: case Op::BroadcastTo: case Op::Slice:
       return copy_strided(rt.dtype, rt.shape, out, {strides_of(rt.shape), 0}, in(0),
-                          {broadcast_strides(it(0).shape, rt.shape), 0});
-    case Op::Slice: {
-      const auto& start = attr_ints(n.attrs, "start");
-      const auto& step = attr_ints(n.attrs, "step");
-      std::vector<int64_t> s = strides_of(it(0).shape), src(s.size());
-      int64_t base = 0;
-      for (size_t d = 0; d < s.size(); ++d) {
-        base += start[d] * s[d];
-        src[d] = step[d] * s[d];
-      }
-      return copy_strided(rt.dtype, rt.shape, out, {strides_of(rt.shape), 0}, in(0), {src, base});
-    }
+                          source_view(n, it(0).shape, rt.shape));
     case Op::Concat: {
       size_t axis = static_cast<size_t>(attr_int(n.attrs, "axis") < 0 ? attr_int(n.attrs, "axis") + rt.rank()
                                                                        : attr_int(n.attrs, "axis"));

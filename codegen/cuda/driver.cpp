@@ -71,84 +71,83 @@ std::string driver_library() { return env_or("KILN_CUDA_DRIVER_LIB", "libcuda.so
 std::string cublas_library() { return env_or("KILN_CUBLAS_LIB", "libcublas.so.13"); }
 
 namespace {
-// A function table for `library`, opened; kiln::Error "<missing> (library): <dlerror>" if it
-// cannot be. The handle is never closed: function pointers into it outlive every caller.
-template <typename Table>
-std::shared_ptr<Table> open_table(const std::string& library, const char* missing) {
+// The function table `Table` of `library`, opened (the handle is never closed: function
+// pointers into it outlive every caller) and filled by `fill(table, sym)`, which calls
+// `sym(symbol, table.fn)` for each function (`sym(symbol, fn, false)`: one that may be
+// absent; it returns whether it was found). kiln::Error "<what> (library): <dlerror>" if
+// the library cannot be opened, "<what> (library): the library has no <symbol><hint>" for
+// the first required symbol it lacks.
+template <typename Table, typename Fill>
+std::shared_ptr<const Table> load_table(const std::string& library, const char* what, const char* hint, Fill fill) {
   std::string error;
   void* h = open_library(library, error);
-  if (!h) throw Error(fmt::format("{} ({}): {}", missing, library, error));
+  if (!h) throw Error(fmt::format("{} ({}): {}", what, library, error));
   auto t = std::make_shared<Table>();
   t->handle = h;
   t->library = library;
+  std::string missing, none;
+  fill(*t, [&](const char* symbol, auto& fn, bool required = true) {
+    return resolve(h, symbol, fn, required ? missing : none);
+  });
+  if (!missing.empty()) throw Error(fmt::format("{} ({}): the library has no {}{}", what, library, missing, hint));
   return t;
 }
 }  // namespace
 
 std::shared_ptr<const Driver> load_driver(const std::string& library) {
-  auto d = open_table<Driver>(library, "no CUDA driver found");
-  void* h = d->handle;
-  std::string m;
-  resolve(h, "cuGetErrorName", d->cuGetErrorName, m);
-  resolve(h, "cuGetErrorString", d->cuGetErrorString, m);
-  resolve(h, "cuInit", d->cuInit, m);
-  resolve(h, "cuDriverGetVersion", d->cuDriverGetVersion, m);
-  resolve(h, "cuDeviceGetCount", d->cuDeviceGetCount, m);
-  resolve(h, "cuDeviceGet", d->cuDeviceGet, m);
-  resolve(h, "cuDeviceGetName", d->cuDeviceGetName, m);
-  resolve(h, "cuDeviceGetAttribute", d->cuDeviceGetAttribute, m);
-  resolve(h, "cuDevicePrimaryCtxRetain", d->cuDevicePrimaryCtxRetain, m);
-  resolve(h, "cuCtxSetCurrent", d->cuCtxSetCurrent, m);
-  resolve(h, "cuMemAlloc_v2", d->cuMemAlloc, m);
-  resolve(h, "cuMemFree_v2", d->cuMemFree, m);
-  resolve(h, "cuMemHostAlloc", d->cuMemHostAlloc, m);
-  resolve(h, "cuMemFreeHost", d->cuMemFreeHost, m);
-  resolve(h, "cuMemsetD8Async", d->cuMemsetD8Async, m);
-  resolve(h, "cuMemcpyHtoDAsync_v2", d->cuMemcpyHtoDAsync, m);
-  resolve(h, "cuMemcpyDtoHAsync_v2", d->cuMemcpyDtoHAsync, m);
-  resolve(h, "cuMemcpyDtoDAsync_v2", d->cuMemcpyDtoDAsync, m);
-  resolve(h, "cuStreamCreate", d->cuStreamCreate, m);
-  resolve(h, "cuStreamSynchronize", d->cuStreamSynchronize, m);
-  resolve(h, "cuStreamDestroy_v2", d->cuStreamDestroy, m);
-  resolve(h, "cuModuleLoadData", d->cuModuleLoadData, m);
-  resolve(h, "cuModuleGetFunction", d->cuModuleGetFunction, m);
-  resolve(h, "cuModuleUnload", d->cuModuleUnload, m);
-  resolve(h, "cuLaunchKernel", d->cuLaunchKernel, m);
-  resolve(h, "cuStreamBeginCapture_v2", d->cuStreamBeginCapture, m);
-  resolve(h, "cuStreamEndCapture", d->cuStreamEndCapture, m);
-  resolve(h, "cuGraphInstantiateWithFlags", d->cuGraphInstantiateWithFlags, m);
-  resolve(h, "cuGraphLaunch", d->cuGraphLaunch, m);
-  resolve(h, "cuGraphExecDestroy", d->cuGraphExecDestroy, m);
-  resolve(h, "cuGraphDestroy", d->cuGraphDestroy, m);
-  resolve(h, "cuEventCreate", d->cuEventCreate, m);
-  resolve(h, "cuEventRecord", d->cuEventRecord, m);
-  resolve(h, "cuEventSynchronize", d->cuEventSynchronize, m);
-  resolve(h, "cuEventDestroy_v2", d->cuEventDestroy, m);
-  // CUDA 13 renamed the export to _v2; older drivers have only the plain name.
-  std::string none;
-  if (!resolve(h, "cuEventElapsedTime_v2", d->cuEventElapsedTime, none))
-    resolve(h, "cuEventElapsedTime", d->cuEventElapsedTime, m);
-  if (!m.empty())
-    throw Error(fmt::format("no CUDA driver found ({}): the library has no {} (driver too old for CUDA 12+?)",
-                            library, m));
-  return d;
+  return load_table<Driver>(library, "no CUDA driver found", " (driver too old for CUDA 12+?)", [](Driver& d, auto sym) {
+    sym("cuGetErrorName", d.cuGetErrorName);
+    sym("cuGetErrorString", d.cuGetErrorString);
+    sym("cuInit", d.cuInit);
+    sym("cuDriverGetVersion", d.cuDriverGetVersion);
+    sym("cuDeviceGetCount", d.cuDeviceGetCount);
+    sym("cuDeviceGet", d.cuDeviceGet);
+    sym("cuDeviceGetName", d.cuDeviceGetName);
+    sym("cuDeviceGetAttribute", d.cuDeviceGetAttribute);
+    sym("cuDevicePrimaryCtxRetain", d.cuDevicePrimaryCtxRetain);
+    sym("cuCtxSetCurrent", d.cuCtxSetCurrent);
+    sym("cuMemAlloc_v2", d.cuMemAlloc);
+    sym("cuMemFree_v2", d.cuMemFree);
+    sym("cuMemHostAlloc", d.cuMemHostAlloc);
+    sym("cuMemFreeHost", d.cuMemFreeHost);
+    sym("cuMemsetD8Async", d.cuMemsetD8Async);
+    sym("cuMemcpyHtoDAsync_v2", d.cuMemcpyHtoDAsync);
+    sym("cuMemcpyDtoHAsync_v2", d.cuMemcpyDtoHAsync);
+    sym("cuMemcpyDtoDAsync_v2", d.cuMemcpyDtoDAsync);
+    sym("cuStreamCreate", d.cuStreamCreate);
+    sym("cuStreamSynchronize", d.cuStreamSynchronize);
+    sym("cuStreamDestroy_v2", d.cuStreamDestroy);
+    sym("cuModuleLoadData", d.cuModuleLoadData);
+    sym("cuModuleGetFunction", d.cuModuleGetFunction);
+    sym("cuModuleUnload", d.cuModuleUnload);
+    sym("cuLaunchKernel", d.cuLaunchKernel);
+    sym("cuStreamBeginCapture_v2", d.cuStreamBeginCapture);
+    sym("cuStreamEndCapture", d.cuStreamEndCapture);
+    sym("cuGraphInstantiateWithFlags", d.cuGraphInstantiateWithFlags);
+    sym("cuGraphLaunch", d.cuGraphLaunch);
+    sym("cuGraphExecDestroy", d.cuGraphExecDestroy);
+    sym("cuGraphDestroy", d.cuGraphDestroy);
+    sym("cuEventCreate", d.cuEventCreate);
+    sym("cuEventRecord", d.cuEventRecord);
+    sym("cuEventSynchronize", d.cuEventSynchronize);
+    sym("cuEventDestroy_v2", d.cuEventDestroy);
+    // CUDA 13 renamed the export to _v2; older drivers have only the plain name.
+    if (!sym("cuEventElapsedTime_v2", d.cuEventElapsedTime, false)) sym("cuEventElapsedTime", d.cuEventElapsedTime);
+  });
 }
 
 std::shared_ptr<const Cublas> load_cublas(const std::string& library) {
-  auto c = open_table<Cublas>(library, "cuBLAS not found");
-  void* h = c->handle;
-  std::string m;
-  resolve(h, "cublasCreate_v2", c->cublasCreate, m);
-  resolve(h, "cublasDestroy_v2", c->cublasDestroy, m);
-  resolve(h, "cublasGetVersion_v2", c->cublasGetVersion, m);
-  resolve(h, "cublasSetStream_v2", c->cublasSetStream, m);
-  resolve(h, "cublasSetWorkspace_v2", c->cublasSetWorkspace, m);
-  resolve(h, "cublasSetMathMode", c->cublasSetMathMode, m);
-  resolve(h, "cublasSgemm_v2", c->cublasSgemm, m);
-  resolve(h, "cublasSgemmStridedBatched", c->cublasSgemmStridedBatched, m);
-  resolve(h, "cublasDgemmStridedBatched", c->cublasDgemmStridedBatched, m);
-  if (!m.empty()) throw Error(fmt::format("cuBLAS not found ({}): the library has no {}", library, m));
-  return c;
+  return load_table<Cublas>(library, "cuBLAS not found", "", [](Cublas& c, auto sym) {
+    sym("cublasCreate_v2", c.cublasCreate);
+    sym("cublasDestroy_v2", c.cublasDestroy);
+    sym("cublasGetVersion_v2", c.cublasGetVersion);
+    sym("cublasSetStream_v2", c.cublasSetStream);
+    sym("cublasSetWorkspace_v2", c.cublasSetWorkspace);
+    sym("cublasSetMathMode", c.cublasSetMathMode);
+    sym("cublasSgemm_v2", c.cublasSgemm);
+    sym("cublasSgemmStridedBatched", c.cublasSgemmStridedBatched);
+    sym("cublasDgemmStridedBatched", c.cublasDgemmStridedBatched);
+  });
 }
 
 std::string describe(const Driver& d, CUresult r) {
@@ -300,37 +299,36 @@ void* CudaDevice::staging(int64_t bytes) {
   return staging_;
 }
 
-void CudaDevice::upload(void* device_dst, const void* host_src, int64_t bytes) {
+void CudaDevice::staged(int64_t bytes, const std::function<void(char*, int64_t, int64_t)>& chunk) {
   if (bytes <= 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
   gpu_.bind();
-  const Driver& d = gpu_.driver();
   char* pinned = static_cast<char*>(staging(bytes));
-  for (int64_t done = 0; done < bytes; done += staging_bytes_) {
-    int64_t n = std::min(staging_bytes_, bytes - done);
+  for (int64_t done = 0; done < bytes; done += staging_bytes_)
+    chunk(pinned, done, std::min(staging_bytes_, bytes - done));
+}
+
+void CudaDevice::upload(void* device_dst, const void* host_src, int64_t bytes) {
+  staged(bytes, [&](char* pinned, int64_t done, int64_t n) {
+    const Driver& d = gpu_.driver();
     std::memcpy(pinned, static_cast<const char*>(host_src) + done, static_cast<size_t>(n));
     check(d.cuMemcpyHtoDAsync(dptr(device_dst) + static_cast<CUdeviceptr>(done), pinned, static_cast<size_t>(n),
                               stream_),
           "cuMemcpyHtoDAsync");
     // The staging buffer is reused by the next chunk (and the next call): wait for the copy.
     check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize after an upload");
-  }
+  });
 }
 
 void CudaDevice::download(void* host_dst, const void* device_src, int64_t bytes) {
-  if (bytes <= 0) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  gpu_.bind();
-  const Driver& d = gpu_.driver();
-  char* pinned = static_cast<char*>(staging(bytes));
-  for (int64_t done = 0; done < bytes; done += staging_bytes_) {
-    int64_t n = std::min(staging_bytes_, bytes - done);
+  staged(bytes, [&](char* pinned, int64_t done, int64_t n) {
+    const Driver& d = gpu_.driver();
     check(d.cuMemcpyDtoHAsync(pinned, dptr(device_src) + static_cast<CUdeviceptr>(done), static_cast<size_t>(n),
                               stream_),
           "cuMemcpyDtoHAsync");
     check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize after a download");
     std::memcpy(static_cast<char*>(host_dst) + done, pinned, static_cast<size_t>(n));
-  }
+  });
 }
 
 void CudaDevice::copy(void* device_dst, const void* device_src, int64_t bytes) {

@@ -203,22 +203,10 @@ std::string index_type(int64_t extent) { return extent < (int64_t{1} << 30) ? "i
 
 std::string stream_offsets(const Shape& shape, const std::vector<Stream>& streams, const std::string& idx,
                            const std::string& itype, const std::string& prefix, const std::string& indent) {
-  // Merge dims (as the CPU backend's nest()): drop size-1 dims, fold a dim into the one
-  // outside it when every stream steps through both as one.
-  Shape dims;
-  std::vector<std::vector<int64_t>> st(streams.size());
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
-    bool merge = !dims.empty();
-    for (size_t k = 0; k < streams.size() && merge; ++k) merge = st[k].back() == streams[k].strides[d] * shape[d];
-    if (merge) {
-      dims.back() *= shape[d];
-      for (size_t k = 0; k < streams.size(); ++k) st[k].back() = streams[k].strides[d];
-    } else {
-      dims.push_back(shape[d]);
-      for (size_t k = 0; k < streams.size(); ++k) st[k].push_back(streams[k].strides[d]);
-    }
-  }
+  // Merge dims as the CPU backend's nest() does.
+  MergedDims merged = merge_dims(shape, streams);
+  const Shape& dims = merged.dims;
+  const std::vector<std::vector<int64_t>>& st = merged.strides;
   std::string code;
   std::vector<int64_t> contiguous = strides_of(dims);
   auto plain = [&](size_t k) { return st[k] == contiguous && streams[k].base == 0; };

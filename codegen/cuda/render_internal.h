@@ -10,6 +10,7 @@
 
 #include "codegen/cuda/render.h"
 #include "ir/graph.h"
+#include "ir/strides.h"
 
 namespace kiln::cuda::detail {
 
@@ -33,10 +34,7 @@ std::string prelude();
 // --- index arithmetic --------------------------------------------------------------------
 
 // A strided walk over a row-major shape: one stride per dim (elements; 0 = broadcast).
-struct Stream {
-  std::vector<int64_t> strides;
-  int64_t base = 0;
-};
+using Stream = StridedView;
 
 // The C type of indices for a kernel whose indices stay below `extent`: i32 when that
 // leaves room for a grid-stride step, else i64.

@@ -232,25 +232,10 @@ void render_op(Emitter& out, const Graph& g, const Node& n, const std::function<
       return render_softmax(out, g, n, in(0), y);
     case Op::Reshape:
       return strided_copy(out, rt.dtype, rt.shape, in(0), {strides_of(rt.shape), 0}, y, numel);
-    case Op::Transpose: {
-      const auto& perm = attr_ints(n.attrs, "perm");
-      std::vector<int64_t> s = strides_of(it(0).shape), src(perm.size());
-      for (size_t d = 0; d < perm.size(); ++d) src[d] = s[static_cast<size_t>(perm[d])];
-      return strided_copy(out, rt.dtype, rt.shape, in(0), {src, 0}, y, numel);
-    }
-    case Op::BroadcastTo:
-      return strided_copy(out, rt.dtype, rt.shape, in(0), {broadcast_strides(it(0).shape, rt.shape), 0}, y, numel);
-    case Op::Slice: {
-      const auto& start = attr_ints(n.attrs, "start");
-      const auto& step = attr_ints(n.attrs, "step");
-      std::vector<int64_t> s = strides_of(it(0).shape), src(s.size());
-      int64_t base = 0;
-      for (size_t d = 0; d < s.size(); ++d) {
-        base += start[d] * s[d];
-        src[d] = step[d] * s[d];
-      }
-      return strided_copy(out, rt.dtype, rt.shape, in(0), {src, base}, y, std::max(numel, it(0).numel()));
-    }
+    case Op::Transpose: case Op::BroadcastTo: case Op::Slice:
+      // Indices stay below the larger size: a slice's reads go past its result's.
+      return strided_copy(out, rt.dtype, rt.shape, in(0), source_view(n, it(0).shape, rt.shape), y,
+                          std::max(numel, it(0).numel()));
     case Op::Concat: {
       int64_t axis = attr_int(n.attrs, "axis");
       size_t a = static_cast<size_t>(axis < 0 ? axis + rt.rank() : axis);

@@ -10,9 +10,8 @@
 #include "codegen/cpu/compile.h"
 #include "codegen/executable.h"
 #include "codegen/cpu/host.h"
-#include "frontend/losses.h"
-#include "frontend/nn.h"
 #include "passes/train_step.h"
+#include "training_model.h"
 
 using namespace kiln;
 using Catch::Matchers::ContainsSubstring;
@@ -27,24 +26,8 @@ struct Mlp {
 };
 
 Mlp make_mlp(const Optimizer& opt, int64_t batch = 16) {
-  Tracer t("mlp");
-  nn::Scope s(t, 7);
-  Sym x = t.input("x", {DType::f32, {batch, 784}});
-  Sym y = t.input("y", {DType::i32, {batch}});
-  Sym logits = nn::mlp(s, {784, 64, 10})(x);
-  t.output("loss", nn::cross_entropy(logits, y));
-  t.output("accuracy", nn::accuracy(logits, y));
-  Mlp m;
-  m.model = t.finish();
-  m.params = t.parameters();
-  m.step = make_train_step(m.model, opt);
-  Tensor xs(DType::f32, {batch, 784});
-  for (int64_t i = 0; i < xs.numel(); ++i) xs.set(i, ((i * 7919) % 256) / 255.0);
-  Tensor ys(DType::i32, {batch});
-  for (int64_t i = 0; i < batch; ++i) ys.set(i, (i * 3) % 10);
-  m.batch["x"] = xs;
-  m.batch["y"] = ys;
-  return m;
+  testing::Classifier c = testing::classifier(false, batch, 64);
+  return {c.model, make_train_step(c.model, opt), c.params, testing::classifier_batch(false, batch)};
 }
 
 TensorMap whole_state(const Mlp& m) {

@@ -6,8 +6,6 @@
 #include <iostream>
 #include <sstream>
 
-#include "frontend/losses.h"
-#include "frontend/nn.h"
 #include "ir/printer.h"
 #include "passes/check_memory_plan.h"
 #include "passes/memory_plan.h"
@@ -15,6 +13,7 @@
 #include "passes/pipeline.h"
 #include "passes/train_step.h"
 #include "random_graph.h"
+#include "training_model.h"
 
 using namespace kiln;
 using Catch::Matchers::ContainsSubstring;
@@ -27,22 +26,9 @@ struct Model {
 };
 
 Model training_step(bool cnn, int64_t batch, const Optimizer& opt) {
-  Tracer t(cnn ? "lenet" : "mlp");
-  nn::Scope s(t, 7);
-  Sym x = t.input("x", {DType::f32, cnn ? Shape{batch, 1, 28, 28} : Shape{batch, 784}});
-  Sym y = t.input("y", {DType::i32, {batch}});
-  Sym logits = cnn ? nn::lenet(s)(x) : nn::mlp(s, {784, 256, 10})(x);
-  t.output("loss", nn::cross_entropy(logits, y));
-  t.output("accuracy", nn::accuracy(logits, y));
-  TrainStep ts = make_train_step(t.finish(), opt);
-  Model m{ts.graph, t.parameters()};
-  for (auto& [k, v] : ts.initial_state()) m.inputs[k] = v;
-  Tensor xs(DType::f32, cnn ? Shape{batch, 1, 28, 28} : Shape{batch, 784});
-  for (int64_t i = 0; i < xs.numel(); ++i) xs.set(i, ((i * 7919) % 256) / 255.0);
-  Tensor ys(DType::i32, {batch});
-  for (int64_t i = 0; i < batch; ++i) ys.set(i, (i * 3) % 10);
-  m.inputs["x"] = xs;
-  m.inputs["y"] = ys;
+  testing::Model t = testing::training_model(cnn, batch, opt);
+  Model m{t.step, t.state};
+  for (auto& [k, v] : t.batch) m.inputs[k] = v;
   // A few steps in: momentum and Adam buffers are non-zero.
   m.inputs["step"] = Tensor::scalar(DType::i32, 3);
   return m;
