@@ -299,36 +299,37 @@ void* CudaDevice::staging(int64_t bytes) {
   return staging_;
 }
 
-void CudaDevice::staged(int64_t bytes, const std::function<void(char*, int64_t, int64_t)>& chunk) {
+void CudaDevice::upload(void* device_dst, const void* host_src, int64_t bytes) {
   if (bytes <= 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
   gpu_.bind();
+  const Driver& d = gpu_.driver();
   char* pinned = static_cast<char*>(staging(bytes));
-  for (int64_t done = 0; done < bytes; done += staging_bytes_)
-    chunk(pinned, done, std::min(staging_bytes_, bytes - done));
-}
-
-void CudaDevice::upload(void* device_dst, const void* host_src, int64_t bytes) {
-  staged(bytes, [&](char* pinned, int64_t done, int64_t n) {
-    const Driver& d = gpu_.driver();
+  for (int64_t done = 0; done < bytes; done += staging_bytes_) {
+    int64_t n = std::min(staging_bytes_, bytes - done);
     std::memcpy(pinned, static_cast<const char*>(host_src) + done, static_cast<size_t>(n));
     check(d.cuMemcpyHtoDAsync(dptr(device_dst) + static_cast<CUdeviceptr>(done), pinned, static_cast<size_t>(n),
                               stream_),
           "cuMemcpyHtoDAsync");
     // The staging buffer is reused by the next chunk (and the next call): wait for the copy.
     check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize after an upload");
-  });
+  }
 }
 
 void CudaDevice::download(void* host_dst, const void* device_src, int64_t bytes) {
-  staged(bytes, [&](char* pinned, int64_t done, int64_t n) {
-    const Driver& d = gpu_.driver();
+  if (bytes <= 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  gpu_.bind();
+  const Driver& d = gpu_.driver();
+  char* pinned = static_cast<char*>(staging(bytes));
+  for (int64_t done = 0; done < bytes; done += staging_bytes_) {
+    int64_t n = std::min(staging_bytes_, bytes - done);
     check(d.cuMemcpyDtoHAsync(pinned, dptr(device_src) + static_cast<CUdeviceptr>(done), static_cast<size_t>(n),
                               stream_),
           "cuMemcpyDtoHAsync");
     check(d.cuStreamSynchronize(stream_), "cuStreamSynchronize after a download");
     std::memcpy(static_cast<char*>(host_dst) + done, pinned, static_cast<size_t>(n));
-  });
+  }
 }
 
 void CudaDevice::copy(void* device_dst, const void* device_src, int64_t bytes) {

@@ -17,7 +17,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -189,9 +188,6 @@ class CudaDevice final : public Device {
 
  private:
   void* staging(int64_t bytes);  // pinned, at least min(bytes, chunk); under mutex_
-  // Calls chunk(pinned, offset, n) for the staging-buffer-sized pieces of `bytes` in order,
-  // under mutex_ with the GPU bound; nothing for bytes <= 0.
-  void staged(int64_t bytes, const std::function<void(char* pinned, int64_t offset, int64_t n)>& chunk);
   const Gpu& gpu_;
   CUstream stream_ = nullptr;
   std::mutex mutex_;
