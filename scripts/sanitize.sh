@@ -8,4 +8,5 @@ bash scripts/setup.sh
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_WERROR=ON -DKILN_SANITIZE=address,undefined
 cmake --build "$build"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp  # leaks inside dlopen'ed cuBLAS
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
