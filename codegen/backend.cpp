@@ -74,4 +74,8 @@ std::string resolve_target(const CompileOptions& options) {
   throw Error("unknown target '" + t + "' (from " + from + "); known targets: " + known);
 }
 
+AotObject Backend::write_object(const Prepared&, const CompileOptions&, const AotModule&) const {
+  throw Error("the " + name() + " backend cannot compile ahead of time (kiln compile writes CPU objects only)");
+}
+
 }  // namespace kiln

@@ -10,12 +10,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "ir/graph.h"
+#include "ir/tensor.h"
 #include "passes/kernel_plan.h"
 #include "passes/memory_plan.h"
 
@@ -109,6 +112,19 @@ class Program {
   virtual std::vector<std::string> emit_forms() const = 0;
 };
 
+// An ahead-of-time object's contents beyond the code (codegen/aot.h, runtime/aot.h).
+struct AotModule {
+  std::string name;  // the C prefix of its symbols (NAME_create, ...)
+  // The initial state by name (every state input of the prepared graph, full tensors),
+  // embedded as read-only data; null: none embedded (WeightsMode::File).
+  const std::map<std::string, Tensor, std::less<>>* state = nullptr;
+};
+struct AotObject {
+  std::string bytes;   // the relocatable object file
+  std::string target;  // "x86_64-unknown-linux-gnu cpu=haswell features=+avx2,..."
+  int64_t arena_bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -121,6 +137,11 @@ class Backend {
   virtual std::string target_key(const CompileOptions& options) const = 0;
   virtual std::shared_ptr<const Program> compile(std::shared_ptr<const Prepared> prepared,
                                                  const CompileOptions& options) const = 0;
+  // Ahead of time: the object file for `prepared` (the code compile() would run for the same
+  // options, bitwise) with the runtime/aot.h glue of `module`. Only the CPU backend has
+  // one; the default says so.
+  virtual AotObject write_object(const Prepared& prepared, const CompileOptions& options,
+                                 const AotModule& module) const;
 };
 
 // The backend for a target name ("cpu", "cuda"); kiln::Error for an unknown one. The list

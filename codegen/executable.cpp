@@ -300,6 +300,10 @@ std::vector<std::string> Executable::emit_forms() const {
   return forms;
 }
 
+AotResult Executable::write_object(const AotOptions& aot) const {
+  return kiln::write_object(graph_, prepared(), state(), options_, aot);
+}
+
 std::string Executable::emit(std::string_view form) const {
   if (form == "kernels") return format_kernel_plan(compiled_graph(), prepared().kernels);
   for (const std::string& f : program_->emit_forms())

@@ -38,6 +38,7 @@
 #include <string_view>
 #include <vector>
 
+#include "codegen/aot.h"
 #include "codegen/backend.h"
 #include "ir/interp.h"
 
@@ -122,6 +123,11 @@ class Executable {
   void step(const TensorMap& inputs);
   // Pure: every input, state included -> every output, state updates included.
   TensorMap evaluate(const TensorMap& inputs_and_state);
+
+  // Ahead of time (codegen/aot.h): writes this executable's code, as an object file for its
+  // target (cpu only) with its current state as the initial state (all of it must be set),
+  // and the C header. The code is bitwise the one run() runs (profiling left out).
+  AotResult write_object(const AotOptions& aot) const;
 
   // Per-kernel time of the runs so far (compile with CompileOptions::profile), slowest
   // first: kernel (its results' names), the ops it runs, calls, total ms, % of the total.
