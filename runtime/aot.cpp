@@ -156,6 +156,9 @@ struct KilnAotInstance {
   }
   // Index of the state named `name`, or -1 with a message listing the state's names.
   int32_t find_state(const char* name) const;
+  // For kiln_aot_get_state / set_state (`verb` "get" or "set"): the index of state `name`
+  // if `data` (the `role`) may be copied to or from it with `bytes` bytes, else -1.
+  int32_t checked_state(const char* verb, const char* name, const void* data, const char* role, size_t bytes) const;
 };
 
 namespace {
@@ -307,6 +310,21 @@ int32_t KilnAotInstance::find_state(const char* name) const {
   return -1;
 }
 
+int32_t KilnAotInstance::checked_state(const char* verb, const char* name, const void* data, const char* role,
+                                       size_t bytes) const {
+  if (!name) return fail("kiln_aot_%s_state: the name is NULL", verb);
+  int32_t i = find_state(name);
+  if (i < 0) return -1;
+  const KilnAotTensor& t = model->state[i];
+  char type[160];
+  format_type(type, sizeof type, t);
+  if (bytes != static_cast<uint64_t>(t.bytes))
+    return fail("cannot %s state '%s' of model %s: it is %s, %lld bytes, not %zu", verb, name, model->name, type,
+                static_cast<long long>(t.bytes), bytes);
+  if (!data) return fail("cannot %s state '%s' of model %s: the %s is NULL", verb, name, model->name, role);
+  return i;
+}
+
 extern "C" {
 
 KilnAotInstance* kiln_aot_create(const KilnAotModel* model) {
@@ -377,33 +395,17 @@ int kiln_aot_call(KilnAotInstance* inst, const void* const* inputs, void* const*
 
 int kiln_aot_get_state(const KilnAotInstance* inst, const char* name, void* dst, size_t bytes) {
   if (!inst) return fail_free("kiln_aot_get_state: the instance is NULL");
-  if (!name) return inst->fail("kiln_aot_get_state: the name is NULL");
-  int32_t i = inst->find_state(name);
+  int32_t i = inst->checked_state("get", name, dst, "destination", bytes);
   if (i < 0) return -1;
-  const KilnAotTensor& t = inst->model->state[i];
-  char type[160];
-  format_type(type, sizeof type, t);
-  if (bytes != static_cast<uint64_t>(t.bytes))
-    return inst->fail("cannot get state '%s' of model %s: it is %s, %lld bytes, not %zu", name, inst->model->name, type,
-                      static_cast<long long>(t.bytes), bytes);
-  if (!dst) return inst->fail("cannot get state '%s' of model %s: the destination is NULL", name, inst->model->name);
-  copy(dst, inst->state_data[i], t.bytes);
+  copy(dst, inst->state_data[i], inst->model->state[i].bytes);
   return 0;
 }
 
 int kiln_aot_set_state(KilnAotInstance* inst, const char* name, const void* src, size_t bytes) {
   if (!inst) return fail_free("kiln_aot_set_state: the instance is NULL");
-  if (!name) return inst->fail("kiln_aot_set_state: the name is NULL");
-  int32_t i = inst->find_state(name);
+  int32_t i = inst->checked_state("set", name, src, "source", bytes);
   if (i < 0) return -1;
-  const KilnAotTensor& t = inst->model->state[i];
-  char type[160];
-  format_type(type, sizeof type, t);
-  if (bytes != static_cast<uint64_t>(t.bytes))
-    return inst->fail("cannot set state '%s' of model %s: it is %s, %lld bytes, not %zu", name, inst->model->name, type,
-                      static_cast<long long>(t.bytes), bytes);
-  if (!src) return inst->fail("cannot set state '%s' of model %s: the source is NULL", name, inst->model->name);
-  copy(inst->state_data[i], src, t.bytes);
+  copy(inst->state_data[i], src, inst->model->state[i].bytes);
   return 0;
 }
 

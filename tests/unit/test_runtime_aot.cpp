@@ -5,19 +5,18 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
-#include <unistd.h>
-
 #include <array>
 #include <cstring>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "codegen/aot.h"
 #include "runtime/aot.h"
 #include "runtime/thread_pool.h"
+#include "temp_dir.h"
 
 using namespace kiln;
+using kiln::testing::TempDir;
 using Catch::Matchers::ContainsSubstring;
 using Catch::Matchers::Equals;
 
@@ -120,18 +119,6 @@ std::array<T, N> get(const AotInstance& inst, const char* name) {
   REQUIRE(kiln_aot_get_state(inst.p, name, v.data(), sizeof v) == 0);
   return v;
 }
-
-// A fresh folder for files, removed at scope exit.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string t = (std::filesystem::temp_directory_path() / "kiln_test_aot_XXXXXX").string();
-    REQUIRE(mkdtemp(t.data()));
-    path = t;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 }  // namespace
 
