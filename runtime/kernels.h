@@ -74,8 +74,10 @@ void kiln_rt_avg_pool2d_grad_f64(const double* dy, double* dx, const KilnPool2dP
 // A kernel that fails (out of memory, or no room for OpenBLAS's work buffer under an
 // address-space limit) returns without its result and records a message; a task that
 // throws is counted as done and records one too. kiln_rt_take_error returns the first
-// message recorded since it was last called (NULL if none) and clears it: the caller of a
-// compiled entry point checks it after each call, whose results are invalid if it is set.
+// message recorded for the calling thread since it was last called there (NULL if none)
+// and clears it: the caller of a compiled entry point checks it after each call, on the
+// same thread, whose results are invalid if it is set. Errors of chunks a pool worker runs
+// for this thread's parallel loops count as this thread's; other threads' calls do not.
 const char* kiln_rt_take_error(void);
 
 typedef void (*kiln_rt_task)(void* ctx, int64_t begin, int64_t end);

@@ -142,6 +142,7 @@ class Pool {
     if (!lock.owns_lock()) return false;
     fn_ = fn;
     ctx_ = ctx;
+    errors_ = error_slot();
     n_ = n;
     done_.store(0, std::memory_order_relaxed);
     uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
@@ -165,6 +166,7 @@ class Pool {
   // Takes chunks of job `gen` until none is left (or the job is already over).
   void work(uint32_t gen) {
     t_in_region = true;
+    bool helping = false;  // a worker running the submitter's chunks records its errors
     uint64_t cur = next_.load(std::memory_order_acquire);
     for (;;) {
       uint64_t i = cur & 0xffff, chunks = cur >> 16 & 0xffff;
@@ -173,10 +175,15 @@ class Pool {
         continue;
       // A claimed chunk keeps its job alive, so the job's fields are stable until it is done.
       auto c = static_cast<int64_t>(chunks), k = static_cast<int64_t>(i);
+      if (!helping && errors_ != error_slot()) {
+        set_error_target(errors_);
+        helping = true;
+      }
       run_chunk(fn_, ctx_, chunk_begin(n_, c, k), chunk_begin(n_, c, k + 1));
       if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) done_.notify_one();
       cur = next_.load(std::memory_order_acquire);
     }
+    if (helping) set_error_target(nullptr);
     t_in_region = false;
   }
 
@@ -187,6 +194,7 @@ class Pool {
   kiln_rt_task fn_ = nullptr;
   void* ctx_ = nullptr;
   int64_t n_ = 0;
+  ErrorSlot* errors_ = nullptr;  // the submitting thread's error slot
   // Generation (32 bits) | chunk count (16) | next chunk to take (16): a chunk is taken by
   // bumping it, and only by a thread that saw the same generation.
   std::atomic<uint64_t> next_{0};

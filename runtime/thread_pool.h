@@ -8,6 +8,7 @@
 // called from inside a parallel_for chunk (nested parallelism always runs inline).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -23,9 +24,15 @@ bool in_parallel_region();
 void init_blas_threading();
 
 // Records the first error of the current call for kiln_rt_take_error (runtime/error.cpp);
-// `message` must be a string literal (nothing is allocated on the failure path).
+// `message` must be a string literal (nothing is allocated on the failure path). Each
+// calling thread has its own slot; take_error takes this thread's.
 void record_error(const char* message);
 const char* take_error();
+// The slot record_error writes on this thread: its own, or the one set_error_target gave
+// it (a pool worker running chunks of another thread's loop; nullptr: back to its own).
+using ErrorSlot = std::atomic<const char*>;
+ErrorSlot* error_slot();
+void set_error_target(ErrorSlot* slot);
 
 // Prints "kiln runtime: <what>" to stderr and aborts. Entry points called from generated
 // code must not let an exception escape, so they end here instead.

@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -18,6 +19,7 @@
 #include "ir/parser.h"
 #include "runtime/blas.h"
 #include "runtime/kernels.h"
+#include "runtime/thread_pool.h"
 
 using namespace kiln;
 
@@ -134,4 +136,37 @@ TEST_CASE("runtime: limits child", "[.runtime_limits_child]") {
   } else {
     FAIL("unknown KILN_LIMIT_CASE " << name);
   }
+}
+
+// Separate instances may run on separate threads (runtime/aot.h): an error belongs to the
+// thread whose call it failed, chunks a pool worker ran for that call's loops included.
+TEST_CASE("runtime: errors belong to the calling thread", "[runtime][limits]") {
+  kiln_rt_take_error();
+  std::thread other([] {
+    kiln::rt::record_error("the other thread's failure");
+    CHECK(std::string(kiln_rt_take_error()) == "the other thread's failure");
+  });
+  other.join();
+  CHECK(kiln_rt_take_error() == nullptr);
+
+  if (kiln_rt_num_threads() < 2) SKIP("one runtime thread: no worker runs another thread's chunks");
+  struct Ctx {
+    std::thread::id submitter = std::this_thread::get_id();
+  } ctx;
+  const char* e = nullptr;
+  // A worker may wake too late to take a chunk (the caller then takes them all): retry.
+  for (int attempt = 0; attempt < 100 && !e; ++attempt) {
+    kiln_rt_parallel_for(
+        1 << 16, 1,
+        [](void* c, int64_t, int64_t) {
+          if (std::this_thread::get_id() != static_cast<Ctx*>(c)->submitter)
+            kiln::rt::record_error("a worker's failure");
+          else  // leave the other chunks to a worker
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        },
+        &ctx);
+    e = kiln_rt_take_error();
+  }
+  REQUIRE(e != nullptr);
+  CHECK(std::string(e) == "a worker's failure");
 }
