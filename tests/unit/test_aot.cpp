@@ -5,14 +5,13 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <sstream>
-
-#include <unistd.h>
 
 #include "codegen/aot.h"
 #include "codegen/cpu/compile.h"
@@ -24,28 +23,14 @@
 #include "random_graph.h"
 #include "runtime/aot.h"
 #include "subprocess.h"
+#include "temp_dir.h"
 #include "training_model.h"
 
 using namespace kiln;
 using namespace kiln::testing;
 using Catch::Matchers::ContainsSubstring;
-namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh, empty folder for one test's files.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("kiln_test_aot_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& f) const { return (path / f).string(); }
-  size_t entries() const { return static_cast<size_t>(std::distance(fs::directory_iterator(path), {})); }
-};
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -75,7 +60,7 @@ class AotRun {
   AotRun(cpu::testing::ObjectLoader& loader, const TempDir& dir, const Graph& g, const TensorMap& state,
          const std::string& name, const CompileOptions& options = {})
       : g_(g), sig_(signature(g)) {
-    AotOptions aot{.object = dir / (name + ".o"), .header = "", .name = name};
+    AotOptions aot{.object = dir.file(name + ".o"), .header = "", .name = name};
     result = write_object(g, state, options, aot);
     loader.add(read_file(aot.object));
     auto create = reinterpret_cast<KilnAotInstance* (*)()>(loader.symbol(name + "_create"));
@@ -186,10 +171,16 @@ TEST_CASE("aot: MLP and LeNet training steps match the JIT bitwise for several s
   for (bool cnn : {false, true}) {
     CAPTURE(cnn);
     Model m = training_model(cnn, 8, cnn ? Optimizer{SGD{0.05, 0.9}} : Optimizer{Adam{}});
-    auto jit = compile(m.step);
+    auto t0 = std::chrono::steady_clock::now();
+    auto jit = compile(m.step, {.use_cache = false});
+    auto t1 = std::chrono::steady_clock::now();
     jit->set_state(m.state);
     cpu::testing::ObjectLoader loader;
     AotRun aot(loader, dir, m.step, m.state, cnn ? "lenet" : "mlp");
+    auto t2 = std::chrono::steady_clock::now();
+    auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    std::cout << "aot: " << m.step.name() << " training step: JIT compile " << ms(t0, t1) << " ms, object written and linked "
+              << ms(t1, t2) << " ms\n";
     for (int step = 0; step < 3; ++step) {
       CAPTURE(step);
       check_bitwise(aot.call(m.batch), jit->run(m.batch));
@@ -281,7 +272,7 @@ TEST_CASE("aot: bad requests are one clear error each and leave no files behind"
   TensorMap state = scale_state();
   TempDir dir;
   CompileOptions o;
-  AotOptions aot{.object = dir / "m.o", .header = "", .name = "m"};
+  AotOptions aot{.object = dir.file("m.o"), .header = "", .name = "m"};
   auto fails_with = [&](const std::string& what) {
     CHECK_THROWS_WITH(write_object(g, state, o, aot), ContainsSubstring(what));
     CHECK(dir.entries() == 0);
@@ -319,14 +310,14 @@ TEST_CASE("aot: bad requests are one clear error each and leave no files behind"
     CHECK(dir.entries() == 0);
   }
   SECTION("unwritable paths") {
-    aot.object = dir / "no/such/m.o";
+    aot.object = dir.file("no/such/m.o");
     fails_with("cannot write '" + aot.object + "': No such file or directory");
-    aot.object = dir / "m.o";  // writable, but the header is not: neither is left
-    aot.header = dir / "no/m.h";
+    aot.object = dir.file("m.o");  // writable, but the header is not: neither is left
+    aot.header = dir.file("no/m.h");
     fails_with("cannot write '" + aot.header + "'");
-    aot.header = dir / "m.h";
+    aot.header = dir.file("m.h");
     aot.weights = WeightsMode::File;
-    aot.weights_file = dir / "no/m.weights";
+    aot.weights_file = dir.file("no/m.weights");
     fails_with("cannot write '" + aot.weights_file + "'");
   }
 }
@@ -339,7 +330,7 @@ TEST_CASE("aot: objects for x86-64 CPUs this machine may lack", "[aot]") {
     CAPTURE(cpu);
     CompileOptions o;
     o.cpu = cpu;
-    AotOptions aot{.object = dir / (std::string(cpu) + ".o"), .header = "", .name = "m"};
+    AotOptions aot{.object = dir.file(std::string(cpu) + ".o"), .header = "", .name = "m"};
     AotResult r = write_object(g, scale_state(), o, aot);
     CHECK_THAT(r.target, ContainsSubstring("x86_64") && ContainsSubstring(" cpu=" + std::string(cpu) + " "));
     std::string bytes = read_file(aot.object);
@@ -351,7 +342,7 @@ TEST_CASE("aot: objects for x86-64 CPUs this machine may lack", "[aot]") {
     if (host.has(f)) continue;
     CompileOptions o;
     o.features = std::string("+") + f;
-    AotResult r = write_object(g, scale_state(), o, {.object = dir / "f.o", .header = "", .name = "m"});
+    AotResult r = write_object(g, scale_state(), o, {.object = dir.file("f.o"), .header = "", .name = "m"});
     CHECK_THAT(r.target, ContainsSubstring(o.features));
     CHECK_THROWS_WITH(compile(g, o), ContainsSubstring("not supported by the host"));
     break;
@@ -369,13 +360,13 @@ TEST_CASE("aot: objects for x86-64 CPUs this machine may lack", "[aot]") {
 TEST_CASE("aot: weights in a side file", "[aot]") {
   Graph g = scale_graph(false);
   TempDir dir;
-  AotOptions aot{.object = dir / "m.o", .header = "", .name = "side", .weights = WeightsMode::File};
+  AotOptions aot{.object = dir.file("m.o"), .header = "", .name = "side", .weights = WeightsMode::File};
   AotResult r = write_object(g, scale_state(), {}, aot);
   REQUIRE(r.files.size() == 2);
-  CHECK(r.files[1] == dir / "m.weights");
+  CHECK(r.files[1] == dir.file("m.weights"));
   CHECK(r.weights_bytes == 12);
   CHECK(dir.entries() == 2);
-  TensorMap back = load_weights(dir / "m.weights");
+  TensorMap back = load_weights(dir.file("m.weights"));
   CHECK(bitwise_equal(back.at("w"), scale_state().at("w")));
   cpu::testing::ObjectLoader loader;
   loader.add(read_file(aot.object));
@@ -387,7 +378,7 @@ TEST_CASE("aot: weights in a side file", "[aot]") {
   float x[3] = {1, 2, 3}, y[3];
   REQUIRE(run(inst, x, y) == 0);  // state starts at zero
   CHECK((y[0] == 1 && y[1] == 1 && y[2] == 1));
-  REQUIRE(load(inst, (dir / "m.weights").c_str()) == 0);
+  REQUIRE(load(inst, dir.file("m.weights").c_str()) == 0);
   REQUIRE(run(inst, x, y) == 0);
   CHECK((y[0] == 3 && y[1] == 5 && y[2] == 7));
   kiln_aot_destroy(inst);
@@ -400,9 +391,9 @@ TEST_CASE("aot: two objects link into a C program with the system compiler", "[a
     CompileOptions o;
     o.cpu = std::string(name) == "two" ? "x86-64" : "";  // the baseline CPU: any x86-64 machine
     write_object(scale_graph(std::string(name) == "two"), scale_state(), o,
-                 {.object = dir / (std::string(name) + ".o"), .header = "", .name = name});
+                 {.object = dir.file(std::string(name) + ".o"), .header = "", .name = name});
   }
-  std::ofstream(dir / "main.c") << R"(#include <stdio.h>
+  std::ofstream(dir.file("main.c")) << R"(#include <stdio.h>
 typedef struct inst inst;
 inst* one_create(void);
 int one_run(inst*, const float*, float*);
@@ -436,7 +427,41 @@ int main(void) {
   CHECK_THAT(r.output, ContainsSubstring("two 5 9 13 w 8\n"));
   CHECK_THAT(r.output, ContainsSubstring("error: "));
   // The object defines the NAME_* functions and nothing else (all else is internal).
-  RunResult nm = run_shell("nm -g --defined-only " + (dir / "two.o") + " | awk '{print $3}' | sort | tr '\\n' ' '");
+  RunResult nm = run_shell("nm -g --defined-only " + dir.file("two.o") + " | awk '{print $3}' | sort | tr '\\n' ' '");
   CHECK(nm.output == "two_create two_destroy two_error two_get_state two_load_weights two_save_weights two_set_state "
                      "two_step ");
+}
+
+TEST_CASE("aot: Executable::write_object writes its code with its current state", "[aot]") {
+  Model m = training_model(false, 8, Optimizer{SGD{0.05, 0.9}});
+  CompileOptions o;
+  o.profile = true;  // left out of the object
+  auto jit = compile(m.step, o);
+  jit->set_state(m.state);
+  jit->run(m.batch);  // the object starts from the state after one step
+  TempDir dir;
+  AotOptions aot{.object = dir.file("mlp.o"), .header = "", .name = "mlp"};
+  AotResult r = jit->write_object(aot);
+  CHECK(r.files == std::vector<std::string>{aot.object});
+  CHECK(r.name == "mlp");
+  int64_t state_bytes = 0;
+  for (const auto& [name, t] : jit->state()) state_bytes += static_cast<int64_t>(t.nbytes());
+  CHECK(r.weights_bytes == state_bytes);
+  CHECK(r.arena_bytes > 0);
+  RunResult nm = run_shell("nm -u " + aot.object);
+  CHECK_THAT(nm.output, ContainsSubstring("kiln_aot_abi_v1"));
+  CHECK_THAT(nm.output, !ContainsSubstring("kiln_rt_prof"));
+  cpu::testing::ObjectLoader loader;
+  loader.add(read_file(aot.object));
+  KilnAotInstance* inst = reinterpret_cast<KilnAotInstance* (*)()>(loader.symbol("mlp_create"))();
+  REQUIRE(inst);
+  for (const auto& [name, t] : jit->state()) {
+    Tensor got(t.dtype(), t.shape());
+    REQUIRE(kiln_aot_get_state(inst, name.c_str(), got.raw(), got.nbytes()) == 0);
+    CHECK(bitwise_equal(got, t));
+  }
+  kiln_aot_destroy(inst);
+  // Missing state is an error naming it.
+  auto fresh = compile(m.step);
+  CHECK_THROWS_WITH(fresh->write_object(aot), ContainsSubstring("no initial value for state"));
 }

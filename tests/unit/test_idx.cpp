@@ -13,27 +13,14 @@
 #include <iterator>
 
 #include "frontend/idx.h"
+#include "temp_dir.h"
 
 using namespace kiln;
+using kiln::testing::TempDir;
 using Catch::Matchers::ContainsSubstring;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh directory under the system temp dir, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string templ = (fs::temp_directory_path() / "kiln_idx_XXXXXX").string();
-    REQUIRE(mkdtemp(templ.data()) != nullptr);
-    path = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 void put_be(std::string& out, uint64_t v, int bytes) {
   for (int i = bytes - 1; i >= 0; --i) out += static_cast<char>((v >> (8 * i)) & 0xff);
