@@ -1,13 +1,14 @@
-// A fresh, empty directory under the system temp dir for one test, removed at scope exit.
+// TempDir: a fresh folder under the system's temporary directory for a test's files,
+// removed with everything in it when the test ends.
 #pragma once
 
-#include <catch2/catch_test_macros.hpp>
+#include <stdlib.h>  // mkdtemp
 
-#include <cstdlib>
+#include <catch2/catch_test_macros.hpp>
 #include <filesystem>
-#include <iterator>
 #include <string>
 #include <system_error>
+#include <vector>
 
 namespace kiln::testing {
 
@@ -19,14 +20,18 @@ struct TempDir {
     path = templ;
   }
   ~TempDir() {
-    std::error_code ec;
+    std::error_code ec;  // a destructor must not throw
     std::filesystem::remove_all(path, ec);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  size_t entries() const {
-    return static_cast<size_t>(std::distance(std::filesystem::directory_iterator(path), {}));
+  // The path of `name` in the folder.
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+  // The names of the folder's entries (not recursive), in directory order.
+  std::vector<std::string> files() const {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(path)) names.push_back(e.path().filename().string());
+    return names;
   }
 };
 
