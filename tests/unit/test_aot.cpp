@@ -60,7 +60,7 @@ class AotRun {
   AotRun(cpu::testing::ObjectLoader& loader, const TempDir& dir, const Graph& g, const TensorMap& state,
          const std::string& name, const CompileOptions& options = {})
       : g_(g), sig_(signature(g)) {
-    AotOptions aot{.object = (dir / name + ".o"), .header = "", .name = name};
+    AotOptions aot{.object = dir / (name + ".o"), .header = "", .name = name};
     result = write_object(g, state, options, aot);
     loader.add(read_file(aot.object));
     auto create = reinterpret_cast<KilnAotInstance* (*)()>(loader.symbol(name + "_create"));
@@ -272,7 +272,7 @@ TEST_CASE("aot: bad requests are one clear error each and leave no files behind"
   TensorMap state = scale_state();
   TempDir dir;
   CompileOptions o;
-  AotOptions aot{.object = (dir / "m.o"), .header = "", .name = "m"};
+  AotOptions aot{.object = dir / "m.o", .header = "", .name = "m"};
   auto fails_with = [&](const std::string& what) {
     CHECK_THROWS_WITH(write_object(g, state, o, aot), ContainsSubstring(what));
     CHECK(dir.files().size() == 0);
@@ -310,14 +310,14 @@ TEST_CASE("aot: bad requests are one clear error each and leave no files behind"
     CHECK(dir.files().size() == 0);
   }
   SECTION("unwritable paths") {
-    aot.object = (dir / "no/such/m.o");
+    aot.object = dir / "no/such/m.o";
     fails_with("cannot write '" + aot.object + "': No such file or directory");
-    aot.object = (dir / "m.o");  // writable, but the header is not: neither is left
-    aot.header = (dir / "no/m.h");
+    aot.object = dir / "m.o";  // writable, but the header is not: neither is left
+    aot.header = dir / "no/m.h";
     fails_with("cannot write '" + aot.header + "'");
-    aot.header = (dir / "m.h");
+    aot.header = dir / "m.h";
     aot.weights = WeightsMode::File;
-    aot.weights_file = (dir / "no/m.weights");
+    aot.weights_file = dir / "no/m.weights";
     fails_with("cannot write '" + aot.weights_file + "'");
   }
 }
@@ -330,7 +330,7 @@ TEST_CASE("aot: objects for x86-64 CPUs this machine may lack", "[aot]") {
     CAPTURE(cpu);
     CompileOptions o;
     o.cpu = cpu;
-    AotOptions aot{.object = (dir / std::string(cpu) + ".o"), .header = "", .name = "m"};
+    AotOptions aot{.object = dir / (std::string(cpu) + ".o"), .header = "", .name = "m"};
     AotResult r = write_object(g, scale_state(), o, aot);
     CHECK_THAT(r.target, ContainsSubstring("x86_64") && ContainsSubstring(" cpu=" + std::string(cpu) + " "));
     std::string bytes = read_file(aot.object);
@@ -342,7 +342,7 @@ TEST_CASE("aot: objects for x86-64 CPUs this machine may lack", "[aot]") {
     if (host.has(f)) continue;
     CompileOptions o;
     o.features = std::string("+") + f;
-    AotResult r = write_object(g, scale_state(), o, {.object = (dir / "f.o"), .header = "", .name = "m"});
+    AotResult r = write_object(g, scale_state(), o, {.object = dir / "f.o", .header = "", .name = "m"});
     CHECK_THAT(r.target, ContainsSubstring(o.features));
     CHECK_THROWS_WITH(compile(g, o), ContainsSubstring("not supported by the host"));
     break;
@@ -360,13 +360,13 @@ TEST_CASE("aot: objects for x86-64 CPUs this machine may lack", "[aot]") {
 TEST_CASE("aot: weights in a side file", "[aot]") {
   Graph g = scale_graph(false);
   TempDir dir;
-  AotOptions aot{.object = (dir / "m.o"), .header = "", .name = "side", .weights = WeightsMode::File};
+  AotOptions aot{.object = dir / "m.o", .header = "", .name = "side", .weights = WeightsMode::File};
   AotResult r = write_object(g, scale_state(), {}, aot);
   REQUIRE(r.files.size() == 2);
-  CHECK(r.files[1] == (dir / "m.weights"));
+  CHECK(r.files[1] == dir / "m.weights");
   CHECK(r.weights_bytes == 12);
   CHECK(dir.files().size() == 2);
-  TensorMap back = load_weights((dir / "m.weights"));
+  TensorMap back = load_weights(dir / "m.weights");
   CHECK(bitwise_equal(back.at("w"), scale_state().at("w")));
   cpu::testing::ObjectLoader loader;
   loader.add(read_file(aot.object));
@@ -391,9 +391,9 @@ TEST_CASE("aot: two objects link into a C program with the system compiler", "[a
     CompileOptions o;
     o.cpu = std::string(name) == "two" ? "x86-64" : "";  // the baseline CPU: any x86-64 machine
     write_object(scale_graph(std::string(name) == "two"), scale_state(), o,
-                 {.object = (dir / std::string(name) + ".o"), .header = "", .name = name});
+                 {.object = dir / (std::string(name) + ".o"), .header = "", .name = name});
   }
-  std::ofstream((dir / "main.c")) << R"(#include <stdio.h>
+  std::ofstream(dir / "main.c") << R"(#include <stdio.h>
 typedef struct inst inst;
 inst* one_create(void);
 int one_run(inst*, const float*, float*);
@@ -427,7 +427,7 @@ int main(void) {
   CHECK_THAT(r.output, ContainsSubstring("two 5 9 13 w 8\n"));
   CHECK_THAT(r.output, ContainsSubstring("error: "));
   // The object defines the NAME_* functions and nothing else (all else is internal).
-  RunResult nm = run_shell("nm -g --defined-only " + (dir / "two.o") + " | awk '{print $3}' | sort | tr '\\n' ' '");
+  RunResult nm = run_shell("nm -g --defined-only " + dir / "two.o" + " | awk '{print $3}' | sort | tr '\\n' ' '");
   CHECK(nm.output == "two_create two_destroy two_error two_get_state two_load_weights two_save_weights two_set_state "
                      "two_step ");
 }
@@ -440,7 +440,7 @@ TEST_CASE("aot: Executable::write_object writes its code with its current state"
   jit->set_state(m.state);
   jit->run(m.batch);  // the object starts from the state after one step
   TempDir dir;
-  AotOptions aot{.object = (dir / "mlp.o"), .header = "", .name = "mlp"};
+  AotOptions aot{.object = dir / "mlp.o", .header = "", .name = "mlp"};
   AotResult r = jit->write_object(aot);
   CHECK(r.files == std::vector<std::string>{aot.object});
   CHECK(r.name == "mlp");
