@@ -391,25 +391,19 @@ TEST_CASE("aot: two objects link into a C program with the system compiler", "[a
     CompileOptions o;
     o.cpu = std::string(name) == "two" ? "x86-64" : "";  // the baseline CPU: any x86-64 machine
     write_object(scale_graph(std::string(name) == "two"), scale_state(), o,
-                 {.object = dir / (std::string(name) + ".o"), .header = "", .name = name});
+                 {.object = dir / (std::string(name) + ".o"), .header = dir / (std::string(name) + ".h"), .name = name});
   }
+  // Through the generated headers: their prototypes are the objects' functions.
   std::ofstream(dir / "main.c") << R"(#include <stdio.h>
-typedef struct inst inst;
-inst* one_create(void);
-int one_run(inst*, const float*, float*);
-void one_destroy(inst*);
-inst* two_create(void);
-int two_step(inst*, const float*, float*);
-int two_get_state(const inst*, const char*, void*, size_t);
-const char* two_error(const inst*);
-void two_destroy(inst*);
+#include "one.h"
+#include "two.h"
 int main(void) {
-  float x[3] = {1, 2, 3}, y[3], w[3];
-  inst* a = one_create();
-  inst* b = two_create();
+  float x[TWO_INPUT_X_ELEMENTS] = {1, 2, 3}, y[TWO_OUTPUT_Y_ELEMENTS], w[TWO_STATE_W_ELEMENTS];
+  one_instance* a = one_create();
+  two_instance* b = two_create();
   if (!a || !b || one_run(a, x, y)) return 1;
   printf("one %g %g %g\n", y[0], y[1], y[2]);
-  if (two_step(b, x, y) || two_step(b, x, y) || two_get_state(b, "w", w, sizeof w)) return 2;
+  if (two_step(b, x, y) || two_step(b, x, y) || two_get_state(b, TWO_STATE_W_NAME, w, TWO_STATE_W_BYTES)) return 2;
   printf("two %g %g %g w %g\n", y[0], y[1], y[2], w[0]);
   if (two_get_state(b, "w", w, 4) == 0) return 3;
   printf("error: %s\n", two_error(b));
@@ -418,7 +412,7 @@ int main(void) {
   return 0;
 }
 )";
-  std::string cmd = "cd " + dir.path.string() + " && cc -std=c99 -Wall -Werror main.c one.o two.o " KILN_RUNTIME_LIB
+  std::string cmd = "cd " + dir.path.string() + " && cc -std=c99 -Wall -Wextra -Werror main.c one.o two.o " KILN_RUNTIME_LIB
                     " $(pkg-config --libs openblas) -lm -lstdc++ -lpthread -o prog && ./prog";
   RunResult r = run_shell(cmd);
   INFO(r.output);
