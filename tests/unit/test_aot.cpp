@@ -336,6 +336,11 @@ TEST_CASE("aot: objects for x86-64 CPUs this machine may lack", "[aot]") {
     std::string bytes = read_file(aot.object);
     CHECK(bytes.substr(0, 4) == "\x7f" "ELF");
     CHECK(bytes.find(r.target) != std::string::npos);  // the descriptor's target line
+    CHECK(r.target.size() < 200);  // the CPU's own features are not listed
+  }
+  {
+    AotResult r = write_object(g, scale_state(), {}, {.object = dir / "host.o", .header = "", .name = "m"});
+    CHECK_THAT(r.target, ContainsSubstring(" cpu=" + host.cpu + " features="));
   }
   // A feature the host lacks: the JIT refuses it (its code runs here), an object does not.
   for (const char* f : {"avx512f", "avx512vp2intersect", "amx-tile", "avx512fp16"}) {
