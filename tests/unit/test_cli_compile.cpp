@@ -245,3 +245,64 @@ TEST_CASE("kiln compile: a bad target or output path is one line and leaves no f
   CHECK(r.output.find('\n') == r.output.size() - 1);
   CHECK(s.files() == before);
 }
+
+TEST_CASE("kiln compile: a C program built on the generated headers runs inference and training", "[cli][aot][object]") {
+  if (run_shell("cc --version").status != 0) SKIP("no C compiler (cc) on this machine");
+  Scratch s("program");
+  kiln::write_npy((s.dir / "params" / "w.npy").string(),
+                  kiln::Tensor::from(kiln::DType::f32, {3, 2}, std::vector<float>{1, 0, 0, 1, 1, 1}));
+  kiln::write_npy((s.dir / "params" / "b.npy").string(),
+                  kiln::Tensor::from(kiln::DType::f32, {2}, std::vector<float>{0.5f, -10}));
+  RunResult r = s.kiln("compile affine.kir -o affine.o --header affine.h --state-dir params");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  r = s.kiln("compile linreg.kir --train -o linreg.o --header linreg.h --name linreg --zero-state --weights file");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  std::ofstream(s.dir / "main.c") << R"(#include <stdio.h>
+#include "affine.h"
+#include "linreg.h"
+
+int main(void) {
+  float x[AFFINE_INPUT_X_ELEMENTS] = {1, 2, 3, 4, 5, 6};
+  float out[AFFINE_OUTPUT_OUT_ELEMENTS], pre[AFFINE_OUTPUT_PRE_ELEMENTS];
+  float bias[AFFINE_STATE_B_ELEMENTS] = {0, 0};
+  float lx[LINREG_INPUT_X_ELEMENTS] = {1, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1};
+  float ly[LINREG_INPUT_Y_ELEMENTS] = {1, 2, 3, 4}, loss[3], lr;
+  int i;
+  affine_instance* a = affine_create();
+  linreg_instance* t = linreg_create();
+  if (!a || !t) return 1;
+  if (affine_run(a, x, out, pre) != 0) return 2;
+  printf("pre %g %g %g %g out %g %g %g %g\n", pre[0], pre[1], pre[2], pre[3], out[0], out[1], out[2], out[3]);
+  if (affine_set_state(a, AFFINE_STATE_B_NAME, bias, AFFINE_STATE_B_BYTES) != 0) return 3;
+  if (affine_run(a, x, out, pre) != 0) return 4;
+  printf("zero bias %g %g %g %g\n", out[0], out[1], out[2], out[3]);
+  if (affine_set_state(a, AFFINE_STATE_B_NAME, bias, 1) == 0) return 5;
+  printf("error: %s\n", affine_error(a));
+
+  if (linreg_load_weights(t, "linreg.weights") != 0) return 6;
+  for (i = 0; i < 3; ++i)
+    if (linreg_step(t, lx, ly, &loss[i]) != 0) return 7;
+  if (linreg_get_state(t, LINREG_STATE_LR_NAME, &lr, LINREG_STATE_LR_BYTES) != 0) return 8;
+  printf("loss0 %g decreasing %d lr %g weights embedded %d\n", loss[0], loss[2] < loss[1] && loss[1] < loss[0], lr,
+         LINREG_WEIGHTS_EMBEDDED);
+  if (linreg_save_weights(t, "trained.weights") != 0) return 9;
+  affine_destroy(a);
+  linreg_destroy(t);
+  return 0;
+}
+)";
+  r = run_shell("cd '" + s.dir.string() + "' && cc -std=c99 -Wall -Wextra -Wpedantic -Werror main.c affine.o linreg.o " +
+                KILN_RUNTIME_LIB + " $(pkg-config --libs openblas) -lm -lstdc++ -lpthread -o prog && ./prog");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  // x @ w + b = [[4.5, -5], [10.5, 1]] with w = [[1,0],[0,1],[1,1]], b = [0.5, -10].
+  CHECK_THAT(r.output, ContainsSubstring("pre 4.5 -5 10.5 1 out 4.5 0 10.5 1\n"));
+  CHECK_THAT(r.output, ContainsSubstring("zero bias 4 5 10 11\n"));
+  CHECK_THAT(r.output, ContainsSubstring("error: "));
+  // Zero weights: the first loss is mean(y^2) = 7.5; sgd's default lr 0.01.
+  CHECK_THAT(r.output, ContainsSubstring("loss0 7.5 decreasing 1 lr 0.01 weights embedded 0\n"));
+  kiln::TensorMap trained = kiln::load_weights((s.dir / "trained.weights").string());
+  CHECK(trained.at("step").get_int(0) == 3);
+}
