@@ -17,6 +17,13 @@ add_library(Kiln::kiln ALIAS kiln_compiler)
 add_library(Kiln::runtime ALIAS kiln_runtime)
 add_executable(Kiln::kiln_cli ALIAS kiln)
 
+# An installed Kiln links the shared libLLVM (below); an LLVM built without one still builds
+# Kiln, without the install rules.
+if(NOT TARGET LLVM)
+  message(WARNING "the LLVM in ${LLVM_DIR} has no shared libLLVM (target LLVM): `cmake --install` will not install Kiln")
+  return()
+endif()
+
 set(KILN_PACKAGE_LIBS kiln_ir kiln_passes kiln_frontend kiln_codegen_core kiln_codegen_cpu kiln_codegen_cuda
     kiln_codegen kiln_runtime)
 foreach(lib IN LISTS KILN_PACKAGE_LIBS)
