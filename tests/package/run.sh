@@ -17,9 +17,10 @@ fail() { echo "package: $*" >&2; exit 1; }
 rm -rf "$work" && mkdir -p "$work"
 step "install into $prefix"
 "$CMAKE" --install "$build" --prefix "$prefix" >"$work/install.log" || { cat "$work/install.log"; exit 1; }
-for f in bin/kiln lib/libkiln_runtime.a lib/libkiln_codegen_cpu.a include/kiln/frontend/nn.h include/kiln/ir/ops.def \
-         include/kiln/runtime/abi.def lib/cmake/Kiln/KilnConfig.cmake lib/cmake/Kiln/KilnConfigVersion.cmake \
-         lib/cmake/Kiln/KilnAddModel.cmake lib/pkgconfig/kiln.pc lib/pkgconfig/kiln-runtime.pc; do
+lib=$(cd "$prefix" && dirname "$(find . -name libkiln_runtime.a | head -1)")  # lib, lib64, lib/<triple>
+for f in bin/kiln $lib/libkiln_runtime.a $lib/libkiln_codegen_cpu.a include/kiln/frontend/nn.h include/kiln/ir/ops.def \
+         include/kiln/runtime/abi.def $lib/cmake/Kiln/KilnConfig.cmake $lib/cmake/Kiln/KilnConfigVersion.cmake \
+         $lib/cmake/Kiln/KilnAddModel.cmake $lib/pkgconfig/kiln.pc $lib/pkgconfig/kiln-runtime.pc; do
   [[ -e $prefix/$f ]] || fail "the install lacks $f"
 done
 [[ ! -e $prefix/include/kiln/codegen/cpu ]] || fail "the backends' own headers were installed"
@@ -53,7 +54,7 @@ if nm -C "$work/consumer/models_c" | grep -m5 'llvm::'; then fail "models_c cont
 echo "models_c: $(stat -c %s "$work/consumer/models_c") bytes"
 
 step "cc with pkg-config kiln-runtime"
-export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+export PKG_CONFIG_PATH=$prefix/$lib/pkgconfig
 models=$work/consumer/kiln_models
 # shellcheck disable=SC2046 # pkg-config's output is a list of words
 "$CC" -std=c99 $KILN_FLAGS "$src/consumer/main.c" "$models/affine/affine.o" "$models/linreg_step/linreg.o" \
