@@ -1,3 +1,77 @@
-// kiln::save_weights / load_weights (codegen/aot.h) over the runtime's weights file.
-// To be implemented (issue 10, helper "runtime").
+// kiln::save_weights / load_weights (codegen/aot.h): the runtime's weights file
+// (runtime/aot.h, runtime/weights_file.cpp) for a TensorMap, so that the compiler, the CLI
+// and AOT objects read and write one format with one implementation.
+#include <cstring>
+#include <new>
+#include <vector>
+
 #include "codegen/aot.h"
+#include "runtime/aot.h"
+
+namespace kiln {
+namespace {
+
+int32_t aot_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return KILN_DTYPE_F32;
+    case DType::f64: return KILN_DTYPE_F64;
+    case DType::i32: return KILN_DTYPE_I32;
+    case DType::i64: return KILN_DTYPE_I64;
+    case DType::boolean: return KILN_DTYPE_BOOL;
+  }
+  return KILN_DTYPE_F32;  // unreachable
+}
+
+// The file's reader checked the dtype, so every value it hands over is one of these.
+DType kiln_dtype(int32_t t) {
+  for (DType d : kAllDTypes)
+    if (aot_dtype(d) == t) return d;
+  internal_error("known dtype", "load_weights: the weights file reader passed dtype " + std::to_string(t));
+}
+
+}  // namespace
+
+void save_weights(const std::string& path, const TensorMap& tensors) {
+  std::vector<Tensor> full;  // splats filled out; only those are copied
+  full.reserve(tensors.size());
+  std::vector<KilnAotTensor> table;
+  std::vector<const void*> data;
+  for (const auto& [name, t] : tensors) {
+    const Tensor& dense = t.is_splat() ? full.emplace_back(t.materialized()) : t;
+    table.push_back({name.c_str(), aot_dtype(dense.dtype()), static_cast<int32_t>(dense.rank()),
+                     dense.shape().empty() ? nullptr : dense.shape().data(), static_cast<int64_t>(dense.nbytes())});
+    data.push_back(dense.raw());
+  }
+  char err[1024];
+  if (kiln_weights_write(path.c_str(), static_cast<int32_t>(table.size()), table.data(), data.data(), err, sizeof err))
+    throw Error(err);
+}
+
+TensorMap load_weights(const std::string& path) {
+  struct Load {
+    TensorMap tensors;
+    std::string error;  // of an exception in the visitor, which must not reach C code
+  } load;
+  auto visit = [](void* ctx, const KilnAotTensor* t, const void* data) -> int {
+    Load& l = *static_cast<Load*>(ctx);
+    try {
+      Tensor tensor(kiln_dtype(t->dtype), Shape(t->shape, t->shape + t->rank));
+      if (t->bytes) std::memcpy(tensor.raw(), data, static_cast<size_t>(t->bytes));
+      l.tensors.emplace(t->name, std::move(tensor));
+      return 0;
+    } catch (const std::bad_alloc&) {
+      l.error = "out of memory";
+      return 1;
+    } catch (const std::exception& e) {
+      l.error = e.what();
+      return 1;
+    }
+  };
+  char err[1024];
+  int rc = kiln_weights_visit(path.c_str(), visit, &load, err, sizeof err);
+  if (rc > 0) throw Error("cannot read weights file '" + path + "': " + load.error);
+  if (rc != 0) throw Error(err);
+  return std::move(load.tensors);
+}
+
+}  // namespace kiln

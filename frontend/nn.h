@@ -104,7 +104,7 @@ class AvgPool2d {
 // Collapses axes start_axis.. into one: [N,C,H,W] -> [N,C*H*W] for the default 1.
 class Flatten {
  public:
-  explicit Flatten(int64_t start_axis = 1) : start_axis(start_axis) {}
+  explicit Flatten(int64_t start = 1) : start_axis(start) {}
   Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const;
   std::string name() const { return "flatten"; }
   int64_t start_axis;

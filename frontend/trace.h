@@ -57,16 +57,16 @@ class Sym {
 // A Sym or a plain number, for operands that may be scalars. Implicit on purpose: the
 // conversion also records where the user wrote the expression (see the header comment).
 struct Operand {
-  Operand(Sym s, std::source_location loc = std::source_location::current())
-      : sym(s), loc(loc) {}
-  Operand(double v, std::source_location loc = std::source_location::current())
-      : scalar(v), loc(loc) {}
+  Operand(Sym s, std::source_location where = std::source_location::current())
+      : sym(s), loc(where) {}
+  Operand(double v, std::source_location where = std::source_location::current())
+      : scalar(v), loc(where) {}
   // An integer keeps its exact value for i64 operands (a double rounds past 2^53).
   // (Unsigned 64-bit numbers, which int64_t may not hold, take the double path.)
   template <std::integral I>
     requires(std::is_signed_v<I> || sizeof(I) < sizeof(int64_t))
-  Operand(I v, std::source_location loc = std::source_location::current())
-      : scalar(static_cast<double>(v)), integer(static_cast<int64_t>(v)), loc(loc) {}
+  Operand(I v, std::source_location where = std::source_location::current())
+      : scalar(static_cast<double>(v)), integer(static_cast<int64_t>(v)), loc(where) {}
   std::optional<Sym> sym;
   double scalar = 0;
   std::optional<int64_t> integer;  // set when the number was written as an integer

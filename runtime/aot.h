@@ -119,8 +119,9 @@ int kiln_aot_set_state(KilnAotInstance* inst, const char* name, const void* src,
 int kiln_aot_load_weights(KilnAotInstance* inst, const char* path);
 int kiln_aot_save_weights(const KilnAotInstance* inst, const char* path);
 
-/* The message of the instance's last failure ("" if none); with NULL, the last failed
- * kiln_aot_create on this thread. Valid until the next call on the instance. */
+/* The message of the instance's last failure ("" if none); with NULL, the last failure on
+ * this thread of a call without an instance (a failed kiln_aot_create, or a call given a
+ * NULL instance). Valid until the next call on the instance. */
 const char* kiln_aot_error(const KilnAotInstance* inst);
 
 /* The weights file, little-endian:

@@ -34,9 +34,9 @@ const char* take_error();
 // kiln_rt_parallel_for over a C++ callable f(begin, end).
 template <typename F>
 void parallel_for(int64_t n, int64_t grain, F&& f) {
-  using Fn = std::remove_reference_t<F>;
+  using Callable = std::remove_reference_t<F>;
   kiln_rt_parallel_for(
-      n, grain, [](void* ctx, int64_t begin, int64_t end) { (*static_cast<Fn*>(ctx))(begin, end); },
+      n, grain, [](void* ctx, int64_t begin, int64_t end) { (*static_cast<Callable*>(ctx))(begin, end); },
       const_cast<void*>(static_cast<const void*>(&f)));
 }
 

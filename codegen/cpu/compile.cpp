@@ -1,5 +1,5 @@
-// compile(): pipeline -> memory plan -> LLVM module (lower.cpp) -> PassBuilder at the
-// requested level for the host -> ORC LLJIT; and the runtime side (run / run_step).
+// The CPU backend: the optimized module of a prepared graph (module.h) loaded by ORC LLJIT,
+// or written as an AOT object with its glue (aot_glue.cpp); and the JIT's run-time side.
 #include "codegen/cpu/compile.h"
 
 #include <cerrno>
@@ -19,23 +19,20 @@
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Module.h>
-#include <llvm/IR/Verifier.h>
-#include <llvm/MC/MCSubtargetInfo.h>
-#include <llvm/MC/TargetRegistry.h>
-#include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/SourceMgr.h>
-#include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
-#include <llvm/TargetParser/Host.h>
+#include <llvm/TargetParser/SubtargetFeature.h>
 
-#include "codegen/cpu/lower.h"
+#include "codegen/cpu/module.h"
 #include "ir/calling.h"
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "passes/memory_plan.h"
 #include "passes/pipeline.h"
 #include "runtime/abi.h"
+#include "runtime/aot.h"
 #include "runtime/blas.h"
 #include "runtime/kernels.h"
 #include "runtime/profile.h"
@@ -45,15 +42,6 @@ namespace kiln::cpu {
 namespace {
 
 using EntryFn = void (*)(void**, uint8_t*);
-
-void init_llvm() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    llvm::InitializeNativeTarget();
-    llvm::InitializeNativeTargetAsmPrinter();
-    llvm::InitializeNativeTargetAsmParser();
-  });
-}
 
 template <typename T>
 T unwrap(llvm::Expected<T> e, const char* what) {
@@ -108,109 +96,12 @@ bool is_hidden(const char* name) {
   return false;
 }
 
-std::vector<std::string> split_features(const std::string& s) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    std::string f = s.substr(i, j - i);
-    while (!f.empty() && f.front() == ' ') f.erase(f.begin());
-    while (!f.empty() && f.back() == ' ') f.pop_back();
-    if (!f.empty()) out.push_back(f);
-    i = j + 1;
-  }
-  return out;
-}
-
-// Checks options.cpu and options.features against the target before LLVM sees them (LLVM
-// only warns on stderr and ignores an unknown CPU or feature). Features must be known and,
-// when enabled, present on the host: JIT'ed code runs here.
-void check_target_options(const CompileOptions& options, const std::string& triple) {
-  bool custom_cpu = !options.cpu.empty() && options.cpu != "host";
-  if (!custom_cpu && options.features.empty()) return;
-  std::string err;
-  const llvm::Target* target = llvm::TargetRegistry::lookupTarget(triple, err);
-  if (!target) throw Error("cpu codegen: no LLVM target for " + triple + ": " + err);
-  std::unique_ptr<llvm::MCSubtargetInfo> sti(target->createMCSubtargetInfo(triple, "", ""));
-  if (!sti) throw Error("cpu codegen: no subtarget info for " + triple);
-  if (custom_cpu && !sti->isCPUStringValid(options.cpu))
-    throw Error("cpu codegen: unknown target CPU '" + options.cpu + "' for " + triple);
-  llvm::StringMap<bool> host = llvm::sys::getHostCPUFeatures();
-  for (const std::string& f : split_features(options.features)) {
-    if (f[0] != '+' && f[0] != '-')
-      throw Error("cpu codegen: target feature '" + f + "' must start with '+' or '-' (e.g. +avx2)");
-    std::string name = f.substr(1);
-    bool known = false;
-    for (const llvm::SubtargetFeatureKV& kv : sti->getAllProcessorFeatures()) known = known || name == kv.Key;
-    if (!known) throw Error("cpu codegen: unknown target feature '" + name + "' for " + triple);
-    auto it = host.find(name);
-    if (f[0] == '+' && it != host.end() && !it->second)
-      throw Error("cpu codegen: target feature '" + name + "' is not supported by the host CPU (" +
-                  llvm::sys::getHostCPUName().str() + "), and JIT'ed code runs on the host");
-  }
-}
-
-// ISA features the code may use but the host lacks (only features the host probe knows
-// about, so tuning flags never count): such code compiles but must not run here.
-std::string missing_host_features(const llvm::TargetMachine& tm) {
-  const llvm::MCSubtargetInfo* sti = tm.getMCSubtargetInfo();
-  llvm::StringMap<bool> host = llvm::sys::getHostCPUFeatures();
-  std::string missing;
-  for (const llvm::SubtargetFeatureKV& kv : sti->getAllProcessorFeatures()) {
-    auto it = host.find(kv.Key);
-    if (it == host.end() || it->second || !sti->getFeatureBits()[kv.Value]) continue;
-    missing += (missing.empty() ? "" : ", ") + std::string(kv.Key);
-  }
-  return missing;
-}
-
-llvm::orc::JITTargetMachineBuilder target_builder(const CompileOptions& options) {
-  llvm::orc::JITTargetMachineBuilder jtmb = unwrap(llvm::orc::JITTargetMachineBuilder::detectHost(), "host target");
-  check_target_options(options, jtmb.getTargetTriple().str());
-  if (!options.cpu.empty() && options.cpu != "host") {
-    jtmb.setCPU(options.cpu);
-    jtmb.getFeatures() = llvm::SubtargetFeatures();
-  }
-  if (!options.features.empty()) jtmb.addFeatures(split_features(options.features));
-  int level = std::clamp(options.opt_level, 0, 3);
-  jtmb.setCodeGenOptLevel(level == 0   ? llvm::CodeGenOptLevel::None
-                          : level == 1 ? llvm::CodeGenOptLevel::Less
-                          : level == 2 ? llvm::CodeGenOptLevel::Default
-                                       : llvm::CodeGenOptLevel::Aggressive);
-  return jtmb;
-}
-
 // What besides the graph decides the code: triple, CPU, features, optimization level.
-std::string target_key_of(const CompileOptions& options, const llvm::orc::JITTargetMachineBuilder& jtmb) {
-  std::string key = jtmb.getTargetTriple().str() + " cpu=" + jtmb.getCPU() +
-                    " features=" + jtmb.getFeatures().getString() +
-                    " opt_level=" + std::to_string(std::clamp(options.opt_level, 0, 3));
+std::string target_key_of(const detail::TargetSpec& spec) {
+  std::string key = detail::target_line(spec) + " opt_level=" + std::to_string(spec.opt_level);
   std::lock_guard<std::mutex> lock(hidden_mutex);
   for (const std::string& h : hidden_symbols) key += " hide=" + h;  // never a cache hit
   return key;
-}
-
-void optimize(llvm::Module& m, llvm::TargetMachine& tm, int level) {
-  llvm::LoopAnalysisManager lam;
-  llvm::FunctionAnalysisManager fam;
-  llvm::CGSCCAnalysisManager cgam;
-  llvm::ModuleAnalysisManager mam;
-  llvm::PipelineTuningOptions pto;
-  pto.LoopVectorization = level >= 2;
-  pto.SLPVectorization = level >= 2;
-  llvm::PassBuilder pb(&tm, pto);
-  pb.registerModuleAnalyses(mam);
-  pb.registerCGSCCAnalyses(cgam);
-  pb.registerFunctionAnalyses(fam);
-  pb.registerLoopAnalyses(lam);
-  pb.crossRegisterProxies(lam, fam, cgam, mam);
-  llvm::OptimizationLevel ol = level <= 0   ? llvm::OptimizationLevel::O0
-                               : level == 1 ? llvm::OptimizationLevel::O1
-                               : level == 2 ? llvm::OptimizationLevel::O2
-                                            : llvm::OptimizationLevel::O3;
-  llvm::ModulePassManager mpm = level <= 0 ? pb.buildO0DefaultPipeline(ol) : pb.buildPerModuleDefaultPipeline(ol);
-  mpm.run(m, mam);
 }
 
 // The compiled code: immutable once built, shared by the compile cache and every instance
@@ -317,12 +208,12 @@ class CpuInstance final : public Instance {
 std::unique_ptr<Instance> CpuProgram::instantiate() const { return std::make_unique<CpuInstance>(*this); }
 
 std::string CpuProgram::assembly() const {
-  init_llvm();
+  detail::init_llvm();
   llvm::LLVMContext ctx;
   llvm::SMDiagnostic err;
   std::unique_ptr<llvm::Module> m = llvm::parseAssemblyString(ir, err, ctx);
   if (!m) throw Error("cpu codegen: cannot re-read the module: " + err.getMessage().str());
-  std::unique_ptr<llvm::TargetMachine> tm = unwrap(target_builder(options).createTargetMachine(), "target machine");
+  std::unique_ptr<llvm::TargetMachine> tm = detail::target_machine(detail::target_spec(options, detail::RunsOn::Host));
   llvm::SmallString<0> text;
   llvm::raw_svector_ostream os(text);
   llvm::legacy::PassManager pm;
@@ -332,68 +223,72 @@ std::string CpuProgram::assembly() const {
   return std::string(text.str());
 }
 
+// A JIT with every runtime symbol (and `extra`) defined. Linking errors (e.g. "Symbols not
+// found: [ kiln_rt_sgemm ]") go to the session's reporter, while lookup() only says
+// materialization failed: they are collected in *reported for the message.
+std::unique_ptr<llvm::orc::LLJIT> make_jit(llvm::orc::JITTargetMachineBuilder jtmb,
+                                           const std::vector<std::pair<const char*, void*>>& extra,
+                                           const std::shared_ptr<std::string>& reported) {
+  auto jit = unwrap(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(jtmb)).create(), "LLJIT");
+  jit->getExecutionSession().setErrorReporter([reported](llvm::Error e) {
+    *reported += (reported->empty() ? "" : "; ") + llvm::toString(std::move(e));
+  });
+  llvm::orc::SymbolMap symbols;
+  auto define = [&](const char* name, void* addr) {
+    symbols[jit->mangleAndIntern(name)] = llvm::orc::ExecutorSymbolDef(
+        llvm::orc::ExecutorAddr::fromPtr(addr), llvm::JITSymbolFlags::Exported | llvm::JITSymbolFlags::Callable);
+  };
+  for (const auto& [name, addr] : runtime_symbol_table())
+    if (!is_hidden(name)) define(name, addr);
+  for (const auto& [name, addr] : extra) define(name, addr);
+  check(jit->getMainJITDylib().define(llvm::orc::absoluteSymbols(std::move(symbols))), "runtime symbols");
+  return jit;
+}
+
+void* lookup_symbol(llvm::orc::LLJIT& jit, const std::string& name, const std::string& reported) {
+  llvm::Expected<llvm::orc::ExecutorAddr> addr = jit.lookup(name);
+  if (!addr) {
+    std::string msg = llvm::toString(addr.takeError());
+    if (!reported.empty()) msg = reported + " (" + msg + ")";
+    throw Error("cpu codegen: linking the generated code: " + msg);
+  }
+  return addr->toPtr<void*>();
+}
+
+// The JIT's target machine builder: the settings of `tm` (the one the module was optimized for).
+llvm::orc::JITTargetMachineBuilder jit_target(const llvm::TargetMachine& tm) {
+  llvm::orc::JITTargetMachineBuilder jtmb(tm.getTargetTriple());
+  jtmb.setCPU(tm.getTargetCPU().str());
+  jtmb.getFeatures() = llvm::SubtargetFeatures(tm.getTargetFeatureString());
+  jtmb.setCodeGenOptLevel(tm.getOptLevel());
+  return jtmb;
+}
+
 std::shared_ptr<const Program> build(std::shared_ptr<const Prepared> prep, const CompileOptions& options) {
   auto code = std::make_shared<CpuProgram>();
   code->prep = prep;
   code->options = options;
-  const Graph& g = prep->graph;
-  llvm::orc::JITTargetMachineBuilder jtmb = target_builder(options);
-  std::unique_ptr<llvm::TargetMachine> tm = unwrap(jtmb.createTargetMachine(), "target machine");
-  std::string missing = missing_host_features(*tm);
+  std::unique_ptr<llvm::TargetMachine> tm = detail::target_machine(detail::target_spec(options, detail::RunsOn::Host));
+  std::string missing = detail::missing_host_features(*tm);
   if (!missing.empty())
     code->cannot_run = "cpu codegen: code compiled for cpu '" + tm->getTargetCPU().str() +
                        "' uses features the host CPU lacks (" + missing + "); it cannot run here";
-  auto ctx = std::make_unique<llvm::LLVMContext>();
-  detail::LoweringInfo info;
-  detail::LowerOptions lower_options;
-  lower_options.profile = options.profile;
-  std::unique_ptr<llvm::Module> m = detail::lower_graph(g, prep->memory, prep->kernels, *ctx, info, lower_options);
-  m->setDataLayout(tm->createDataLayout());
-  m->setTargetTriple(tm->getTargetTriple().str());
-  for (llvm::Function& f : *m) {  // kiln_entry and the parallel loops' task functions
-    if (f.isDeclaration()) continue;
-    f.addFnAttr("target-cpu", tm->getTargetCPU());
-    f.addFnAttr("target-features", tm->getTargetFeatureString());
-  }
-  {
-    std::string msg;
-    llvm::raw_string_ostream os(msg);
-    if (llvm::verifyModule(*m, &os)) throw Error("cpu codegen: invalid module (internal error): " + msg);
-  }
-  optimize(*m, *tm, std::clamp(options.opt_level, 0, 3));
+  detail::EmittedModule em = detail::emit_module(*prep, options, *tm, "kiln_entry");
   {
     llvm::raw_string_ostream os(code->ir);
-    m->print(os, nullptr);
+    em.module->print(os, nullptr);
   }
-
-  code->jit = unwrap(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(jtmb)).create(), "LLJIT");
-  // Linking errors (e.g. "Symbols not found: [ kiln_rt_sgemm ]") go to the session's
-  // reporter, while lookup() only says materialization failed: collect them for the message.
-  auto reported = std::make_shared<std::string>();
-  code->jit->getExecutionSession().setErrorReporter([reported](llvm::Error e) {
-    *reported += (reported->empty() ? "" : "; ") + llvm::toString(std::move(e));
-  });
-  llvm::orc::SymbolMap symbols;
-  for (const auto& [name, addr] : runtime_symbol_table()) {
-    if (is_hidden(name)) continue;
-    symbols[code->jit->mangleAndIntern(name)] = llvm::orc::ExecutorSymbolDef(
-        llvm::orc::ExecutorAddr::fromPtr(addr), llvm::JITSymbolFlags::Exported | llvm::JITSymbolFlags::Callable);
-  }
-  for (const std::string& s : info.runtime_symbols) {
+  for (const std::string& s : em.info.runtime_symbols) {
     bool known = false;
     for (const auto& e : runtime_symbol_table()) known = known || s == e.first;
     KILN_CHECK(known, "cpu codegen: runtime symbol " + s + " is not registered");
   }
-  check(code->jit->getMainJITDylib().define(llvm::orc::absoluteSymbols(std::move(symbols))), "runtime symbols");
-  check(code->jit->addIRModule(llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx))), "adding the module");
-  llvm::Expected<llvm::orc::ExecutorAddr> entry = code->jit->lookup("kiln_entry");
-  if (!entry) {
-    std::string msg = llvm::toString(entry.takeError());
-    if (!reported->empty()) msg = *reported + " (" + msg + ")";
-    throw Error("cpu codegen: linking the generated code: " + msg);
-  }
-  code->entry = entry->toPtr<EntryFn>();
-  code->arena_bytes = std::max<int64_t>(detail::align_up(info.arena_bytes, 64) + info.scratch_bytes, 1);
+  auto reported = std::make_shared<std::string>();
+  code->jit = make_jit(jit_target(*tm), {}, reported);
+  check(code->jit->addIRModule(llvm::orc::ThreadSafeModule(std::move(em.module), std::move(em.context))),
+        "adding the module");
+  code->entry = reinterpret_cast<EntryFn>(lookup_symbol(*code->jit, "kiln_entry", *reported));
+  code->arena_bytes = em.arena_bytes;
   return code;
 }
 
@@ -401,17 +296,30 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   void check_available(const CompileOptions& options) const override {
-    init_llvm();
-    target_builder(options);  // an unknown CPU or feature is an error here
+    detail::target_spec(options, detail::RunsOn::Host);  // an unknown CPU or feature is an error here
   }
   std::string target_key(const CompileOptions& options) const override {
-    init_llvm();
-    return target_key_of(options, target_builder(options));
+    return target_key_of(detail::target_spec(options, detail::RunsOn::Host));
   }
   std::shared_ptr<const Program> compile(std::shared_ptr<const Prepared> prepared,
                                          const CompileOptions& options) const override {
-    init_llvm();
     return build(std::move(prepared), options);
+  }
+  // The module the JIT would run for `options` (profiling off), with the glue, as an object.
+  AotObject write_object(const Prepared& prepared, const CompileOptions& options,
+                         const AotModule& module) const override {
+    CompileOptions o = options;
+    o.profile = false;
+    detail::TargetSpec spec = detail::target_spec(o, detail::RunsOn::Anywhere);
+    std::unique_ptr<llvm::TargetMachine> tm = detail::target_machine(spec);
+    const std::string entry = module.name + "_entry";
+    detail::EmittedModule em = detail::emit_module(prepared, o, *tm, entry);
+    AotObject out;
+    out.target = detail::target_line(spec);
+    out.arena_bytes = em.arena_bytes;
+    detail::add_aot_glue(em, prepared, module, entry, out.target);
+    out.bytes = detail::object_file(*em.module, *tm);
+    return out;
   }
 };
 
@@ -428,6 +336,37 @@ HideRuntimeSymbol::~HideRuntimeSymbol() {
   std::lock_guard<std::mutex> lock(hidden_mutex);
   hidden_symbols.pop_back();
 }
+
+struct ObjectLoader::Impl {
+  std::shared_ptr<std::string> reported = std::make_shared<std::string>();
+  std::unique_ptr<llvm::orc::LLJIT> jit;
+};
+
+ObjectLoader::ObjectLoader() : impl_(std::make_unique<Impl>()) {
+  detail::init_llvm();
+  // What libkiln_runtime.a gives a linked program beyond the runtime ABI: runtime/aot.h.
+  static const std::vector<std::pair<const char*, void*>> aot_runtime = {
+      {"kiln_aot_abi_v1", const_cast<int*>(&kiln_aot_abi_v1)},
+      {"kiln_aot_create", reinterpret_cast<void*>(&kiln_aot_create)},
+      {"kiln_aot_destroy", reinterpret_cast<void*>(&kiln_aot_destroy)},
+      {"kiln_aot_call", reinterpret_cast<void*>(&kiln_aot_call)},
+      {"kiln_aot_get_state", reinterpret_cast<void*>(&kiln_aot_get_state)},
+      {"kiln_aot_set_state", reinterpret_cast<void*>(&kiln_aot_set_state)},
+      {"kiln_aot_load_weights", reinterpret_cast<void*>(&kiln_aot_load_weights)},
+      {"kiln_aot_save_weights", reinterpret_cast<void*>(&kiln_aot_save_weights)},
+      {"kiln_aot_error", reinterpret_cast<void*>(&kiln_aot_error)},
+  };
+  impl_->jit = make_jit(jit_target(*detail::target_machine(detail::target_spec({}, detail::RunsOn::Host))),
+                        aot_runtime, impl_->reported);
+}
+
+ObjectLoader::~ObjectLoader() = default;
+
+void ObjectLoader::add(const std::string& object) {
+  check(impl_->jit->addObjectFile(llvm::MemoryBuffer::getMemBufferCopy(object, "aot object")), "adding an object");
+}
+
+void* ObjectLoader::symbol(const std::string& name) { return lookup_symbol(*impl_->jit, name, *impl_->reported); }
 }  // namespace testing
 
 }  // namespace kiln::cpu

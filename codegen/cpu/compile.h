@@ -1,6 +1,7 @@
 // The CPU backend (target "cpu", behind codegen/backend.h; users call kiln::compile in
 // codegen/executable.h): compiles a prepared graph to one native function with LLVM ORC
-// LLJIT. It emits one LLVM module with one entry point
+// LLJIT, or writes it as an AOT object (Backend::write_object: the same module with the
+// glue of runtime/aot.h, entry NAME_entry). It emits one LLVM module with one entry point
 //     void kiln_entry(void** buffers, uint8_t* arena)
 // where buffers[i] is graph input i's data (state included, in Graph::inputs() order) and
 // `arena` holds every Arena value at its planned offset, followed by a scratch area for the
@@ -38,6 +39,23 @@ class HideRuntimeSymbol {
   ~HideRuntimeSymbol();
   HideRuntimeSymbol(const HideRuntimeSymbol&) = delete;
   HideRuntimeSymbol& operator=(const HideRuntimeSymbol&) = delete;
+};
+
+// Links relocatable objects written by Backend::write_object into a fresh in-process JIT,
+// with the runtime ABI and the AOT runtime (runtime/aot.h) defined as in a program linked
+// with libkiln_runtime.a: AOT objects run in tests without a system linker.
+class ObjectLoader {
+ public:
+  ObjectLoader();
+  ~ObjectLoader();
+  ObjectLoader(const ObjectLoader&) = delete;
+  ObjectLoader& operator=(const ObjectLoader&) = delete;
+  void add(const std::string& object);    // the object file's bytes
+  void* symbol(const std::string& name);  // links on first use; kiln::Error naming what failed
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 }  // namespace testing
 

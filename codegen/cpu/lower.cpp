@@ -1,5 +1,5 @@
 // Graph -> LLVM IR for the CPU backend: a translation of the kernel plan
-// (passes/kernel_plan.h). One function, kiln_entry, runs the planned kernels in order: a
+// (passes/kernel_plan.h). One function, the entry (kiln_entry in the JIT), runs the planned kernels in order: a
 // loop kernel becomes one loop nest (its intermediates in registers), the other kernels
 // are emitted by op_kernels.cpp, a fused region's body recursively.
 #include "codegen/cpu/lowerer.h"
@@ -17,7 +17,7 @@ namespace kiln::cpu::detail {
 
 std::unique_ptr<llvm::Module> Lowerer::run() {
   auto* fty = llvm::FunctionType::get(B_.getVoidTy(), {ptr_, ptr_}, false);
-  F_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, "kiln_entry", M_.get());
+  F_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, options_.entry_name, M_.get());
   F_->addFnAttr(llvm::Attribute::NoUnwind);
   llvm::BasicBlock* entry = llvm::BasicBlock::Create(C_, "entry", F_);
   B_.SetInsertPoint(entry);

@@ -30,6 +30,9 @@ struct LowerOptions {
   // (runtime/profile.h).
   bool profile = false;
   bool parallel = true;  // big loops on the thread pool (see kParallelWork)
+  // The entry function's name (external linkage): the JIT's is fixed, an AOT object's is
+  // NAME_entry (made internal by its glue), so two models link into one program.
+  std::string entry_name = "kiln_entry";
   // The environment variable KILN_CODEGEN_BASELINE=1 turns this off in every lower_graph
   // call (to measure what it buys; prepare() turns the plan's GEMM epilogue off with it).
 };
@@ -44,10 +47,10 @@ inline constexpr int64_t kParallelWork = 32768;
 inline constexpr size_t kNodesInEntry = 512;
 inline constexpr size_t kNodesPerFunction = 64;
 
-// Emits `void kiln_entry(void** buffers, uint8_t* arena)` computing `g` by `plan` and the
+// Emits `void ENTRY(void** buffers, uint8_t* arena)` (ENTRY: LowerOptions::entry_name) computing `g` by `plan` and the
 // kernel plan `kernels` (Prepared::kernels) (plus the
 // internal task functions of its parallel loops: give every defined function of the module
-// the target attributes, not just kiln_entry). Throws kiln::Error for an op it cannot lower.
+// the target attributes, not just the entry). Throws kiln::Error for an op it cannot lower.
 std::unique_ptr<llvm::Module> lower_graph(const Graph& g, const MemoryPlan& plan, const KernelPlan& kernels,
                                           llvm::LLVMContext& ctx, LoweringInfo& info, const LowerOptions& options = {});
 

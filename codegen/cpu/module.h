@@ -1,0 +1,68 @@
+// Internal to codegen/cpu (mentions LLVM types): what the JIT (compile.cpp) and the AOT
+// object (CpuBackend::write_object, aot_glue.cpp) share, so that both run one code path:
+//   target_spec -> target_machine -> emit_module (lower, verify, optimize) -> then either
+//   the JIT loads the module, or the AOT glue is added and object_file() emits it.
+// The target comes from LLVM's registry for the process triple with the CPU and features
+// of CompileOptions, so an object may be compiled for a CPU this machine lacks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "codegen/backend.h"
+#include "codegen/cpu/lower.h"
+
+namespace llvm {
+class LLVMContext;
+class Module;
+class TargetMachine;
+}  // namespace llvm
+
+namespace kiln::cpu::detail {
+
+void init_llvm();
+
+// Where the code will run: the JIT's runs here, so enabling a feature the host lacks is an
+// error there; an object may run on any machine with its CPU.
+enum class RunsOn { Host, Anywhere };
+
+// The target in LLVM's terms, checked (unknown CPU or feature names are kiln::Errors).
+struct TargetSpec {
+  std::string triple;    // llvm::sys::getProcessTriple()
+  std::string cpu;       // an LLVM CPU name ("host" resolved to the host's)
+  std::string features;  // LLVM feature string: the host's for "host", plus CompileOptions::features
+  int opt_level = 3;     // 0..3
+};
+TargetSpec target_spec(const CompileOptions& options, RunsOn runs_on);
+// "x86_64-unknown-linux-gnu cpu=haswell features=+avx2,...": the AOT header's target line,
+// and (with the optimization level) the compile cache's target key.
+std::string target_line(const TargetSpec& spec);
+// Position-independent code (an object links into PIE programs; the JIT uses the same).
+std::unique_ptr<llvm::TargetMachine> target_machine(const TargetSpec& spec);
+
+// The lowered, verified and optimized module of `prepared`, its entry function (external
+// linkage) named `entry_name`, every defined function with the target's attributes.
+struct EmittedModule {
+  std::unique_ptr<llvm::LLVMContext> context;
+  std::unique_ptr<llvm::Module> module;
+  LoweringInfo info;
+  int64_t arena_bytes = 0;  // arena + scratch, at least 1
+};
+EmittedModule emit_module(const Prepared& prepared, const CompileOptions& options, llvm::TargetMachine& tm,
+                          const std::string& entry_name);
+
+// ISA features the code may use but the host lacks ("" if none): such code must not run here.
+std::string missing_host_features(const llvm::TargetMachine& tm);
+
+// aot_glue.cpp: adds the KilnAotModel descriptor, the embedded weights and the external
+// NAME_* functions (runtime/aot.h, docs/aot.md) to an emitted module, and makes
+// everything else in it internal. kiln::Error for a name that clashes with a symbol the
+// module already has.
+void add_aot_glue(EmittedModule& em, const Prepared& prepared, const AotModule& aot, const std::string& entry_name,
+                  const std::string& target);
+
+// The relocatable object file of the module for `tm`.
+std::string object_file(llvm::Module& m, llvm::TargetMachine& tm);
+
+}  // namespace kiln::cpu::detail
