@@ -51,16 +51,19 @@ jit-equal)
   ;;
 no-llvm)
   exe=$bin/aot_infer
-  if ldd "$exe" | grep -i llvm; then echo "FAIL: $exe loads LLVM"; exit 1; fi
-  if nm -C "$exe" | grep -iE 'llvm::|LLVM[A-Z][a-z]'; then echo "FAIL: $exe holds or needs LLVM symbols"; exit 1; fi
+  # found WHAT TEXT: fails showing the first lines of TEXT when it is not empty.
+  found() { if [ -n "$2" ]; then echo "FAIL: $exe $1:"; head -n 5 <<<"$2"; exit 1; fi; }
+  found "loads LLVM" "$(ldd "$exe" | grep -i llvm || true)"
+  symbols=$(nm -C "$exe")
+  found "holds or needs LLVM symbols" "$(grep -iE 'llvm::|LLVM[A-Z][a-z]' <<<"$symbols" || true)"
   # The runtime's own code is kiln::rt; anything else of kiln:: is the compiler.
-  if nm -C "$exe" | grep -E ' [TtUWV] kiln::' | grep -v ' kiln::rt::'; then
-    echo "FAIL: $exe holds or needs Kiln's compiler (kiln:: symbols outside kiln::rt)"; exit 1
-  fi
-  # The loaded size (code and data, not the debug info): the runtime and the model's code.
+  found "holds or needs Kiln's compiler (kiln:: symbols outside kiln::rt)" \
+    "$(grep -E ' [TtUWV] kiln::' <<<"$symbols" | grep -v ' kiln::rt::' || true)"
+  # The loaded size (code and data, not the debug info): the runtime and the model's code,
+  # its weights in a file: about 80 KB here, where a JIT program maps over 100 MB.
   loaded=$(size -A -d "$exe" | awk '$1 ~ /^\./ && $1 !~ /^\.(debug|comment|note|gnu_debug)/ { s += $2 } END { print s }')
   echo "aot_infer: $(stat -c %s "$exe") bytes on disk, $loaded bytes loaded; undefined: $(nm -u "$exe" | wc -l) symbols"
-  [ "$loaded" -lt $((2 * 1024 * 1024)) ] || { echo "FAIL: $loaded bytes loaded, more than 2 MiB"; exit 1; }
+  [ "$loaded" -lt $((1024 * 1024)) ] || { echo "FAIL: $loaded bytes loaded, more than 1 MiB"; exit 1; }
   ;;
 *)
   echo "examples.sh: unknown check '$check'" >&2
