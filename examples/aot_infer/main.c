@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
       continue;
     }
     if (i + 1 >= argc) {
-      fprintf(stderr, "aot_infer: error: %s '%s' (see --help)\n", arg[0] == '-' ? "no value for" : "unexpected argument", arg);
+      fprintf(stderr, "aot_infer: error: %s '%s' (see --help)\n",
+              arg[0] == '-' ? "no value for" : "unexpected argument", arg);
       return 1;
     }
     const char* value = argv[++i];

@@ -39,7 +39,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (i + 1 >= argc) {
-      fprintf(stderr, "aot_train: error: %s '%s' (see --help)\n", arg[0] == '-' ? "no value for" : "unexpected argument", arg);
+      fprintf(stderr, "aot_train: error: %s '%s' (see --help)\n",
+              arg[0] == '-' ? "no value for" : "unexpected argument", arg);
       return 1;
     }
     const char* value = argv[++i];
@@ -75,8 +76,9 @@ int main(int argc, char** argv) {
   /* The target line without its long feature list. */
   const char* target = MLP_TRAIN_TARGET;
   const char* features = strstr(target, " features=");
+  int target_length = features ? (int)(features - target) : (int)strlen(target);
   printf("training the MLP 784-256-10 on %lld images, batch %d, %lld steps (compiled for %.*s)\n",
-         (long long)train.n, BATCH, (long long)steps, features ? (int)(features - target) : (int)strlen(target), target);
+         (long long)train.n, BATCH, (long long)steps, target_length, target);
   double sum = 0, window = 0, accuracy = 0;
   int rc = 0;
   for (int64_t s = 0; s < steps && rc == 0; ++s) {
