@@ -17,6 +17,7 @@
 #include <llvm/IR/Module.h>
 #include <llvm/Transforms/Utils/ModuleUtils.h>
 
+#include "codegen/aot_dtype.h"
 #include "codegen/cpu/module.h"
 #include "ir/attrs.h"
 #include "ir/calling.h"
@@ -26,18 +27,6 @@
 namespace kiln::cpu::detail {
 
 namespace {
-
-int32_t aot_dtype(DType t) {
-  switch (t) {
-    case DType::f32: return KILN_DTYPE_F32;
-    case DType::f64: return KILN_DTYPE_F64;
-    case DType::i32: return KILN_DTYPE_I32;
-    case DType::i64: return KILN_DTYPE_I64;
-    case DType::boolean: return KILN_DTYPE_BOOL;
-  }
-  KILN_CHECK(false, "aot glue: unknown dtype");
-  return -1;
-}
 
 class Glue {
  public:

@@ -98,7 +98,8 @@ bool is_hidden(const char* name) {
 
 // What besides the graph decides the code: triple, CPU, features, optimization level.
 std::string target_key_of(const detail::TargetSpec& spec) {
-  std::string key = detail::target_line(spec) + " opt_level=" + std::to_string(spec.opt_level);
+  std::string key = spec.triple + " cpu=" + spec.cpu + " features=" + spec.features +
+                    " opt_level=" + std::to_string(spec.opt_level);
   std::lock_guard<std::mutex> lock(hidden_mutex);
   for (const std::string& h : hidden_symbols) key += " hide=" + h;  // never a cache hit
   return key;

@@ -126,8 +126,20 @@ TargetSpec target_spec(const CompileOptions& options, RunsOn runs_on) {
   return spec;
 }
 
+// The features are those the target has beyond or without its CPU's own (the host's full
+// list would make a line of a thousand characters that says no more).
 std::string target_line(const TargetSpec& spec) {
-  return spec.triple + " cpu=" + spec.cpu + " features=" + spec.features;
+  init_llvm();
+  const llvm::Target& target = lookup_target(spec.triple);
+  std::unique_ptr<llvm::MCSubtargetInfo> cpu(target.createMCSubtargetInfo(spec.triple, spec.cpu, ""));
+  std::unique_ptr<llvm::MCSubtargetInfo> full(target.createMCSubtargetInfo(spec.triple, spec.cpu, spec.features));
+  if (!cpu || !full) throw Error("cpu codegen: no subtarget info for " + spec.triple);
+  std::string diff;
+  for (const llvm::SubtargetFeatureKV& kv : full->getAllProcessorFeatures()) {
+    bool on = full->getFeatureBits()[kv.Value];
+    if (on != cpu->getFeatureBits()[kv.Value]) diff += (diff.empty() ? "" : ",") + std::string(on ? "+" : "-") + kv.Key;
+  }
+  return spec.triple + " cpu=" + spec.cpu + " features=" + diff;
 }
 
 std::unique_ptr<llvm::TargetMachine> target_machine(const TargetSpec& spec) {

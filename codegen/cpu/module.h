@@ -35,8 +35,8 @@ struct TargetSpec {
   int opt_level = 3;     // 0..3
 };
 TargetSpec target_spec(const CompileOptions& options, RunsOn runs_on);
-// "x86_64-unknown-linux-gnu cpu=haswell features=+avx2,...": the AOT header's target line,
-// and (with the optimization level) the compile cache's target key.
+// "x86_64-unknown-linux-gnu cpu=haswell features=+avx512f,...": the AOT target line (the
+// header's, the descriptor's): the CPU, and the features that differ from its own.
 std::string target_line(const TargetSpec& spec);
 // Position-independent code (an object links into PIE programs; the JIT uses the same).
 std::unique_ptr<llvm::TargetMachine> target_machine(const TargetSpec& spec);

@@ -5,14 +5,13 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <sstream>
-
-#include <unistd.h>
 
 #include "codegen/aot.h"
 #include "codegen/cpu/compile.h"
@@ -24,28 +23,14 @@
 #include "random_graph.h"
 #include "runtime/aot.h"
 #include "subprocess.h"
+#include "temp_dir.h"
 #include "training_model.h"
 
 using namespace kiln;
 using namespace kiln::testing;
 using Catch::Matchers::ContainsSubstring;
-namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh, empty folder for one test's files.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("kiln_test_aot_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& f) const { return (path / f).string(); }
-  size_t entries() const { return static_cast<size_t>(std::distance(fs::directory_iterator(path), {})); }
-};
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -186,10 +171,16 @@ TEST_CASE("aot: MLP and LeNet training steps match the JIT bitwise for several s
   for (bool cnn : {false, true}) {
     CAPTURE(cnn);
     Model m = training_model(cnn, 8, cnn ? Optimizer{SGD{0.05, 0.9}} : Optimizer{Adam{}});
-    auto jit = compile(m.step);
+    auto t0 = std::chrono::steady_clock::now();
+    auto jit = compile(m.step, {.use_cache = false});
+    auto t1 = std::chrono::steady_clock::now();
     jit->set_state(m.state);
     cpu::testing::ObjectLoader loader;
     AotRun aot(loader, dir, m.step, m.state, cnn ? "lenet" : "mlp");
+    auto t2 = std::chrono::steady_clock::now();
+    auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    std::cout << "aot: " << m.step.name() << " training step: JIT compile " << ms(t0, t1) << " ms, object written and linked "
+              << ms(t1, t2) << " ms\n";
     for (int step = 0; step < 3; ++step) {
       CAPTURE(step);
       check_bitwise(aot.call(m.batch), jit->run(m.batch));
@@ -284,7 +275,7 @@ TEST_CASE("aot: bad requests are one clear error each and leave no files behind"
   AotOptions aot{.object = dir / "m.o", .header = "", .name = "m"};
   auto fails_with = [&](const std::string& what) {
     CHECK_THROWS_WITH(write_object(g, state, o, aot), ContainsSubstring(what));
-    CHECK(dir.entries() == 0);
+    CHECK(dir.files().size() == 0);
   };
   SECTION("unknown CPU or feature") {
     o.cpu = "not-a-cpu";
@@ -299,7 +290,7 @@ TEST_CASE("aot: bad requests are one clear error each and leave no files behind"
     ValueId s = bad.add_input("s", {DType::f32, {3}}, true);
     bad.add_output("s.next", bad.add_node(Op::Concat, {s, s}, {{"axis", int64_t{0}}}));
     CHECK_THROWS_WITH(write_object(bad, {{"s", Tensor(DType::f32, {3})}}, o, aot), ContainsSubstring("s.next"));
-    CHECK(dir.entries() == 0);
+    CHECK(dir.files().size() == 0);
   }
   SECTION("missing or mistyped state") {
     state.clear();
@@ -316,7 +307,7 @@ TEST_CASE("aot: bad requests are one clear error each and leave no files behind"
     CHECK_THROWS_AS(write_object(g, state, o, aot), Error);
     aot.name = "kiln_aot";  // kiln_aot_create would be the runtime's
     CHECK_THROWS_AS(write_object(g, state, o, aot), Error);
-    CHECK(dir.entries() == 0);
+    CHECK(dir.files().size() == 0);
   }
   SECTION("unwritable paths") {
     aot.object = dir / "no/such/m.o";
@@ -345,6 +336,11 @@ TEST_CASE("aot: objects for x86-64 CPUs this machine may lack", "[aot]") {
     std::string bytes = read_file(aot.object);
     CHECK(bytes.substr(0, 4) == "\x7f" "ELF");
     CHECK(bytes.find(r.target) != std::string::npos);  // the descriptor's target line
+    CHECK(r.target.size() < 200);  // the CPU's own features are not listed
+  }
+  {
+    AotResult r = write_object(g, scale_state(), {}, {.object = dir / "host.o", .header = "", .name = "m"});
+    CHECK_THAT(r.target, ContainsSubstring(" cpu=" + host.cpu + " features="));
   }
   // A feature the host lacks: the JIT refuses it (its code runs here), an object does not.
   for (const char* f : {"avx512f", "avx512vp2intersect", "amx-tile", "avx512fp16"}) {
@@ -374,7 +370,7 @@ TEST_CASE("aot: weights in a side file", "[aot]") {
   REQUIRE(r.files.size() == 2);
   CHECK(r.files[1] == dir / "m.weights");
   CHECK(r.weights_bytes == 12);
-  CHECK(dir.entries() == 2);
+  CHECK(dir.files().size() == 2);
   TensorMap back = load_weights(dir / "m.weights");
   CHECK(bitwise_equal(back.at("w"), scale_state().at("w")));
   cpu::testing::ObjectLoader loader;
@@ -400,25 +396,19 @@ TEST_CASE("aot: two objects link into a C program with the system compiler", "[a
     CompileOptions o;
     o.cpu = std::string(name) == "two" ? "x86-64" : "";  // the baseline CPU: any x86-64 machine
     write_object(scale_graph(std::string(name) == "two"), scale_state(), o,
-                 {.object = dir / (std::string(name) + ".o"), .header = "", .name = name});
+                 {.object = dir / (std::string(name) + ".o"), .header = dir / (std::string(name) + ".h"), .name = name});
   }
+  // Through the generated headers: their prototypes are the objects' functions.
   std::ofstream(dir / "main.c") << R"(#include <stdio.h>
-typedef struct inst inst;
-inst* one_create(void);
-int one_run(inst*, const float*, float*);
-void one_destroy(inst*);
-inst* two_create(void);
-int two_step(inst*, const float*, float*);
-int two_get_state(const inst*, const char*, void*, size_t);
-const char* two_error(const inst*);
-void two_destroy(inst*);
+#include "one.h"
+#include "two.h"
 int main(void) {
-  float x[3] = {1, 2, 3}, y[3], w[3];
-  inst* a = one_create();
-  inst* b = two_create();
+  float x[TWO_INPUT_X_ELEMENTS] = {1, 2, 3}, y[TWO_OUTPUT_Y_ELEMENTS], w[TWO_STATE_W_ELEMENTS];
+  one_instance* a = one_create();
+  two_instance* b = two_create();
   if (!a || !b || one_run(a, x, y)) return 1;
   printf("one %g %g %g\n", y[0], y[1], y[2]);
-  if (two_step(b, x, y) || two_step(b, x, y) || two_get_state(b, "w", w, sizeof w)) return 2;
+  if (two_step(b, x, y) || two_step(b, x, y) || two_get_state(b, TWO_STATE_W_NAME, w, TWO_STATE_W_BYTES)) return 2;
   printf("two %g %g %g w %g\n", y[0], y[1], y[2], w[0]);
   if (two_get_state(b, "w", w, 4) == 0) return 3;
   printf("error: %s\n", two_error(b));
@@ -427,7 +417,7 @@ int main(void) {
   return 0;
 }
 )";
-  std::string cmd = "cd " + dir.path.string() + " && cc -std=c99 -Wall -Werror main.c one.o two.o " KILN_RUNTIME_LIB
+  std::string cmd = "cd " + dir.path.string() + " && cc -std=c99 -Wall -Wextra -Werror main.c one.o two.o " KILN_RUNTIME_LIB
                     " $(pkg-config --libs openblas) -lm -lstdc++ -lpthread -o prog && ./prog";
   RunResult r = run_shell(cmd);
   INFO(r.output);
@@ -436,7 +426,41 @@ int main(void) {
   CHECK_THAT(r.output, ContainsSubstring("two 5 9 13 w 8\n"));
   CHECK_THAT(r.output, ContainsSubstring("error: "));
   // The object defines the NAME_* functions and nothing else (all else is internal).
-  RunResult nm = run_shell("nm -g --defined-only " + (dir / "two.o") + " | awk '{print $3}' | sort | tr '\\n' ' '");
+  RunResult nm = run_shell("nm -g --defined-only " + dir / "two.o" + " | awk '{print $3}' | sort | tr '\\n' ' '");
   CHECK(nm.output == "two_create two_destroy two_error two_get_state two_load_weights two_save_weights two_set_state "
                      "two_step ");
+}
+
+TEST_CASE("aot: Executable::write_object writes its code with its current state", "[aot]") {
+  Model m = training_model(false, 8, Optimizer{SGD{0.05, 0.9}});
+  CompileOptions o;
+  o.profile = true;  // left out of the object
+  auto jit = compile(m.step, o);
+  jit->set_state(m.state);
+  jit->run(m.batch);  // the object starts from the state after one step
+  TempDir dir;
+  AotOptions aot{.object = dir / "mlp.o", .header = "", .name = "mlp"};
+  AotResult r = jit->write_object(aot);
+  CHECK(r.files == std::vector<std::string>{aot.object});
+  CHECK(r.name == "mlp");
+  int64_t state_bytes = 0;
+  for (const auto& [name, t] : jit->state()) state_bytes += static_cast<int64_t>(t.nbytes());
+  CHECK(r.weights_bytes == state_bytes);
+  CHECK(r.arena_bytes > 0);
+  RunResult nm = run_shell("nm -u " + aot.object);
+  CHECK_THAT(nm.output, ContainsSubstring("kiln_aot_abi_v1"));
+  CHECK_THAT(nm.output, !ContainsSubstring("kiln_rt_prof"));
+  cpu::testing::ObjectLoader loader;
+  loader.add(read_file(aot.object));
+  KilnAotInstance* inst = reinterpret_cast<KilnAotInstance* (*)()>(loader.symbol("mlp_create"))();
+  REQUIRE(inst);
+  for (const auto& [name, t] : jit->state()) {
+    Tensor got(t.dtype(), t.shape());
+    REQUIRE(kiln_aot_get_state(inst, name.c_str(), got.raw(), got.nbytes()) == 0);
+    CHECK(bitwise_equal(got, t));
+  }
+  kiln_aot_destroy(inst);
+  // Missing state is an error naming it.
+  auto fresh = compile(m.step);
+  CHECK_THROWS_WITH(fresh->write_object(aot), ContainsSubstring("no initial value for state"));
 }

@@ -13,27 +13,14 @@
 #include <iterator>
 
 #include "frontend/idx.h"
+#include "temp_dir.h"
 
 using namespace kiln;
+using kiln::testing::TempDir;
 using Catch::Matchers::ContainsSubstring;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh directory under the system temp dir, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string templ = (fs::temp_directory_path() / "kiln_idx_XXXXXX").string();
-    REQUIRE(mkdtemp(templ.data()) != nullptr);
-    path = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 void put_be(std::string& out, uint64_t v, int bytes) {
   for (int i = bytes - 1; i >= 0; --i) out += static_cast<char>((v >> (8 * i)) & 0xff);
@@ -82,8 +69,8 @@ void write_fashion_dir(const TempDir& dir, const std::string& prefix, uint32_t n
                        const std::vector<uint8_t>& labels) {
   std::vector<uint8_t> pixels(n * 784);
   for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 7);
-  write_gz(dir.file(prefix + "-images-idx3-ubyte.gz"), idx_u8({n, 28, 28}, pixels));
-  write_plain(dir.file(prefix + "-labels-idx1-ubyte"), idx_u8({n}, labels));  // unpacked name
+  write_gz(dir / (prefix + "-images-idx3-ubyte.gz"), idx_u8({n, 28, 28}, pixels));
+  write_plain(dir / (prefix + "-labels-idx1-ubyte"), idx_u8({n}, labels));  // unpacked name
 }
 
 }  // namespace
@@ -91,11 +78,11 @@ void write_fashion_dir(const TempDir& dir, const std::string& prefix, uint32_t n
 TEST_CASE("IDX files of every element type, plain and gzip", "[idx]") {
   TempDir dir;
   std::string u8 = idx_u8({3, 2, 2}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 255});
-  write_plain(dir.file("u8.idx"), u8);
-  write_gz(dir.file("u8.idx.gz"), u8);
-  write_gz(dir.file("gzip-without-suffix"), u8);  // detected by content, not name
+  write_plain(dir / "u8.idx", u8);
+  write_gz(dir / "u8.idx.gz", u8);
+  write_gz(dir / "gzip-without-suffix", u8);  // detected by content, not name
   for (const char* name : {"u8.idx", "u8.idx.gz", "gzip-without-suffix"}) {
-    Tensor t = read_idx(dir.file(name));
+    Tensor t = read_idx(dir / name);
     CHECK(t.type() == TensorType{DType::i32, {3, 2, 2}});
     CHECK(t.get_int(3) == 3);
     CHECK(t.get_int(11) == 255);
@@ -157,14 +144,14 @@ TEST_CASE("bad IDX and dataset files give one clear error", "[idx]") {
                     ContainsSubstring("train-images-idx3-ubyte.gz: no such file") &&
                         ContainsSubstring("apt-get install dataset-fashion-mnist"));
   CHECK_THROWS_WITH(load_fashion_mnist("valid", d), ContainsSubstring("unknown split 'valid'"));
-  CHECK_THAT(error_of(dir.file("nope.idx")),
+  CHECK_THAT(error_of(dir / "nope.idx"),
              ContainsSubstring("nope.idx: cannot open: No such file"));
   CHECK_THAT(error_of(d), ContainsSubstring("is a directory"));
 
-  write_plain(dir.file("magic.idx"), "\x1f\x8b\x08\x00 not really");
-  CHECK_THAT(error_of(dir.file("magic.idx")), ContainsSubstring("magic.idx: "));
-  write_plain(dir.file("text.idx"), "hello world");
-  CHECK_THAT(error_of(dir.file("text.idx")),
+  write_plain(dir / "magic.idx", "\x1f\x8b\x08\x00 not really");
+  CHECK_THAT(error_of(dir / "magic.idx"), ContainsSubstring("magic.idx: "));
+  write_plain(dir / "text.idx", "hello world");
+  CHECK_THAT(error_of(dir / "text.idx"),
              ContainsSubstring("text.idx: not an IDX file (it starts with 68 65 6c 6c"));
   std::string bad_type = idx_header(0x07, {1}) + "x";
   CHECK_THROWS_WITH(parse_idx(bad_type, "t"), ContainsSubstring("t: unknown IDX element type 07"));
@@ -187,8 +174,8 @@ TEST_CASE("bad IDX and dataset files give one clear error", "[idx]") {
     uint32_t count = 1;
     for (uint32_t x : image_dims) count *= x;
     pixels.resize(count);
-    write_gz(dir.file("train-images-idx3-ubyte.gz"), idx_u8(image_dims, pixels));
-    write_gz(dir.file("train-labels-idx1-ubyte.gz"), idx_u8(label_dims, labels));
+    write_gz(dir / "train-images-idx3-ubyte.gz", idx_u8(image_dims, pixels));
+    write_gz(dir / "train-labels-idx1-ubyte.gz", idx_u8(label_dims, labels));
     try {
       load_fashion_mnist("train", d);
     } catch (const Error& e) {
@@ -213,33 +200,33 @@ TEST_CASE("IDX files cut at every byte, plain and gzip, fail cleanly", "[idx]") 
   std::vector<uint8_t> values(60);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint8_t>(i * 13);
   std::string full = idx_u8({3, 4, 5}, values);
-  write_gz(dir.file("full.gz"), full);
-  std::string gz = slurp(dir.file("full.gz"));
+  write_gz(dir / "full.gz", full);
+  std::string gz = slurp(dir / "full.gz");
   REQUIRE(gz.size() > 20);
 
   for (size_t cut = 0; cut < full.size(); ++cut) {
     INFO("plain, cut at " << cut);
-    write_plain(dir.file("cut.idx"), full.substr(0, cut));
-    std::string msg = error_of(dir.file("cut.idx"));
+    write_plain(dir / "cut.idx", full.substr(0, cut));
+    std::string msg = error_of(dir / "cut.idx");
     CHECK_THAT(msg, ContainsSubstring("cut.idx: "));
     if (cut >= 16) CHECK_THAT(msg, ContainsSubstring("needs 60 bytes after the header, found " +
                                                      std::to_string(cut - 16)));
   }
   for (size_t cut = 0; cut < gz.size(); ++cut) {
     INFO("gzip, cut at " << cut);
-    write_plain(dir.file("cut.gz"), gz.substr(0, cut));
-    CHECK_THAT(error_of(dir.file("cut.gz")), ContainsSubstring("cut.gz: "));
+    write_plain(dir / "cut.gz", gz.substr(0, cut));
+    CHECK_THAT(error_of(dir / "cut.gz"), ContainsSubstring("cut.gz: "));
   }
   // Flipped bytes: an error or (where the flip hits an unchecked gzip header field) the
   // original data, never a crash or a different exception.
   for (size_t i = 0; i < gz.size(); ++i) {
     std::string bad = gz;
     bad[i] = static_cast<char>(bad[i] ^ 0x5a);
-    write_plain(dir.file("flip.gz"), bad);
+    write_plain(dir / "flip.gz", bad);
     INFO("gzip, byte " << i << " flipped");
-    std::string msg = error_of(dir.file("flip.gz"));
+    std::string msg = error_of(dir / "flip.gz");
     if (msg.empty())
-      CHECK(read_idx(dir.file("flip.gz")) == parse_idx(full, "full"));
+      CHECK(read_idx(dir / "flip.gz") == parse_idx(full, "full"));
     else
       CHECK_THAT(msg, ContainsSubstring("flip.gz: "));
   }
