@@ -1,4 +1,4 @@
-// The `kiln` command-line tool: read, inspect and run .kir graphs.
+// The `kiln` command-line tool: read, inspect, run and compile .kir graphs.
 #include <fmt/core.h>
 
 #include <cerrno>
@@ -28,10 +28,13 @@
 #include "passes/train_step.h"
 #include "runtime/blas.h"
 #include "tools/args.h"
+#include "tools/commands.h"
 
 namespace {
 
 using kiln::Error;
+using kiln::tool::need_file;
+using kiln::tool::print_warnings;
 using kiln::cli::Range;
 
 constexpr const char* kDescription = "kiln - a deep-learning compiler";
@@ -80,24 +83,8 @@ std::vector<std::string> split_list(const std::vector<std::string>& lists) {
   return out;
 }
 
-void need_file(const char* cmd, const std::string& file) {
-  if (file.empty()) throw Error(fmt::format("{} needs a FILE.kir argument (see 'kiln {} --help')", cmd, cmd));
-}
-
-void print_warnings(const std::vector<std::string>& warnings) {
-  for (const std::string& w : warnings) fmt::print(stderr, "kiln: warning: {}\n", w);
-}
-
 kiln::TensorMap read_inputs(const kiln::Graph& g, const std::string& file, const std::vector<std::string>& specs) {
-  std::map<std::string, std::string> input_files;
-  for (const std::string& spec : specs) {
-    size_t eq = spec.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
-      throw Error(fmt::format("--input '{}' must be NAME=FILE.npy", spec));
-    std::string name = spec.substr(0, eq);
-    if (name[0] == '%') name = name.substr(1);
-    if (!input_files.emplace(name, spec.substr(eq + 1)).second) throw Error(fmt::format("--input {} is given twice", name));
-  }
+  std::map<std::string, std::string> input_files = kiln::tool::name_files("--input", specs);
   kiln::TensorMap inputs;
   std::string missing;
   for (const kiln::GraphInput& in : g.inputs()) {
@@ -108,9 +95,7 @@ kiln::TensorMap read_inputs(const kiln::Graph& g, const std::string& file, const
       continue;
     }
     kiln::Tensor t = kiln::read_npy(it->second);
-    if (t.type() != g.type(in.value))
-      throw Error(fmt::format("{}: input %{} needs {}, the file holds {}", it->second, name, g.type(in.value).str(),
-                              t.type().str()));
+    kiln::tool::check_file_type(it->second, "input", name, g.type(in.value), t);
     inputs.emplace(name, std::move(t));
     input_files.erase(it);
   }
@@ -177,36 +162,13 @@ int run_grad(const Grad& a) {
 // --- train-step ------------------------------------------------------------------------------
 
 struct TrainStepArgs {
-  std::string file, loss = "loss", optimizer = "sgd";
-  std::optional<double> lr, momentum, weight_decay;
-  bool nesterov = false;
+  std::string file;
+  kiln::tool::TrainOptions training;
 };
 
 int run_train_step(const TrainStepArgs& a) {
   need_file("train-step", a.file);
-  kiln::Optimizer opt;
-  if (a.optimizer == "sgd") {
-    opt = kiln::SGD{a.lr.value_or(0.01), a.momentum.value_or(0.0), 0.0, a.weight_decay.value_or(0.0), a.nesterov};
-  } else {
-    if (a.momentum || a.nesterov)
-      throw Error(fmt::format("--momentum and --nesterov are options of sgd, not {}", a.optimizer));
-    if (a.optimizer == "adam") {
-      kiln::Adam adam;
-      adam.lr = a.lr.value_or(adam.lr);
-      adam.weight_decay = a.weight_decay.value_or(adam.weight_decay);
-      opt = adam;
-    } else {
-      kiln::AdamW adamw;
-      adamw.lr = a.lr.value_or(adamw.lr);
-      adamw.weight_decay = a.weight_decay.value_or(adamw.weight_decay);
-      opt = adamw;
-    }
-  }
-  kiln::Graph model = kiln::parse_file(a.file);
-  kiln::TrainStepOptions options;
-  options.loss = a.loss;
-  kiln::TrainStep step = kiln::make_train_step(model, opt, options);
-  print_warnings(step.warnings);
+  kiln::TrainStep step = kiln::tool::build_train_step(kiln::parse_file(a.file), a.training);
   std::fputs(kiln::print(step.graph).c_str(), stdout);
   return 0;
 }
@@ -420,15 +382,10 @@ int run_command_line(int argc, char** argv) {
       "its output --loss is minimized. The step's state adds the optimizer's state, the step\n"
       "counter %step and the learning rate %lr.");
   p.add_file(ts_cmd, ts.file);
-  p.add_text(ts_cmd, "--loss", "NAME", ts.loss, "the output to minimize (default: loss)");
-  p.add_choice(ts_cmd, "--optimizer", {"sgd", "adam", "adamw"}, ts.optimizer, "the optimizer (default: sgd)");
-  p.add_real(ts_cmd, "--lr", Range::positive, ts.lr,
-             "learning rate, > 0 and representable in the parameters' dtype (default: 0.01 for sgd, "
-             "0.001 for adam/adamw)");
-  p.add_real(ts_cmd, "--momentum", Range::non_negative, ts.momentum, "sgd momentum (default 0)");
-  p.add_flag(ts_cmd, "--nesterov", ts.nesterov, "sgd with Nesterov momentum");
-  p.add_real(ts_cmd, "--weight-decay", Range::non_negative, ts.weight_decay,
-             "L2 for sgd/adam, decoupled for adamw (default 0, adamw 0.01)");
+  kiln::tool::add_train_options(p, ts_cmd, ts.training);
+
+  kiln::tool::CompileArgs compile;
+  CLI::App* compile_cmd = kiln::tool::add_compile_command(p, compile);
 
   CLI::App* info_cmd = p.add_command("info", "show the host CPU, LLVM and BLAS that Kiln uses", "",
                                      "Prints the host target (triple, CPU, vector features) as LLVM sees it, the LLVM "
@@ -442,6 +399,7 @@ int run_command_line(int argc, char** argv) {
   if (cmd == opt_cmd) return run_opt(opt);
   if (cmd == grad_cmd) return run_grad(grad);
   if (cmd == ts_cmd) return run_train_step(ts);
+  if (cmd == compile_cmd) return kiln::tool::run_compile(compile);
   if (cmd == info_cmd) return run_info();
   return status;
 }

@@ -1,0 +1,49 @@
+// What the `kiln` commands kept outside kiln.cpp share with it: small helpers, the training
+// options of `kiln train-step` (also `kiln compile --train`'s) and `kiln compile`.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "passes/train_step.h"
+#include "tools/args.h"
+
+namespace kiln::tool {
+
+// kiln::Error "CMD needs a FILE.kir argument" when `file` is empty.
+void need_file(const char* cmd, const std::string& file);
+// "kiln: warning: ..." on stderr for each.
+void print_warnings(const std::vector<std::string>& warnings);
+// `FLAG NAME=FILE` options (--input, --state) by name, without a leading '%'; kiln::Error for a
+// malformed or repeated one.
+std::map<std::string, std::string> name_files(const std::string& flag, const std::vector<std::string>& specs);
+// kiln::Error "FILE: KIND %NAME needs TYPE, the file holds TYPE" unless `t` is of type `want`.
+void check_file_type(const std::string& file, const char* kind, const std::string& name, const TensorType& want,
+                     const Tensor& t);
+
+// How the training step is built: `kiln train-step` and `kiln compile --train`.
+struct TrainOptions {
+  std::string loss, optimizer;  // empty: "loss", "sgd"
+  std::optional<double> lr, momentum, weight_decay;
+  bool nesterov = false;
+  // The first of these options given ("--lr", ...), or "" if none.
+  std::string first_given() const;
+};
+void add_train_options(cli::Parser& p, CLI::App* cmd, TrainOptions& t);
+// make_train_step with these options; its warnings are printed.
+TrainStep build_train_step(const Graph& model, const TrainOptions& t);
+
+// `kiln compile` (tools/compile.cpp).
+struct CompileArgs {
+  std::string file, object, header, name, cpu, features, weights, weights_file, state_dir, state_weights;
+  std::vector<std::string> state;
+  std::optional<int> opt_level;
+  bool zero_state = false, train = false;
+  TrainOptions training;
+};
+CLI::App* add_compile_command(cli::Parser& p, CompileArgs& a);
+int run_compile(const CompileArgs& a);
+
+}  // namespace kiln::tool
