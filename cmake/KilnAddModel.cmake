@@ -10,7 +10,8 @@
 #   WEIGHTS    embed (default): the initial state is in the object; file: it is written to
 #              NAME.weights beside the object, whose path is TARGET's KILN_WEIGHTS_FILE
 #              property, for NAME_load_weights
-#   STATE_DIR  initial state from DIR/<state name>.npy; ZERO_STATE: zeros
+#   STATE_DIR  initial state from DIR/<state name>.npy (a folder of the build tree may be
+#              written at build time, with the .kir); ZERO_STATE: zeros
 #   OPTIONS    more `kiln compile` arguments, as they are (e.g. --optimizer adam --lr 0.01)
 # Relative paths are from the current source folder. The outputs are in
 # ${CMAKE_CURRENT_BINARY_DIR}/kiln_models/TARGET/; they are rebuilt when the .kir, a .npy of
@@ -64,13 +65,20 @@ function(kiln_add_model target kir)
   endif()
   if(arg_STATE_DIR)
     cmake_path(ABSOLUTE_PATH arg_STATE_DIR BASE_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR} NORMALIZE)
-    if(NOT IS_DIRECTORY ${arg_STATE_DIR})
-      message(FATAL_ERROR "kiln_add_model(${target}): STATE_DIR '${arg_STATE_DIR}' is not a folder")
-    endif()
     list(APPEND args --state-dir ${arg_STATE_DIR})
-    # A new .npy in the folder re-runs CMake, so the command depends on it too.
-    file(GLOB state_files CONFIGURE_DEPENDS ${arg_STATE_DIR}/*.npy)
-    list(APPEND depends ${state_files})
+    if(IS_DIRECTORY ${arg_STATE_DIR})
+      # A new .npy in the folder re-runs CMake, so the command depends on it too.
+      file(GLOB state_files CONFIGURE_DEPENDS ${arg_STATE_DIR}/*.npy)
+      list(APPEND depends ${state_files})
+    else()
+      # A folder of the build tree may be written at build time, by the command that makes
+      # the .kir (which the command depends on); anywhere else it is a mistake.
+      cmake_path(IS_PREFIX CMAKE_BINARY_DIR ${arg_STATE_DIR} NORMALIZE in_build_tree)
+      if(NOT in_build_tree)
+        message(FATAL_ERROR "kiln_add_model(${target}): STATE_DIR '${arg_STATE_DIR}' is not a folder "
+                            "(only a folder of the build tree may be made at build time)")
+      endif()
+    endif()
   endif()
   if(arg_ZERO_STATE)
     list(APPEND args --zero-state)

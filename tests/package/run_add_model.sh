@@ -23,9 +23,11 @@ out=$("$b/app")
 [[ -e $models/lin/linreg.weights ]] || fail "no weights file"
 want_affine="compile $work/src/model.kir -o $models/affine/affine.o --header $models/affine/affine.h --name affine --weights embed --state-dir $work/src/state"
 want_lin="compile $work/src/model.kir -o $models/lin/linreg.o --header $models/lin/linreg.h --name linreg --weights file --weights-file $models/lin/linreg.weights --train --cpu haswell --features +avx2 --zero-state --lr 0.5 --optimizer adam"
-[[ $(grep -c . "$b/calls.log") == 2 ]] || fail "kiln ran other than twice: $(cat "$b/calls.log")"
+want_gen="compile $work/src/model.kir -o $models/gen/gen.o --header $models/gen/gen.h --name gen --weights embed --state-dir $b/made_at_build_time"
+[[ $(grep -c . "$b/calls.log") == 3 ]] || fail "kiln ran other than three times: $(cat "$b/calls.log")"
 grep -qxF -- "$want_affine" "$b/calls.log" || fail "affine: got $(cat "$b/calls.log"), want $want_affine"
 grep -qxF -- "$want_lin" "$b/calls.log" || fail "lin: got $(cat "$b/calls.log"), want $want_lin"
+grep -qxF -- "$want_gen" "$b/calls.log" || fail "gen: got $(cat "$b/calls.log"), want $want_gen"
 
 # Up to date: nothing runs. A changed state file, .kir or kiln binary re-runs the models'
 # commands that depend on it, and only those.
@@ -38,9 +40,9 @@ reruns() {
 touch "$work/src/state/w.npy"
 [[ $(reruns) == "--name affine " ]] || fail "a changed state file did not re-run affine alone"
 touch "$work/src/model.kir"
-[[ $(reruns) == "--name affine --name linreg " ]] || fail "a changed .kir did not re-run both"
+[[ $(reruns) == "--name affine --name gen --name linreg " ]] || fail "a changed .kir did not re-run every model"
 touch "$work/src/fake_kiln.c"
-[[ $(reruns) == "--name affine --name linreg " ]] || fail "a new kiln binary did not re-run both"
+[[ $(reruns) == "--name affine --name gen --name linreg " ]] || fail "a new kiln binary did not re-run every model"
 
 check_error() {  # CASE, a part of the message
   local log
@@ -50,6 +52,6 @@ check_error() {  # CASE, a part of the message
 check_error bad_name "NAME 'my-model' is not a C identifier"
 check_error bad_weights "WEIGHTS is 'embed' or 'file', not 'disk'"
 check_error both_states "give STATE_DIR or ZERO_STATE, not both"
-check_error no_state_dir "STATE_DIR '$work/src/nowhere' is not a folder"
+check_error no_state_dir "STATE_DIR '$work/src/nowhere' is not a folder (only a folder of the build tree"
 check_error unknown_arg "unknown arguments 'WEIGHT;file'"
 echo "package_add_model: ok"
