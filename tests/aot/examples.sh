@@ -24,7 +24,7 @@ need_data() {
 }
 
 # field TEXT REGEX: the first capture group of the first line matching REGEX (sed -E).
-field() { sed -nE "s/.*$2.*/\\1/p" <<<"$1" | head -n 1; }
+field() { sed -nE "/$2/{s/.*$2.*/\\1/p;q;}" <<<"$1"; }
 
 case $check in
 train-infer)
