@@ -1,7 +1,10 @@
-// What the benchmark programs share: deterministic random inputs, the graphs they both time
-// (a fused elementwise chain, a matmul), and the command line (--quick, --help).
+// What the benchmark programs share: best-of-N timing, deterministic random inputs, the
+// graphs they both time (a fused elementwise chain, a matmul), and the command line
+// (--quick, --help).
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -10,6 +13,19 @@
 #include "ir/tensor.h"
 
 namespace kiln::bench {
+
+// Best-of-`reps` wall time of f, in seconds, after one warm-up call (the minimum is the
+// least noisy estimate).
+inline double best_time(const std::function<void()>& f, int reps) {
+  f();
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
 
 // Values in [-1, 1] (integer dtypes: 0..9, class labels), from a xorshift stream.
 inline Tensor random_tensor(DType dt, Shape s, uint64_t seed) {

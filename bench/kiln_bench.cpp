@@ -7,7 +7,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -23,20 +22,11 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 int g_reps = 5;
 
-// Best-of-N wall time of f, in seconds (the minimum is the least noisy estimate).
+// Best-of-N wall time of f, in seconds, N = reps or the run's repetitions.
 double best_time(const std::function<void()>& f, int reps = -1) {
-  if (reps < 0) reps = g_reps;
-  f();  // warm up
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    auto t0 = Clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return best;
+  return kiln::bench::best_time(f, reps < 0 ? g_reps : reps);
 }
 
 using kiln::bench::random_tensor;

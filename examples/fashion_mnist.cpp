@@ -1,11 +1,15 @@
 // Trains a 784-256-10 MLP on Fashion-MNIST with Kiln: the model is traced with the tracing
 // API, make_train_step turns it into one graph (forward, loss, backward and optimizer
 // update), and that graph is compiled to one native function by the LLVM JIT (or, with
-// --interp, run by the reference interpreter) and run step by step.
+// --interp, run by the reference interpreter) and run step by step. With --export it writes
+// the same training step, an inference graph and the initial state for `kiln compile`
+// instead (examples/aot_train and aot_infer are the ahead-of-time twins of this demo).
 #include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -17,6 +21,7 @@
 #include "frontend/nn.h"
 #include "frontend/trace.h"
 #include "ir/interp.h"
+#include "ir/npy.h"
 #include "ir/printer.h"
 #include "codegen/executable.h"
 #include "passes/train_step.h"
@@ -26,7 +31,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: fashion_mnist [--epochs N] [--train-limit N] [--test-limit N] [--batch N]\n"
     "                     [--target cpu|cuda | --interp] [--optimizer sgd|adam] [--lr X] [--seed S]\n"
-    "                     [--data-dir DIR] [--print-ir]\n"
+    "                     [--data-dir DIR] [--print-ir] [--export DIR]\n"
     "\n"
     "Traces a 784-256-10 MLP (ReLU) with Kiln's tracing API, builds its training step as one\n"
     "graph (forward, cross-entropy loss, backward, optimizer update), compiles it to one\n"
@@ -49,6 +54,10 @@ constexpr const char* kUsage =
     "  --data-dir DIR    directory with the Fashion-MNIST IDX files (default\n"
     "                    $KILN_FASHION_MNIST_DIR, else /usr/share/datasets/fashion-mnist)\n"
     "  --print-ir        print the model's IR and the whole training step's IR\n"
+    "  --export DIR      write DIR/mlp_train.kir (the training step these options train),\n"
+    "                    DIR/mlp_infer.kir (x f32[batch,784] -> logits, predicted) and the\n"
+    "                    whole initial state as DIR/NAME.npy, for `kiln compile`; then exit\n"
+    "                    (the data is not read)\n"
     "  --help            show this text\n";
 
 struct Options {
@@ -62,6 +71,7 @@ struct Options {
   uint64_t seed = 0;
   std::string data_dir = kiln::fashion_mnist_dir();
   bool print_ir = false;
+  std::string export_dir;  // non-empty: --export
   std::string target;  // empty: $KILN_TARGET, else cpu
 };
 
@@ -106,6 +116,7 @@ std::optional<Options> parse_args(int argc, char** argv) {
     else if (arg == "--seed") o.seed = parse_number<uint64_t>(arg, value(), 0, UINT64_MAX);
     else if (arg == "--data-dir") o.data_dir = value();
     else if (arg == "--print-ir") o.print_ir = true;
+    else if (arg == "--export") o.export_dir = value();
     else if (arg == "--interp") o.interp = true;
     else if (arg == "--target") o.target = value();
     else if (arg == "--optimizer") {
@@ -118,6 +129,8 @@ std::optional<Options> parse_args(int argc, char** argv) {
     }
   }
   if (o.interp && !o.target.empty()) throw UsageError{"--interp and --target exclude each other"};
+  if (!o.export_dir.empty() && (o.interp || !o.target.empty()))
+    throw UsageError{"--export writes graphs for `kiln compile`; --interp and --target do not apply"};
   if (o.batch > o.train_limit)
     throw UsageError{"--batch " + std::to_string(o.batch) + " is more than the " +
                      std::to_string(o.train_limit) + " training images (--train-limit)"};
@@ -140,6 +153,56 @@ kiln::Graph trace_classifier(kiln::Tracer& t, int64_t batch, uint64_t seed, bool
   return t.finish();
 }
 
+// The inference graph for AOT: x f32[batch,784] -> logits f32[batch,10] and the predicted
+// classes i32[batch]; the same parameter names and initial values as trace_classifier's.
+kiln::Graph trace_inference(kiln::Tracer& t, int64_t batch, uint64_t seed) {
+  kiln::nn::Sequential model = kiln::nn::mlp(kiln::nn::Scope(t, seed), {784, 256, 10});
+  kiln::Sym logits = model(t.input("x", {kiln::DType::f32, {batch, 784}}));
+  t.output("logits", logits);
+  t.output("predicted", kiln::argmax(logits, 1));
+  return t.finish();
+}
+
+// The training step the demo trains with these options.
+kiln::TrainStep make_step(const kiln::Graph& model, const Options& o) {
+  kiln::Optimizer optimizer = kiln::SGD{.lr = o.lr.value_or(0.05), .momentum = 0.9};
+  if (o.adam) optimizer = kiln::Adam{.lr = o.lr.value_or(1e-3)};
+  kiln::TrainStep step = kiln::make_train_step(model, optimizer);
+  for (const std::string& w : step.warnings) std::cerr << "fashion_mnist: warning: " << w << "\n";
+  return step;
+}
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  out.close();
+  if (!out) throw UsageError{path.string() + ": cannot write (is the folder writable?)"};
+}
+
+// --export: what `kiln compile` needs to build this demo ahead of time. The state is the
+// one run() starts from (same seed, same optimizer), so a step compiled from these files
+// computes what the demo's first step computes, bit for bit.
+int export_graphs(const Options& o) {
+  kiln::Tracer tracer("fashion_mlp");
+  kiln::TrainStep step = make_step(trace_classifier(tracer, o.batch, o.seed, /*predictions=*/false), o);
+  kiln::TensorMap state = tracer.parameters();
+  state.merge(step.initial_state());
+  kiln::Tracer infer_tracer("fashion_mlp_infer");
+  kiln::Graph infer = trace_inference(infer_tracer, o.batch, o.seed);
+
+  const std::filesystem::path dir = o.export_dir;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw UsageError{o.export_dir + ": cannot create the folder: " + ec.message()};
+  write_text(dir / "mlp_train.kir", kiln::print(step.graph));
+  write_text(dir / "mlp_infer.kir", kiln::print(infer));
+  for (const auto& [name, value] : state) kiln::write_npy((dir / (name + ".npy")).string(), value);
+  std::printf("wrote %s/mlp_train.kir (the training step, batch %lld), mlp_infer.kir and %zu state "
+              "tensors (NAME.npy)\n",
+              o.export_dir.c_str(), static_cast<long long>(o.batch), state.size());
+  return 0;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -158,10 +221,7 @@ int run(const Options& o) {
 
   kiln::Tracer tracer("fashion_mlp");
   kiln::Graph model = trace_classifier(tracer, o.batch, o.seed, /*predictions=*/false);
-  kiln::Optimizer optimizer = kiln::SGD{.lr = o.lr.value_or(0.05), .momentum = 0.9};
-  if (o.adam) optimizer = kiln::Adam{.lr = o.lr.value_or(1e-3)};
-  kiln::TrainStep step = kiln::make_train_step(model, optimizer);
-  for (const std::string& w : step.warnings) std::cerr << "fashion_mnist: warning: " << w << "\n";
+  kiln::TrainStep step = make_step(model, o);
 
   kiln::Tracer test_tracer("fashion_mlp_test");
   kiln::Graph tester = trace_classifier(test_tracer, n_test, o.seed, /*predictions=*/true);
@@ -222,7 +282,9 @@ int run(const Options& o) {
     double train_seconds = seconds_since(epoch_start);
     results = evaluate();
     auto steps = static_cast<double>(steps_per_epoch);
-    std::printf("epoch %lld/%lld: train loss %.4f, train accuracy %.1f%%, test loss %.4f, "
+    // The train loss with 9 digits: examples/aot_train prints its epoch's mean loss the same
+    // way, and a test compares the two.
+    std::printf("epoch %lld/%lld: train loss %.9f, train accuracy %.1f%%, test loss %.4f, "
                 "test accuracy %.1f%%, %.1f s (%lld steps, %.2f ms/step)\n",
                 static_cast<long long>(epoch), static_cast<long long>(o.epochs), loss / steps,
                 100 * accuracy / steps, results.at("loss").get(0),
@@ -255,7 +317,7 @@ int main(int argc, char** argv) {
       std::cout << kUsage;
       return 0;
     }
-    return run(*options);
+    return options->export_dir.empty() ? run(*options) : export_graphs(*options);
   } catch (const UsageError& e) {
     std::cerr << "fashion_mnist: error: " << e.message << "\n";
   } catch (const kiln::Error& e) {

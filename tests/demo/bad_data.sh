@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The demo on data folders that cannot train or test, and on learning rates that are 0 in
-# f32: each must stop with one clear error and exit status 1, never print NaN losses.
+# f32, and on --export where it cannot apply or write: each must stop with one clear error and
+# exit status 1, never print NaN losses.
 # Usage: bad_data.sh PATH/TO/fashion_mnist
 set -euo pipefail
 demo=$1
@@ -49,6 +50,9 @@ write_split "$dir/ok" train 128
 write_split "$dir/ok" t10k 20
 expect_error "--lr 1e-320" "learning rate 1e-320 rounds to 0 in f32" --data-dir "$dir/ok" --lr 1e-320
 expect_error "--lr nan" "--lr needs a number in (0, 10]" --data-dir "$dir/ok" --lr nan
+# --export (the AOT examples' graphs) refuses what does not apply and folders it cannot make.
+expect_error "--export with --interp" "--interp and --target do not apply" --export "$dir/export" --interp
+expect_error "--export into /proc" "cannot create the folder" --export /proc/kiln_export
 
 # The same folder trains with a batch that fits (one step), and --epochs 0 only evaluates.
 for args in "--batch 5 --epochs 1" "--epochs 0"; do
@@ -60,5 +64,5 @@ for args in "--batch 5 --epochs 1" "--epochs 0"; do
     echo "FAIL: $args on 5 images:"; echo "$out"; failures=$((failures + 1))
   fi
 done
-echo "$((7 - failures)) passed, $failures failed"
+echo "$((9 - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]
