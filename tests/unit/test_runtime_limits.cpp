@@ -37,7 +37,11 @@ std::string self_exe() {
 // (137 when it had to be killed after 120 s) and leaves its stderr in `err`.
 int child(const std::string& name, int threads, std::string& err) {
   std::string log = "/tmp/kiln_limits_" + std::to_string(getpid()) + ".log";
-  std::string cmd = "KILN_LIMIT_CASE=" + name + " KILN_NUM_THREADS=" + std::to_string(threads) + " timeout -s KILL 120 '" +
+  // OPENBLAS_NUM_THREADS=1: OpenBLAS starts its own thread server when it is loaded (Kiln
+  // switches it to one thread only later), and a server thread that had not yet mapped its
+  // work buffer when the child set its address-space limit retries the mmap forever, and
+  // exit() waits for it: the child hung now and then, with or without Kiln's code.
+  std::string cmd = "OPENBLAS_NUM_THREADS=1 KILN_LIMIT_CASE=" + name + " KILN_NUM_THREADS=" + std::to_string(threads) + " timeout -s KILL 120 '" +
                     self_exe() + "' '[.runtime_limits_child]' >/dev/null 2>'" + log + "'";
   int status = std::system(cmd.c_str());
   err.clear();
