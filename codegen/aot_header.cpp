@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "codegen/aot.h"
+#include "codegen/aot_dtype.h"
 
 #ifndef KILN_VERSION
 #error "KILN_VERSION is set by codegen/CMakeLists.txt"
@@ -104,18 +105,6 @@ std::string comment_text(std::string s) {
   return s;
 }
 
-// The KILN_DTYPE_* number of runtime/aot.h.
-int dtype_code(DType t) {
-  switch (t) {
-    case DType::f32: return 0;
-    case DType::f64: return 1;
-    case DType::i32: return 2;
-    case DType::i64: return 3;
-    case DType::boolean: return 4;
-  }
-  return -1;
-}
-
 const char* c_type(DType t) {
   switch (t) {
     case DType::f32: return "float";
@@ -162,7 +151,7 @@ void tensor_macros(std::string& h, const std::string& prefix, const Entry& e) {
   const std::string m = prefix + e.stem;
   const TensorType& t = e.type;
   h += fmt::format("#define {}_NAME {}\n", m, c_string(e.name));
-  h += fmt::format("#define {}_DTYPE {} /* {}: {} */\n", m, dtype_code(t.dtype), dtype_name(t.dtype), c_type(t.dtype));
+  h += fmt::format("#define {}_DTYPE {} /* {}: {} */\n", m, aot_dtype(t.dtype), dtype_name(t.dtype), c_type(t.dtype));
   h += fmt::format("#define {}_RANK {}\n", m, t.rank());
   // C has no empty initializer (before C23) nor zero-length arrays: a scalar's is {1}, which
   // keeps `int64_t shape[] = ..._SHAPE;` valid and its product the element count.

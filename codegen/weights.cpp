@@ -6,21 +6,11 @@
 #include <vector>
 
 #include "codegen/aot.h"
+#include "codegen/aot_dtype.h"
 #include "runtime/aot.h"
 
 namespace kiln {
 namespace {
-
-int32_t aot_dtype(DType t) {
-  switch (t) {
-    case DType::f32: return KILN_DTYPE_F32;
-    case DType::f64: return KILN_DTYPE_F64;
-    case DType::i32: return KILN_DTYPE_I32;
-    case DType::i64: return KILN_DTYPE_I64;
-    case DType::boolean: return KILN_DTYPE_BOOL;
-  }
-  return KILN_DTYPE_F32;  // unreachable
-}
 
 // The file's reader checked the dtype, so every value it hands over is one of these.
 DType kiln_dtype(int32_t t) {
