@@ -417,7 +417,7 @@ int main(void) {
   return 0;
 }
 )";
-  std::string cmd = "cd " + dir.path.string() + " && cc -std=c99 -Wall -Wextra -Werror main.c one.o two.o " KILN_RUNTIME_LIB
+  std::string cmd = "cd " + dir.path.string() + " && cc -std=c99 -Wall -Wextra -Werror " KILN_SANITIZE_FLAGS " main.c one.o two.o " KILN_RUNTIME_LIB
                     " $(pkg-config --libs openblas) -lm -lstdc++ -lpthread -o prog && ./prog";
   RunResult r = run_shell(cmd);
   INFO(r.output);

@@ -293,7 +293,7 @@ int main(void) {
   return 0;
 }
 )";
-  r = run_shell("cd '" + s.dir.string() + "' && cc -std=c99 -Wall -Wextra -Wpedantic -Werror main.c affine.o linreg.o " +
+  r = run_shell("cd '" + s.dir.string() + "' && cc -std=c99 -Wall -Wextra -Wpedantic -Werror " KILN_SANITIZE_FLAGS " main.c affine.o linreg.o " +
                 KILN_RUNTIME_LIB + " $(pkg-config --libs openblas) -lm -lstdc++ -lpthread -o prog && ./prog");
   INFO(r.output);
   REQUIRE(r.status == 0);
