@@ -3,7 +3,8 @@
 # prefix, check the installed headers, configure tests/package/consumer against the prefix
 # (find_package(Kiln) + kiln_add_model), build it and run its programs; check that the C
 # program, which links only Kiln::runtime and two AOT objects, has nothing of LLVM in it;
-# and build the same C program with plain `cc` and pkg-config's kiln-runtime.
+# the same with find_package(Kiln COMPONENTS runtime) and no LLVM to be found; and build the
+# same C program with plain `cc` and pkg-config's kiln-runtime.
 #   run.sh BUILD_DIR WORK_DIR
 # The environment gives the tools and flags of Kiln's own build: CMAKE, GENERATOR, CC, CXX,
 # KILN_FLAGS (sanitizer flags, which the consumer must use too; may be empty).
@@ -52,6 +53,15 @@ step "the C program links no LLVM"
 if ldd "$work/consumer/models_c" | grep -i llvm; then fail "models_c loads LLVM (above)"; fi
 if nm -C "$work/consumer/models_c" | grep -m5 'llvm::'; then fail "models_c contains LLVM code (above)"; fi
 echo "models_c: $(stat -c %s "$work/consumer/models_c") bytes"
+
+step "COMPONENTS runtime: the C program configures, builds and runs with no LLVM, fmt or zlib to be found"
+"$CMAKE" -S "$src/consumer" -B "$work/runtime_only" -G "$GENERATOR" -DCMAKE_BUILD_TYPE=Release -DKILN_RUNTIME_ONLY=ON \
+  -DCMAKE_DISABLE_FIND_PACKAGE_LLVM=ON -DCMAKE_DISABLE_FIND_PACKAGE_fmt=ON -DCMAKE_DISABLE_FIND_PACKAGE_ZLIB=ON \
+  -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" "${launcher[@]}" \
+  -DCMAKE_C_FLAGS="$KILN_FLAGS" -DCMAKE_CXX_FLAGS="$KILN_FLAGS" -DCMAKE_EXE_LINKER_FLAGS="$KILN_FLAGS" \
+  >"$work/runtime_only.log" || { cat "$work/runtime_only.log"; exit 1; }
+"$CMAKE" --build "$work/runtime_only" -j2
+"$work/runtime_only/models_c" "$work/saved_runtime_only.weights"
 
 step "cc with pkg-config kiln-runtime"
 export PKG_CONFIG_PATH=$prefix/$lib/pkgconfig
