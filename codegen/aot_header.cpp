@@ -197,7 +197,7 @@ std::string aot_header(const Graph& g, const std::string& name, const std::strin
                        WeightsMode weights) {
   if (std::string err = aot_name_error(name); !err.empty()) throw Error("model name " + err);
   const Signature sig = signature(g);
-  const bool step = std::any_of(sig.update.begin(), sig.update.end(), [](const auto& u) { return u.has_value(); });
+  const bool step = updates_state(sig);
   const bool embedded = weights == WeightsMode::Embed;
   std::vector<std::pair<std::string, TensorType>> outs;
   for (size_t i : sig.outputs) outs.emplace_back(g.outputs()[i].name, g.type(g.outputs()[i].value));

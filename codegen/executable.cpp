@@ -265,9 +265,8 @@ Executable::Executable(const Graph& g, const CompileOptions& options, std::share
       continue;
     }
     const Value* x = &cg.value(xv);
+    if (!update_needs_copy(plan(), xv, o.value)) continue;
     const ValuePlan& p = plan().at(o.value);
-    if (p.kind == BufferKind::StateInPlace && p.state == xv) continue;  // the code wrote it into X
-    if (o.value == xv) continue;                                        // X.next = %X
     bool from_input = p.kind == BufferKind::Input || p.kind == BufferKind::State;
     updates_.push_back({static_cast<size_t>(x->input), o.value, from_input});
   }

@@ -64,6 +64,12 @@ std::string update_error(const Graph& g, std::string_view name, ValueId v) {
   return "";
 }
 
+bool updates_state(const Signature& sig) {
+  for (const std::optional<size_t>& u : sig.update)
+    if (u) return true;
+  return false;
+}
+
 Signature signature(const Graph& g) {
   Signature s;
   std::vector<std::optional<size_t>> update_of_input(g.inputs().size());

@@ -42,6 +42,8 @@ struct Signature {
   std::vector<std::optional<size_t>> update;  // per state[k]: its X.next output, if any
 };
 Signature signature(const Graph& g);
+// Whether the graph updates any of its state (a training step).
+bool updates_state(const Signature& sig);
 
 // The argument checks. They return the tensor for each graph input in Graph::inputs()
 // order; errors are kiln::Error prefixed with `where` (e.g. "run @g: ").

@@ -98,6 +98,14 @@ int64_t peak_live_bytes(const Graph& g);
 // Liveness is not considered: the operand must also die at `n`.
 bool can_write_in_place(const Graph& g, const Node& n, ValueId operand, ValueId result);
 
+// Whether state `x`'s update `next` (its X.next output) must be copied into X's buffer after
+// a step: false when it is X itself (X.next = %X) or the code wrote it there (StateInPlace).
+// The one rule of every runner that holds state (Executable, AOT objects).
+inline bool update_needs_copy(const MemoryPlan& plan, ValueId x, ValueId next) {
+  const ValuePlan& p = plan.at(next);
+  return next != x && !(p.kind == BufferKind::StateInPlace && p.state == x);
+}
+
 // A table, one row per value (name as value_names() prints it, type, kind, buffer, offset,
 // bytes, live interval), then the report lines.
 std::string format_memory_plan(const Graph& g, const MemoryPlan& plan);

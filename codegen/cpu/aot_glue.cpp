@@ -30,7 +30,8 @@ namespace {
 
 class Glue {
  public:
-  Glue(EmittedModule& em, const Prepared& p) : m_(*em.module), c_(*em.context), p_(p), g_(p.graph) {
+  Glue(EmittedModule& em, const Prepared& p)
+      : m_(*em.module), c_(*em.context), p_(p), g_(p.graph), sig_(signature(p.graph)) {
     i32_ = llvm::Type::getInt32Ty(c_);
     i64_ = llvm::Type::getInt64Ty(c_);
     ptr_ = llvm::PointerType::get(c_, 0);
@@ -59,7 +60,7 @@ class Glue {
 
   llvm::GlobalVariable* descriptor(const AotModule& aot, llvm::Function* entry, const std::string& target,
                                    int64_t arena_bytes) {
-    Signature sig = signature(g_);
+    const Signature& sig = sig_;
     std::vector<llvm::Constant*> inputs, input_buffer, outputs, output_source, state, state_buffer, update;
     for (size_t i : sig.inputs) {
       inputs.push_back(tensor(g_.inputs()[i].value, g_.value(g_.inputs()[i].value).name));
@@ -107,9 +108,8 @@ class Glue {
 
   // NAME_create, NAME_run / NAME_step, ...: see docs/aot.md.
   void functions(const std::string& name, llvm::GlobalVariable* model) {
-    Signature sig = signature(g_);
-    bool step = false;
-    for (const auto& u : sig.update) step = step || u.has_value();
+    const Signature& sig = sig_;
+    const bool step = updates_state(sig);
     const size_t n_in = sig.inputs.size(), n_out = sig.outputs.size();
 
     define(name + "_create", ptr_, {}, [&](llvm::IRBuilder<>& b, llvm::Function*) {
@@ -234,8 +234,7 @@ class Glue {
   llvm::Constant* state_update(ValueId x, std::optional<size_t> update) {
     if (!update) return source(KILN_AOT_NONE, 0, 0, null());
     ValueId v = g_.outputs()[*update].value;
-    const ValuePlan& vp = p_.memory.at(v);
-    if (v == x || (vp.kind == BufferKind::StateInPlace && vp.state == x)) return source(KILN_AOT_NONE, 0, 0, null());
+    if (!update_needs_copy(p_.memory, x, v)) return source(KILN_AOT_NONE, 0, 0, null());
     return source(v);
   }
 
@@ -275,6 +274,7 @@ class Glue {
   llvm::LLVMContext& c_;
   const Prepared& p_;
   const Graph& g_;
+  const Signature sig_;
   llvm::IntegerType *i32_, *i64_;
   llvm::PointerType* ptr_;
   llvm::StructType *tensor_, *source_, *model_;
