@@ -1,0 +1,27 @@
+// rebatch: the same graph at another batch size.
+//
+// The batch dimension is the leading dimension of every non-state input (they must all share
+// it; state inputs, the parameters, must not depend on it). rebatch(g, n) returns g with those
+// inputs' leading dimension set to n and every node's type inferred again; the attributes that
+// spell a shape (reshape's and broadcast_to's `shape`, a constant's splat shape) have their
+// leading entry changed from the old batch to n where it is the batch dimension flowing from
+// the inputs. Anything that cannot be rebatched safely is a kiln::Error saying which node and
+// why ("rebatch @mlp to 16: %7 = reshape(...) {shape=[4096]} mixes the batch dimension into
+// another axis"), never a silently wrong graph. rebatch(g, batch_size(g)) returns g unchanged.
+// Linear in the graph's size. Fused bodies are not entered: rebatch runs before the pipeline.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "ir/graph.h"
+
+namespace kiln {
+
+// The shared leading dimension of g's non-state inputs, or nullopt when there is none (no
+// non-state inputs, a scalar input, or inputs that disagree).
+std::optional<int64_t> batch_size(const Graph& g);
+
+Graph rebatch(const Graph& g, int64_t batch);
+
+}  // namespace kiln

@@ -1,0 +1,140 @@
+// A training loop around a compiled training step, as comfortable as PyTorch + tqdm +
+// torch.save and as fast as calling Executable::run in a loop (bench/train_bench.cpp).
+//
+//   kiln::ModelWithParams m = kiln::builtin_model("lenet", 64);
+//   kiln::Trainer trainer(m.model, m.params, {.optimizer = kiln::Adam{.lr = 1e-3}, .batch = 64});
+//   auto train = kiln::TensorDataset::from(kiln::load_fashion_mnist("train", dir, m.layout));
+//   auto test = kiln::TensorDataset::from(kiln::load_fashion_mnist("test", dir, m.layout));
+//   for (int e = 0; e < 3; ++e) {
+//     kiln::EpochMetrics r = trainer.train_epoch(train);   // shuffled, partial batch trained
+//     kiln::EvalMetrics t = trainer.evaluate(test);         // chunks of 1000, no recompiling
+//   }
+//   trainer.save_checkpoint("run/ckpt.safetensors");
+//
+// The model is a graph whose non-state inputs are the batch (sharing their leading
+// dimension: x, y, ...), whose state inputs are the parameters and which has a float scalar
+// output "loss" (TrainerOptions::loss) and, optionally, "accuracy". The Trainer builds the
+// training step (make_train_step), compiles it once at `batch`, and runs other batch sizes
+// (the last partial batch, evaluation chunks) through siblings that share the state
+// (Executable compiles one per new leading dimension, from its cache). Evaluation runs the
+// model graph itself (no update) on the same state store.
+//
+// Users who want their own loop call train_batch() / evaluate() themselves; fit() is the
+// plain loop with callbacks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "codegen/executable.h"
+#include "passes/train_step.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/schedule.h"
+
+namespace kiln {
+
+struct TrainerOptions {
+  Optimizer optimizer = SGD{.lr = 0.05, .momentum = 0.9};
+  int64_t batch = 64;
+  bool drop_last = false;   // skip a last partial batch instead of training on it
+  bool shuffle = true;
+  uint64_t data_seed = 0;   // the data order (epoch_order)
+  LrSchedule schedule;      // the base rate is the optimizer's lr
+  int64_t eval_batch = 1000;
+  std::string loss = "loss";
+  std::string accuracy = "accuracy";  // reported when the model has this output
+  CompileOptions compile;             // target, ...
+};
+
+// One step, as callbacks see it.
+struct StepInfo {
+  int64_t epoch = 0;           // 0-based epoch this step belongs to
+  int64_t batch_index = 0;     // within the epoch
+  int64_t batches = 0;         // in the epoch
+  int64_t global_step = 0;     // steps done in the whole run, this one included
+  int64_t samples = 0;         // examples in this batch
+  double loss = 0, accuracy = 0;  // this batch's (accuracy NaN without the output)
+  double lr = 0;               // the rate this step used
+  double seconds = 0;          // since the epoch started
+};
+
+struct EvalMetrics {
+  double loss = 0, accuracy = 0;  // example-weighted means (accuracy NaN without the output)
+  int64_t samples = 0;
+  double seconds = 0;
+};
+
+struct EpochMetrics {
+  int64_t epoch = 0;               // 1-based: epochs done after this one
+  double train_loss = 0, train_accuracy = 0;  // example-weighted means over the epoch
+  std::optional<EvalMetrics> test; // filled by fit() when it has test data
+  double lr = 0;                   // the rate of the epoch's last step
+  int64_t steps = 0, samples = 0;
+  double seconds = 0, samples_per_second = 0;  // training only (evaluation not counted)
+};
+
+struct FitCallbacks {
+  std::function<void(const StepInfo&)> on_step;        // after every step
+  std::function<void(const EpochMetrics&)> on_epoch;   // after every epoch (test included)
+};
+
+class Trainer {
+ public:
+  Trainer(const Graph& model, const TensorMap& params, TrainerOptions options = {});
+
+  const TrainerOptions& options() const { return options_; }
+  const TrainStep& train_step() const { return step_; }
+  Executable& step_executable() { return *train_; }
+  Executable& eval_executable() { return *eval_; }
+  // Hex BLAKE3 of the training step's canonical text (checkpoints carry it).
+  const std::string& graph_hash() const { return hash_; }
+
+  int64_t epoch() const { return epoch_; }              // epochs completed
+  int64_t global_step() const { return global_step_; }  // steps taken
+
+  // One optimizer step on `batch` (any batch size), the scheduled lr written first.
+  // Returns the model's outputs (loss, accuracy, ...).
+  TensorMap train_batch(const TensorMap& batch);
+  // The next epoch over `data` (the order of epoch_order(n, data_seed, epoch())).
+  EpochMetrics train_epoch(const TensorDataset& data, const std::function<void(const StepInfo&)>& on_step = {});
+  // The model on `data` in chunks of eval_batch; no state changes.
+  EvalMetrics evaluate(const TensorDataset& data);
+  // Trains until `epochs` epochs are done in all (a resumed trainer continues from epoch()),
+  // evaluating on `test` (when non-empty) after each.
+  std::vector<EpochMetrics> fit(const TensorDataset& train, const TensorDataset& test, int64_t epochs,
+                                const FitCallbacks& callbacks = {});
+
+  TensorMap state() const;               // every state tensor (copies)
+  void set_state(const TensorMap& state);
+
+  // The whole state and, in the metadata: "kiln.graph_hash", "kiln.graph" (its name),
+  // "kiln.optimizer" (JSON: name and hyper-parameters), "kiln.schedule", "kiln.epoch",
+  // "kiln.global_step", "kiln.data_seed", "kiln.batch". Written atomically.
+  Metadata checkpoint_metadata() const;
+  void save_checkpoint(const std::string& path) const;
+  // Restores state, epoch and step from a checkpoint of this same graph; refuses (kiln::Error
+  // naming the file and what differs) another graph, a missing/mistyped tensor, a corrupt file.
+  // Training on gives bitwise the weights an uninterrupted run gets (same thread count).
+  void load_checkpoint(const std::string& path);
+
+ private:
+  double lr_for(int64_t global_step, int64_t steps_per_epoch) const;
+
+  TrainerOptions options_;
+  TrainStep step_;
+  std::string hash_;
+  double base_lr_ = 0;
+  std::shared_ptr<Executable> train_, eval_;
+  int64_t epoch_ = 0, global_step_ = 0;
+  int64_t steps_per_epoch_ = 0, total_steps_ = 0;  // for schedules: set by train_epoch/fit
+};
+
+// The optimizer's name and hyper-parameters as JSON text ({"name":"adam","lr":0.001,...}).
+std::string optimizer_json(const Optimizer& optimizer);
+
+}  // namespace kiln
