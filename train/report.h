@@ -48,6 +48,7 @@ class MetricsCsv {
   int64_t every_ = 0;
   double loss_sum_ = 0, acc_sum_ = 0;
   int64_t samples_ = 0;
+  int64_t step_ = 0;  // the last step's global_step
 };
 
 // A standalone SVG (no scripts, no external fonts) with two panels side by side: loss
