@@ -55,26 +55,31 @@ void add_train_options(cli::Parser& p, CLI::App* cmd, TrainOptions& t) {
              "L2 for sgd/adam, decoupled for adamw (default 0, adamw 0.01)");
 }
 
-TrainStep build_train_step(const Graph& model, const TrainOptions& t) {
-  const std::string optimizer = t.optimizer.empty() ? "sgd" : t.optimizer;
-  Optimizer opt;
+Optimizer make_optimizer(const TrainOptions& t, const Optimizer& base) {
+  static const char* const kNames[] = {"sgd", "adam", "adamw"};
+  const std::string optimizer = t.optimizer.empty() ? kNames[base.index()] : t.optimizer;
+  const bool same = optimizer == kNames[base.index()];
   if (optimizer == "sgd") {
-    opt = SGD{t.lr.value_or(0.01), t.momentum.value_or(0.0), 0.0, t.weight_decay.value_or(0.0), t.nesterov};
-  } else {
-    if (t.momentum || t.nesterov)
-      throw Error(fmt::format("--momentum and --nesterov are options of sgd, not {}", optimizer));
-    if (optimizer == "adam") {
-      Adam adam;
-      adam.lr = t.lr.value_or(adam.lr);
-      adam.weight_decay = t.weight_decay.value_or(adam.weight_decay);
-      opt = adam;
-    } else {
-      AdamW adamw;
-      adamw.lr = t.lr.value_or(adamw.lr);
-      adamw.weight_decay = t.weight_decay.value_or(adamw.weight_decay);
-      opt = adamw;
-    }
+    SGD sgd = same ? std::get<SGD>(base) : SGD{};
+    sgd.lr = t.lr.value_or(sgd.lr);
+    sgd.momentum = t.momentum.value_or(sgd.momentum);
+    sgd.weight_decay = t.weight_decay.value_or(sgd.weight_decay);
+    sgd.nesterov = sgd.nesterov || t.nesterov;
+    return sgd;
   }
+  if (t.momentum || t.nesterov)
+    throw Error(fmt::format("--momentum and --nesterov are options of sgd, not {}", optimizer));
+  auto apply = [&](auto o) -> Optimizer {
+    o.lr = t.lr.value_or(o.lr);
+    o.weight_decay = t.weight_decay.value_or(o.weight_decay);
+    return o;
+  };
+  if (optimizer == "adam") return apply(same ? std::get<Adam>(base) : Adam{});
+  return apply(same ? std::get<AdamW>(base) : AdamW{});
+}
+
+TrainStep build_train_step(const Graph& model, const TrainOptions& t) {
+  const Optimizer opt = make_optimizer(t);
   TrainStepOptions options;
   options.loss = t.loss.empty() ? "loss" : t.loss;
   TrainStep step = make_train_step(model, opt, options);

@@ -32,6 +32,11 @@ struct TrainOptions {
   std::string first_given() const;
 };
 void add_train_options(cli::Parser& p, CLI::App* cmd, TrainOptions& t);
+// The optimizer these options name, with its hyper-parameters: --optimizer (default: the
+// kind of `base`), then --lr, --momentum, --weight-decay, --nesterov over `base`'s values
+// when it is of that kind, else over the kind's defaults (sgd: lr 0.01, momentum 0).
+// kiln::Error for --momentum/--nesterov with adam or adamw.
+Optimizer make_optimizer(const TrainOptions& t, const Optimizer& base = SGD{});
 // make_train_step with these options; its warnings are printed.
 TrainStep build_train_step(const Graph& model, const TrainOptions& t);
 
@@ -45,5 +50,16 @@ struct CompileArgs {
 };
 CLI::App* add_compile_command(cli::Parser& p, CompileArgs& a);
 int run_compile(const CompileArgs& a);
+
+// `kiln train` (tools/train.cpp).
+struct TrainArgs {
+  std::string model, data, optimizer, schedule, target, checkpoint, init_weights, map, metrics, plot;
+  std::optional<int> epochs, batch, warmup, seed, data_seed, train_limit, test_limit, eval_batch, keep,
+      checkpoint_every, metrics_every;
+  std::optional<double> lr, momentum, weight_decay;
+  bool drop_last = false, resume = false, quiet = false;
+};
+CLI::App* add_train_command(cli::Parser& p, TrainArgs& a);
+int run_train(const TrainArgs& a);
 
 }  // namespace kiln::tool

@@ -386,6 +386,8 @@ int run_command_line(int argc, char** argv) {
 
   kiln::tool::CompileArgs compile;
   CLI::App* compile_cmd = kiln::tool::add_compile_command(p, compile);
+  kiln::tool::TrainArgs train;
+  CLI::App* train_cmd = kiln::tool::add_train_command(p, train);
 
   CLI::App* info_cmd = p.add_command("info", "show the host CPU, LLVM and BLAS that Kiln uses", "",
                                      "Prints the host target (triple, CPU, vector features) as LLVM sees it, the LLVM "
@@ -400,6 +402,7 @@ int run_command_line(int argc, char** argv) {
   if (cmd == grad_cmd) return run_grad(grad);
   if (cmd == ts_cmd) return run_train_step(ts);
   if (cmd == compile_cmd) return kiln::tool::run_compile(compile);
+  if (cmd == train_cmd) return kiln::tool::run_train(train);
   if (cmd == info_cmd) return run_info();
   return status;
 }

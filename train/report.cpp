@@ -255,7 +255,7 @@ std::string panel(double left, double top, double w, double h, const std::string
                      "\n",
                      left + w / 2, top + h + 38);
   out += fmt::format(R"(<text x="{0:.1f}" y="{1:.1f}" text-anchor="middle" font-size="13" )"
-                     R"(transform="rotate(-90 {0:.1f} {1:.1f})">{2}</text>)"
+                     R"svg(transform="rotate(-90 {0:.1f} {1:.1f})">{2}</text>)svg"
                      "\n",
                      left - 48, top + h / 2, xml_escape(ylabel));
   if (empty) {

@@ -1,0 +1,198 @@
+// `kiln train` end to end (the binary as a subprocess): help, usage errors as one line, a short
+// LeNet run on Fashion-MNIST with its accuracy, the metrics and plot files, resume through
+// the CLI bitwise equal to an uninterrupted run, and kill -9 during checkpointing.
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "frontend/idx.h"
+#include "subprocess.h"
+#include "temp_dir.h"
+#include "train/checkpoint.h"
+
+using Catch::Matchers::ContainsSubstring;
+using Catch::Matchers::StartsWith;
+using kiln::testing::TempDir;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+bool have_fashion_mnist() {
+  return fs::exists(fs::path(kiln::fashion_mnist_dir()) / "train-images-idx3-ubyte.gz") ||
+         fs::exists(fs::path(kiln::fashion_mnist_dir()) / "train-images-idx3-ubyte");
+}
+#define NEED_FASHION_MNIST()                                                                                       \
+  if (!have_fashion_mnist())                                                                                       \
+  SKIP("no Fashion-MNIST in " << kiln::fashion_mnist_dir()                                                         \
+                              << " (apt-get install dataset-fashion-mnist, or set KILN_FASHION_MNIST_DIR)")
+
+RunResult kiln_in(const TempDir& dir, const std::string& args) {
+  return run_shell("cd '" + dir.path.string() + "' && " + KILN_BINARY + " " + args);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The "test accuracy X%" the run ends with.
+double final_accuracy(const std::string& output) {
+  std::smatch m;
+  REQUIRE(std::regex_search(output, m, std::regex("test accuracy ([0-9.]+)% after")));
+  return std::stod(m[1]);
+}
+
+// A short MLP run on a slice of Fashion-MNIST (fast to compile and to train).
+const std::string kShort = "train mlp --data fashion-mnist --train-limit 640 --test-limit 200 --batch 64 --quiet";
+
+}  // namespace
+
+TEST_CASE("kiln train --help describes every option", "[cli][train]") {
+  TempDir dir;
+  RunResult r = kiln_in(dir, "train --help");
+  CHECK(r.status == 0);
+  CHECK_THAT(r.output, StartsWith("usage: kiln train MODEL --data fashion-mnist|mnist|DIR"));
+  for (const char* flag :
+       {"--data", "--epochs N", "--batch N", "--optimizer sgd|adam|adamw", "--lr X", "--momentum X",
+        "--weight-decay X", "--schedule constant|step:E[:G]|cosine[:MIN]", "--warmup N", "--target", "--seed N",
+        "--data-seed N", "--train-limit N", "--test-limit N", "--eval-batch N", "--drop-last", "--checkpoint DIR",
+        "--keep N", "--checkpoint-every N", "--resume", "--init-weights FILE.safetensors", "--map TABLE_FILE",
+        "--metrics FILE.csv", "--metrics-every N", "--plot FILE.svg", "--quiet", "KILN_MNIST_DIR", "lenet"}) {
+    INFO(flag);
+    CHECK_THAT(r.output, ContainsSubstring(flag));
+  }
+  CHECK_THAT(kiln_in(dir, "--help").output, ContainsSubstring("  train "));
+}
+
+TEST_CASE("kiln train: usage errors are one line", "[cli][train]") {
+  TempDir dir;
+  fs::create_directory(dir.path / "empty");
+  std::ofstream(dir / "nolabels.kir") << "graph @m(%x: f32[2,784], state %w: f32[784,1]) {\n"
+                                         "  %0 = matmul(%x, %w) : f32[2,1]\n  %1 = mean(%0) {axes=[]} : f32[]\n"
+                                         "  return loss = %1\n}\n";
+  auto check_error = [&](const std::string& args, const std::string& message) {
+    RunResult r = kiln_in(dir, args);
+    INFO("kiln " << args << "\n" << r.output);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.output, StartsWith("kiln: error: " + message));
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  };
+  check_error("train", "train needs a MODEL: lenet, mlp or FILE.kir (see 'kiln train --help')");
+  check_error("train lenet", "train needs --data fashion-mnist, mnist or DIR");
+  check_error("train resnet --data fashion-mnist", "unknown model 'resnet' (built in: mlp, lenet; or a .kir file)");
+  check_error("train lenet --data nowhere", "--data nowhere: no such folder (give fashion-mnist, mnist or a folder");
+  check_error("train lenet --data empty", "--data empty: no train-images-idx3-ubyte there");
+  check_error("train lenet --data fashion-mnist --epochs 0", "--epochs must be at least 1");
+  {
+    RunResult r = run_shell("cd '" + dir.path.string() + "' && KILN_MNIST_DIR=empty " + KILN_BINARY +
+                            " train lenet --data mnist");
+    CHECK(r.status == 1);
+    CHECK_THAT(r.output, StartsWith("kiln: error: --data mnist: no train-images-idx3-ubyte in empty (no Debian "
+                                    "package has MNIST: put its four IDX files"));
+  }
+  check_error("train lenet --data fashion-mnist --resume", "--resume needs --checkpoint DIR to resume from");
+  check_error("train lenet --data fashion-mnist --keep 2", "--keep needs --checkpoint DIR");
+  check_error("train lenet --data fashion-mnist --metrics-every 5", "--metrics-every needs --metrics FILE.csv");
+  check_error("train lenet --data fashion-mnist --optimizer adam --momentum 0.9",
+              "--momentum and --nesterov are options of sgd, not adam");
+  check_error("train lenet --data fashion-mnist --optimizer rmsprop", "--optimizer=rmsprop is not one of");
+  check_error("train lenet --data fashion-mnist --lr -1", "--lr");
+  check_error("train lenet --data fashion-mnist --schedule linear", "unknown schedule 'linear'");
+  check_error("train lenet --data fashion-mnist --map t.txt", "--map renames the tensors of --init-weights");
+  check_error("train nolabels.kir --data fashion-mnist",
+              "nolabels.kir: kiln train needs graph @m to have the inputs %x (images) and %y (labels); it has no "
+              "input %y");
+  check_error("train lenet --data fashion-mnist --bogus", "train: unknown option '--bogus'");
+}
+
+TEST_CASE("kiln train lenet learns Fashion-MNIST in one short epoch", "[cli][train]") {
+  NEED_FASHION_MNIST();
+  TempDir dir;
+  RunResult r = kiln_in(dir, "train lenet --data fashion-mnist --epochs 1 --train-limit 3000 --test-limit 1000");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, StartsWith("training lenet on fashion-mnist: 3000 training and 1000 test images, batch 64"));
+  CHECK_THAT(r.output, ContainsSubstring("epoch 1/1  train loss "));  // not a terminal: the plain epoch line
+  CHECK(r.output.find('\r') == std::string::npos);
+  // 3000 images are enough for ~70% (the full 3 epochs reach > 88%; docs/training.md).
+  CHECK(final_accuracy(r.output) > 65.0);
+}
+
+TEST_CASE("kiln train writes the metrics CSV and the SVG plot", "[cli][train]") {
+  NEED_FASHION_MNIST();
+  TempDir dir;
+  RunResult r = kiln_in(dir, kShort + " --epochs 2 --metrics m.csv --metrics-every 4 --plot p.svg");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output.empty());  // --quiet
+  const std::string csv = read_text(dir / "m.csv");
+  CHECK_THAT(csv, StartsWith("kind,epoch,step,train_loss,"));
+  // The header, step rows at global steps 4, 8, 12, 16, 20, and the two epochs' rows.
+  CHECK(std::count(csv.begin(), csv.end(), '\n') == 1 + 5 + 2);
+  CHECK_THAT(csv, ContainsSubstring("\nepoch,2,20,"));
+  const std::string svg = read_text(dir / "p.svg");
+  CHECK_THAT(svg, ContainsSubstring("<svg"));
+  CHECK_THAT(svg, ContainsSubstring(">mlp on fashion-mnist</text>"));
+  CHECK(svg.find("</svg>") != std::string::npos);
+}
+
+TEST_CASE("kiln train --resume ends with the weights of an uninterrupted run, bit for bit", "[cli][train][resume]") {
+  NEED_FASHION_MNIST();
+  TempDir dir;
+  REQUIRE(kiln_in(dir, kShort + " --epochs 2 --checkpoint a").status == 0);
+  REQUIRE(kiln_in(dir, kShort + " --epochs 1 --checkpoint b").status == 0);
+  // A fresh run refuses a folder that already holds a run.
+  RunResult again = kiln_in(dir, kShort + " --epochs 2 --checkpoint b");
+  CHECK(again.status == 1);
+  CHECK_THAT(again.output, ContainsSubstring("already holds checkpoints"));
+  RunResult resumed = kiln_in(dir, kShort + " --epochs 2 --checkpoint b --resume --metrics m.csv");
+  INFO(resumed.output);
+  REQUIRE(resumed.status == 0);
+
+  auto latest = [&](const std::string& d) { return *kiln::CheckpointDir(dir / d).latest(); };
+  REQUIRE(fs::path(latest("a")).filename() == fs::path(latest("b")).filename());
+  kiln::SafetensorsFile a = kiln::read_state(latest("a")), b = kiln::read_state(latest("b"));
+  REQUIRE(a.tensors.size() == b.tensors.size());
+  for (const auto& [name, t] : a.tensors) {
+    INFO(name);
+    REQUIRE(b.tensors.count(name) == 1);
+    CHECK(t.raw() == b.tensors.at(name).raw());
+  }
+  CHECK_THAT(read_text(dir / "m.csv"), ContainsSubstring("\nepoch,2,20,"));  // the resumed run's epoch only
+
+  RunResult none = kiln_in(dir, kShort + " --epochs 2 --checkpoint c --resume");
+  CHECK(none.status == 1);
+  CHECK_THAT(none.output, ContainsSubstring("--resume: no checkpoint in c to resume from"));
+}
+
+TEST_CASE("kill -9 during `kiln train --checkpoint-every 1` leaves a loadable checkpoint to resume from",
+          "[cli][train][resume]") {
+  NEED_FASHION_MNIST();
+  TempDir dir;
+  const std::string run = kShort + " --train-limit 3200 --epochs 2 --checkpoint c --checkpoint-every 1";
+  int killed = 0;
+  for (double after : {1.0, 1.6, 2.2, 2.8}) {
+    const bool resume = kiln::CheckpointDir(dir / "c").latest().has_value();
+    RunResult r = run_shell("cd '" + dir.path.string() + "' && timeout -s KILL " + std::to_string(after) + " " +
+                            KILN_BINARY + " " + run + (resume ? " --resume" : ""));
+    INFO("killed after " << after << " s: " << r.output);
+    CHECK((r.status == 0 || r.status == 128 + 9 || r.status == 137));
+    killed += r.status != 0;
+    if (auto latest = kiln::CheckpointDir(dir / "c").latest()) CHECK_NOTHROW(kiln::read_state(*latest));
+  }
+  CHECK(killed > 0);
+  REQUIRE(kiln::CheckpointDir(dir / "c").latest().has_value());
+  RunResult finish = kiln_in(dir, run + " --resume");
+  INFO(finish.output);
+  CHECK(finish.status == 0);
+  CHECK(kiln::CheckpointDir(dir / "c").list().size() <= 3);
+  CHECK(fs::path(*kiln::CheckpointDir(dir / "c").latest()).filename() == "ckpt-0000000100.safetensors");
+}

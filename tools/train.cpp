@@ -1,0 +1,291 @@
+// `kiln train`: a built-in model or a .kir graph trained on Fashion-MNIST, MNIST or a folder
+// of IDX files with kiln::Trainer (train/trainer.h), with a progress bar, checkpoints that
+// survive a crash and resume bit for bit, a metrics CSV and an SVG plot.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "frontend/initialize.h"
+#include "ir/parser.h"
+#include "passes/rebatch.h"
+#include "tools/commands.h"
+#include "train/models.h"
+#include "train/report.h"
+
+namespace kiln::tool {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* const kIdxFiles[] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                                 "t10k-labels-idx1-ubyte"};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("{}: cannot open", path));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The model to train, its initial parameters, and the options it trains best with.
+struct Model {
+  std::string name;
+  ModelWithParams m;
+  TrainerOptions options;
+};
+
+bool is_builtin(const std::string& name) {
+  const std::vector<std::string> names = builtin_model_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// A .kir model: non-state inputs x and y, an output "loss"; x's rank decides the image layout.
+ModelWithParams kir_model(const std::string& file, uint64_t seed) {
+  ModelWithParams m{parse_file(file), {}, ImageLayout::flat};
+  const Graph& g = m.model;
+  auto input = [&](const char* name) -> const TensorType& {
+    const ValueId v = g.find(name);
+    if (!v.valid() || g.value(v).input < 0 || g.is_state(v))
+      throw Error(fmt::format("{}: kiln train needs graph @{} to have the inputs %x (images) and %y (labels); it "
+                              "has no input %{}",
+                              file, g.name(), name));
+    return g.type(v);
+  };
+  const TensorType& x = input("x");
+  input("y");
+  if (x.shape.size() == 4) m.layout = ImageLayout::nchw;
+  else if (x.shape.size() != 2)
+    throw Error(fmt::format("{}: %x is {}; kiln train feeds images as [N,784] or [N,1,28,28]", file, x.str()));
+  m.params = initial_parameters(g, seed);
+  return m;
+}
+
+Model load_model(const TrainArgs& a) {
+  const uint64_t seed = static_cast<uint64_t>(a.seed.value_or(0));
+  if (is_builtin(a.model)) {
+    TrainerOptions options = recommended_options(a.model);
+    if (a.batch) options.batch = *a.batch;
+    return {a.model, builtin_model(a.model, options.batch, seed), options};
+  }
+  if (!a.model.ends_with(".kir") && !fs::exists(a.model))
+    builtin_model(a.model, 1);  // the "unknown model" error, which lists the built-in ones
+  ModelWithParams m = kir_model(a.model, seed);
+  TrainerOptions options = recommended_options("mlp");
+  options.batch = a.batch ? *a.batch : batch_size(m.model).value_or(options.batch);
+  return {fs::path(a.model).stem().string(), std::move(m), options};
+}
+
+// The folder of the four IDX files for --data.
+std::string data_dir(const std::string& data) {
+  if (data == "fashion-mnist") return fashion_mnist_dir();
+  std::string dir = data;
+  if (data == "mnist") {
+    const char* env = std::getenv("KILN_MNIST_DIR");
+    dir = env && *env ? env : "/usr/share/datasets/mnist";
+  } else if (!fs::is_directory(data)) {
+    throw Error(fmt::format("--data {}: no such folder (give fashion-mnist, mnist or a folder holding {}, {}, {} "
+                            "and {})",
+                            data, kIdxFiles[0], kIdxFiles[1], kIdxFiles[2], kIdxFiles[3]));
+  }
+  for (const char* f : kIdxFiles) {
+    const fs::path p = fs::path(dir) / f;
+    if (fs::exists(p) || fs::exists(p.string() + ".gz")) continue;
+    if (data == "mnist")
+      throw Error(fmt::format("--data mnist: no {} in {} (no Debian package has MNIST: put its four IDX files {}, "
+                              "{}, {} and {}, optionally .gz, in that folder or set KILN_MNIST_DIR)",
+                              f, dir, kIdxFiles[0], kIdxFiles[1], kIdxFiles[2], kIdxFiles[3]));
+    throw Error(fmt::format("--data {}: no {} there (a data folder holds {}, {}, {} and {}, optionally .gz)", data,
+                            f, kIdxFiles[0], kIdxFiles[1], kIdxFiles[2], kIdxFiles[3]));
+  }
+  return dir;
+}
+
+// --optimizer, --lr, ... applied to the model's recommended optimizer.
+Optimizer optimizer_of(const TrainArgs& a, const Optimizer& recommended) {
+  TrainOptions t;
+  t.optimizer = a.optimizer;
+  t.lr = a.lr;
+  t.momentum = a.momentum;
+  t.weight_decay = a.weight_decay;
+  return make_optimizer(t, recommended);
+}
+
+// --init-weights FILE [--map TABLE]: the model's parameters from a safetensors file.
+void load_init_weights(const TrainArgs& a, ModelWithParams& m) {
+  if (a.init_weights.empty()) {
+    if (!a.map.empty()) throw Error("--map renames the tensors of --init-weights FILE.safetensors; give that too");
+    return;
+  }
+  std::map<std::string, TensorType> want;
+  for (const auto& [name, t] : m.params) want.emplace(name, t.type());
+  LoadStateOptions options;
+  if (!a.map.empty()) options.rename = parse_rename_table(read_text(a.map), a.map);
+  for (auto& [name, t] : load_state(a.init_weights, want, options)) m.params[name] = std::move(t);
+}
+
+// "adam lr 0.002", "sgd lr 0.05 momentum 0.9 weight decay 0.0001".
+std::string describe(const Optimizer& optimizer) {
+  static const char* const kNames[] = {"sgd", "adam", "adamw"};
+  return std::visit(
+      [&](const auto& o) {
+        std::string s = fmt::format("{} lr {}", kNames[optimizer.index()], o.lr);
+        if constexpr (std::is_same_v<std::decay_t<decltype(o)>, SGD>) {
+          if (o.momentum > 0) s += fmt::format(" momentum {}{}", o.momentum, o.nesterov ? " (nesterov)" : "");
+        }
+        if (o.weight_decay > 0) s += fmt::format(" weight decay {}", o.weight_decay);
+        return s;
+      },
+      optimizer);
+}
+
+std::string percent(double accuracy) { return fmt::format("{:.2f}%", 100 * accuracy); }
+
+}  // namespace
+
+CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
+  CLI::App* cmd = p.add_command(
+      "train", "train a built-in model or a .kir graph on Fashion-MNIST, MNIST or IDX files",
+      "MODEL --data fashion-mnist|mnist|DIR [options]",
+      "MODEL is a built-in model (mlp: 784-256-10; lenet: two 3x3 convolutions with max-pooling and a linear "
+      "layer) or a .kir file whose non-state inputs are %x (images, [N,784] or [N,1,28,28]) and %y (i32 labels) "
+      "and which has a scalar output \"loss\" (and optionally \"accuracy\"); its parameters start from seeded "
+      "initializers. The whole training step is compiled once; each epoch visits the data in a seeded shuffled "
+      "order, trains the last partial batch (unless --drop-last) and is followed by an evaluation on the test "
+      "set. On a terminal a progress bar shows the epoch; otherwise one line per epoch is printed.\n"
+      "Defaults: lenet trains with adam (lr 0.002), mlp and .kir graphs with sgd (lr 0.05, momentum 0.9); batch "
+      "64 (a .kir graph's own batch), 3 epochs.\n"
+      "Checkpoints (--checkpoint DIR) are safetensors files DIR/ckpt-STEP.safetensors, written atomically after "
+      "every epoch (and every --checkpoint-every steps); --resume continues from the latest one and ends with "
+      "the weights an uninterrupted run gets, bit for bit (same thread count).\n"
+      "Data: fashion-mnist is $KILN_FASHION_MNIST_DIR or /usr/share/datasets/fashion-mnist (Debian package "
+      "dataset-fashion-mnist); mnist is $KILN_MNIST_DIR or /usr/share/datasets/mnist; DIR holds the four IDX "
+      "files train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte "
+      "(optionally .gz).");
+  cmd->add_option("MODEL", a.model, "lenet, mlp or FILE.kir")->type_name("");
+  p.add_text(cmd, "--data", "fashion-mnist|mnist|DIR", a.data, "the images to train and test on (required)");
+  p.add_count(cmd, "--epochs", a.epochs, "epochs to train in all, a resumed run's included (default 3)");
+  p.add_count(cmd, "--batch", a.batch, "training batch size (default: the model's)");
+  p.add_choice(cmd, "--optimizer", {"sgd", "adam", "adamw"}, a.optimizer, "the optimizer (default: the model's)");
+  p.add_real(cmd, "--lr", cli::Range::positive, a.lr, "learning rate (default: the model's)");
+  p.add_real(cmd, "--momentum", cli::Range::non_negative, a.momentum, "sgd momentum");
+  p.add_real(cmd, "--weight-decay", cli::Range::non_negative, a.weight_decay,
+             "L2 for sgd/adam, decoupled for adamw (default 0, adamw 0.01)");
+  p.add_text(cmd, "--schedule", "constant|step:E[:G]|cosine[:MIN]", a.schedule,
+             "learning-rate schedule: constant (default); times G (default 0.1) every E epochs; cosine decay to "
+             "MIN (default 0) over the run");
+  p.add_count(cmd, "--warmup", a.warmup, "linear learning-rate warm-up over this many steps (default 0)");
+  p.add_choice(cmd, "--target", {"cpu", "cuda", "cuda-emu"}, a.target, "where to train (default cpu)");
+  p.add_count(cmd, "--seed", a.seed, "seed of the initial parameters (default 0)");
+  p.add_count(cmd, "--data-seed", a.data_seed, "seed of the shuffled data order (default 0)");
+  p.add_count(cmd, "--train-limit", a.train_limit, "train on the first N training images only");
+  p.add_count(cmd, "--test-limit", a.test_limit, "test on the first N test images only");
+  p.add_count(cmd, "--eval-batch", a.eval_batch, "evaluation batch size (default 1000)");
+  p.add_flag(cmd, "--drop-last", a.drop_last, "skip each epoch's last partial batch instead of training on it");
+  p.add_text(cmd, "--checkpoint", "DIR", a.checkpoint, "write checkpoints to DIR after every epoch");
+  p.add_count(cmd, "--keep", a.keep, "checkpoints to keep in DIR (default 3)");
+  p.add_count(cmd, "--checkpoint-every", a.checkpoint_every, "also write a checkpoint every this many steps");
+  p.add_flag(cmd, "--resume", a.resume, "continue from the latest checkpoint in --checkpoint DIR");
+  p.add_text(cmd, "--init-weights", "FILE.safetensors", a.init_weights,
+             "start from these parameters (e.g. a PyTorch state_dict saved with safetensors)");
+  p.add_text(cmd, "--map", "TABLE_FILE", a.map,
+             "for --init-weights: lines KILN_NAME=FILE_NAME[:T] (:T transposes a 2-D tensor)");
+  p.add_text(cmd, "--metrics", "FILE.csv", a.metrics, "write one row of metrics per epoch to FILE.csv");
+  p.add_count(cmd, "--metrics-every", a.metrics_every, "with --metrics, also a row every this many steps");
+  p.add_text(cmd, "--plot", "FILE.svg", a.plot, "draw the loss and accuracy curves to FILE.svg after every epoch");
+  p.add_flag(cmd, "--quiet", a.quiet, "print nothing but errors");
+  return cmd;
+}
+
+int run_train(const TrainArgs& a) {
+  if (a.model.empty()) throw Error("train needs a MODEL: lenet, mlp or FILE.kir (see 'kiln train --help')");
+  if (a.data.empty()) throw Error("train needs --data fashion-mnist, mnist or DIR (see 'kiln train --help')");
+  if (a.resume && a.checkpoint.empty()) throw Error("--resume needs --checkpoint DIR to resume from");
+  for (const auto& [flag, given] : {std::pair<const char*, bool>{"--keep", a.keep.has_value()},
+                                    {"--checkpoint-every", a.checkpoint_every.has_value()}})
+    if (given && a.checkpoint.empty()) throw Error(fmt::format("{} needs --checkpoint DIR", flag));
+  if (a.metrics_every && a.metrics.empty()) throw Error("--metrics-every needs --metrics FILE.csv");
+  for (const auto& [flag, v] : {std::pair<const char*, std::optional<int>>{"--epochs", a.epochs},
+                                {"--batch", a.batch}, {"--eval-batch", a.eval_batch}, {"--keep", a.keep},
+                                {"--train-limit", a.train_limit}, {"--test-limit", a.test_limit}})
+    if (v && *v == 0) throw Error(fmt::format("{} must be at least 1", flag));
+
+  Model model = load_model(a);
+  TrainerOptions o = model.options;
+  o.optimizer = optimizer_of(a, o.optimizer);
+  if (!a.schedule.empty()) o.schedule = LrSchedule::parse(a.schedule);
+  o.schedule.warmup_steps = a.warmup.value_or(0);
+  o.drop_last = a.drop_last;
+  o.data_seed = static_cast<uint64_t>(a.data_seed.value_or(0));
+  o.eval_batch = a.eval_batch.value_or(o.eval_batch);
+  o.compile.target = a.target.empty() ? "cpu" : a.target;
+  o.checkpoint_dir = a.checkpoint;
+  o.checkpoint_every_steps = a.checkpoint_every.value_or(0);
+  o.checkpoint_keep = a.keep.value_or(o.checkpoint_keep);
+  const int64_t epochs = a.epochs.value_or(3);
+
+  if (!a.checkpoint.empty() && !a.resume) {
+    if (auto latest = CheckpointDir(a.checkpoint, o.checkpoint_keep).latest())
+      throw Error(fmt::format("--checkpoint {} already holds checkpoints (latest {}); add --resume to continue from "
+                              "it, or give an empty folder",
+                              a.checkpoint, *latest));
+  }
+  const std::string dir = data_dir(a.data);
+  TensorDataset train = TensorDataset::from(load_fashion_mnist("train", dir, model.m.layout));
+  TensorDataset test = TensorDataset::from(load_fashion_mnist("test", dir, model.m.layout));
+  if (a.train_limit) train = train.first(*a.train_limit);
+  if (a.test_limit) test = test.first(*a.test_limit);
+  load_init_weights(a, model.m);
+
+  Trainer trainer(model.m.model, model.m.params, o);
+  if (a.resume) {
+    std::optional<std::string> from = trainer.resume();
+    if (!from) throw Error(fmt::format("--resume: no checkpoint in {} to resume from", a.checkpoint));
+    if (!a.quiet)
+      fmt::print("resuming from {} (epoch {}, step {})\n", *from, trainer.epoch(), trainer.global_step());
+  }
+  if (!a.quiet) {
+    std::string schedule;
+    if (!a.schedule.empty()) schedule += ", schedule " + o.schedule.str();
+    if (a.warmup) schedule += fmt::format(", warm-up {} steps", *a.warmup);
+    fmt::print("training {} on {}: {} training and {} test images, batch {}, {}{}, {} epoch{} on {}\n", model.name,
+               a.data, train.size(), test.size(), o.batch, describe(o.optimizer), schedule, epochs,
+               epochs == 1 ? "" : "s", o.compile.target);
+  }
+  std::fflush(stdout);
+
+  Progress progress(stdout, epochs, a.quiet);
+  std::optional<MetricsCsv> csv;
+  if (!a.metrics.empty()) csv.emplace(a.metrics, a.metrics_every.value_or(0), /*append=*/a.resume);
+  std::vector<EpochMetrics> history;
+  const std::string title = fmt::format("{} on {}", model.name, fs::path(a.data).filename().string());
+  FitCallbacks callbacks;
+  callbacks.on_step = [&](const StepInfo& s) {
+    progress.on_step(s);
+    if (csv) csv->on_step(s);
+  };
+  callbacks.on_epoch = [&](const EpochMetrics& m) {
+    progress.on_epoch(m);
+    if (csv) csv->on_epoch(m);
+    history.push_back(m);
+    if (!a.plot.empty()) write_plot(a.plot, history, title);
+  };
+  std::vector<EpochMetrics> done = trainer.fit(train, test, epochs, callbacks);
+  if (!a.quiet) {
+    double seconds = 0;
+    for (const EpochMetrics& m : done) seconds += m.seconds + (m.test ? m.test->seconds : 0.0);
+    if (done.empty())
+      fmt::print("nothing to train: the run is already at epoch {} of {}\n", trainer.epoch(), epochs);
+    else if (done.back().test)
+      fmt::print("test accuracy {} after {} epoch{} ({:.1f} s)\n", percent(done.back().test->accuracy),
+                 trainer.epoch(), trainer.epoch() == 1 ? "" : "s", seconds);
+  }
+  return 0;
+}
+
+}  // namespace kiln::tool
