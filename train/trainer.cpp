@@ -202,7 +202,7 @@ EvalMetrics Trainer::evaluate(const TensorDataset& data) {
 
 std::vector<EpochMetrics> Trainer::fit(const TensorDataset& train, const TensorDataset& test, int64_t epochs,
                                        const FitCallbacks& callbacks) {
-  options_.epochs = epochs;
+  if (options_.epochs == 0) options_.epochs = epochs;
   std::vector<EpochMetrics> all;
   while (epoch_ < epochs) {
     EpochMetrics m = train_epoch(train, callbacks.on_step);

@@ -49,8 +49,9 @@ struct TrainerOptions {
   std::string loss = "loss";
   std::string accuracy = "accuracy";  // reported when the model has this output
   CompileOptions compile{};           // target, ...
-  // The run's length in epochs, for schedules that need it (cosine); fit() sets it from its
-  // argument. 0 with a cosine schedule: the rate stays at lr.
+  // The run's length in epochs, for schedules that need it (cosine); 0: fit() sets it from
+  // its argument (then a run of 2 epochs resumed to 4 has other rates than a run of 4: set
+  // it to the planned length). 0 with a cosine schedule and no fit(): the rate stays at lr.
   int64_t epochs = 0;
   // Checkpoints: with a folder, train_epoch() writes one (CheckpointDir: ckpt-STEP) after
   // every epoch and, when checkpoint_every_steps > 0, every that many steps inside an epoch,
