@@ -10,9 +10,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "ir/error.h"
+#include "train/checkpoint.h"
 
 namespace kiln {
 namespace {
@@ -22,22 +22,6 @@ std::string clock_text(double seconds) {
   int64_t s = std::isfinite(seconds) && seconds > 0 ? static_cast<int64_t>(seconds + 0.5) : 0;
   if (s >= 3600) return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
   return fmt::format("{}:{:02}", s / 60, s % 60);
-}
-
-// Until h-ckpt's write_file_atomic lands: a temporary file beside PATH renamed over it.
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f << text;
-    if (!f.flush()) throw Error(fmt::format("{}: cannot write ({})", path, std::strerror(errno)));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw Error(fmt::format("{}: cannot write ({})", path, ec.message()));
-  }
 }
 
 double wall_seconds() {
@@ -318,7 +302,7 @@ std::string plot_svg(const std::vector<EpochMetrics>& epochs, const std::string&
       R"(<text x="{2}" y="30" text-anchor="middle" font-size="18" font-weight="bold">{3}</text>)"
       "\n",
       kWidth, kHeight, kWidth / 2, xml_escape(title));
-  const double top = 80, w = 370, h = 250;
+  const double top = 90, w = 370, h = 250;
   svg += panel(90, top, w, h, "loss", "loss", xs, xa, {train_loss, test_loss}, std::nullopt);
   svg += panel(570, top, w, h, "accuracy", "accuracy (%)", xs, xa, {train_acc, test_acc},
                std::make_pair(0.0, 100.0));
@@ -340,7 +324,7 @@ std::string plot_svg(const std::vector<EpochMetrics>& epochs, const std::string&
 }
 
 void write_plot(const std::string& path, const std::vector<EpochMetrics>& epochs, const std::string& title) {
-  write_text_atomic(path, plot_svg(epochs, title));
+  write_file_atomic(path, plot_svg(epochs, title));
 }
 
 }  // namespace kiln
