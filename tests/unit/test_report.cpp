@@ -100,17 +100,19 @@ uint32_t be32(const std::string& s, size_t at) {
          uint32_t(uint8_t(s[at + 3]));
 }
 
-// An 8-bit RGBA, non-interlaced PNG (what rsvg-convert writes) as its pixels, row by row.
+// An 8-bit RGB or RGBA, non-interlaced PNG (what rsvg-convert writes) as its pixels, row by row.
 struct Png {
   uint32_t width = 0, height = 0;
-  std::vector<uint8_t> rgba;
+  size_t channels = 4;
+  std::vector<uint8_t> rgba;  // `channels` bytes a pixel
 };
 Png decode_png(const std::string& file) {
   REQUIRE(file.size() > 33);
   REQUIRE(file.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0);
-  Png png{be32(file, 16), be32(file, 20), {}};
+  Png png{be32(file, 16), be32(file, 20), 4, {}};
   REQUIRE(uint8_t(file[24]) == 8);  // bit depth
-  REQUIRE(uint8_t(file[25]) == 6);  // RGBA
+  REQUIRE((uint8_t(file[25]) == 6 || uint8_t(file[25]) == 2));  // RGBA or RGB
+  png.channels = uint8_t(file[25]) == 6 ? 4 : 3;
   REQUIRE(uint8_t(file[28]) == 0);  // not interlaced
   std::string idat;
   for (size_t at = 8; at + 8 <= file.size();) {
@@ -118,7 +120,7 @@ Png decode_png(const std::string& file) {
     if (file.compare(at + 4, 4, "IDAT") == 0) idat += file.substr(at + 8, len);
     at += 12 + len;
   }
-  const size_t stride = size_t(png.width) * 4;
+  const size_t stride = size_t(png.width) * png.channels, bpp = png.channels;
   std::vector<uint8_t> raw((stride + 1) * png.height);
   uLongf raw_len = raw.size();
   REQUIRE(uncompress(raw.data(), &raw_len, reinterpret_cast<const Bytef*>(idat.data()), idat.size()) == Z_OK);
@@ -130,7 +132,7 @@ Png decode_png(const std::string& file) {
     uint8_t* out = &png.rgba[y * stride];
     const uint8_t* up = y ? out - stride : nullptr;
     for (size_t x = 0; x < stride; ++x) {
-      const int a = x >= 4 ? out[x - 4] : 0, b = up ? up[x] : 0, c = up && x >= 4 ? up[x - 4] : 0;
+      const int a = x >= bpp ? out[x - bpp] : 0, b = up ? up[x] : 0, c = up && x >= bpp ? up[x - bpp] : 0;
       int pred = 0;
       switch (filter) {
         case 0: pred = 0; break;
@@ -153,7 +155,7 @@ Png decode_png(const std::string& file) {
 // Pixels within `tolerance` of the colour #rrggbb.
 size_t pixels_near(const Png& png, uint32_t rgb, int tolerance = 40) {
   size_t n = 0;
-  for (size_t i = 0; i + 3 < png.rgba.size(); i += 4) {
+  for (size_t i = 0; i + 2 < png.rgba.size(); i += png.channels) {
     const int r = png.rgba[i], g = png.rgba[i + 1], b = png.rgba[i + 2];
     if (std::abs(r - int(rgb >> 16)) + std::abs(g - int(rgb >> 8 & 255)) + std::abs(b - int(rgb & 255)) <= tolerance)
       ++n;
