@@ -198,3 +198,23 @@ TEST_CASE("every kiln command in README.md runs as printed from the repository r
   CHECK(std::filesystem::exists(root / "out" / "pre.npy"));
   std::filesystem::remove_all(root);
 }
+
+#include "train/models.h"
+#include "train/trainer.h"
+
+TEST_CASE("the README's Trainer snippet trains LeNet and saves a checkpoint", "[readme][train]") {
+  if (!std::filesystem::exists(std::filesystem::path(kiln::fashion_mnist_dir()) / "train-images-idx3-ubyte.gz"))
+    SKIP("no Fashion-MNIST in " << kiln::fashion_mnist_dir() << " (apt-get install dataset-fashion-mnist)");
+  const auto file = std::filesystem::temp_directory_path() / ("kiln_readme_lenet_" + std::to_string(::getpid()));
+  kiln::ModelWithParams m = kiln::builtin_model("lenet", 64);
+  kiln::Trainer trainer(m.model, m.params, kiln::recommended_options("lenet"));
+  // The README's lines, on a slice of the data.
+  auto train = kiln::TensorDataset::from(kiln::load_fashion_mnist("train", kiln::fashion_mnist_dir(), m.layout)).first(640);
+  auto test = kiln::TensorDataset::from(kiln::load_fashion_mnist("test", kiln::fashion_mnist_dir(), m.layout)).first(200);
+  double accuracy = 0;
+  trainer.fit(train, test, 1, {.on_epoch = [&](const kiln::EpochMetrics& e) { accuracy = e.test->accuracy; }});
+  trainer.save_checkpoint(file.string());
+  CHECK(accuracy > 0.3);
+  CHECK(std::filesystem::file_size(file) > 4 * 6000);  // LeNet's ~6k parameters and Adam's moments
+  std::filesystem::remove(file);
+}
