@@ -95,8 +95,7 @@ double Trainer::lr_for(int64_t global_step, int64_t steps_per_epoch) const {
   return options_.schedule.at(global_step, base_lr_, steps_per_epoch, total_steps_);
 }
 
-TensorMap Trainer::run_step(const TensorMap& batch) {
-  double lr = lr_for(global_step_, steps_per_epoch_);
+TensorMap Trainer::run_step(const TensorMap& batch, double lr) {
   if (lr != written_lr_) {
     train_->set_state("lr", Tensor::scalar(lr_dtype_, lr));
     written_lr_ = lr;
@@ -105,7 +104,7 @@ TensorMap Trainer::run_step(const TensorMap& batch) {
 }
 
 TensorMap Trainer::train_batch(const TensorMap& batch) {
-  TensorMap out = run_step(batch);
+  TensorMap out = run_step(batch, lr_for(global_step_, steps_per_epoch_));
   ++global_step_;
   return out;
 }
@@ -133,7 +132,7 @@ EpochMetrics Trainer::train_epoch(const TensorDataset& data, const std::function
     TensorMap& batch = size == options_.batch ? full_batch_ : last_batch_;
     gather_rows_into(data, rows.subspan(static_cast<size_t>(i * options_.batch), static_cast<size_t>(size)), batch);
     lr = lr_for(global_step_, steps_per_epoch_);
-    const TensorMap out = run_step(batch);
+    const TensorMap out = run_step(batch, lr);
     const double loss = out.find(options_.loss)->second.get(0);
     const double accuracy = has_accuracy_ ? out.find(options_.accuracy)->second.get(0) : std::nan("");
     sums_.loss += loss * static_cast<double>(size);

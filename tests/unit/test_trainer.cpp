@@ -308,3 +308,22 @@ TEST_CASE("load_checkpoint refuses another graph, missing or mistyped tensors, c
   CHECK_THAT(error_of([&] { trainer.load_checkpoint(dir / "flipped.safetensors"); }), ContainsSubstring("corrupt"));
   CHECK(trainer.epoch() == 1);  // refused loads change nothing
 }
+
+TEST_CASE("built-in models and their recommended options", "[trainer]") {
+  CHECK(builtin_model_names() == std::vector<std::string>{"mlp", "lenet"});
+  ModelWithParams mlp = builtin_model("mlp", 2);
+  CHECK(mlp.layout == ImageLayout::flat);
+  CHECK(mlp.model.type(mlp.model.inputs()[0].value) == TensorType{DType::f32, {2, 784}});
+  CHECK(mlp.params.at("fc1.weight").shape() == Shape{784, 256});
+  ModelWithParams lenet = builtin_model("lenet", 3, 5);
+  CHECK(lenet.layout == ImageLayout::nchw);
+  CHECK(lenet.params.at("conv1.weight").shape() == Shape{8, 1, 3, 3});
+  CHECK(lenet.params.at("fc.weight") != builtin_model("lenet", 3, 6).params.at("fc.weight"));  // seeded
+  std::vector<std::string> outputs;
+  for (const GraphOutput& o : lenet.model.outputs()) outputs.push_back(o.name);
+  CHECK(outputs == std::vector<std::string>{"loss", "accuracy"});
+  CHECK(recommended_options("lenet").schedule.kind == LrSchedule::Kind::cosine);
+  CHECK_THAT(error_of([] { builtin_model("resnet", 2); }),
+             ContainsSubstring("unknown model 'resnet' (built in: mlp, lenet; or a .kir file)"));
+  CHECK_THAT(error_of([] { recommended_options("resnet"); }), ContainsSubstring("unknown model 'resnet'"));
+}
