@@ -14,6 +14,7 @@
 #include "passes/kernel_plan.h"
 #include "passes/memory_plan.h"
 #include "passes/pipeline.h"
+#include "passes/rebatch.h"
 
 namespace kiln {
 
@@ -382,6 +383,48 @@ void Executable::share_state_with(const Executable& other) {
                   o->type.str() + " in @" + other.graph_.name());
   }
   store_ = other.store();
+  for (auto& [n, sibling] : siblings_) sibling->store_ = store_;
+}
+
+std::vector<int64_t> Executable::sibling_batches() const {
+  std::vector<int64_t> out;
+  for (const auto& [n, sibling] : siblings_) out.push_back(n);
+  return out;
+}
+
+Executable* Executable::sibling_for(const TensorMap& inputs, std::string_view where) {
+  std::optional<int64_t> n = other_batch_size(graph_, inputs);
+  if (!n) return nullptr;
+  auto it = siblings_.find(*n);
+  if (it == siblings_.end()) {
+    Graph g;
+    try {
+      g = rebatch(graph_, *n);
+    } catch (const Error& e) {
+      throw Error(std::string(where) + "the inputs have batch size " + std::to_string(*n) + " but the graph was traced at " +
+                  std::to_string(*batch_size(graph_)) + " and cannot take another: " + e.what());
+    }
+    it = siblings_.emplace(*n, std::make_unique<Executable>(g, options_, store())).first;
+  }
+  return it->second.get();
+}
+
+std::vector<const Tensor*> Executable::checked(const TensorMap& inputs, bool with_state, std::string_view where) const {
+  try {
+    return with_state ? check_arguments(compiled_graph(), inputs, where) : check_inputs(compiled_graph(), inputs, where);
+  } catch (const Error& e) {
+    std::optional<int64_t> batch = batch_size(graph_);
+    bool other_batch = false;
+    for (const GraphInput& gi : graph_.inputs()) {
+      auto it = inputs.find(graph_.value(gi.value).name);
+      other_batch = other_batch || (!gi.is_state && batch && it != inputs.end() && it->second.rank() >= 1 &&
+                                    it->second.shape()[0] != *batch);
+    }
+    if (!other_batch) throw;
+    throw Error(std::string(e.what()) + " (another batch size is taken when the leading dimension of every non-state "
+                "input changes alike and nothing else does; @" + graph_.name() + " was traced at batch size " +
+                std::to_string(*batch) + ")");
+  }
 }
 
 // Points buffers_ at every input: the caller's tensors (a host device reads them in place,
@@ -429,7 +472,8 @@ void Executable::step(const TensorMap& inputs) { run_impl(inputs, nullptr); }
 void Executable::run_impl(const TensorMap& inputs, TensorMap* outputs) {
   const Graph& g = compiled_graph();
   const std::string where = (outputs ? "run @" : "step @") + g.name() + ": ";
-  bind_inputs(check_inputs(g, inputs, where), where);
+  if (Executable* sibling = sibling_for(inputs, where)) return sibling->run_impl(inputs, outputs);
+  bind_inputs(checked(inputs, false, where), where);
   instance().call(buffers_);
   if (options_.profile) ++prof_runs_;
   // Outputs first (an old state value may be one), then the updates whose source is an
@@ -455,7 +499,8 @@ void Executable::run_impl(const TensorMap& inputs, TensorMap* outputs) {
 TensorMap Executable::evaluate(const TensorMap& inputs_and_state) {
   const Graph& g = compiled_graph();
   const std::string where = "evaluate @" + g.name() + ": ";
-  std::vector<const Tensor*> given = check_arguments(g, inputs_and_state, where);
+  if (Executable* sibling = sibling_for(inputs_and_state, where)) return sibling->evaluate(inputs_and_state);
+  std::vector<const Tensor*> given = checked(inputs_and_state, true, where);
   // A private store for the given state: the held one is not touched.
   auto held = store_;
   store_ = std::make_shared<StateStore>(device());

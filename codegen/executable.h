@@ -28,6 +28,17 @@
 // (read-only) and gets its own arena. Up to 64 programs (least recently used evicted first)
 // for the life of the process.
 //
+// Any batch size: a graph traced at one batch size (the shared leading dimension of its
+// non-state inputs, passes/rebatch.h) accepts another. When run(), step() or evaluate() get
+// non-state inputs whose leading dimensions all differ from the graph's batch alike and
+// match it otherwise, the first such call compiles a sibling executable for
+// rebatch(graph(), n) with the same options and the same StateStore, keeps it (one per
+// batch size) and forwards the call; later calls at that size go straight to it. The cost
+// is one compile per new batch size (the pipeline and the backend: tens of milliseconds for
+// the MLP step, more for a CNN), or a compile-cache hit when another executable already
+// compiled that graph, plus that sibling's arena. Inputs that disagree among themselves or
+// differ in another axis are refused as before, the message saying the batch rule.
+//
 // Not thread-safe: one run() at a time per executable and per state store. Separate
 // executables with separate stores may run concurrently.
 #pragma once
@@ -129,6 +140,9 @@ class Executable {
   // and the C header. The code is bitwise the one run() runs (profiling left out).
   AotResult write_object(const AotOptions& aot) const;
 
+  // The batch sizes for which a sibling executable was compiled (see "Any batch size").
+  std::vector<int64_t> sibling_batches() const;
+
   // Per-kernel time of the runs so far (compile with CompileOptions::profile), slowest
   // first: kernel (its results' names), the ops it runs, calls, total ms, % of the total.
   std::string profile_report() const;
@@ -146,6 +160,11 @@ class Executable {
   // device, else uploaded into a staging buffer), the store's buffer for state.
   void bind_inputs(const std::vector<const Tensor*>& given, std::string_view where);
   void run_impl(const TensorMap& inputs, TensorMap* outputs);
+  // The sibling for inputs of another batch size (compiled on first use), or null when the
+  // inputs' leading dimensions are not one other batch size; see "Any batch size".
+  Executable* sibling_for(const TensorMap& inputs, std::string_view where);
+  // check_inputs / check_arguments with the batch rule added to a shape error's message.
+  std::vector<const Tensor*> checked(const TensorMap& inputs, bool with_state, std::string_view where) const;
   Tensor download(ValueId v) const;
 
   Graph graph_;
@@ -166,6 +185,7 @@ class Executable {
   std::vector<void*> buffers_;            // per compiled input: device pointer of this call
   std::vector<void*> staging_;            // per non-state input on a non-host device
   int64_t prof_runs_ = 0;
+  std::map<int64_t, std::unique_ptr<Executable>> siblings_;  // by batch size
 };
 
 // Compiles `g` for options.target ("cpu", "cuda"; empty: $KILN_TARGET, else "cpu"). Throws

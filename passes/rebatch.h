@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "ir/calling.h"
 #include "ir/graph.h"
 
 namespace kiln {
@@ -23,5 +24,10 @@ namespace kiln {
 std::optional<int64_t> batch_size(const Graph& g);
 
 Graph rebatch(const Graph& g, int64_t batch);
+
+// The other batch size that `inputs` (by name; others ignored) give g: when every non-state
+// input of g is there with g's type but for its leading dimension, which is n for all of
+// them and n != batch_size(g), returns n; else nullopt (the inputs are g's own, or mismatch).
+std::optional<int64_t> other_batch_size(const Graph& g, const TensorMap& inputs);
 
 }  // namespace kiln

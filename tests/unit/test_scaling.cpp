@@ -16,6 +16,7 @@
 #include "passes/check_memory_plan.h"
 #include "passes/memory_plan.h"
 #include "passes/pipeline.h"
+#include "passes/rebatch.h"
 
 using namespace kiln;
 
@@ -109,4 +110,9 @@ TEST_CASE("compile time grows near-linearly with the node count", "[scaling][pip
   // with every buffer placed before it).
   CHECK(growth("plan_memory, chain", chain, planned) < kMostGrowth);
   CHECK(growth("plan_memory + check_memory_plan, chain", chain, check) < kMostGrowth);
+}
+
+TEST_CASE("rebatch is linear in the graph's size", "[scaling][rebatch]") {
+  // The chain's input is f32[4,8]: its batch is 4.
+  CHECK(growth("rebatch, chain", chain, [](const Graph& g) { rebatch(g, 2); }) < kMostGrowth);
 }
