@@ -151,6 +151,16 @@ TEST_CASE("Trainer writes the scheduled rate before each step", "[trainer]") {
   }
 }
 
+TEST_CASE("Trainer compiles the step at its batch size, whatever the model was traced at", "[trainer]") {
+  ModelWithParams m = tiny(4);
+  Trainer trainer(m.model, m.params, sgd(2));
+  const Graph& step = trainer.train_step().graph;
+  CHECK(step.type(step.inputs()[0].value).shape == Shape{2, 4});
+  EpochMetrics e = trainer.train_epoch(synthetic(6));
+  CHECK(e.steps == 3);
+  CHECK(trainer.checkpoint_metadata().at("kiln.batch") == "2");
+}
+
 TEST_CASE("train_epoch trains the partial last batch unless drop_last", "[trainer]") {
   ModelWithParams m = tiny(4);
   TensorDataset d = synthetic(10);
