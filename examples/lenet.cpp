@@ -63,9 +63,10 @@ int run(const Options& o) {
   auto test = kiln::TensorDataset::from(kiln::load_fashion_mnist("test", o.data_dir, lenet.layout));
 
   kiln::Trainer trainer(lenet.model, lenet.params, options);
-  std::printf("training LeNet on %lld Fashion-MNIST images (batch %lld, %s), testing on %lld\n",
-              static_cast<long long>(train.size()), static_cast<long long>(options.batch),
-              kiln::optimizer_json(options.optimizer).c_str(), static_cast<long long>(test.size()));
+  std::printf("training LeNet on %lld Fashion-MNIST images, testing on %lld\n  batch %lld, schedule %s, optimizer %s\n",
+              static_cast<long long>(train.size()), static_cast<long long>(test.size()),
+              static_cast<long long>(options.batch), options.schedule.str().c_str(),
+              kiln::optimizer_json(options.optimizer).c_str());
   trainer.fit(train, test, o.epochs, {.on_epoch = [&](const kiln::EpochMetrics& m) {
                 std::printf("epoch %lld/%lld: train loss %.4f, accuracy %.2f%% | test loss %.4f, accuracy %.2f%% | "
                             "%.1f s, %.0f samples/s\n",

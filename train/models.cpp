@@ -36,8 +36,11 @@ ModelWithParams builtin_model(std::string_view name, int64_t batch, uint64_t see
 TrainerOptions recommended_options(std::string_view name) {
   TrainerOptions o;
   if (is_lenet(name)) {
-    o.optimizer = Adam{.lr = 2e-3};
-    o.batch = 64;
+    // Measured on Fashion-MNIST, seed 0, 3 epochs (docs/training.md): Adam 3e-3 batch 32 with
+    // a cosine decay reaches 89.4% test accuracy; constant rates at batch 64 stop near 88.1%.
+    o.optimizer = Adam{.lr = 3e-3};
+    o.batch = 32;
+    o.schedule = LrSchedule::parse("cosine");
   } else {
     o.optimizer = SGD{.lr = 0.05, .momentum = 0.9};  // the Fashion-MNIST demo's
     o.batch = 64;

@@ -11,6 +11,7 @@
 #include "codegen/backend.h"
 #include "ir/error.h"
 #include "ir/printer.h"
+#include "passes/rebatch.h"
 
 namespace kiln {
 
@@ -52,6 +53,13 @@ T meta_number(const Metadata& m, const std::string& key, const std::string& path
   return number<T>(meta(m, key, path), key, path);
 }
 
+// The model at the training batch size, so the step is compiled at the size it runs at
+// (other sizes go through the executables' siblings).
+Graph at_batch(const Graph& model, int64_t batch) {
+  std::optional<int64_t> traced = batch_size(model);
+  return traced && *traced != batch && batch >= 1 ? rebatch(model, batch) : model;
+}
+
 }  // namespace
 
 std::string optimizer_json(const Optimizer& optimizer) {
@@ -73,7 +81,7 @@ std::string optimizer_json(const Optimizer& optimizer) {
 
 Trainer::Trainer(const Graph& model, const TensorMap& params, TrainerOptions options)
     : options_(std::move(options)),
-      step_(make_train_step(model, options_.optimizer, {.loss = options_.loss})),
+      step_(make_train_step(at_batch(model, options_.batch), options_.optimizer, {.loss = options_.loss})),
       hash_(hash_hex(print(step_.graph))),
       base_lr_(std::visit([](const auto& o) { return o.lr; }, options_.optimizer)) {
   if (options_.batch < 1) throw Error("trainer: batch must be at least 1, got " + std::to_string(options_.batch));
@@ -88,15 +96,14 @@ Trainer::Trainer(const Graph& model, const TensorMap& params, TrainerOptions opt
   train_->set_state(params);
   train_->set_state(step_.initial_state());
   lr_dtype_ = step_.initial_values.at("lr").dtype();
-  eval_ = compile(model, options_.compile, train_->state_store());
+  eval_ = compile(at_batch(model, options_.batch), options_.compile, train_->state_store());
 }
 
 double Trainer::lr_for(int64_t global_step, int64_t steps_per_epoch) const {
   return options_.schedule.at(global_step, base_lr_, steps_per_epoch, total_steps_);
 }
 
-TensorMap Trainer::run_step(const TensorMap& batch) {
-  double lr = lr_for(global_step_, steps_per_epoch_);
+TensorMap Trainer::run_step(const TensorMap& batch, double lr) {
   if (lr != written_lr_) {
     train_->set_state("lr", Tensor::scalar(lr_dtype_, lr));
     written_lr_ = lr;
@@ -105,7 +112,7 @@ TensorMap Trainer::run_step(const TensorMap& batch) {
 }
 
 TensorMap Trainer::train_batch(const TensorMap& batch) {
-  TensorMap out = run_step(batch);
+  TensorMap out = run_step(batch, lr_for(global_step_, steps_per_epoch_));
   ++global_step_;
   return out;
 }
@@ -133,7 +140,7 @@ EpochMetrics Trainer::train_epoch(const TensorDataset& data, const std::function
     TensorMap& batch = size == options_.batch ? full_batch_ : last_batch_;
     gather_rows_into(data, rows.subspan(static_cast<size_t>(i * options_.batch), static_cast<size_t>(size)), batch);
     lr = lr_for(global_step_, steps_per_epoch_);
-    const TensorMap out = run_step(batch);
+    const TensorMap out = run_step(batch, lr);
     const double loss = out.find(options_.loss)->second.get(0);
     const double accuracy = has_accuracy_ ? out.find(options_.accuracy)->second.get(0) : std::nan("");
     sums_.loss += loss * static_cast<double>(size);

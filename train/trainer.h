@@ -149,7 +149,7 @@ class Trainer {
     int64_t samples = 0, steps = 0;
   };
   double lr_for(int64_t global_step, int64_t steps_per_epoch) const;
-  TensorMap run_step(const TensorMap& batch);  // writes the scheduled lr, then one step
+  TensorMap run_step(const TensorMap& batch, double lr);  // writes lr (if it changed), one step
   void save_to_dir() const;
 
   TrainerOptions options_;

@@ -151,6 +151,16 @@ TEST_CASE("Trainer writes the scheduled rate before each step", "[trainer]") {
   }
 }
 
+TEST_CASE("Trainer compiles the step at its batch size, whatever the model was traced at", "[trainer]") {
+  ModelWithParams m = tiny(4);
+  Trainer trainer(m.model, m.params, sgd(2));
+  const Graph& step = trainer.train_step().graph;
+  CHECK(step.type(step.inputs()[0].value).shape == Shape{2, 4});
+  EpochMetrics e = trainer.train_epoch(synthetic(6));
+  CHECK(e.steps == 3);
+  CHECK(trainer.checkpoint_metadata().at("kiln.batch") == "2");
+}
+
 TEST_CASE("train_epoch trains the partial last batch unless drop_last", "[trainer]") {
   ModelWithParams m = tiny(4);
   TensorDataset d = synthetic(10);
@@ -215,7 +225,7 @@ void write_bytes(const std::string& path, const std::string& bytes) {
 
 TEST_CASE("resuming after 2 epochs gives bitwise the weights of 4 epochs in one go", "[trainer][resume]") {
   ModelWithParams m = tiny(4);
-  TensorDataset d = synthetic(12);
+  TensorDataset d = synthetic(10);  // the partial batch (a sibling executable) too
   Trainer straight(m.model, m.params, resumable(4));
   std::vector<EpochMetrics> want = straight.fit(d, {}, 4);
   kiln::testing::TempDir dir;
@@ -238,7 +248,7 @@ TEST_CASE("resuming after 2 epochs gives bitwise the weights of 4 epochs in one 
 
 TEST_CASE("a run killed mid-epoch resumes from its last checkpoint to bitwise the same weights", "[trainer][resume]") {
   ModelWithParams m = tiny(4);
-  TensorDataset d = synthetic(12);  // 3 steps an epoch
+  TensorDataset d = synthetic(10);  // 3 steps an epoch: 4, 4 and the partial 2
   Trainer straight(m.model, m.params, resumable(4));
   std::vector<EpochMetrics> want = straight.fit(d, {}, 4);
 
@@ -261,7 +271,7 @@ TEST_CASE("a run killed mid-epoch resumes from its last checkpoint to bitwise th
   CHECK(resumed.position() == 2);
   std::vector<EpochMetrics> got = resumed.fit(d, {}, 4);
   REQUIRE(got.size() == 2);
-  CHECK(got[0].samples == 12);  // the resumed epoch's metrics cover all of it
+  CHECK(got[0].samples == 10);  // the resumed epoch's metrics cover all of it
   CHECK(got[0].train_loss == want[2].train_loss);
   require_same_state(straight.state(), resumed.state());
 
@@ -307,4 +317,23 @@ TEST_CASE("load_checkpoint refuses another graph, missing or mistyped tensors, c
   write_bytes(dir / "flipped.safetensors", bytes);
   CHECK_THAT(error_of([&] { trainer.load_checkpoint(dir / "flipped.safetensors"); }), ContainsSubstring("corrupt"));
   CHECK(trainer.epoch() == 1);  // refused loads change nothing
+}
+
+TEST_CASE("built-in models and their recommended options", "[trainer]") {
+  CHECK(builtin_model_names() == std::vector<std::string>{"mlp", "lenet"});
+  ModelWithParams mlp = builtin_model("mlp", 2);
+  CHECK(mlp.layout == ImageLayout::flat);
+  CHECK(mlp.model.type(mlp.model.inputs()[0].value) == TensorType{DType::f32, {2, 784}});
+  CHECK(mlp.params.at("fc1.weight").shape() == Shape{784, 256});
+  ModelWithParams lenet = builtin_model("lenet", 3, 5);
+  CHECK(lenet.layout == ImageLayout::nchw);
+  CHECK(lenet.params.at("conv1.weight").shape() == Shape{8, 1, 3, 3});
+  CHECK(lenet.params.at("fc.weight") != builtin_model("lenet", 3, 6).params.at("fc.weight"));  // seeded
+  std::vector<std::string> outputs;
+  for (const GraphOutput& o : lenet.model.outputs()) outputs.push_back(o.name);
+  CHECK(outputs == std::vector<std::string>{"loss", "accuracy"});
+  CHECK(recommended_options("lenet").schedule.kind == LrSchedule::Kind::cosine);
+  CHECK_THAT(error_of([] { builtin_model("resnet", 2); }),
+             ContainsSubstring("unknown model 'resnet' (built in: mlp, lenet; or a .kir file)"));
+  CHECK_THAT(error_of([] { recommended_options("resnet"); }), ContainsSubstring("unknown model 'resnet'"));
 }
