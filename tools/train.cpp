@@ -144,6 +144,14 @@ std::string describe(const Optimizer& optimizer) {
       optimizer);
 }
 
+// "adam lr 0.003, batch 32, schedule cosine:0" for --help.
+std::string defaults(const char* model) {
+  const TrainerOptions o = recommended_options(model);
+  std::string s = fmt::format("{}, batch {}", describe(o.optimizer), o.batch);
+  if (o.schedule.kind != LrSchedule::Kind::constant) s += ", schedule " + o.schedule.str();
+  return s;
+}
+
 std::string percent(double accuracy) { return fmt::format("{:.2f}%", 100 * accuracy); }
 
 }  // namespace
@@ -158,8 +166,8 @@ CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
       "initializers. The whole training step is compiled once; each epoch visits the data in a seeded shuffled "
       "order, trains the last partial batch (unless --drop-last) and is followed by an evaluation on the test "
       "set. On a terminal a progress bar shows the epoch; otherwise one line per epoch is printed.\n"
-      "Defaults: lenet trains with adam (lr 0.002), mlp and .kir graphs with sgd (lr 0.05, momentum 0.9); batch "
-      "64 (a .kir graph's own batch), 3 epochs.\n"
+      "Defaults (kiln::recommended_options): lenet trains with " + defaults("lenet") + "; mlp and .kir graphs with " +
+          defaults("mlp") + " (a .kir graph at its own batch); 3 epochs.\n"
       "Checkpoints (--checkpoint DIR) are safetensors files DIR/ckpt-STEP.safetensors, written atomically after "
       "every epoch (and every --checkpoint-every steps); --resume continues from the latest one and ends with "
       "the weights an uninterrupted run gets, bit for bit (same thread count).\n"
@@ -251,8 +259,8 @@ int run_train(const TrainArgs& a) {
   }
   if (!a.quiet) {
     std::string schedule;
-    if (!a.schedule.empty()) schedule += ", schedule " + o.schedule.str();
-    if (a.warmup) schedule += fmt::format(", warm-up {} steps", *a.warmup);
+    if (o.schedule.kind != LrSchedule::Kind::constant) schedule += ", schedule " + o.schedule.str();
+    if (o.schedule.warmup_steps > 0) schedule += fmt::format(", warm-up {} steps", o.schedule.warmup_steps);
     fmt::print("training {} on {}: {} training and {} test images, batch {}, {}{}, {} epoch{} on {}\n", model.name,
                a.data, train.size(), test.size(), o.batch, describe(o.optimizer), schedule, epochs,
                epochs == 1 ? "" : "s", o.compile.target);
