@@ -218,3 +218,30 @@ TEST_CASE("kill -9 during `kiln train --checkpoint-every 1` leaves a loadable ch
     CHECK(same_bits(t, got.tensors.at(name)));
   }
 }
+
+TEST_CASE("kiln train --init-weights starts from a safetensors file, names mapped by --map", "[cli][train]") {
+  NEED_FASHION_MNIST();
+  TempDir dir;
+  // The MLP's parameters under PyTorch-like names, fc1's weight stored [out, in] (transposed).
+  REQUIRE(kiln_in(dir, kShort + " --epochs 1 --checkpoint a").status == 0);
+  kiln::TensorMap trained = kiln::read_state(*kiln::CheckpointDir(dir / "a").latest()).tensors;
+  const kiln::Tensor& w = trained.at("fc1.weight");
+  kiln::Tensor wt(w.dtype(), {w.shape()[1], w.shape()[0]});
+  for (int64_t i = 0; i < w.shape()[0]; ++i)
+    for (int64_t j = 0; j < w.shape()[1]; ++j) wt.set(j * w.shape()[0] + i, w.get(i * w.shape()[1] + j));
+  kiln::save_state(dir / "w.safetensors", {{"l1.weight", wt}, {"fc1.bias", trained.at("fc1.bias")},
+                                           {"fc2.weight", trained.at("fc2.weight")}, {"fc2.bias", trained.at("fc2.bias")}});
+  std::ofstream(dir / "map.txt") << "# kiln = file\nfc1.weight=l1.weight:T\n";
+  // Starting from the trained weights, the test accuracy is the trained model's at once.
+  RunResult r = kiln_in(dir, "train mlp --data fashion-mnist --train-limit 640 --test-limit 200 --epochs 1 --lr 1e-9 "
+                             "--init-weights w.safetensors --map map.txt");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  RunResult fresh = kiln_in(dir, "train mlp --data fashion-mnist --train-limit 640 --test-limit 200 --epochs 1 --lr 1e-9");
+  CHECK(final_accuracy(r.output) > final_accuracy(fresh.output) + 20);
+
+  RunResult unmapped = kiln_in(dir, kShort + " --init-weights w.safetensors");
+  CHECK(unmapped.status == 1);
+  CHECK_THAT(unmapped.output, StartsWith("kiln: error: w.safetensors: "));
+  CHECK_THAT(unmapped.output, ContainsSubstring("fc1.weight"));
+}
