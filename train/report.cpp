@@ -36,10 +36,11 @@ double wall_seconds() {
 Progress::Progress(std::FILE* out, int64_t epochs, bool quiet)
     : out_(out), epochs_(epochs), quiet_(quiet), tty_(!quiet && ::isatty(::fileno(out)) != 0) {}
 
-std::string Progress::bar_line(const StepInfo& s, int64_t epochs, int width) {
+std::string Progress::bar_line(const StepInfo& s, int64_t epochs, int width, int64_t seen) {
   const int64_t done = s.batch_index + 1;
   const double per_step = done > 0 ? s.seconds / static_cast<double>(done) : 0.0;
-  const double rate = s.seconds > 0 ? static_cast<double>(done * s.samples) / s.seconds : 0.0;
+  if (seen < 0) seen = done * s.samples;
+  const double rate = s.seconds > 0 ? static_cast<double>(seen) / s.seconds : 0.0;
   std::string head = fmt::format("epoch {}/{} ", s.epoch + 1, epochs);
   std::string tail = fmt::format(" {}/{}  loss {:.4f}  {:.0f} samples/s  ETA {}", done, s.batches, s.loss, rate,
                                  clock_text(per_step * static_cast<double>(s.batches - done)));
@@ -67,11 +68,12 @@ std::string Progress::epoch_line(const EpochMetrics& m, int64_t epochs) {
 
 void Progress::on_step(const StepInfo& s) {
   if (!tty_) return;
+  seen_ += s.samples;
   // At most ~10 redraws a second (a terminal is slow), but always the epoch's last step.
   const double now = wall_seconds();
   if (last_draw_ >= 0 && now - last_draw_ < 0.1 && s.batch_index + 1 < s.batches) return;
   last_draw_ = now;
-  fmt::print(out_, "\r{}\x1b[K", bar_line(s, epochs_));
+  fmt::print(out_, "\r{}\x1b[K", bar_line(s, epochs_, 80, seen_));
   std::fflush(out_);
 }
 
@@ -80,6 +82,7 @@ void Progress::on_epoch(const EpochMetrics& m) {
   fmt::print(out_, "{}{}\n", tty_ ? "\r\x1b[K" : "", epoch_line(m, epochs_));
   std::fflush(out_);
   last_draw_ = -1;
+  seen_ = 0;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -20,13 +20,16 @@ class Progress {
   void on_step(const StepInfo& s);
   void on_epoch(const EpochMetrics& m);
   static std::string epoch_line(const EpochMetrics& m, int64_t epochs);  // the permanent line
-  static std::string bar_line(const StepInfo& s, int64_t epochs, int width = 80);
+  // `seen`: examples trained in the epoch so far, this step's included (-1: steps done times
+  // this step's batch, exact but for a last partial batch).
+  static std::string bar_line(const StepInfo& s, int64_t epochs, int width = 80, int64_t seen = -1);
 
  private:
   std::FILE* out_;
   int64_t epochs_;
   bool quiet_, tty_;
   double last_draw_ = -1;
+  int64_t seen_ = 0;  // examples trained in the epoch so far
 };
 
 // CSV: a header line, then one row per epoch

@@ -176,6 +176,10 @@ TEST_CASE("the progress bar line shows steps, loss, speed and ETA within the wid
   CHECK_THAT(done, ContainsSubstring("=] 938/938"));
   CHECK_THAT(done, ContainsSubstring("ETA 0:00"));
   CHECK_THAT(kiln::Progress::bar_line(step(0, 938, 0.0), 3), ContainsSubstring("[>"));
+  // A last partial batch: the rate counts the examples seen, not steps times this batch.
+  kiln::StepInfo last = step(937, 938, 9.0);
+  last.samples = 32;
+  CHECK_THAT(kiln::Progress::bar_line(last, 3, 80, 937 * 64 + 32), ContainsSubstring("  6667 samples/s"));
 }
 
 TEST_CASE("the epoch line has train and test metrics, and leaves out what a model lacks", "[report]") {
