@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -289,8 +290,9 @@ int run_train(const TrainArgs& a) {
     for (const EpochMetrics& m : done) seconds += m.seconds + (m.test ? m.test->seconds : 0.0);
     if (done.empty())
       fmt::print("nothing to train: the run is already at epoch {} of {}\n", trainer.epoch(), epochs);
-    else if (done.back().test)
-      fmt::print("test accuracy {} after {} epoch{} ({:.1f} s)\n", percent(done.back().test->accuracy),
+    else if (const std::optional<EvalMetrics>& t = done.back().test)
+      fmt::print("test {} after {} epoch{} ({:.1f} s)\n",
+                 std::isfinite(t->accuracy) ? "accuracy " + percent(t->accuracy) : fmt::format("loss {:.4f}", t->loss),
                  trainer.epoch(), trainer.epoch() == 1 ? "" : "s", seconds);
   }
   return 0;

@@ -240,6 +240,15 @@ TEST_CASE("kiln train --init-weights starts from a safetensors file, names mappe
   RunResult fresh = kiln_in(dir, "train mlp --data fashion-mnist --train-limit 640 --test-limit 200 --epochs 1 --lr 1e-9");
   CHECK(final_accuracy(r.output) > final_accuracy(fresh.output) + 20);
 
+  // A .kir model (the tour's MLP, traced at batch 64, without an accuracy output) at another batch.
+  RunResult kir = kiln_in(dir, "train " + std::string(KILN_SOURCE_DIR) +
+                                   "/examples/tour/mlp.kir --data fashion-mnist --train-limit 500 --test-limit 100 "
+                                   "--epochs 1 --batch 50");
+  INFO(kir.output);
+  CHECK(kir.status == 0);
+  CHECK_THAT(kir.output, ContainsSubstring("training mlp on fashion-mnist: 500 training and 100 test images, batch 50"));
+  CHECK_THAT(kir.output, ContainsSubstring("\ntest loss "));
+
   RunResult unmapped = kiln_in(dir, kShort + " --init-weights w.safetensors");
   CHECK(unmapped.status == 1);
   CHECK_THAT(unmapped.output, StartsWith("kiln: error: w.safetensors: "));
