@@ -5,8 +5,16 @@
 //   inputs:  the model's non-state inputs (batch, labels, ...)
 //   state:   every float parameter; the optimizer's state per parameter
 //            ("sgd.momentum.P", "adam.m.P", "adam.v.P"); "step" (i32[], steps taken so
-//            far) and "lr" (a scalar of the parameters' dtype). The learning rate is
-//            state, so a schedule changes it between steps without recompiling.
+//            far), "lr" (a scalar of the parameters' dtype) and the other
+//            hyper-parameters as f64 scalars: SGD's "weight_decay" and, with momentum,
+//            "momentum" and "dampening"; Adam's and AdamW's "beta1", "beta2", "eps" and
+//            "weight_decay". Being state, they change between steps without recompiling
+//            (a schedule writes %lr); their values are not checked after the build, and
+//            the structure is fixed when the step is made: an SGD step built with
+//            momentum 0 has no momentum buffer (make the step again to add momentum),
+//            and Nesterov is on or off. A hyper-parameter is used cast to the parameters'
+//            dtype, after any f64 derivation (1 - beta1), so the update is bitwise the one
+//            of constants rounded from the double; weight decay 0 costs a multiply-add.
 //   outputs: the model's outputs (loss first; logits, accuracy, ... as the model has them)
 //            and "X.next" for every state input X.
 // Update formulas follow PyTorch's documentation for SGD (momentum, dampening, Nesterov,
@@ -16,7 +24,7 @@
 // (not trained); a non-float state input is passed through unchanged.
 // Throws kiln::Error for: no such loss output or a loss that is not a float scalar; no float
 // parameters, or parameters of mixed float dtypes; a model value or output already named
-// like something the step adds ("step", "lr", "adam.m.P", ...); hyper-parameters PyTorch
+// like something the step adds ("step", "lr", "beta1", "adam.m.P", ...); hyper-parameters PyTorch
 // rejects (negative lr, momentum, eps or weight decay, betas outside [0, 1), Nesterov
 // without momentum or with dampening).
 #pragma once
@@ -62,8 +70,8 @@ struct TrainStepOptions {
 
 struct TrainStep {
   Graph graph;
-  // Initial values of the state the step adds: optimizer state (zeros), "step" (0) and
-  // "lr". Together with the model's parameters, this is the whole state. The zeros are
+  // Initial values of the state the step adds: optimizer state (zeros), "step" (0), "lr"
+  // and the other hyper-parameters. Together with the model's parameters, this is the whole state. The zeros are
   // kept as splats (Tensor::splat), so that building a step to print it allocates nothing
   // for them; initial_state() fills them out for running.
   TensorMap initial_values;
