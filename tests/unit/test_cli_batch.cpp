@@ -116,6 +116,13 @@ TEST_CASE("kiln train-step --init-state writes the step's whole initial state", 
   CHECK(run.status == 0);
   CHECK_THAT(run.output, ContainsSubstring("step.next = i32[] [1]"));
 
+  // And compile the step ahead of time, every state input from DIR.
+  auto aot = run_kiln("compile " + model.string() + " --train --optimizer adam --lr 0.5 --beta1 0.8 -o " +
+                      (dir.path / "step.o").string() + " --state-dir " + state.string());
+  INFO(aot.output);
+  CHECK(aot.status == 0);
+  CHECK(fs::exists(dir.path / "step.o"));
+
   auto help = run_kiln("train-step --help");
   CHECK_THAT(help.output, ContainsSubstring("\n  --init-state "));
   CHECK_THAT(help.output, ContainsSubstring("\n  --seed "));
