@@ -160,6 +160,8 @@ struct ParamUpdate {
 struct HyperParameters {
   Emitter& e;
   std::map<std::string, ValueId> inputs;  // by name: the f64 state inputs
+  // Whether the step has this hyper-parameter (terms whose value was 0 are left out).
+  bool has(const std::string& name) const { return inputs.count(name) != 0; }
   ValueId in_dtype(ValueId v, const std::string& note, DType dtype) {
     return e.op(Op::Cast, {v}, note, {{"dtype", dtype}});
   }
@@ -180,16 +182,20 @@ void emit_sgd(Emitter& e, HyperParameters& h, const SGD& o, DType dtype, ValueId
     ValueId zero = e.constant(0, "", DType::i32);
     first = e.op(Op::Eq, {step, zero}, "sgd: first step? (the momentum buffer starts as the gradient)");
     momentum = h.value("momentum", "sgd: momentum", dtype);
-    damp = h.one_minus("dampening", "sgd: 1 - dampening", dtype);
+    if (h.has("dampening")) damp = h.one_minus("dampening", "sgd: 1 - dampening", dtype);
   }
-  ValueId wd = h.value("weight_decay", "sgd: weight_decay", dtype);
+  ValueId wd;
+  if (h.has("weight_decay")) wd = h.value("weight_decay", "sgd: weight_decay", dtype);
   for (ParamUpdate& p : ps) {
     std::string of = " of %" + p.name;
-    ValueId decay = e.mul(wd, p.param, "sgd: weight_decay * %" + p.name);
-    ValueId g = e.add(p.grad, decay, "sgd: gradient + weight decay" + of);
+    ValueId g = p.grad;
+    if (wd.valid()) {
+      ValueId decay = e.mul(wd, p.param, "sgd: weight_decay * %" + p.name);
+      g = e.add(g, decay, "sgd: gradient + weight decay" + of);
+    }
     if (momentum.valid()) {
       ValueId decayed = e.mul(momentum, p.state[0], "sgd: momentum * buffer" + of);
-      ValueId scaled = e.mul(damp, g, "sgd: (1 - dampening) * gradient" + of);
+      ValueId scaled = damp.valid() ? e.mul(damp, g, "sgd: (1 - dampening) * gradient" + of) : g;
       ValueId later = e.add(decayed, scaled, "sgd: momentum buffer after the first step" + of);
       ValueId buf = e.op(Op::Select, {first, g, later}, "sgd: momentum buffer" + of);
       p.state_next = {buf};
@@ -223,8 +229,9 @@ void emit_adam(Emitter& e, HyperParameters& h, bool decoupled, DType dtype, Valu
   ValueId bc2 = e.sub(one, beta2_t, on + "bias correction 1 - beta2^t");
   ValueId step_size = e.div(lr, bc1, on + "step size lr / (1 - beta1^t)");
   ValueId bc2_sqrt = e.op(Op::Sqrt, {bc2}, on + "sqrt(1 - beta2^t)");
-  ValueId wd = h.value("weight_decay", on + "weight_decay", dtype), shrink;
-  if (decoupled) {
+  ValueId wd, shrink;
+  if (h.has("weight_decay")) wd = h.value("weight_decay", on + "weight_decay", dtype);
+  if (decoupled && wd.valid()) {
     ValueId lr_wd = e.mul(lr, wd, on + "lr * weight_decay");
     shrink = e.sub(one, lr_wd, on + "decoupled decay factor 1 - lr * weight_decay");
   }
@@ -232,7 +239,8 @@ void emit_adam(Emitter& e, HyperParameters& h, bool decoupled, DType dtype, Valu
   for (ParamUpdate& p : ps) {
     std::string of = " of %" + p.name;
     ValueId g = p.grad, base = p.param;
-    if (!decoupled) {
+    if (!wd.valid()) {
+    } else if (!decoupled) {
       ValueId decay = e.mul(wd, p.param, on + "weight_decay * %" + p.name);
       g = e.add(g, decay, on + "gradient + L2 weight decay" + of);
     } else {
@@ -256,17 +264,30 @@ void emit_adam(Emitter& e, HyperParameters& h, bool decoupled, DType dtype, Valu
 }
 
 // The hyper-parameters held as f64 state, in input order, with their initial values.
-std::vector<std::pair<std::string, double>> hyper_parameters(const Optimizer& optimizer) {
+// Weight decay and dampening are left out when 0 (unless keep_zero_terms): each costs a pass
+// over every parameter per step that the fuser cannot merge into the update.
+std::vector<std::pair<std::string, double>> hyper_parameters(const Optimizer& optimizer, bool keep_zero_terms) {
+  std::vector<std::pair<std::string, double>> out;
+  auto optional = [&](const char* name, double v) {
+    if (v != 0.0 || keep_zero_terms) out.emplace_back(name, v);
+  };
   if (const SGD* s = std::get_if<SGD>(&optimizer)) {
-    if (s->momentum == 0.0) return {{"weight_decay", s->weight_decay}};
-    return {{"momentum", s->momentum}, {"dampening", s->dampening}, {"weight_decay", s->weight_decay}};
+    if (s->momentum != 0.0) {
+      out.emplace_back("momentum", s->momentum);
+      optional("dampening", s->dampening);
+    }
+    optional("weight_decay", s->weight_decay);
+    return out;
   }
-  return std::visit(
-      [](const auto& o) -> std::vector<std::pair<std::string, double>> {
-        if constexpr (std::is_same_v<std::decay_t<decltype(o)>, SGD>) return {};
-        else return {{"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}};
+  std::visit(
+      [&](const auto& o) {
+        if constexpr (!std::is_same_v<std::decay_t<decltype(o)>, SGD>) {
+          out = {{"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}};
+          optional("weight_decay", o.weight_decay);
+        }
       },
       optimizer);
+  return out;
 }
 
 }  // namespace
@@ -324,7 +345,7 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
       added.push_back(std::move(s));
   added.push_back("step");
   added.push_back("lr");
-  for (auto& [name, value] : hyper_parameters(optimizer)) added.push_back(name);
+  for (auto& [name, value] : hyper_parameters(optimizer, options.keep_zero_terms)) added.push_back(name);
   for (const std::string& name : added) {
     if (model.find(name).valid())
       fail(where + " already has a value named '%" + name +
@@ -380,7 +401,7 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
   ValueId lr = g.add_input("lr", {dtype, {}}, true);
   result.initial_values.emplace("lr", learning_rate(optimizer, dtype));
   std::vector<ValueId> hyper_inputs;
-  for (const auto& [name, value] : hyper_parameters(optimizer)) {
+  for (const auto& [name, value] : hyper_parameters(optimizer, options.keep_zero_terms)) {
     hyper_inputs.push_back(g.add_input(name, {DType::f64, {}}, true));
     result.initial_values.emplace(name, Tensor::scalar(DType::f64, value));
   }

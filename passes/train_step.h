@@ -6,15 +6,17 @@
 //   state:   every float parameter; the optimizer's state per parameter
 //            ("sgd.momentum.P", "adam.m.P", "adam.v.P"); "step" (i32[], steps taken so
 //            far), "lr" (a scalar of the parameters' dtype) and the other
-//            hyper-parameters as f64 scalars: SGD's "weight_decay" and, with momentum,
-//            "momentum" and "dampening"; Adam's and AdamW's "beta1", "beta2", "eps" and
+//            hyper-parameters as f64 scalars: with momentum, SGD's "momentum" and
+//            "dampening"; Adam's and AdamW's "beta1", "beta2" and "eps"; and
 //            "weight_decay". Being state, they change between steps without recompiling
-//            (a schedule writes %lr); their values are not checked after the build, and
-//            the structure is fixed when the step is made: an SGD step built with
-//            momentum 0 has no momentum buffer (make the step again to add momentum),
-//            and Nesterov is on or off. A hyper-parameter is used cast to the parameters'
-//            dtype, after any f64 derivation (1 - beta1), so the update is bitwise the one
-//            of constants rounded from the double; weight decay 0 costs a multiply-add.
+//            (a schedule writes %lr); their values are not checked after the build. The
+//            structure is fixed when the step is made: an SGD step built with momentum 0
+//            has no momentum buffer, Nesterov is on or off, and weight decay and dampening
+//            that are 0 are left out (no state, no work) unless
+//            TrainStepOptions::keep_zero_terms; make the step again to turn one on. A
+//            hyper-parameter is used cast to the parameters' dtype, after any f64
+//            derivation (1 - beta1), so the update is bitwise the one of constants
+//            rounded from the double.
 //   outputs: the model's outputs (loss first; logits, accuracy, ... as the model has them)
 //            and "X.next" for every state input X.
 // Update formulas follow PyTorch's documentation for SGD (momentum, dampening, Nesterov,
@@ -66,6 +68,10 @@ using Optimizer = std::variant<SGD, Adam, AdamW>;
 
 struct TrainStepOptions {
   std::string loss = "loss";  // the model output to minimize
+  // Weight decay and dampening that are 0 are left out of the step (and of its state), as
+  // PyTorch skips them: each would cost a pass over every parameter per step. With this set
+  // they are built anyway, so that they can be turned on later without a new step.
+  bool keep_zero_terms = false;
 };
 
 struct TrainStep {
