@@ -141,7 +141,10 @@ class Reader {
   // A JSON integer >= 0 (never through double: a float such as 3.0 is refused).
   uint64_t count(const std::string& tensor, const json& v, const std::string& what) const {
     if (v.is_number_unsigned()) return v.get<uint64_t>();
-    if (v.is_number_integer()) fail(tensor, what + " is negative (" + v.dump() + ")");
+    if (v.is_number_integer()) {  // "-0" is read as a signed 0
+      if (v.get<int64_t>() >= 0) return static_cast<uint64_t>(v.get<int64_t>());
+      fail(tensor, what + " is negative (" + v.dump() + ")");
+    }
     fail(tensor, what + " is " + (v.is_number() ? v.dump() : type_name(v)) + ", not a non-negative integer");
   }
 

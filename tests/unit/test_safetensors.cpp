@@ -132,6 +132,9 @@ TEST_CASE("safetensors: a malformed tensor entry is refused, naming the tensor",
         "f.safetensors: tensor 'x': shape is number, not an array");
   CHECK(entry_error(R"({"dtype":"F32","shape":[-1],"data_offsets":[0,4]})", four) ==
         "f.safetensors: tensor 'x': a shape dimension is negative (-1)");
+  CHECK(parse_safetensors(st_bytes(R"({"x":{"dtype":"F32","shape":[-0],"data_offsets":[0,0]}})"), "f")
+            .tensors.at("x")
+            .shape() == Shape{0});
   CHECK(entry_error(R"({"dtype":"F32","shape":[1.0],"data_offsets":[0,4]})", four) ==
         "f.safetensors: tensor 'x': a shape dimension is 1.0, not a non-negative integer");
   CHECK(entry_error(R"({"dtype":"F32","shape":["1"],"data_offsets":[0,4]})", four) ==
