@@ -9,7 +9,7 @@
 # (install(CODE), cmake/KilnInstall.cmake) and by tests/package/rewrite_headers.cmake.
 # A header whose installed text is unchanged keeps its timestamp, so reinstalling does not
 # make consumers recompile.
-set(KILN_HEADER_FOLDERS ir passes frontend runtime codegen)
+set(KILN_HEADER_FOLDERS ir passes frontend runtime codegen train)
 
 function(kiln_rewrite_includes text out_var)
   list(JOIN KILN_HEADER_FOLDERS "|" folders)

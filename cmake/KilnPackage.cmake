@@ -8,10 +8,11 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-# Kiln::kiln, the compiler library: tracing, passes, every backend, the runtime. Static
+# Kiln::kiln, the compiler library: tracing, passes, every backend, the runtime, the
+# training loop (train/). Static
 # libraries link in dependency order on their own (each names what it uses).
 add_library(kiln_compiler INTERFACE)
-target_link_libraries(kiln_compiler INTERFACE kiln_codegen kiln_frontend kiln_passes kiln_ir kiln_runtime)
+target_link_libraries(kiln_compiler INTERFACE kiln_train kiln_codegen kiln_frontend kiln_passes kiln_ir kiln_runtime)
 set_target_properties(kiln_compiler PROPERTIES EXPORT_NAME kiln)
 add_library(Kiln::kiln ALIAS kiln_compiler)
 add_library(Kiln::runtime ALIAS kiln_runtime)
@@ -25,7 +26,7 @@ if(NOT TARGET LLVM)
 endif()
 
 set(KILN_PACKAGE_LIBS kiln_ir kiln_passes kiln_frontend kiln_codegen_core kiln_codegen_cpu kiln_codegen_cuda
-    kiln_codegen kiln_runtime)
+    kiln_codegen kiln_runtime kiln_train)
 foreach(lib IN LISTS KILN_PACKAGE_LIBS)
   string(REGEX REPLACE "^kiln_" "" name ${lib})
   set_target_properties(${lib} PROPERTIES EXPORT_NAME ${name})
@@ -56,11 +57,12 @@ install(TARGETS kiln_compiler ${KILN_PACKAGE_LIBS} EXPORT KilnTargets
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT KilnTargets NAMESPACE Kiln:: DESTINATION ${KILN_CMAKE_DIR})
 
-# The public headers: the IR, the passes, the frontend, the runtime (C and C++), and the
+# The public headers: the IR, the passes, the frontend, the runtime (C and C++), the
+# training loop, and the
 # compiler's API (backend.h, executable.h, aot.h; the backends' own headers stay inside).
 # *_internal.h are the libraries' private headers.
 set(KILN_PUBLIC_HEADERS ir/ops.def runtime/abi.def codegen/backend.h codegen/executable.h codegen/aot.h)
-foreach(dir ir passes frontend runtime)
+foreach(dir ir passes frontend runtime train)
   file(GLOB headers RELATIVE ${PROJECT_SOURCE_DIR} CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${dir}/*.h)
   list(FILTER headers EXCLUDE REGEX "_internal\\.h$")
   list(APPEND KILN_PUBLIC_HEADERS ${headers})

@@ -24,6 +24,9 @@ struct TensorDataset {
 
 // Rows `rows` of every column, gathered in that order (a batch).
 TensorMap gather_rows(const TensorDataset& data, std::span<const int64_t> rows);
+// The same into `out`, whose tensors are reused when they already have the batch's type
+// (the training loop gathers every step into the same buffers: no allocation).
+void gather_rows_into(const TensorDataset& data, std::span<const int64_t> rows, TensorMap& out);
 
 // The order of epoch `epoch` (0-based) over `n` examples: a Fisher-Yates shuffle driven by
 // nn::Rng seeded from (seed, epoch) only, or 0..n-1 when !shuffle. Depending on nothing else

@@ -13,6 +13,7 @@
 #include "frontend/idx.h"
 #include "ir/calling.h"
 #include "ir/graph.h"
+#include "train/trainer.h"
 
 namespace kiln {
 
@@ -25,5 +26,11 @@ struct ModelWithParams {
 std::vector<std::string> builtin_model_names();  // {"mlp", "lenet"}
 // kiln::Error "unknown model 'x' (built in: mlp, lenet; or a .kir file)".
 ModelWithParams builtin_model(std::string_view name, int64_t batch, uint64_t seed = 0);
+
+// The training options a built-in model is trained with by default (optimizer, rate, batch),
+// shared by `kiln train` and examples/lenet.cpp; measured to reach the figures in
+// docs/training.md on Fashion-MNIST (lenet: >= 88% test accuracy in 3 epochs).
+// kiln::Error for an unknown name, as builtin_model.
+TrainerOptions recommended_options(std::string_view name);
 
 }  // namespace kiln

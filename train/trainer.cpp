@@ -1,6 +1,303 @@
-// Stub: being written (issue 11).
+// The training loop: one compiled step, an evaluation executable on the same state store,
+// batches gathered into reused buffers, the scheduled rate written only when it changes.
 #include "train/trainer.h"
 
-#include "ir/error.h"
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <span>
+#include <nlohmann/json.hpp>
 
-namespace kiln {}  // namespace kiln
+#include "codegen/backend.h"
+#include "ir/error.h"
+#include "ir/printer.h"
+#include "passes/rebatch.h"
+
+namespace kiln {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Doubles in metadata as hex floats, which read back bit for bit.
+std::string exact(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::hex);
+  return std::string(buf, r.ptr);
+}
+
+const std::string& meta(const Metadata& m, const std::string& key, const std::string& path) {
+  auto it = m.find(key);
+  if (it == m.end()) throw Error(path + ": no metadata '" + key + "' (not a checkpoint written by kiln::Trainer)");
+  return it->second;
+}
+
+template <typename T>
+T number(const std::string& text, const std::string& key, const std::string& path,
+         std::chars_format format = std::chars_format::general) {
+  T v{};
+  std::from_chars_result r;
+  if constexpr (std::is_floating_point_v<T>)
+    r = std::from_chars(text.data(), text.data() + text.size(), v, format);
+  else
+    r = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (r.ec != std::errc() || r.ptr != text.data() + text.size() || text.empty())
+    throw Error(path + ": metadata '" + key + "' = '" + text + "' is not a number (the file is corrupt)");
+  return v;
+}
+
+template <typename T>
+T meta_number(const Metadata& m, const std::string& key, const std::string& path) {
+  return number<T>(meta(m, key, path), key, path);
+}
+
+// The model at the training batch size, so the step is compiled at the size it runs at
+// (other sizes go through the executables' siblings).
+Graph at_batch(const Graph& model, int64_t batch) {
+  std::optional<int64_t> traced = batch_size(model);
+  return traced && *traced != batch && batch >= 1 ? rebatch(model, batch) : model;
+}
+
+}  // namespace
+
+std::string optimizer_json(const Optimizer& optimizer) {
+  nlohmann::ordered_json j;
+  std::visit(
+      [&](const auto& o) {
+        using O = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<O, SGD>) {
+          j = {{"name", "sgd"}, {"lr", o.lr}, {"momentum", o.momentum}, {"dampening", o.dampening},
+               {"weight_decay", o.weight_decay}, {"nesterov", o.nesterov}};
+        } else {
+          j = {{"name", std::is_same_v<O, Adam> ? "adam" : "adamw"}, {"lr", o.lr}, {"beta1", o.beta1},
+               {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}};
+        }
+      },
+      optimizer);
+  return j.dump();
+}
+
+Trainer::Trainer(const Graph& model, const TensorMap& params, TrainerOptions options)
+    : options_(std::move(options)),
+      step_(make_train_step(at_batch(model, options_.batch), options_.optimizer, {.loss = options_.loss})),
+      hash_(hash_hex(print(step_.graph))),
+      base_lr_(std::visit([](const auto& o) { return o.lr; }, options_.optimizer)) {
+  if (options_.batch < 1) throw Error("trainer: batch must be at least 1, got " + std::to_string(options_.batch));
+  if (options_.eval_batch < 1)
+    throw Error("trainer: eval_batch must be at least 1, got " + std::to_string(options_.eval_batch));
+  if (options_.checkpoint_every_steps < 0 || options_.checkpoint_keep < 1)
+    throw Error("trainer: checkpoint_every_steps must be >= 0 and checkpoint_keep >= 1");
+  if (options_.checkpoint_every_steps > 0 && options_.checkpoint_dir.empty())
+    throw Error("trainer: checkpoint_every_steps needs a checkpoint_dir to write to");
+  for (const GraphOutput& o : model.outputs()) has_accuracy_ |= o.name == options_.accuracy;
+  train_ = compile(step_.graph, options_.compile);
+  train_->set_state(params);
+  train_->set_state(step_.initial_state());
+  lr_dtype_ = step_.initial_values.at("lr").dtype();
+  eval_ = compile(at_batch(model, options_.batch), options_.compile, train_->state_store());
+}
+
+double Trainer::lr_for(int64_t global_step, int64_t steps_per_epoch) const {
+  return options_.schedule.at(global_step, base_lr_, steps_per_epoch, total_steps_);
+}
+
+TensorMap Trainer::run_step(const TensorMap& batch, double lr) {
+  if (lr != written_lr_) {
+    train_->set_state("lr", Tensor::scalar(lr_dtype_, lr));
+    written_lr_ = lr;
+  }
+  return train_->run(batch);
+}
+
+TensorMap Trainer::train_batch(const TensorMap& batch) {
+  TensorMap out = run_step(batch, lr_for(global_step_, steps_per_epoch_));
+  ++global_step_;
+  return out;
+}
+
+EpochMetrics Trainer::train_epoch(const TensorDataset& data, const std::function<void(const StepInfo&)>& on_step) {
+  data.check("train_epoch");
+  const BatchPlan plan = BatchPlan::make(data.size(), options_.batch, options_.drop_last);
+  if (plan.count() == 0)
+    throw Error("train_epoch: no batch to train: " + std::to_string(data.size()) + " examples, batch " +
+                std::to_string(options_.batch) + (options_.drop_last ? " with drop_last" : ""));
+  if (position_ > plan.count())
+    throw Error("train_epoch: the trainer is at batch " + std::to_string(position_) + " of its epoch but this data has " +
+                std::to_string(plan.count()) + " batches (resumed with other training data?)");
+  steps_per_epoch_ = plan.count();
+  total_steps_ = options_.epochs * plan.count();
+  const std::vector<int64_t> order = epoch_order(data.size(), options_.data_seed, epoch_, options_.shuffle);
+  const std::span<const int64_t> rows(order);
+  if (position_ == 0) sums_ = {};
+  const Sums start = sums_;
+  const Clock::time_point t0 = Clock::now();
+  StepInfo info{.epoch = epoch_, .batches = plan.count()};
+  double lr = 0;
+  for (int64_t i = position_; i < plan.count(); ++i) {
+    const int64_t size = plan.size_of(i);
+    TensorMap& batch = size == options_.batch ? full_batch_ : last_batch_;
+    gather_rows_into(data, rows.subspan(static_cast<size_t>(i * options_.batch), static_cast<size_t>(size)), batch);
+    lr = lr_for(global_step_, steps_per_epoch_);
+    const TensorMap out = run_step(batch, lr);
+    const double loss = out.find(options_.loss)->second.get(0);
+    const double accuracy = has_accuracy_ ? out.find(options_.accuracy)->second.get(0) : std::nan("");
+    sums_.loss += loss * static_cast<double>(size);
+    if (has_accuracy_) sums_.accuracy += accuracy * static_cast<double>(size);
+    sums_.samples += size;
+    ++sums_.steps;
+    ++global_step_;
+    position_ = i + 1;
+    if (on_step) {
+      info.batch_index = i;
+      info.global_step = global_step_;
+      info.samples = size;
+      info.loss = loss;
+      info.accuracy = accuracy;
+      info.lr = lr;
+      info.seconds = start.seconds + seconds_since(t0);
+      on_step(info);
+    }
+    if (options_.checkpoint_every_steps > 0 && global_step_ % options_.checkpoint_every_steps == 0 &&
+        position_ < plan.count()) {
+      sums_.seconds = start.seconds + seconds_since(t0);
+      save_to_dir();
+    }
+  }
+  sums_.seconds = start.seconds + seconds_since(t0);
+  EpochMetrics m;
+  m.steps = sums_.steps;
+  m.samples = sums_.samples;
+  m.train_loss = sums_.loss / static_cast<double>(sums_.samples);
+  m.train_accuracy = has_accuracy_ ? sums_.accuracy / static_cast<double>(sums_.samples) : std::nan("");
+  m.lr = lr;
+  m.seconds = sums_.seconds;
+  m.samples_per_second = m.seconds > 0 ? static_cast<double>(m.samples) / m.seconds : 0;
+  ++epoch_;
+  m.epoch = epoch_;
+  position_ = 0;
+  sums_ = {};
+  if (!options_.checkpoint_dir.empty()) save_to_dir();
+  return m;
+}
+
+EvalMetrics Trainer::evaluate(const TensorDataset& data) {
+  data.check("evaluate");
+  const Clock::time_point t0 = Clock::now();
+  const BatchPlan plan = BatchPlan::make(data.size(), options_.eval_batch, false);
+  std::vector<int64_t> order(static_cast<size_t>(data.size()));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  const std::span<const int64_t> rows(order);
+  EvalMetrics r;
+  double loss = 0, accuracy = 0;
+  TensorMap chunk;
+  for (int64_t i = 0; i < plan.count(); ++i) {
+    const int64_t size = plan.size_of(i);
+    gather_rows_into(data, rows.subspan(static_cast<size_t>(i * options_.eval_batch), static_cast<size_t>(size)), chunk);
+    const TensorMap out = eval_->run(chunk);
+    loss += out.find(options_.loss)->second.get(0) * static_cast<double>(size);
+    if (has_accuracy_) accuracy += out.find(options_.accuracy)->second.get(0) * static_cast<double>(size);
+    r.samples += size;
+  }
+  const double n = static_cast<double>(r.samples);
+  r.loss = r.samples ? loss / n : std::nan("");
+  r.accuracy = has_accuracy_ && r.samples ? accuracy / n : std::nan("");
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+std::vector<EpochMetrics> Trainer::fit(const TensorDataset& train, const TensorDataset& test, int64_t epochs,
+                                       const FitCallbacks& callbacks) {
+  if (options_.epochs == 0) options_.epochs = epochs;
+  std::vector<EpochMetrics> all;
+  while (epoch_ < epochs) {
+    EpochMetrics m = train_epoch(train, callbacks.on_step);
+    if (test.size() > 0) m.test = evaluate(test);
+    if (callbacks.on_epoch) callbacks.on_epoch(m);
+    all.push_back(std::move(m));
+  }
+  return all;
+}
+
+TensorMap Trainer::state() const { return train_->state(); }
+
+void Trainer::set_state(const TensorMap& state) {
+  train_->set_state(state);
+  written_lr_ = -1;
+}
+
+Metadata Trainer::checkpoint_metadata() const {
+  return {{"kiln.graph_hash", hash_},
+          {"kiln.graph", step_.graph.name()},
+          {"kiln.optimizer", optimizer_json(options_.optimizer)},
+          {"kiln.schedule", options_.schedule.str()},
+          {"kiln.warmup_steps", std::to_string(options_.schedule.warmup_steps)},
+          {"kiln.epoch", std::to_string(epoch_)},
+          {"kiln.global_step", std::to_string(global_step_)},
+          {"kiln.data_seed", std::to_string(options_.data_seed)},
+          {"kiln.batch", std::to_string(options_.batch)},
+          {"kiln.position", std::to_string(position_)},
+          {"kiln.epoch_sums", nlohmann::json{{"loss", exact(sums_.loss)},
+                                             {"accuracy", exact(sums_.accuracy)},
+                                             {"seconds", exact(sums_.seconds)},
+                                             {"samples", sums_.samples},
+                                             {"steps", sums_.steps}}
+                                  .dump()}};
+}
+
+void Trainer::save_checkpoint(const std::string& path) const { save_state(path, state(), checkpoint_metadata()); }
+
+void Trainer::save_to_dir() const {
+  CheckpointDir(options_.checkpoint_dir, options_.checkpoint_keep).save(global_step_, state(), checkpoint_metadata());
+}
+
+void Trainer::load_checkpoint(const std::string& path) {
+  const SafetensorsFile file = read_state(path);
+  const Metadata& m = file.metadata;
+  const std::string& hash = meta(m, "kiln.graph_hash", path);
+  const auto batch = meta_number<int64_t>(m, "kiln.batch", path);
+  if (hash != hash_ || batch != options_.batch) {
+    auto graph = m.count("kiln.graph") ? m.at("kiln.graph") : std::string("?");
+    throw Error(path + ": a checkpoint of another training step: the file's is '" + graph + "' at batch " +
+                std::to_string(batch) + " (graph hash " + hash.substr(0, 12) + "), this trainer's is '" +
+                step_.graph.name() + "' at batch " + std::to_string(options_.batch) + " (graph hash " +
+                hash_.substr(0, 12) + "); resume with the model, optimizer and batch size it was written with");
+  }
+  std::map<std::string, TensorType> want;
+  for (const GraphInput& in : step_.graph.inputs())
+    if (in.is_state) want.emplace(step_.graph.value(in.value).name, step_.graph.type(in.value));
+  const TensorMap state = load_state(path, want);
+  Sums sums;
+  try {
+    auto j = nlohmann::json::parse(meta(m, "kiln.epoch_sums", path));
+    auto hex = [&](const char* key) {
+      return number<double>(j.at(key).get<std::string>(), std::string("kiln.epoch_sums.") + key, path,
+                            std::chars_format::hex);
+    };
+    sums = {hex("loss"), hex("accuracy"), hex("seconds"), j.at("samples").get<int64_t>(), j.at("steps").get<int64_t>()};
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(path + ": metadata 'kiln.epoch_sums' is malformed (" + e.what() + ")");
+  }
+  const auto epoch = meta_number<int64_t>(m, "kiln.epoch", path);
+  const auto global_step = meta_number<int64_t>(m, "kiln.global_step", path);
+  const auto position = meta_number<int64_t>(m, "kiln.position", path);
+  const auto data_seed = meta_number<uint64_t>(m, "kiln.data_seed", path);
+  if (epoch < 0 || global_step < 0 || position < 0)
+    throw Error(path + ": negative epoch, step or position in the metadata (the file is corrupt)");
+  set_state(state);
+  epoch_ = epoch;
+  global_step_ = global_step;
+  position_ = position;
+  sums_ = sums;
+  options_.data_seed = data_seed;  // the run's data order continues
+}
+
+std::optional<std::string> Trainer::resume() {
+  if (options_.checkpoint_dir.empty()) throw Error("trainer: resume() needs options().checkpoint_dir");
+  std::optional<std::string> latest = CheckpointDir(options_.checkpoint_dir, options_.checkpoint_keep).latest();
+  if (latest) load_checkpoint(*latest);
+  return latest;
+}
+
+}  // namespace kiln

@@ -44,11 +44,22 @@ struct TrainerOptions {
   bool drop_last = false;   // skip a last partial batch instead of training on it
   bool shuffle = true;
   uint64_t data_seed = 0;   // the data order (epoch_order)
-  LrSchedule schedule;      // the base rate is the optimizer's lr
+  LrSchedule schedule{};    // the base rate is the optimizer's lr
   int64_t eval_batch = 1000;
   std::string loss = "loss";
   std::string accuracy = "accuracy";  // reported when the model has this output
-  CompileOptions compile;             // target, ...
+  CompileOptions compile{};           // target, ...
+  // The run's length in epochs, for schedules that need it (cosine); 0: fit() sets it from
+  // its argument (then a run of 2 epochs resumed to 4 has other rates than a run of 4: set
+  // it to the planned length). 0 with a cosine schedule and no fit(): the rate stays at lr.
+  int64_t epochs = 0;
+  // Checkpoints: with a folder, train_epoch() writes one (CheckpointDir: ckpt-STEP) after
+  // every epoch and, when checkpoint_every_steps > 0, every that many steps inside an epoch,
+  // keeping the last checkpoint_keep. A run killed at any moment resumes from the latest
+  // (resume()) and ends with bitwise the weights of an uninterrupted run.
+  std::string checkpoint_dir{};
+  int64_t checkpoint_every_steps = 0;
+  int checkpoint_keep = 3;
 };
 
 // One step, as callbacks see it.
@@ -79,8 +90,8 @@ struct EpochMetrics {
 };
 
 struct FitCallbacks {
-  std::function<void(const StepInfo&)> on_step;        // after every step
-  std::function<void(const EpochMetrics&)> on_epoch;   // after every epoch (test included)
+  std::function<void(const StepInfo&)> on_step{};      // after every step
+  std::function<void(const EpochMetrics&)> on_epoch{}; // after every epoch (test included)
 };
 
 class Trainer {
@@ -96,6 +107,9 @@ class Trainer {
 
   int64_t epoch() const { return epoch_; }              // epochs completed
   int64_t global_step() const { return global_step_; }  // steps taken
+  // Batches of the current epoch already trained: 0 between epochs, more after resuming
+  // from a mid-epoch checkpoint (train_epoch then finishes that epoch).
+  int64_t position() const { return position_; }
 
   // One optimizer step on `batch` (any batch size), the scheduled lr written first.
   // Returns the model's outputs (loss, accuracy, ...).
@@ -114,23 +128,41 @@ class Trainer {
 
   // The whole state and, in the metadata: "kiln.graph_hash", "kiln.graph" (its name),
   // "kiln.optimizer" (JSON: name and hyper-parameters), "kiln.schedule", "kiln.epoch",
-  // "kiln.global_step", "kiln.data_seed", "kiln.batch". Written atomically.
+  // "kiln.global_step", "kiln.data_seed", "kiln.batch", and where in the epoch it is:
+  // "kiln.position" (batches done) and "kiln.epoch_sums" (the epoch's running loss and
+  // accuracy sums, samples and seconds, exact). Written atomically.
   Metadata checkpoint_metadata() const;
   void save_checkpoint(const std::string& path) const;
   // Restores state, epoch and step from a checkpoint of this same graph; refuses (kiln::Error
   // naming the file and what differs) another graph, a missing/mistyped tensor, a corrupt file.
   // Training on gives bitwise the weights an uninterrupted run gets (same thread count).
   void load_checkpoint(const std::string& path);
+  // Loads the latest checkpoint of options().checkpoint_dir, if it has one; returns its path
+  // (nullopt: nothing to resume, the trainer is unchanged).
+  std::optional<std::string> resume();
 
  private:
+  // The running sums of the epoch in progress (doubles: metrics are accumulated exactly as
+  // an uninterrupted epoch would, also across a resume).
+  struct Sums {
+    double loss = 0, accuracy = 0, seconds = 0;
+    int64_t samples = 0, steps = 0;
+  };
   double lr_for(int64_t global_step, int64_t steps_per_epoch) const;
+  TensorMap run_step(const TensorMap& batch, double lr);  // writes lr (if it changed), one step
+  void save_to_dir() const;
 
   TrainerOptions options_;
   TrainStep step_;
   std::string hash_;
   double base_lr_ = 0;
   std::shared_ptr<Executable> train_, eval_;
-  int64_t epoch_ = 0, global_step_ = 0;
+  int64_t epoch_ = 0, global_step_ = 0, position_ = 0;
+  Sums sums_;
+  bool has_accuracy_ = false;
+  DType lr_dtype_ = DType::f32;
+  double written_lr_ = -1;  // the value "lr" holds (-1: unknown, write it)
+  TensorMap full_batch_, last_batch_;  // reused gather buffers
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;  // for schedules: set by train_epoch/fit
 };
 

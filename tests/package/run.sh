@@ -19,7 +19,8 @@ rm -rf "$work" && mkdir -p "$work"
 step "install into $prefix"
 "$CMAKE" --install "$build" --prefix "$prefix" >"$work/install.log" || { cat "$work/install.log"; exit 1; }
 lib=$(cd "$prefix" && dirname "$(find . -name libkiln_runtime.a | head -1)")  # lib, lib64, lib/<triple>
-for f in bin/kiln $lib/libkiln_runtime.a $lib/libkiln_codegen_cpu.a include/kiln/frontend/nn.h include/kiln/ir/ops.def \
+for f in bin/kiln $lib/libkiln_runtime.a $lib/libkiln_codegen_cpu.a $lib/libkiln_train.a include/kiln/train/trainer.h \
+         include/kiln/frontend/nn.h include/kiln/ir/ops.def \
          include/kiln/runtime/abi.def $lib/cmake/Kiln/KilnConfig.cmake $lib/cmake/Kiln/KilnConfigVersion.cmake \
          $lib/cmake/Kiln/KilnAddModel.cmake $lib/pkgconfig/kiln.pc $lib/pkgconfig/kiln-runtime.pc; do
   [[ -e $prefix/$f ]] || fail "the install lacks $f"

@@ -1,0 +1,339 @@
+// The train/ library: data order, batches, schedules, the Trainer's loop, its evaluation,
+// the rate it writes, and checkpoints that resume bit for bit.
+#include <catch2/catch_approx.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "error_of.h"
+#include "frontend/losses.h"
+#include "frontend/nn.h"
+#include "ir/interp.h"
+#include "temp_dir.h"
+#include "train/models.h"
+#include "train/trainer.h"
+
+using namespace kiln;
+using Catch::Matchers::ContainsSubstring;
+using kiln::testing::error_of;
+
+namespace {
+
+// A 4-8-3 MLP classifier traced at `batch`, with loss and accuracy.
+ModelWithParams tiny(int64_t batch, int64_t hidden = 8, const std::string& name = "tiny") {
+  Tracer t(name);
+  nn::Scope s(t, 1);
+  Sym x = t.input("x", {DType::f32, {batch, 4}});
+  Sym y = t.input("y", {DType::i32, {batch}});
+  Sym logits = nn::mlp(s, {4, hidden, 3})(x);
+  t.output("loss", nn::cross_entropy(logits, y));
+  t.output("accuracy", nn::accuracy(logits, y));
+  return {t.finish(), t.parameters()};
+}
+
+// n examples whose class is the largest of the first three features.
+TensorDataset synthetic(int64_t n) {
+  Tensor x(DType::f32, {n, 4}), y(DType::i32, {n});
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t best = 0;
+    for (int64_t f = 0; f < 4; ++f) {
+      x.set(i * 4 + f, static_cast<double>((i * 37 + f * 11) % 17) / 17.0);
+      if (f < 3 && x.get(i * 4 + f) > x.get(i * 4 + best)) best = f;
+    }
+    y.set_int(i, best);
+  }
+  return TensorDataset{{{"x", x}, {"y", y}}};
+}
+
+void require_same_state(const TensorMap& a, const TensorMap& b) {
+  REQUIRE(a.size() == b.size());
+  for (const auto& [name, t] : a) {
+    INFO(name);
+    REQUIRE(b.count(name));
+    CHECK(t == b.at(name));  // bit for bit
+  }
+}
+
+TrainerOptions sgd(int64_t batch) { return {.optimizer = SGD{.lr = 0.1, .momentum = 0.9}, .batch = batch, .eval_batch = batch}; }
+
+}  // namespace
+
+TEST_CASE("epoch_order depends on the seed and the epoch only, and is a permutation", "[trainer]") {
+  auto a = epoch_order(100, 7, 3);
+  CHECK(a == epoch_order(100, 7, 3));
+  CHECK(a != epoch_order(100, 7, 4));
+  CHECK(a != epoch_order(100, 8, 3));
+  auto sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted == epoch_order(100, 7, 3, /*shuffle=*/false));
+  CHECK(sorted.front() == 0);
+  CHECK(sorted.back() == 99);
+  CHECK(epoch_order(0, 1, 0).empty());
+}
+
+TEST_CASE("BatchPlan trains the partial batch unless drop_last", "[trainer]") {
+  BatchPlan p = BatchPlan::make(10, 4, false);
+  CHECK(p.count() == 3);
+  CHECK(p.size_of(1) == 4);
+  CHECK(p.size_of(2) == 2);
+  CHECK(BatchPlan::make(10, 4, true).count() == 2);
+  CHECK(BatchPlan::make(8, 4, false).count() == 2);
+  CHECK_THAT(error_of([] { BatchPlan::make(8, 0, false); }), ContainsSubstring("at least 1"));
+}
+
+TEST_CASE("gather_rows picks rows of every column, reusing the buffers", "[trainer]") {
+  TensorDataset d = synthetic(6);
+  std::vector<int64_t> rows{5, 0, 2};
+  TensorMap b = gather_rows(d, rows);
+  REQUIRE(b.at("x").shape() == Shape{3, 4});
+  for (int64_t r = 0; r < 3; ++r) {
+    CHECK(b.at("y").get_int(r) == d.columns.at("y").get_int(rows[static_cast<size_t>(r)]));
+    CHECK(b.at("x").get(r * 4 + 1) == d.columns.at("x").get(rows[static_cast<size_t>(r)] * 4 + 1));
+  }
+  const std::byte* buffer = b.at("x").raw();
+  gather_rows_into(d, std::vector<int64_t>{1, 2, 3}, b);
+  CHECK(b.at("x").raw() == buffer);
+  CHECK_THAT(error_of([&] { gather_rows(d, std::vector<int64_t>{6}); }), ContainsSubstring("row 6 is out of range"));
+  TensorDataset bad{{{"x", Tensor(DType::f32, {3, 4})}, {"y", Tensor(DType::i32, {2})}}};
+  CHECK_THAT(error_of([&] { bad.check("train"); }), ContainsSubstring("differ in their leading dimension"));
+}
+
+TEST_CASE("learning-rate schedules: values at chosen steps, warm-up, parse and str", "[trainer]") {
+  LrSchedule c;
+  CHECK(c.at(0, 0.1, 10, 100) == 0.1);
+  CHECK(c.at(99, 0.1, 10, 100) == 0.1);
+
+  LrSchedule s = LrSchedule::parse("step:2:0.5");
+  CHECK(s.at(19, 1.0, 10, 100) == 1.0);   // epochs 0, 1
+  CHECK(s.at(20, 1.0, 10, 100) == 0.5);   // epoch 2
+  CHECK(s.at(45, 1.0, 10, 100) == 0.25);  // epoch 4
+  CHECK(s.str() == "step:2:0.5");
+  CHECK(LrSchedule::parse("step:3").gamma == 0.1);
+
+  LrSchedule cos = LrSchedule::parse("cosine:0.01");
+  CHECK(cos.at(0, 1.0, 10, 100) == 1.0);
+  CHECK(cos.at(50, 1.0, 10, 100) == Catch::Approx(0.505));
+  CHECK(cos.at(100, 1.0, 10, 100) == Catch::Approx(0.01));
+  CHECK(LrSchedule::parse(cos.str()).min_lr == 0.01);
+
+  cos.warmup_steps = 4;
+  CHECK(cos.at(0, 1.0, 10, 104) == 0.25);
+  CHECK(cos.at(3, 1.0, 10, 104) == 1.0);
+  CHECK(cos.at(4, 1.0, 10, 104) == 1.0);  // the cosine starts after the warm-up
+  CHECK(cos.at(104, 1.0, 10, 104) == Catch::Approx(0.01));
+
+  CHECK_THAT(error_of([] { LrSchedule::parse("linear"); }), ContainsSubstring("unknown schedule 'linear'"));
+  CHECK_THAT(error_of([] { LrSchedule::parse("step"); }), ContainsSubstring("step needs EPOCHS"));
+  CHECK_THAT(error_of([] { LrSchedule::parse("step:x"); }), ContainsSubstring("EPOCHS 'x' is not a number"));
+  CHECK_THAT(error_of([] { LrSchedule::parse("step:0"); }), ContainsSubstring("at least 1"));
+  CHECK_THAT(error_of([] { LrSchedule::parse("cosine:-1"); }), ContainsSubstring("MIN_LR"));
+}
+
+TEST_CASE("Trainer writes the scheduled rate before each step", "[trainer]") {
+  ModelWithParams m = tiny(4);
+  TrainerOptions o = sgd(4);
+  o.schedule.warmup_steps = 4;  // step 0 trains at lr / 4
+  Trainer trainer(m.model, m.params, o);
+  TensorDataset d = synthetic(4);
+  TensorMap batch = gather_rows(d, std::vector<int64_t>{0, 1, 2, 3});
+  TensorMap state = trainer.state();
+  state["lr"] = Tensor::scalar(DType::f32, 0.025);
+  interpret_step(trainer.train_step().graph, state, batch);
+  trainer.train_batch(batch);
+  CHECK(trainer.global_step() == 1);
+  TensorMap got = trainer.state();
+  CHECK(got.at("lr").get(0) == Catch::Approx(0.025));
+  for (const auto& [name, t] : state) {
+    INFO(name);
+    CHECK(max_abs_diff(t, got.at(name)) < 1e-6);
+  }
+}
+
+TEST_CASE("Trainer compiles the step at its batch size, whatever the model was traced at", "[trainer]") {
+  ModelWithParams m = tiny(4);
+  Trainer trainer(m.model, m.params, sgd(2));
+  const Graph& step = trainer.train_step().graph;
+  CHECK(step.type(step.inputs()[0].value).shape == Shape{2, 4});
+  EpochMetrics e = trainer.train_epoch(synthetic(6));
+  CHECK(e.steps == 3);
+  CHECK(trainer.checkpoint_metadata().at("kiln.batch") == "2");
+}
+
+TEST_CASE("train_epoch trains the partial last batch unless drop_last", "[trainer]") {
+  ModelWithParams m = tiny(4);
+  TensorDataset d = synthetic(10);
+  Trainer all(m.model, m.params, sgd(4));
+  EpochMetrics e = all.train_epoch(d);
+  CHECK(e.samples == 10);
+  CHECK(e.steps == 3);
+  CHECK(e.epoch == 1);
+  CHECK(all.global_step() == 3);
+  CHECK(e.samples_per_second > 0);
+
+  TrainerOptions o = sgd(4);
+  o.drop_last = true;
+  Trainer dropped(m.model, m.params, o);
+  EpochMetrics f = dropped.train_epoch(d);
+  CHECK(f.samples == 8);
+  CHECK(f.steps == 2);
+  CHECK(all.state().at("fc1.weight") != dropped.state().at("fc1.weight"));
+}
+
+TEST_CASE("evaluate's chunks give the whole set's example-weighted means", "[trainer]") {
+  ModelWithParams m = tiny(4);
+  TensorDataset d = synthetic(10);
+  Trainer trainer(m.model, m.params, sgd(4));
+  trainer.train_epoch(d);
+  EvalMetrics chunks = trainer.evaluate(d);  // 4 + 4 + 2
+  CHECK(chunks.samples == 10);
+  // The same model traced at 10 on the trained parameters: one whole-set evaluation.
+  ModelWithParams at10 = tiny(10);
+  TensorMap args = gather_rows(d, epoch_order(10, 0, 0, false));
+  TensorMap state = trainer.state();
+  for (const auto& [name, value] : at10.params) args[name] = state.at(name);
+  TensorMap whole = interpret(at10.model, args);
+  CHECK(chunks.loss == Catch::Approx(whole.at("loss").get(0)).epsilon(1e-5));
+  CHECK(chunks.accuracy == Catch::Approx(whole.at("accuracy").get(0)).epsilon(1e-6));
+  CHECK(trainer.global_step() == 3);  // evaluation does not train
+}
+
+namespace {
+
+// Adam and a warmed-up cosine schedule: the rate, the step counter and the moment buffers
+// all have to come back for a resumed run to match.
+TrainerOptions resumable(int64_t batch) {
+  TrainerOptions o{.optimizer = Adam{.lr = 0.01}, .batch = batch, .data_seed = 5, .eval_batch = batch};
+  o.schedule = LrSchedule::parse("cosine:0.001");
+  o.schedule.warmup_steps = 2;
+  o.epochs = 4;  // the cosine's length: the run is planned for 4 epochs, however it is cut
+  return o;
+}
+
+struct Crash {};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+}  // namespace
+
+TEST_CASE("resuming after 2 epochs gives bitwise the weights of 4 epochs in one go", "[trainer][resume]") {
+  ModelWithParams m = tiny(4);
+  TensorDataset d = synthetic(10);  // the partial batch (a sibling executable) too
+  Trainer straight(m.model, m.params, resumable(4));
+  std::vector<EpochMetrics> want = straight.fit(d, {}, 4);
+  kiln::testing::TempDir dir;
+  {
+    Trainer first(m.model, m.params, resumable(4));
+    first.fit(d, {}, 2);
+    first.save_checkpoint(dir / "two.safetensors");
+  }
+  TrainerOptions other_seed = resumable(4);
+  other_seed.data_seed = 99;  // the checkpoint's seed wins: it is the run's data order
+  Trainer second(m.model, tiny(4).params, other_seed);
+  second.load_checkpoint(dir / "two.safetensors");
+  CHECK(second.epoch() == 2);
+  CHECK(second.global_step() == 6);
+  std::vector<EpochMetrics> got = second.fit(d, {}, 4);
+  REQUIRE(got.size() == 2);
+  CHECK(got[1].train_loss == want[3].train_loss);
+  require_same_state(straight.state(), second.state());
+}
+
+TEST_CASE("a run killed mid-epoch resumes from its last checkpoint to bitwise the same weights", "[trainer][resume]") {
+  ModelWithParams m = tiny(4);
+  TensorDataset d = synthetic(10);  // 3 steps an epoch: 4, 4 and the partial 2
+  Trainer straight(m.model, m.params, resumable(4));
+  std::vector<EpochMetrics> want = straight.fit(d, {}, 4);
+
+  kiln::testing::TempDir dir;
+  TrainerOptions o = resumable(4);
+  o.checkpoint_dir = dir / "run";
+  o.checkpoint_every_steps = 2;  // steps 2, 4, 8, 10 inside epochs; 3, 6, 9 at their ends
+  {
+    Trainer killed(m.model, m.params, o);
+    FitCallbacks cb{.on_step = [](const StepInfo& s) {
+      if (s.global_step == 9) throw Crash{};  // before step 9's end-of-epoch checkpoint
+    }};
+    CHECK_THROWS_AS(killed.fit(d, {}, 4, cb), Crash);
+  }
+  Trainer resumed(m.model, m.params, o);
+  std::optional<std::string> from = resumed.resume();
+  REQUIRE(from);
+  CHECK_THAT(*from, ContainsSubstring("ckpt-0000000008"));
+  CHECK(resumed.epoch() == 2);
+  CHECK(resumed.position() == 2);
+  std::vector<EpochMetrics> got = resumed.fit(d, {}, 4);
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].samples == 10);  // the resumed epoch's metrics cover all of it
+  CHECK(got[0].train_loss == want[2].train_loss);
+  require_same_state(straight.state(), resumed.state());
+
+  TrainerOptions empty = resumable(4);
+  empty.checkpoint_dir = dir / "nothing";
+  CHECK_FALSE(Trainer(m.model, m.params, empty).resume());
+}
+
+TEST_CASE("load_checkpoint refuses another graph, missing or mistyped tensors, corrupt files", "[trainer][resume]") {
+  ModelWithParams m = tiny(4);
+  kiln::testing::TempDir dir;
+  Trainer trainer(m.model, m.params, sgd(4));
+  trainer.train_epoch(synthetic(8));
+  const std::string path = dir / "ckpt.safetensors";
+  trainer.save_checkpoint(path);
+  CHECK_THAT(trainer.checkpoint_metadata().at("kiln.optimizer"), ContainsSubstring("\"name\":\"sgd\""));
+
+  ModelWithParams wide = tiny(4, 16, "wide");
+  Trainer other(wide.model, wide.params, sgd(4));
+  std::string e = error_of([&] { other.load_checkpoint(path); });
+  CHECK_THAT(e, ContainsSubstring("another training step"));
+  CHECK_THAT(e, ContainsSubstring("'tiny_train_step' at batch 4"));
+  CHECK_THAT(e, ContainsSubstring("'wide_train_step' at batch 4"));
+  TrainerOptions b8 = sgd(8);
+  CHECK_THAT(error_of([&] { Trainer(m.model, m.params, b8).load_checkpoint(path); }), ContainsSubstring("'tiny_train_step' at batch 8"));
+
+  TensorMap state = trainer.state();
+  state.erase("fc2.bias");
+  save_state(dir / "missing.safetensors", state, trainer.checkpoint_metadata());
+  CHECK_THAT(error_of([&] { trainer.load_checkpoint(dir / "missing.safetensors"); }), ContainsSubstring("fc2.bias"));
+  state["fc2.bias"] = Tensor(DType::f64, {3});
+  save_state(dir / "mistyped.safetensors", state, trainer.checkpoint_metadata());
+  CHECK_THAT(error_of([&] { trainer.load_checkpoint(dir / "mistyped.safetensors"); }), ContainsSubstring("fc2.bias"));
+
+  save_state(dir / "plain.safetensors", trainer.state());
+  CHECK_THAT(error_of([&] { trainer.load_checkpoint(dir / "plain.safetensors"); }),
+             ContainsSubstring("not a checkpoint written by kiln::Trainer"));
+
+  std::string bytes = read_bytes(path);
+  write_bytes(dir / "truncated.safetensors", bytes.substr(0, bytes.size() - 7));
+  CHECK_THAT(error_of([&] { trainer.load_checkpoint(dir / "truncated.safetensors"); }), ContainsSubstring("truncated.safetensors: "));
+  bytes[bytes.size() - 3] = static_cast<char>(bytes[bytes.size() - 3] ^ 0x10);
+  write_bytes(dir / "flipped.safetensors", bytes);
+  CHECK_THAT(error_of([&] { trainer.load_checkpoint(dir / "flipped.safetensors"); }), ContainsSubstring("corrupt"));
+  CHECK(trainer.epoch() == 1);  // refused loads change nothing
+}
+
+TEST_CASE("built-in models and their recommended options", "[trainer]") {
+  CHECK(builtin_model_names() == std::vector<std::string>{"mlp", "lenet"});
+  ModelWithParams mlp = builtin_model("mlp", 2);
+  CHECK(mlp.layout == ImageLayout::flat);
+  CHECK(mlp.model.type(mlp.model.inputs()[0].value) == TensorType{DType::f32, {2, 784}});
+  CHECK(mlp.params.at("fc1.weight").shape() == Shape{784, 256});
+  ModelWithParams lenet = builtin_model("lenet", 3, 5);
+  CHECK(lenet.layout == ImageLayout::nchw);
+  CHECK(lenet.params.at("conv1.weight").shape() == Shape{8, 1, 3, 3});
+  CHECK(lenet.params.at("fc.weight") != builtin_model("lenet", 3, 6).params.at("fc.weight"));  // seeded
+  std::vector<std::string> outputs;
+  for (const GraphOutput& o : lenet.model.outputs()) outputs.push_back(o.name);
+  CHECK(outputs == std::vector<std::string>{"loss", "accuracy"});
+  CHECK(recommended_options("lenet").schedule.kind == LrSchedule::Kind::cosine);
+  CHECK_THAT(error_of([] { builtin_model("resnet", 2); }),
+             ContainsSubstring("unknown model 'resnet' (built in: mlp, lenet; or a .kir file)"));
+  CHECK_THAT(error_of([] { recommended_options("resnet"); }), ContainsSubstring("unknown model 'resnet'"));
+}
