@@ -15,6 +15,8 @@
 #include <memory>
 #include <optional>
 
+#include "ir/printable.h"
+
 namespace kiln {
 
 static_assert(std::endian::native == std::endian::little,
@@ -39,24 +41,6 @@ std::optional<DType> dtype_of_descr(std::string_view d) {
   for (DType t : kAllDTypes)
     if (descr_of(t) == d) return t;
   return std::nullopt;
-}
-
-// Visible form of a header fragment for error messages: printable ASCII, else \xNN.
-std::string printable(std::string_view s, size_t max = 40) {
-  std::string out;
-  for (size_t i = 0; i < s.size() && i < max; ++i) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  if (s.size() > max) out += "...";
-  return out;
 }
 
 // A parser for the header's dict literal: string keys; values that are strings, True or

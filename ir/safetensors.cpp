@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ir/error.h"
+#include "ir/printable.h"
 
 namespace kiln {
 
@@ -49,23 +50,8 @@ std::string_view st_name(DType t) {
 constexpr std::string_view kOtherDTypes[] = {"F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3",
                                              "F6_E3M2", "I8", "U8", "I16", "U16", "U32", "U64", "C64"};
 
-// A name or value for a message: quoted, control bytes as \xNN, long ones cut.
-std::string quote_name(std::string_view s) {
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < 80; ++i) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c != 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  if (s.size() > 80) out += "...";
-  return out + "'";
-}
+// A name or value for a message, quoted (control bytes as \xNN, long ones cut).
+std::string quote_name(std::string_view s) { return "'" + printable(s, 80) + "'"; }
 
 std::string type_name(const json& v) { return v.type_name(); }
 
@@ -155,7 +141,10 @@ class Reader {
   // A JSON integer >= 0 (never through double: a float such as 3.0 is refused).
   uint64_t count(const std::string& tensor, const json& v, const std::string& what) const {
     if (v.is_number_unsigned()) return v.get<uint64_t>();
-    if (v.is_number_integer()) fail(tensor, what + " is negative (" + v.dump() + ")");
+    if (v.is_number_integer()) {  // "-0" is read as a signed 0
+      if (v.get<int64_t>() >= 0) return static_cast<uint64_t>(v.get<int64_t>());
+      fail(tensor, what + " is negative (" + v.dump() + ")");
+    }
     fail(tensor, what + " is " + (v.is_number() ? v.dump() : type_name(v)) + ", not a non-negative integer");
   }
 

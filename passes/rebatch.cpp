@@ -51,7 +51,7 @@ class Rebatcher {
  public:
   Rebatcher(const Graph& src, int64_t from, int64_t to)
       : src_(src), from_(from), to_(to), dst_(src.name()), map_(src.values().size()),
-        axis_(src.values().size(), kNone), names_(value_names(src)) {}
+        axis_(src.values().size(), kNone) {}
 
   Graph run() {
     for (const GraphInput& in : src_.inputs()) {
@@ -74,7 +74,7 @@ class Rebatcher {
     for (const auto& [k, a] : n.attrs)
       if (attr_kind(a) != AttrKind::Tensor) attrs += (attrs.empty() ? "" : ", ") + k + "=" + print_attr(a);
     throw Error("rebatch @" + src_.name() + " from " + std::to_string(from_) + " to " + std::to_string(to_) +
-                ": " + names_[n.results[0].id] + " = " + std::string(op_name(n.op)) +
+                ": " + value_names(src_)[static_cast<size_t>(n.results[0].id)] + " = " + std::string(op_name(n.op)) +
                 (attrs.empty() ? "" : " {" + attrs + "}") + " " + why);
   }
 
@@ -224,7 +224,6 @@ class Rebatcher {
   Graph dst_;
   std::vector<ValueId> map_;
   std::vector<int> axis_;
-  std::vector<std::string> names_;
 };
 
 }  // namespace

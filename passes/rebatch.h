@@ -6,9 +6,16 @@
 // spell a shape (reshape's and broadcast_to's `shape`, a constant's splat shape) have their
 // leading entry changed from the old batch to n where it is the batch dimension flowing from
 // the inputs. Anything that cannot be rebatched safely is a kiln::Error saying which node and
-// why ("rebatch @mlp to 16: %7 = reshape(...) {shape=[4096]} mixes the batch dimension into
-// another axis"), never a silently wrong graph. rebatch(g, batch_size(g)) returns g unchanged.
-// Linear in the graph's size. Fused bodies are not entered: rebatch runs before the pipeline.
+// why ("rebatch @mlp from 64 to 16: %7 = reshape {shape=[4096]} mixes the batch dimension
+// into another axis ..."). rebatch(g, batch_size(g)) returns g unchanged. Linear in the
+// graph's size. Fused bodies are not entered: rebatch runs before the pipeline.
+//
+// Where the batch comes from nothing (a splat constant, a broadcast_to of a value without
+// it), the axis of the old batch size is taken to be the batch; two such axes are refused
+// as ambiguous, and a full constant tensor with one is refused. Values computed from the
+// batch size at trace time: autodiff's gradient of a mean (a literal 1/count) is
+// recomputed; a literal a hand-written .kir spells itself (x * 0.015625 for a mean over 64)
+// cannot be told from any other number and is kept: write mean, not such a literal.
 #pragma once
 
 #include <cstdint>

@@ -2,8 +2,10 @@
 // optimizer update as ordinary elementwise IR over the parameters, their gradients and the
 // optimizer's state inputs. Every optimizer node carries a note naming the optimizer, the
 // quantity and the parameter ("adam update of %fc1.weight"), so the printed step explains
-// itself. Hyper-parameters other than the learning rate are constants of the graph; the
-// learning rate is the state input "lr" so a schedule can change it between steps.
+// itself. The learning rate is the state input "lr" and the other hyper-parameters are f64
+// state scalars ("momentum", "beta1", ...), so a schedule or a user changes them between
+// steps without recompiling; each is cast to the parameters' dtype where it is used, after
+// any derivation (1 - beta1) in f64, which rounds exactly as the double constants did.
 //
 // Arithmetic follows PyTorch's single-tensor implementations (torch/optim/{sgd,adam,adamw}.py),
 // which compute the documented algorithms with the bias corrections folded into scalars:
@@ -152,15 +154,38 @@ struct ParamUpdate {
   std::vector<ValueId> state_next;
 };
 
-void emit_sgd(Emitter& e, const SGD& o, ValueId step, ValueId lr, std::vector<ParamUpdate>& ps) {
-  ValueId first, momentum, damp, wd;
+// The hyper-parameters other than lr are f64 state scalars (see train_step.h); what the
+// update uses is derived in f64 and then cast to the parameters' dtype, so that the update
+// is bitwise the one the constants gave (1 - beta1 rounded once, from the double).
+struct HyperParameters {
+  Emitter& e;
+  std::map<std::string, ValueId> inputs;  // by name: the f64 state inputs
+  // Whether the step has this hyper-parameter (terms whose value was 0 are left out).
+  bool has(const std::string& name) const { return inputs.count(name) != 0; }
+  ValueId in_dtype(ValueId v, const std::string& note, DType dtype) {
+    return e.op(Op::Cast, {v}, note, {{"dtype", dtype}});
+  }
+  // cast(NAME) and cast(1 - NAME) in the parameters' dtype.
+  ValueId value(const std::string& name, const std::string& note, DType dtype) {
+    return in_dtype(inputs.at(name), note, dtype);
+  }
+  ValueId one_minus(const std::string& name, const std::string& note, DType dtype) {
+    ValueId d = e.sub(e.constant(1.0, "", DType::f64), inputs.at(name), note + " (f64)");
+    return in_dtype(d, note, dtype);
+  }
+};
+
+void emit_sgd(Emitter& e, HyperParameters& h, const SGD& o, DType dtype, ValueId step, ValueId lr,
+              std::vector<ParamUpdate>& ps) {
+  ValueId first, momentum, damp;
   if (o.momentum != 0.0) {
     ValueId zero = e.constant(0, "", DType::i32);
     first = e.op(Op::Eq, {step, zero}, "sgd: first step? (the momentum buffer starts as the gradient)");
-    momentum = e.constant(o.momentum, "sgd: momentum");
-    if (o.dampening != 0.0) damp = e.constant(1.0 - o.dampening, "sgd: 1 - dampening");
+    momentum = h.value("momentum", "sgd: momentum", dtype);
+    if (h.has("dampening")) damp = h.one_minus("dampening", "sgd: 1 - dampening", dtype);
   }
-  if (o.weight_decay != 0.0) wd = e.constant(o.weight_decay, "sgd: weight_decay");
+  ValueId wd;
+  if (h.has("weight_decay")) wd = h.value("weight_decay", "sgd: weight_decay", dtype);
   for (ParamUpdate& p : ps) {
     std::string of = " of %" + p.name;
     ValueId g = p.grad;
@@ -186,18 +211,17 @@ void emit_sgd(Emitter& e, const SGD& o, ValueId step, ValueId lr, std::vector<Pa
   }
 }
 
-template <typename AdamLike>
-void emit_adam(Emitter& e, const AdamLike& o, bool decoupled, DType dtype, ValueId t_plus_1,
-               ValueId lr, std::vector<ParamUpdate>& ps) {
+void emit_adam(Emitter& e, HyperParameters& h, bool decoupled, DType dtype, ValueId t_plus_1, ValueId lr,
+               std::vector<ParamUpdate>& ps) {
   const std::string opt = decoupled ? "adamw" : "adam";
   const std::string on = opt + ": ";
-  // Constants and scalars shared by every parameter.
+  // Scalars shared by every parameter.
   ValueId one = e.constant(1.0, "");
-  ValueId beta1 = e.constant(o.beta1, on + "beta1");
-  ValueId beta2 = e.constant(o.beta2, on + "beta2");
-  ValueId one_minus_beta1 = e.constant(1.0 - o.beta1, on + "1 - beta1");
-  ValueId one_minus_beta2 = e.constant(1.0 - o.beta2, on + "1 - beta2");
-  ValueId eps = e.constant(o.eps, on + "eps");
+  ValueId beta1 = h.value("beta1", on + "beta1", dtype);
+  ValueId beta2 = h.value("beta2", on + "beta2", dtype);
+  ValueId one_minus_beta1 = h.one_minus("beta1", on + "1 - beta1", dtype);
+  ValueId one_minus_beta2 = h.one_minus("beta2", on + "1 - beta2", dtype);
+  ValueId eps = h.value("eps", on + "eps", dtype);
   ValueId t = e.op(Op::Cast, {t_plus_1}, on + "t = step + 1", {{"dtype", dtype}});
   ValueId beta1_t = e.op(Op::Pow, {beta1, t}, on + "beta1^t");
   ValueId bc1 = e.sub(one, beta1_t, on + "bias correction 1 - beta1^t");
@@ -206,22 +230,22 @@ void emit_adam(Emitter& e, const AdamLike& o, bool decoupled, DType dtype, Value
   ValueId step_size = e.div(lr, bc1, on + "step size lr / (1 - beta1^t)");
   ValueId bc2_sqrt = e.op(Op::Sqrt, {bc2}, on + "sqrt(1 - beta2^t)");
   ValueId wd, shrink;
-  if (o.weight_decay != 0.0) {
-    wd = e.constant(o.weight_decay, on + "weight_decay");
-    if (decoupled) {
-      ValueId lr_wd = e.mul(lr, wd, on + "lr * weight_decay");
-      shrink = e.sub(one, lr_wd, on + "decoupled decay factor 1 - lr * weight_decay");
-    }
+  if (h.has("weight_decay")) wd = h.value("weight_decay", on + "weight_decay", dtype);
+  if (decoupled && wd.valid()) {
+    ValueId lr_wd = e.mul(lr, wd, on + "lr * weight_decay");
+    shrink = e.sub(one, lr_wd, on + "decoupled decay factor 1 - lr * weight_decay");
   }
 
   for (ParamUpdate& p : ps) {
     std::string of = " of %" + p.name;
     ValueId g = p.grad, base = p.param;
-    if (wd.valid() && !decoupled) {
+    if (!wd.valid()) {
+    } else if (!decoupled) {
       ValueId decay = e.mul(wd, p.param, on + "weight_decay * %" + p.name);
       g = e.add(g, decay, on + "gradient + L2 weight decay" + of);
+    } else {
+      base = e.mul(p.param, shrink, on + "decoupled weight decay" + of);
     }
-    if (shrink.valid()) base = e.mul(p.param, shrink, on + "decoupled weight decay" + of);
     ValueId m_old = e.mul(beta1, p.state[0], on + "beta1 * m" + of);
     ValueId m_new = e.mul(one_minus_beta1, g, on + "(1 - beta1) * gradient" + of);
     ValueId m = e.add(m_old, m_new, on + "first moment" + of);
@@ -237,6 +261,33 @@ void emit_adam(Emitter& e, const AdamLike& o, bool decoupled, DType dtype, Value
     p.param_next = e.sub(base, delta, opt + " update" + of);
     p.state_next = {m, v};
   }
+}
+
+// The hyper-parameters held as f64 state, in input order, with their initial values.
+// Weight decay and dampening are left out when 0 (unless keep_zero_terms): each costs a pass
+// over every parameter per step that the fuser cannot merge into the update.
+std::vector<std::pair<std::string, double>> hyper_parameters(const Optimizer& optimizer, bool keep_zero_terms) {
+  std::vector<std::pair<std::string, double>> out;
+  auto optional = [&](const char* name, double v) {
+    if (v != 0.0 || keep_zero_terms) out.emplace_back(name, v);
+  };
+  if (const SGD* s = std::get_if<SGD>(&optimizer)) {
+    if (s->momentum != 0.0) {
+      out.emplace_back("momentum", s->momentum);
+      optional("dampening", s->dampening);
+    }
+    optional("weight_decay", s->weight_decay);
+    return out;
+  }
+  std::visit(
+      [&](const auto& o) {
+        if constexpr (!std::is_same_v<std::decay_t<decltype(o)>, SGD>) {
+          out = {{"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}};
+          optional("weight_decay", o.weight_decay);
+        }
+      },
+      optimizer);
+  return out;
 }
 
 }  // namespace
@@ -294,6 +345,7 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
       added.push_back(std::move(s));
   added.push_back("step");
   added.push_back("lr");
+  for (auto& [name, value] : hyper_parameters(optimizer, options.keep_zero_terms)) added.push_back(name);
   for (const std::string& name : added) {
     if (model.find(name).valid())
       fail(where + " already has a value named '%" + name +
@@ -348,6 +400,11 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
   result.initial_values.emplace("step", Tensor::scalar(DType::i32, 0));
   ValueId lr = g.add_input("lr", {dtype, {}}, true);
   result.initial_values.emplace("lr", learning_rate(optimizer, dtype));
+  std::vector<ValueId> hyper_inputs;
+  for (const auto& [name, value] : hyper_parameters(optimizer, options.keep_zero_terms)) {
+    hyper_inputs.push_back(g.add_input(name, {DType::f64, {}}, true));
+    result.initial_values.emplace(name, Tensor::scalar(DType::f64, value));
+  }
 
   // The backward pass.
   std::vector<ValueId> wrt;
@@ -359,6 +416,8 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
 
   // The optimizer.
   Emitter e(g, dtype);
+  HyperParameters h{e, {}};
+  for (ValueId v : hyper_inputs) h.inputs.emplace(g.value(v).name, v);
   for (size_t i = 0; i < updates.size(); ++i) {
     ParamUpdate& u = updates[i];
     u.grad = grads[i];
@@ -375,8 +434,8 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
   std::visit(
       [&](const auto& o) {
         using T = std::decay_t<decltype(o)>;
-        if constexpr (std::is_same_v<T, SGD>) emit_sgd(e, o, step, lr, updates);
-        else emit_adam(e, o, std::is_same_v<T, AdamW>, dtype, step_next, lr, updates);
+        if constexpr (std::is_same_v<T, SGD>) emit_sgd(e, h, o, dtype, step, lr, updates);
+        else emit_adam(e, h, std::is_same_v<T, AdamW>, dtype, step_next, lr, updates);
       },
       optimizer);
   result.nodes.optimizer = g.nodes().size() - before_optimizer;
@@ -399,6 +458,7 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
       g.add_output(update_name(g.value(u.state[k]).name), u.state_next[k]);
   g.add_output(update_name("step"), step_next);
   g.add_output(update_name("lr"), lr);
+  for (ValueId v : hyper_inputs) g.add_output(update_name(g.value(v).name), v);
 
   verify(g);
   return result;

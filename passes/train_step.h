@@ -5,8 +5,18 @@
 //   inputs:  the model's non-state inputs (batch, labels, ...)
 //   state:   every float parameter; the optimizer's state per parameter
 //            ("sgd.momentum.P", "adam.m.P", "adam.v.P"); "step" (i32[], steps taken so
-//            far) and "lr" (a scalar of the parameters' dtype). The learning rate is
-//            state, so a schedule changes it between steps without recompiling.
+//            far), "lr" (a scalar of the parameters' dtype) and the other
+//            hyper-parameters as f64 scalars: with momentum, SGD's "momentum" and
+//            "dampening"; Adam's and AdamW's "beta1", "beta2" and "eps"; and
+//            "weight_decay". Being state, they change between steps without recompiling
+//            (a schedule writes %lr); their values are not checked after the build. The
+//            structure is fixed when the step is made: an SGD step built with momentum 0
+//            has no momentum buffer, Nesterov is on or off, and weight decay and dampening
+//            that are 0 are left out (no state, no work) unless
+//            TrainStepOptions::keep_zero_terms; make the step again to turn one on. A
+//            hyper-parameter is used cast to the parameters' dtype, after any f64
+//            derivation (1 - beta1), so the update is bitwise the one of constants
+//            rounded from the double.
 //   outputs: the model's outputs (loss first; logits, accuracy, ... as the model has them)
 //            and "X.next" for every state input X.
 // Update formulas follow PyTorch's documentation for SGD (momentum, dampening, Nesterov,
@@ -16,7 +26,7 @@
 // (not trained); a non-float state input is passed through unchanged.
 // Throws kiln::Error for: no such loss output or a loss that is not a float scalar; no float
 // parameters, or parameters of mixed float dtypes; a model value or output already named
-// like something the step adds ("step", "lr", "adam.m.P", ...); hyper-parameters PyTorch
+// like something the step adds ("step", "lr", "beta1", "adam.m.P", ...); hyper-parameters PyTorch
 // rejects (negative lr, momentum, eps or weight decay, betas outside [0, 1), Nesterov
 // without momentum or with dampening).
 #pragma once
@@ -58,12 +68,16 @@ using Optimizer = std::variant<SGD, Adam, AdamW>;
 
 struct TrainStepOptions {
   std::string loss = "loss";  // the model output to minimize
+  // Weight decay and dampening that are 0 are left out of the step (and of its state), as
+  // PyTorch skips them: each would cost a pass over every parameter per step. With this set
+  // they are built anyway, so that they can be turned on later without a new step.
+  bool keep_zero_terms = false;
 };
 
 struct TrainStep {
   Graph graph;
-  // Initial values of the state the step adds: optimizer state (zeros), "step" (0) and
-  // "lr". Together with the model's parameters, this is the whole state. The zeros are
+  // Initial values of the state the step adds: optimizer state (zeros), "step" (0), "lr"
+  // and the other hyper-parameters. Together with the model's parameters, this is the whole state. The zeros are
   // kept as splats (Tensor::splat), so that building a step to print it allocates nothing
   // for them; initial_state() fills them out for running.
   TensorMap initial_values;

@@ -12,11 +12,11 @@ targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
-    kir|npy|idx|weights) targets+=("$1"); shift ;;
-    *) echo "fuzz.sh: unknown argument '$1' (use --seconds N, kir, npy, idx, weights)" >&2; exit 2 ;;
+    kir|npy|safetensors|idx|weights) targets+=("$1"); shift ;;
+    *) echo "fuzz.sh: unknown argument '$1' (use --seconds N, kir, npy, safetensors, idx, weights)" >&2; exit 2 ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(kir npy idx weights)
+[ ${#targets[@]} -gt 0 ] || targets=(kir npy safetensors idx weights)
 
 bash scripts/setup.sh
 build=build-fuzz

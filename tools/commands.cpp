@@ -3,6 +3,10 @@
 #include <fmt/core.h>
 
 #include <cstdio>
+#include <filesystem>
+
+#include "frontend/initialize.h"
+#include "ir/npy.h"
 
 namespace kiln::tool {
 
@@ -38,8 +42,12 @@ std::string TrainOptions::first_given() const {
   if (!optimizer.empty()) return "--optimizer";
   if (lr) return "--lr";
   if (momentum) return "--momentum";
+  if (dampening) return "--dampening";
   if (nesterov) return "--nesterov";
   if (weight_decay) return "--weight-decay";
+  if (beta1) return "--beta1";
+  if (beta2) return "--beta2";
+  if (eps) return "--eps";
   return "";
 }
 
@@ -49,10 +57,16 @@ void add_train_options(cli::Parser& p, CLI::App* cmd, TrainOptions& t) {
   p.add_real(cmd, "--lr", cli::Range::positive, t.lr,
              "learning rate, > 0 and representable in the parameters' dtype (default: 0.01 for sgd, "
              "0.001 for adam/adamw)");
-  p.add_real(cmd, "--momentum", cli::Range::non_negative, t.momentum, "sgd momentum (default 0)");
+  p.add_real(cmd, "--momentum", cli::Range::non_negative, t.momentum,
+             "sgd momentum (default 0: then the step has no momentum buffer, and adding momentum means "
+             "making the step again)");
+  p.add_real(cmd, "--dampening", cli::Range::non_negative, t.dampening, "sgd dampening, with --momentum (default 0)");
   p.add_flag(cmd, "--nesterov", t.nesterov, "sgd with Nesterov momentum");
   p.add_real(cmd, "--weight-decay", cli::Range::non_negative, t.weight_decay,
              "L2 for sgd/adam, decoupled for adamw (default 0, adamw 0.01)");
+  p.add_real(cmd, "--beta1", cli::Range::non_negative, t.beta1, "adam/adamw beta1, in [0, 1) (default 0.9)");
+  p.add_real(cmd, "--beta2", cli::Range::non_negative, t.beta2, "adam/adamw beta2, in [0, 1) (default 0.999)");
+  p.add_real(cmd, "--eps", cli::Range::non_negative, t.eps, "adam/adamw epsilon (default 1e-8)");
 }
 
 Optimizer make_optimizer(const TrainOptions& t, const Optimizer& base) {
@@ -60,22 +74,27 @@ Optimizer make_optimizer(const TrainOptions& t, const Optimizer& base) {
   const std::string optimizer = t.optimizer.empty() ? kNames[base.index()] : t.optimizer;
   const bool same = optimizer == kNames[base.index()];
   if (optimizer == "sgd") {
+    if (t.beta1 || t.beta2 || t.eps) throw Error("--beta1, --beta2 and --eps are options of adam and adamw, not sgd");
     SGD sgd = same ? std::get<SGD>(base) : SGD{};
     sgd.lr = t.lr.value_or(sgd.lr);
     sgd.momentum = t.momentum.value_or(sgd.momentum);
+    sgd.dampening = t.dampening.value_or(sgd.dampening);
     sgd.weight_decay = t.weight_decay.value_or(sgd.weight_decay);
     sgd.nesterov = sgd.nesterov || t.nesterov;
     return sgd;
   }
-  if (t.momentum || t.nesterov)
-    throw Error(fmt::format("--momentum and --nesterov are options of sgd, not {}", optimizer));
-  auto apply = [&](auto o) -> Optimizer {
+  if (t.momentum || t.dampening || t.nesterov)
+    throw Error(fmt::format("--momentum, --dampening and --nesterov are options of sgd, not {}", optimizer));
+  auto adam_like = [&t](auto o) -> Optimizer {
     o.lr = t.lr.value_or(o.lr);
+    o.beta1 = t.beta1.value_or(o.beta1);
+    o.beta2 = t.beta2.value_or(o.beta2);
+    o.eps = t.eps.value_or(o.eps);
     o.weight_decay = t.weight_decay.value_or(o.weight_decay);
     return o;
   };
-  if (optimizer == "adam") return apply(same ? std::get<Adam>(base) : Adam{});
-  return apply(same ? std::get<AdamW>(base) : AdamW{});
+  if (optimizer == "adam") return adam_like(same ? std::get<Adam>(base) : Adam{});
+  return adam_like(same ? std::get<AdamW>(base) : AdamW{});
 }
 
 TrainStep build_train_step(const Graph& model, const TrainOptions& t) {
@@ -85,6 +104,22 @@ TrainStep build_train_step(const Graph& model, const TrainOptions& t) {
   TrainStep step = make_train_step(model, opt, options);
   print_warnings(step.warnings);
   return step;
+}
+
+size_t write_initial_state(const Graph& model, const TrainStep& step, const std::string& dir, uint64_t seed) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(fmt::format("{}: cannot create directory: {}", dir, ec.message()));
+  TensorMap state = initial_parameters(model, seed);
+  for (auto& [name, value] : step.initial_state()) state.insert_or_assign(name, std::move(value));
+  size_t written = 0;
+  for (const GraphInput& in : step.graph.inputs()) {
+    if (!in.is_state) continue;
+    const std::string& name = step.graph.value(in.value).name;
+    write_npy((std::filesystem::path(dir) / (name + ".npy")).string(), state.at(name));
+    ++written;
+  }
+  return written;
 }
 
 }  // namespace kiln::tool

@@ -26,7 +26,7 @@ void check_file_type(const std::string& file, const char* kind, const std::strin
 // How the training step is built: `kiln train-step` and `kiln compile --train`.
 struct TrainOptions {
   std::string loss, optimizer;  // empty: "loss", "sgd"
-  std::optional<double> lr, momentum, weight_decay;
+  std::optional<double> lr, momentum, dampening, weight_decay, beta1, beta2, eps;
   bool nesterov = false;
   // The first of these options given ("--lr", ...), or "" if none.
   std::string first_given() const;
@@ -39,6 +39,10 @@ void add_train_options(cli::Parser& p, CLI::App* cmd, TrainOptions& t);
 Optimizer make_optimizer(const TrainOptions& t, const Optimizer& base = SGD{});
 // make_train_step with these options; its warnings are printed.
 TrainStep build_train_step(const Graph& model, const TrainOptions& t);
+// Writes DIR/NAME.npy (DIR created) for every state input of `step`, made from `model`:
+// its parameters from initial_parameters(model, seed), the rest from the step's initial
+// values. Returns how many files it wrote.
+size_t write_initial_state(const Graph& model, const TrainStep& step, const std::string& dir, uint64_t seed);
 
 // `kiln compile` (tools/compile.cpp).
 struct CompileArgs {

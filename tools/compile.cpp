@@ -104,7 +104,7 @@ CLI::App* add_compile_command(cli::Parser& p, CompileArgs& a) {
       "                    [--weights embed|file] [--weights-file PATH]\n"
       "                    [--state NAME=FILE.npy]... [--state-dir DIR] [--state-weights FILE] [--zero-state]\n"
       "                    [--train [--loss NAME] [--optimizer sgd|adam|adamw] [--lr X] [--momentum X]\n"
-      "                             [--nesterov] [--weight-decay X]]",
+      "                             [--dampening X] [--nesterov] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]]",
       "Writes a relocatable object file for the CPU, and with --header a C header declaring\n"
       "NAME_create, NAME_run (NAME_step for a graph that updates its state, such as a training\n"
       "step), NAME_get_state / NAME_set_state, NAME_load_weights / NAME_save_weights,\n"
@@ -113,7 +113,7 @@ CLI::App* add_compile_command(cli::Parser& p, CompileArgs& a) {
       "neither LLVM nor Kiln's compiler.\n"
       "Every state input needs an initial value, taken from the first of: --state, the\n"
       "--state-weights file, --state-dir, (with --train) the optimizer's initial state, and\n"
-      "--zero-state. --loss ... --weight-decay are those of 'kiln train-step' and go with\n"
+      "--zero-state. --loss ... --eps are those of 'kiln train-step' and go with\n"
       "--train. No file is left behind on failure. docs/aot.md describes the header's ABI.");
   p.add_file(cmd, a.file);
   p.add_text(cmd, "-o", "OBJ.o", a.object, "the object file to write (required)");

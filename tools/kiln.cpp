@@ -25,6 +25,7 @@
 #include "passes/check_memory_plan.h"
 #include "passes/memory_plan.h"
 #include "passes/pipeline.h"
+#include "passes/rebatch.h"
 #include "passes/train_step.h"
 #include "runtime/blas.h"
 #include "tools/args.h"
@@ -83,7 +84,10 @@ std::vector<std::string> split_list(const std::vector<std::string>& lists) {
   return out;
 }
 
-kiln::TensorMap read_inputs(const kiln::Graph& g, const std::string& file, const std::vector<std::string>& specs) {
+// Reads every --input of g. With `any_batch`, non-state inputs of another batch size make g
+// that graph rebatched (passes/rebatch.h), as an Executable's sibling would.
+kiln::TensorMap read_inputs(kiln::Graph& g, const std::string& file, const std::vector<std::string>& specs,
+                            bool any_batch = false) {
   std::map<std::string, std::string> input_files = kiln::tool::name_files("--input", specs);
   kiln::TensorMap inputs;
   std::string missing;
@@ -94,12 +98,22 @@ kiln::TensorMap read_inputs(const kiln::Graph& g, const std::string& file, const
       missing += (missing.empty() ? "%" : ", %") + name;
       continue;
     }
-    kiln::Tensor t = kiln::read_npy(it->second);
-    kiln::tool::check_file_type(it->second, "input", name, g.type(in.value), t);
-    inputs.emplace(name, std::move(t));
-    input_files.erase(it);
+    inputs.emplace(name, kiln::read_npy(it->second));
   }
   if (!missing.empty()) throw Error(fmt::format("{}: no --input given for {}", file, missing));
+  if (std::optional<int64_t> n = any_batch ? kiln::other_batch_size(g, inputs) : std::nullopt) {
+    try {
+      g = kiln::rebatch(g, *n);
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: the inputs have batch size {} but @{} was traced at {} and cannot take another: {}",
+                              file, *n, g.name(), *kiln::batch_size(g), e.what()));
+    }
+  }
+  for (const kiln::GraphInput& in : g.inputs()) {
+    const std::string& name = g.value(in.value).name;
+    kiln::tool::check_file_type(input_files.at(name), "input", name, g.type(in.value), inputs.at(name));
+    input_files.erase(name);
+  }
   if (!input_files.empty())
     throw Error(fmt::format("{}: graph @{} has no input named %{}", file, g.name(), input_files.begin()->first));
   return inputs;
@@ -162,13 +176,20 @@ int run_grad(const Grad& a) {
 // --- train-step ------------------------------------------------------------------------------
 
 struct TrainStepArgs {
-  std::string file;
+  std::string file, init_state;
+  std::optional<int> seed;
   kiln::tool::TrainOptions training;
 };
 
 int run_train_step(const TrainStepArgs& a) {
   need_file("train-step", a.file);
-  kiln::TrainStep step = kiln::tool::build_train_step(kiln::parse_file(a.file), a.training);
+  if (a.seed && a.init_state.empty()) throw Error("--seed is for --init-state (see 'kiln train-step --help')");
+  kiln::Graph model = kiln::parse_file(a.file);
+  kiln::TrainStep step = kiln::tool::build_train_step(model, a.training);
+  if (!a.init_state.empty()) {
+    size_t n = kiln::tool::write_initial_state(model, step, a.init_state, static_cast<uint64_t>(a.seed.value_or(0)));
+    fmt::print(stderr, "kiln: wrote the initial state ({} tensors) to {}\n", n, a.init_state);
+  }
   std::fputs(kiln::print(step.graph).c_str(), stdout);
   return 0;
 }
@@ -185,7 +206,7 @@ int run_run(const Run& a) {
   need_file("run", a.file);
   if (a.interp && a.profile) throw Error("--profile times compiled kernels; it does not go with --interp");
   kiln::Graph g = kiln::parse_file(a.file);
-  kiln::TensorMap inputs = read_inputs(g, a.file, a.inputs);
+  kiln::TensorMap inputs = read_inputs(g, a.file, a.inputs, /*any_batch=*/true);
   kiln::TensorMap outputs;
   std::string profile;
   if (a.interp) {
@@ -321,7 +342,8 @@ int run_command_line(int argc, char** argv) {
       "Compiles the graph for --target (default: $KILN_TARGET, else cpu) and runs it on the given\n"
       "inputs.\n"
       "Every graph input, state inputs included, needs an --input with a .npy file of exactly\n"
-      "its dtype and shape.");
+      "its dtype and shape, except that the non-state inputs may all have another leading\n"
+      "dimension (batch size): the graph is then rebatched to it first (compiled or --interp).");
   p.add_file(run_cmd, run.file);
   p.add_list(run_cmd, "--input", "NAME=FILE.npy", run.inputs, "the value of graph input %NAME (repeatable)");
   p.add_text(run_cmd, "--output-dir", "DIR", run.output_dir,
@@ -377,12 +399,22 @@ int run_command_line(int argc, char** argv) {
   CLI::App* ts_cmd = p.add_command(
       "train-step", "print the whole training step (forward, backward, optimizer update)",
       "FILE.kir [--loss NAME] [--optimizer sgd|adam|adamw] [--lr X]\n"
-      "                       [--momentum X] [--nesterov] [--weight-decay X]",
+      "                       [--momentum X] [--dampening X] [--nesterov] [--weight-decay X]\n"
+      "                       [--beta1 X] [--beta2 X] [--eps X] [--init-state DIR [--seed S]]",
       "Prints the training-step graph of a model: FILE's state inputs are its parameters and\n"
       "its output --loss is minimized. The step's state adds the optimizer's state, the step\n"
-      "counter %step and the learning rate %lr.");
+      "counter %step, the learning rate %lr and the other hyper-parameters (%momentum,\n"
+      "%dampening, %weight_decay; %beta1, %beta2, %eps), so that changing them needs no\n"
+      "recompile; the options give their initial values. With --init-state, the whole initial state\n"
+      "of that step is written as DIR/NAME.npy, for 'kiln compile --train --state-dir DIR'\n"
+      "and 'kiln run': the parameters drawn as Kiln's layers draw them (Kaiming-uniform\n"
+      "weights, uniform biases; frontend/initialize.h), the optimizer's buffers, %step = 0 and\n"
+      "%lr and the hyper-parameters as given.");
   p.add_file(ts_cmd, ts.file);
   kiln::tool::add_train_options(p, ts_cmd, ts.training);
+  p.add_text(ts_cmd, "--init-state", "DIR", ts.init_state,
+             "write the step's initial state as DIR/NAME.npy, one file per state input (DIR is created)");
+  p.add_count(ts_cmd, "--seed", ts.seed, "the seed of the parameters' initializers (default 0)");
 
   kiln::tool::CompileArgs compile;
   CLI::App* compile_cmd = kiln::tool::add_compile_command(p, compile);

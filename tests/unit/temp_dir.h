@@ -1,11 +1,13 @@
 // TempDir: a fresh folder under the system's temporary directory for a test's files,
-// removed with everything in it when the test ends.
+// removed with everything in it when the test ends; slurp(path), a file's bytes.
 #pragma once
 
 #include <stdlib.h>  // mkdtemp
 
 #include <catch2/catch_test_macros.hpp>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -34,5 +36,14 @@ struct TempDir {
     return names;
   }
 };
+
+// The bytes of the file at `path` (which must exist).
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 }  // namespace kiln::testing

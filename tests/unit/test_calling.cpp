@@ -72,9 +72,9 @@ TEST_CASE("calling: the signature of a train-step graph", "[calling][train_step]
   REQUIRE(s.update.size() == s.state.size());
   for (const std::optional<size_t>& u : s.update) updates.push_back(u ? g.outputs()[*u].name : "-");
   CHECK(inputs == std::vector<std::string>{"x"});
-  CHECK(state == std::vector<std::string>{"w", "sgd.momentum.w", "step", "lr"});
+  CHECK(state == std::vector<std::string>{"w", "sgd.momentum.w", "step", "lr", "momentum"});
   CHECK(outputs == std::vector<std::string>{"loss"});
-  CHECK(updates == std::vector<std::string>{"w.next", "sgd.momentum.w.next", "step.next", "lr.next"});
+  CHECK(updates == std::vector<std::string>{"w.next", "sgd.momentum.w.next", "step.next", "lr.next", "momentum.next"});
 
   // State without an update, and no update at all.
   Graph h = small();

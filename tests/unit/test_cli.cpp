@@ -185,7 +185,8 @@ TEST_CASE("kiln --help lists every command and each command's help every option"
                         "--rtol", "--atol"})
     CHECK_THAT(opt.output, ContainsSubstring(std::string("\n  ") + o + " "));
   auto ts = run_kiln("train-step --help");
-  for (const char* o : {"--loss", "--optimizer", "--lr", "--momentum", "--nesterov", "--weight-decay"})
+  for (const char* o : {"--loss", "--optimizer", "--lr", "--momentum", "--dampening", "--nesterov", "--weight-decay",
+                        "--beta1", "--beta2", "--eps", "--init-state", "--seed"})
     CHECK_THAT(ts.output, ContainsSubstring(std::string("\n  ") + o + " "));
 }
 

@@ -127,7 +127,7 @@ TEST_CASE("kiln compile: usage errors are one line and write nothing", "[cli][ao
   check_error(s, "compile affine.kir -o a.o --optimizer adam",
               "kiln: error: --optimizer is an option of --train (compile the training step of the model)");
   check_error(s, "compile linreg.kir --train --optimizer adam --momentum 0.9 -o a.o --zero-state",
-              "kiln: error: --momentum and --nesterov are options of sgd, not adam");
+              "kiln: error: --momentum, --dampening and --nesterov are options of sgd, not adam");
   check_error(s, "compile affine.kir -o a.o --bogus", "kiln: error: compile: unknown option '--bogus'" + see);
 }
 

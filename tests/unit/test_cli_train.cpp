@@ -107,7 +107,7 @@ TEST_CASE("kiln train: usage errors are one line", "[cli][train]") {
   check_error("train lenet --data fashion-mnist --keep 2", "--keep needs --checkpoint DIR");
   check_error("train lenet --data fashion-mnist --metrics-every 5", "--metrics-every needs --metrics FILE.csv");
   check_error("train lenet --data fashion-mnist --optimizer adam --momentum 0.9",
-              "--momentum and --nesterov are options of sgd, not adam");
+              "--momentum, --dampening and --nesterov are options of sgd, not adam");
   check_error("train lenet --data fashion-mnist --optimizer rmsprop", "--optimizer=rmsprop is not one of");
   check_error("train lenet --data fashion-mnist --lr -1", "--lr");
   check_error("train lenet --data fashion-mnist --schedule linear", "schedule 'linear': unknown schedule 'linear'");

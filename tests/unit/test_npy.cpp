@@ -11,22 +11,16 @@
 #include <sstream>
 
 #include "ir/npy.h"
+#include "tests/unit/temp_dir.h"
 
 using namespace kiln;
 using Catch::Matchers::ContainsSubstring;
 using Catch::Matchers::StartsWith;
+using kiln::testing::slurp;
 
 namespace {
 
 const std::string kData = std::string(KILN_TEST_DATA_DIR) + "/npy/";
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // A .npy file from its header dict and data, laid out as NumPy does (format 1.0).
 std::string npy_bytes(const std::string& dict, const std::string& data, int major = 1) {

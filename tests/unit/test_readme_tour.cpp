@@ -123,6 +123,7 @@ TEST_CASE("the README's training-step snippet runs and updates the state", "[rea
   kiln::Tensor w0 = state.at("fc1.weight");
   kiln::TensorMap out = kiln::interpret_step(step.graph, state, {{"x", images}, {"y", labels}});
   state["lr"] = kiln::Tensor::scalar(kiln::DType::f32, 0.01);
+  state["momentum"] = kiln::Tensor::scalar(kiln::DType::f64, 0.8);
   CHECK(out.count("loss") == 1);
   CHECK_FALSE(state.at("fc1.weight") == w0);
   CHECK(state.at("step").get(0) == 1.0);

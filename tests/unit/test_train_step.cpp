@@ -209,20 +209,27 @@ TEST_CASE("the MLP training step: inputs, state, outputs, text form", "[train_st
         std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
                                  "adam.m.fc1.weight", "adam.v.fc1.weight", "adam.m.fc1.bias",
                                  "adam.v.fc1.bias", "adam.m.fc2.weight", "adam.v.fc2.weight",
-                                 "adam.m.fc2.bias", "adam.v.fc2.bias", "step", "lr"});
+                                 "adam.m.fc2.bias", "adam.v.fc2.bias", "step", "lr", "beta1", "beta2",
+                                 "eps", "weight_decay"});
   CHECK(output_names(g) ==
         std::vector<std::string>{"loss", "logits", "accuracy", "fc1.weight.next", "fc1.bias.next",
                                  "fc2.weight.next", "fc2.bias.next", "adam.m.fc1.weight.next",
                                  "adam.v.fc1.weight.next", "adam.m.fc1.bias.next",
                                  "adam.v.fc1.bias.next", "adam.m.fc2.weight.next",
                                  "adam.v.fc2.weight.next", "adam.m.fc2.bias.next",
-                                 "adam.v.fc2.bias.next", "step.next", "lr.next"});
+                                 "adam.v.fc2.bias.next", "step.next", "lr.next", "beta1.next", "beta2.next",
+                                 "eps.next", "weight_decay.next"});
   CHECK(g.type(g.find("lr")) == TensorType{DType::f32, {}});
   CHECK(g.type(g.find("step")) == TensorType{DType::i32, {}});
+  CHECK(g.type(g.find("beta1")) == TensorType{DType::f64, {}});
   CHECK(ts.warnings.empty());
 
-  // The initial state: zeros, step 0, the optimizer's lr; with the parameters, all of it.
-  CHECK(ts.initial_values.size() == 10);
+  // The initial state: zeros, step 0, the optimizer's lr and other hyper-parameters; with
+  // the parameters, all of it.
+  CHECK(ts.initial_values.size() == 14);
+  CHECK(ts.initial_state().at("beta2") == Tensor::scalar(DType::f64, 0.999));
+  CHECK(ts.initial_state().at("eps") == Tensor::scalar(DType::f64, 1e-8));
+  CHECK(ts.initial_state().at("weight_decay") == Tensor::scalar(DType::f64, 0.0));
   CHECK(ts.initial_state().at("adam.m.fc1.weight") == Tensor(DType::f32, {784, 256}));
   CHECK(ts.initial_state().at("step") == Tensor::scalar(DType::i32, 0));
   CHECK(ts.initial_state().at("lr") == Tensor::scalar(DType::f32, 1e-3));
@@ -241,10 +248,12 @@ TEST_CASE("the MLP training step: inputs, state, outputs, text form", "[train_st
   std::string text = print(g);
   CHECK(print(parse(text)) == text);
   CHECK_THAT(text, ContainsSubstring("graph @mlp_train_step(state %fc1.weight: f32[784,256]"));
-  CHECK_THAT(text, ContainsSubstring("state %step: i32[], state %lr: f32[]) {"));
+  CHECK_THAT(text, ContainsSubstring("state %step: i32[], state %lr: f32[], state %beta1: f64[], state %beta2: f64[], "
+                                     "state %eps: f64[], state %weight_decay: f64[]) {"));
   CHECK_THAT(text, ContainsSubstring("// adam update of %fc1.weight"));
   CHECK_THAT(text, ContainsSubstring("// adam: second moment of %fc2.bias"));
-  CHECK_THAT(text, ContainsSubstring("lr.next = %lr\n"));
+  CHECK_THAT(text, ContainsSubstring("lr.next = %lr, beta1.next = %beta1, beta2.next = %beta2, eps.next = %eps, "
+                                     "weight_decay.next = %weight_decay\n"));
 }
 
 TEST_CASE("the SGD step names its nodes and its state", "[train_step]") {
@@ -253,9 +262,14 @@ TEST_CASE("the SGD step names its nodes and its state", "[train_step]") {
   CHECK_THAT(plain, ContainsSubstring("// sgd update of %w"));
   CHECK_THAT(plain, !ContainsSubstring("momentum"));
   TrainStep ts = make_train_step(model, SGD{.lr = 0.1, .momentum = 0.9});
-  CHECK(input_names(ts.graph, true) == std::vector<std::string>{"w", "sgd.momentum.w", "step", "lr"});
-  CHECK(output_names(ts.graph) ==
-        std::vector<std::string>{"loss", "w.next", "sgd.momentum.w.next", "step.next", "lr.next"});
+  CHECK(input_names(ts.graph, true) ==
+        std::vector<std::string>{"w", "sgd.momentum.w", "step", "lr", "momentum", "dampening", "weight_decay"});
+  CHECK(output_names(ts.graph) == std::vector<std::string>{"loss", "w.next", "sgd.momentum.w.next", "step.next",
+                                                           "lr.next", "momentum.next", "dampening.next",
+                                                           "weight_decay.next"});
+  // Without momentum there is no buffer, nor momentum state: a structural choice.
+  CHECK(input_names(make_train_step(model, SGD{.lr = 0.1}).graph, true) ==
+        std::vector<std::string>{"w", "step", "lr", "weight_decay"});
   CHECK_THAT(print(ts.graph), ContainsSubstring("// sgd: momentum buffer of %w"));
 }
 
@@ -274,6 +288,33 @@ TEST_CASE("lr is state: changing it between steps changes the update", "[train_s
   CHECK(state.at("lr").get(0) == 0.05);  // lr.next passes it through
 }
 
+TEST_CASE("hyper-parameters are state: changing them is building the step with them", "[train_step]") {
+  // Bitwise: the same update as a step built with the new values (f32 parameters, so the
+  // f64 derivations and the casts are what is checked).
+  const std::vector<std::pair<Optimizer, Optimizer>> cases = {
+      {SGD{.lr = 0.1, .momentum = 0.9}, SGD{.lr = 0.1, .momentum = 0.5, .dampening = 0.3, .weight_decay = 0.01}},
+      {Adam{}, Adam{.beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.1}},
+      {AdamW{}, AdamW{.beta1 = 0.5, .beta2 = 0.9, .eps = 1e-3, .weight_decay = 0.2}}};
+  for (const auto& [built, wanted] : cases) {
+    INFO("optimizer " << built.index());
+    TensorMap params;
+    Graph model = tiny_model(DType::f32, &params);
+    TrainStep a = make_train_step(model, built), b = make_train_step(model, wanted);
+    TensorMap sa = params, sb = params;
+    sa.merge(a.initial_state());
+    sb.merge(b.initial_state());
+    for (const auto& [name, value] : b.initial_values)
+      if (value.dtype() == DType::f64) sa[name] = value;  // the hyper-parameters
+    TensorMap batch{{"x", Tensor::from<float>(DType::f32, {2}, {1.5f, 2.0f})},
+                    {"y", Tensor::from<float>(DType::f32, {2}, {1.0f, -3.0f})}};
+    for (int step = 0; step < 3; ++step) {
+      interpret_step(a.graph, sa, batch);
+      interpret_step(b.graph, sb, batch);
+    }
+    CHECK(sa == sb);
+  }
+}
+
 TEST_CASE("state the model updates itself, or non-float state, is not trained", "[train_step]") {
   Tracer t("buffers");
   Sym w = t.parameter("w", Tensor::from<double>(DType::f64, {2}, {1.0, 2.0}));
@@ -285,7 +326,8 @@ TEST_CASE("state the model updates itself, or non-float state, is not trained", 
   (void)count;
   TrainStep ts = make_train_step(t.finish(), SGD{.lr = 1.0});
   CHECK(output_names(ts.graph) ==
-        std::vector<std::string>{"loss", "avg.next", "w.next", "count.next", "step.next", "lr.next"});
+        std::vector<std::string>{"loss", "avg.next", "w.next", "count.next", "step.next", "lr.next",
+                                 "weight_decay.next"});
   TensorMap state = t.parameters();
   state.merge(ts.initial_state());
   interpret_step(ts.graph, state, {{"x", Tensor::from<double>(DType::f64, {2}, {2.0, 4.0})}});
@@ -366,12 +408,12 @@ TEST_CASE("make_train_step rejects models it cannot train", "[train_step]") {
           "make_train_step: model @fused has a fused node; fused graphs cannot be differentiated: differentiate "
           "(grad / train-step) before fusing (opt)");
   }
-  for (const char* clash : {"step", "lr", "adam.m.w"}) {
+  for (const char* clash : {"step", "lr", "adam.m.w", "beta1", "beta2", "eps", "weight_decay"}) {
     Tracer t("clash");
     Sym w = t.parameter("w", Tensor(DType::f32, {2}));
     Sym c = t.input(clash, {DType::f32, {}});
     t.output("loss", sum(w * c));
-    CHECK_THAT(error_of([&] { make_train_step(t.finish(), Adam{}); }),
+    CHECK_THAT(error_of([&] { make_train_step(t.finish(), Adam{}, {.keep_zero_terms = true}); }),
                ContainsSubstring("model @clash already has a value named '%" + std::string(clash) +
                                  "', which the training step adds as optimizer state; rename it"));
   }
