@@ -201,7 +201,7 @@ TEST_CASE("adam in f32 computes in f32 and keeps f32 state", "[train_step]") {
 TEST_CASE("the MLP training step: inputs, state, outputs, text form", "[train_step]") {
   TensorMap params;
   Graph model = mlp_model(50, &params);
-  TrainStep ts = make_train_step(model, Adam{});
+  TrainStep ts = make_train_step(model, Adam{.weight_decay = 1e-4});  // 0 would leave it out
   const Graph& g = ts.graph;
   CHECK(g.name() == "mlp_train_step");
   CHECK(input_names(g, false) == std::vector<std::string>{"x", "y"});
@@ -229,7 +229,7 @@ TEST_CASE("the MLP training step: inputs, state, outputs, text form", "[train_st
   CHECK(ts.initial_values.size() == 14);
   CHECK(ts.initial_state().at("beta2") == Tensor::scalar(DType::f64, 0.999));
   CHECK(ts.initial_state().at("eps") == Tensor::scalar(DType::f64, 1e-8));
-  CHECK(ts.initial_state().at("weight_decay") == Tensor::scalar(DType::f64, 0.0));
+  CHECK(ts.initial_state().at("weight_decay") == Tensor::scalar(DType::f64, 1e-4));
   CHECK(ts.initial_state().at("adam.m.fc1.weight") == Tensor(DType::f32, {784, 256}));
   CHECK(ts.initial_state().at("step") == Tensor::scalar(DType::i32, 0));
   CHECK(ts.initial_state().at("lr") == Tensor::scalar(DType::f32, 1e-3));
@@ -263,13 +263,18 @@ TEST_CASE("the SGD step names its nodes and its state", "[train_step]") {
   CHECK_THAT(plain, !ContainsSubstring("momentum"));
   TrainStep ts = make_train_step(model, SGD{.lr = 0.1, .momentum = 0.9});
   CHECK(input_names(ts.graph, true) ==
-        std::vector<std::string>{"w", "sgd.momentum.w", "step", "lr", "momentum", "dampening", "weight_decay"});
+        std::vector<std::string>{"w", "sgd.momentum.w", "step", "lr", "momentum"});
   CHECK(output_names(ts.graph) == std::vector<std::string>{"loss", "w.next", "sgd.momentum.w.next", "step.next",
-                                                           "lr.next", "momentum.next", "dampening.next",
-                                                           "weight_decay.next"});
+                                                           "lr.next", "momentum.next"});
   // Without momentum there is no buffer, nor momentum state: a structural choice.
   CHECK(input_names(make_train_step(model, SGD{.lr = 0.1}).graph, true) ==
-        std::vector<std::string>{"w", "step", "lr", "weight_decay"});
+        std::vector<std::string>{"w", "step", "lr"});
+  // Weight decay and dampening that are 0 are left out, unless asked for.
+  CHECK(input_names(make_train_step(model, SGD{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01}).graph, true) ==
+        std::vector<std::string>{"w", "sgd.momentum.w", "step", "lr", "momentum", "weight_decay"});
+  CHECK(input_names(make_train_step(model, SGD{.lr = 0.1, .momentum = 0.9}, {.keep_zero_terms = true}).graph,
+                    true) ==
+        std::vector<std::string>{"w", "sgd.momentum.w", "step", "lr", "momentum", "dampening", "weight_decay"});
   CHECK_THAT(print(ts.graph), ContainsSubstring("// sgd: momentum buffer of %w"));
 }
 
@@ -299,7 +304,9 @@ TEST_CASE("hyper-parameters are state: changing them is building the step with t
     INFO("optimizer " << built.index());
     TensorMap params;
     Graph model = tiny_model(DType::f32, &params);
-    TrainStep a = make_train_step(model, built), b = make_train_step(model, wanted);
+    // Built with every term (keep_zero_terms), as a step that is to change them must be.
+    TrainStep a = make_train_step(model, built, {.keep_zero_terms = true});
+    TrainStep b = make_train_step(model, wanted);
     TensorMap sa = params, sb = params;
     sa.merge(a.initial_state());
     sb.merge(b.initial_state());
@@ -326,8 +333,7 @@ TEST_CASE("state the model updates itself, or non-float state, is not trained", 
   (void)count;
   TrainStep ts = make_train_step(t.finish(), SGD{.lr = 1.0});
   CHECK(output_names(ts.graph) ==
-        std::vector<std::string>{"loss", "avg.next", "w.next", "count.next", "step.next", "lr.next",
-                                 "weight_decay.next"});
+        std::vector<std::string>{"loss", "avg.next", "w.next", "count.next", "step.next", "lr.next"});
   TensorMap state = t.parameters();
   state.merge(ts.initial_state());
   interpret_step(ts.graph, state, {{"x", Tensor::from<double>(DType::f64, {2}, {2.0, 4.0})}});
