@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "codegen/cuda/emu/emu.h"
 #include "error_of.h"
 #include "frontend/losses.h"
 #include "frontend/nn.h"
@@ -336,4 +337,37 @@ TEST_CASE("built-in models and their recommended options", "[trainer]") {
   CHECK_THAT(error_of([] { builtin_model("resnet", 2); }),
              ContainsSubstring("unknown model 'resnet' (built in: mlp, lenet; or a .kir file)"));
   CHECK_THAT(error_of([] { recommended_options("resnet"); }), ContainsSubstring("unknown model 'resnet'"));
+}
+
+TEST_CASE("the Trainer on cuda-emu: partial batches and evaluation chunks on siblings match the CPU", "[trainer][cuda][emu]") {
+  std::string why;
+  if (cuda::emu_host_compiler(&why).empty()) SKIP(why);
+  // 50 examples in batches of 16 (a partial batch of 2) and evaluation chunks of 20 (a
+  // remainder of 10): four graphs per target, two of them rebatched siblings.
+  const TensorDataset data = synthetic(50);
+  EpochMetrics metrics[2];
+  EvalMetrics eval[2];
+  TensorMap state[2];
+  for (int i = 0; i < 2; ++i) {
+    ModelWithParams m = tiny(16);
+    TrainerOptions o = sgd(16);
+    o.eval_batch = 20;
+    o.compile.target = i == 0 ? "cpu" : "cuda-emu";
+    Trainer trainer(m.model, m.params, o);
+    CHECK(trainer.step_executable().target() == o.compile.target);
+    metrics[i] = trainer.train_epoch(data);
+    eval[i] = trainer.evaluate(data);
+    state[i] = trainer.state();
+  }
+  CHECK(metrics[1].samples == 50);
+  CHECK(metrics[1].steps == 4);
+  CHECK(metrics[1].train_loss == Catch::Approx(metrics[0].train_loss).epsilon(1e-5));
+  CHECK(eval[1].samples == 50);
+  CHECK(eval[1].loss == Catch::Approx(eval[0].loss).epsilon(1e-5));
+  CHECK(eval[1].accuracy == eval[0].accuracy);
+  REQUIRE(state[1].size() == state[0].size());
+  for (const auto& [name, t] : state[0]) {
+    INFO(name);
+    for (int64_t k = 0; k < t.numel(); ++k) CHECK(state[1].at(name).get(k) == Catch::Approx(t.get(k)).margin(1e-5).epsilon(1e-4));
+  }
 }
