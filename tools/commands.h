@@ -58,7 +58,7 @@ int run_compile(const CompileArgs& a);
 // `kiln train` (tools/train.cpp).
 struct TrainArgs {
   std::string model, data, optimizer, schedule, target, checkpoint, init_weights, map, metrics, plot;
-  std::optional<int> epochs, batch, warmup, seed, data_seed, train_limit, test_limit, eval_batch, keep,
+  std::optional<int> epochs, schedule_epochs, batch, warmup, seed, data_seed, train_limit, test_limit, eval_batch, keep,
       checkpoint_every, metrics_every;
   std::optional<double> lr, momentum, weight_decay;
   bool drop_last = false, resume = false, quiet = false;

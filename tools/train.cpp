@@ -188,6 +188,9 @@ CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
   p.add_text(cmd, "--schedule", "constant|step:E[:G]|cosine[:MIN]", a.schedule,
              "learning-rate schedule: constant (default); times G (default 0.1) every E epochs; cosine decay to "
              "MIN (default 0) over the run");
+  p.add_count(cmd, "--schedule-epochs", a.schedule_epochs,
+              "the run length a cosine schedule decays over (default --epochs); give the full length "
+              "when starting a run you will extend with --resume");
   p.add_count(cmd, "--warmup", a.warmup, "linear learning-rate warm-up over this many steps (default 0)");
   p.add_choice(cmd, "--target", {"cpu", "cuda", "cuda-emu"}, a.target, "where to train (default cpu)");
   p.add_count(cmd, "--seed", a.seed, "seed of the initial parameters (default 0)");
@@ -220,6 +223,7 @@ int run_train(const TrainArgs& a) {
     if (given && a.checkpoint.empty()) throw Error(fmt::format("{} needs --checkpoint DIR", flag));
   if (a.metrics_every && a.metrics.empty()) throw Error("--metrics-every needs --metrics FILE.csv");
   for (const auto& [flag, v] : {std::pair<const char*, std::optional<int>>{"--epochs", a.epochs},
+                                {"--schedule-epochs", a.schedule_epochs},
                                 {"--batch", a.batch}, {"--eval-batch", a.eval_batch}, {"--keep", a.keep},
                                 {"--train-limit", a.train_limit}, {"--test-limit", a.test_limit}})
     if (v && *v == 0) throw Error(fmt::format("{} must be at least 1", flag));
@@ -237,6 +241,7 @@ int run_train(const TrainArgs& a) {
   o.checkpoint_every_steps = a.checkpoint_every.value_or(0);
   o.checkpoint_keep = a.keep.value_or(o.checkpoint_keep);
   const int64_t epochs = a.epochs.value_or(3);
+  o.epochs = a.schedule_epochs.value_or(static_cast<int>(epochs));
 
   if (!a.checkpoint.empty() && !a.resume) {
     if (auto latest = CheckpointDir(a.checkpoint, o.checkpoint_keep).latest())
@@ -257,6 +262,13 @@ int run_train(const TrainArgs& a) {
     if (!from) throw Error(fmt::format("--resume: no checkpoint in {} to resume from", a.checkpoint));
     if (!a.quiet)
       fmt::print("resuming from {} (epoch {}, step {})\n", *from, trainer.epoch(), trainer.global_step());
+    std::optional<int64_t> plan = trainer.checkpoint_planned_epochs();
+    if (o.schedule.kind == LrSchedule::Kind::cosine && plan && *plan > 0 && *plan != o.epochs)
+      print_warnings({fmt::format(
+          "the checkpoint's run decays its cosine schedule over {} epochs, this one over {}: the rates from here "
+          "on follow the new length, so the weights differ from those of an uninterrupted {}-epoch run (start a "
+          "run you will extend with --schedule-epochs)",
+          *plan, o.epochs, o.epochs)});
   }
   if (!a.quiet) {
     std::string schedule;
@@ -271,7 +283,7 @@ int run_train(const TrainArgs& a) {
   Progress progress(stdout, epochs, a.quiet);
   std::optional<MetricsCsv> csv;
   if (!a.metrics.empty()) csv.emplace(a.metrics, a.metrics_every.value_or(0), /*append=*/a.resume);
-  std::vector<EpochMetrics> history;
+  std::vector<EpochMetrics> history = trainer.history();  // a resumed run's earlier epochs too
   const std::string title = fmt::format("{} on {}", model.name, fs::path(a.data).filename().string());
   FitCallbacks callbacks;
   callbacks.on_step = [&](const StepInfo& s) {
@@ -281,7 +293,7 @@ int run_train(const TrainArgs& a) {
   callbacks.on_epoch = [&](const EpochMetrics& m) {
     progress.on_epoch(m);
     if (csv) csv->on_epoch(m);
-    history.push_back(m);
+    history = trainer.history();
     if (!a.plot.empty()) write_plot(a.plot, history, title);
   };
   std::vector<EpochMetrics> done = trainer.fit(train, test, epochs, callbacks);

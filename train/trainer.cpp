@@ -178,7 +178,8 @@ EpochMetrics Trainer::train_epoch(const TensorDataset& data, const std::function
   m.epoch = epoch_;
   position_ = 0;
   sums_ = {};
-  if (!options_.checkpoint_dir.empty()) save_to_dir();
+  history_.push_back(m);
+  if (!options_.checkpoint_dir.empty() && !in_fit_) save_to_dir();
   return m;
 }
 
@@ -212,8 +213,17 @@ std::vector<EpochMetrics> Trainer::fit(const TensorDataset& train, const TensorD
   if (options_.epochs == 0) options_.epochs = epochs;
   std::vector<EpochMetrics> all;
   while (epoch_ < epochs) {
-    EpochMetrics m = train_epoch(train, callbacks.on_step);
-    if (test.size() > 0) m.test = evaluate(test);
+    in_fit_ = true;
+    EpochMetrics m;
+    try {
+      m = train_epoch(train, callbacks.on_step);
+    } catch (...) {
+      in_fit_ = false;
+      throw;
+    }
+    in_fit_ = false;
+    if (test.size() > 0) history_.back().test = m.test = evaluate(test);
+    if (!options_.checkpoint_dir.empty()) save_to_dir();
     if (callbacks.on_epoch) callbacks.on_epoch(m);
     all.push_back(std::move(m));
   }
@@ -227,8 +237,65 @@ void Trainer::set_state(const TensorMap& state) {
   written_lr_ = -1;
 }
 
+namespace {
+
+// NaN (a model without accuracy) is null in JSON.
+nlohmann::json number_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+double number_or_nan(const nlohmann::json& j) { return j.is_null() ? std::nan("") : j.get<double>(); }
+
+std::string history_json(const std::vector<EpochMetrics>& history) {
+  nlohmann::json all = nlohmann::json::array();
+  for (const EpochMetrics& m : history) {
+    nlohmann::json j = {{"epoch", m.epoch},
+                        {"train_loss", number_or_null(m.train_loss)},
+                        {"train_accuracy", number_or_null(m.train_accuracy)},
+                        {"lr", m.lr},
+                        {"steps", m.steps},
+                        {"samples", m.samples},
+                        {"seconds", m.seconds},
+                        {"samples_per_second", m.samples_per_second}};
+    if (m.test)
+      j["test"] = {{"loss", number_or_null(m.test->loss)},
+                   {"accuracy", number_or_null(m.test->accuracy)},
+                   {"samples", m.test->samples},
+                   {"seconds", m.test->seconds}};
+    all.push_back(std::move(j));
+  }
+  return all.dump();
+}
+
+std::vector<EpochMetrics> parse_history(const std::string& text, const std::string& path) {
+  std::vector<EpochMetrics> out;
+  try {
+    for (const nlohmann::json& j : nlohmann::json::parse(text)) {
+      EpochMetrics m;
+      m.epoch = j.at("epoch").get<int64_t>();
+      m.train_loss = number_or_nan(j.at("train_loss"));
+      m.train_accuracy = number_or_nan(j.at("train_accuracy"));
+      m.lr = j.at("lr").get<double>();
+      m.steps = j.at("steps").get<int64_t>();
+      m.samples = j.at("samples").get<int64_t>();
+      m.seconds = j.at("seconds").get<double>();
+      m.samples_per_second = j.at("samples_per_second").get<double>();
+      if (j.contains("test")) {
+        const nlohmann::json& t = j.at("test");
+        m.test = EvalMetrics{number_or_nan(t.at("loss")), number_or_nan(t.at("accuracy")), t.at("samples").get<int64_t>(),
+                             t.at("seconds").get<double>()};
+      }
+      out.push_back(m);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(path + ": metadata 'kiln.history' is malformed (" + e.what() + ")");
+  }
+  return out;
+}
+
+}  // namespace
+
 Metadata Trainer::checkpoint_metadata() const {
   return {{"kiln.graph_hash", hash_},
+          {"kiln.planned_epochs", std::to_string(options_.epochs)},
+          {"kiln.history", history_json(history_)},
           {"kiln.graph", step_.graph.name()},
           {"kiln.optimizer", optimizer_json(options_.optimizer)},
           {"kiln.schedule", options_.schedule.str()},
@@ -285,7 +352,13 @@ void Trainer::load_checkpoint(const std::string& path) {
   const auto data_seed = meta_number<uint64_t>(m, "kiln.data_seed", path);
   if (epoch < 0 || global_step < 0 || position < 0)
     throw Error(path + ": negative epoch, step or position in the metadata (the file is corrupt)");
+  std::vector<EpochMetrics> history;
+  if (m.count("kiln.history")) history = parse_history(m.at("kiln.history"), path);
+  std::optional<int64_t> plan;
+  if (m.count("kiln.planned_epochs")) plan = meta_number<int64_t>(m, "kiln.planned_epochs", path);
   set_state(state);
+  history_ = std::move(history);
+  checkpoint_plan_ = plan;
   epoch_ = epoch;
   global_step_ = global_step;
   position_ = position;

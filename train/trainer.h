@@ -110,6 +110,15 @@ class Trainer {
   // Batches of the current epoch already trained: 0 between epochs, more after resuming
   // from a mid-epoch checkpoint (train_epoch then finishes that epoch).
   int64_t position() const { return position_; }
+  // Every epoch completed so far, with its test metrics when fit() evaluated it; a resumed
+  // trainer has the earlier run's epochs too (checkpoints carry them), so a plot of a
+  // resumed run shows the whole run.
+  const std::vector<EpochMetrics>& history() const { return history_; }
+  // The run length (TrainerOptions::epochs) the loaded checkpoint's run planned its schedule
+  // for; nullopt before a load, or from a checkpoint that does not say. A length-dependent
+  // schedule (cosine) continued under another plan has other rates than an uninterrupted
+  // run of the new length would have had.
+  std::optional<int64_t> checkpoint_planned_epochs() const { return checkpoint_plan_; }
 
   // One optimizer step on `batch` (any batch size), the scheduled lr written first.
   // Returns the model's outputs (loss, accuracy, ...).
@@ -130,7 +139,10 @@ class Trainer {
   // "kiln.optimizer" (JSON: name and hyper-parameters), "kiln.schedule", "kiln.epoch",
   // "kiln.global_step", "kiln.data_seed", "kiln.batch", and where in the epoch it is:
   // "kiln.position" (batches done) and "kiln.epoch_sums" (the epoch's running loss and
-  // accuracy sums, samples and seconds, exact). Written atomically.
+  // accuracy sums, samples and seconds, exact), "kiln.planned_epochs" (options().epochs)
+  // and "kiln.history" (history() as JSON). Written atomically. With a checkpoint_dir, the
+  // end-of-epoch checkpoint is written by train_epoch, or by fit() after it evaluated the
+  // epoch (so the history it carries has the test metrics).
   Metadata checkpoint_metadata() const;
   void save_checkpoint(const std::string& path) const;
   // Restores state, epoch and step from a checkpoint of this same graph; refuses (kiln::Error
@@ -159,6 +171,9 @@ class Trainer {
   std::shared_ptr<Executable> train_, eval_;
   int64_t epoch_ = 0, global_step_ = 0, position_ = 0;
   Sums sums_;
+  std::vector<EpochMetrics> history_;
+  std::optional<int64_t> checkpoint_plan_;
+  bool in_fit_ = false;  // fit() writes the end-of-epoch checkpoint, after evaluating
   bool has_accuracy_ = false;
   DType lr_dtype_ = DType::f32;
   double written_lr_ = -1;  // the value "lr" holds (-1: unknown, write it)

@@ -178,6 +178,38 @@ TEST_CASE("kiln train --resume ends with the weights of an uninterrupted run, bi
   CHECK_THAT(none.output, ContainsSubstring("--resume: no checkpoint in c to resume from"));
 }
 
+TEST_CASE("kiln train --resume of a cosine run: --schedule-epochs plans it, the plot shows the whole run",
+          "[cli][train][resume]") {
+  NEED_FASHION_MNIST();
+  TempDir dir;
+  const std::string cosine = kShort + " --schedule cosine";
+  REQUIRE(kiln_in(dir, cosine + " --epochs 2 --checkpoint a").status == 0);
+  REQUIRE(kiln_in(dir, cosine + " --epochs 1 --schedule-epochs 2 --checkpoint b").status == 0);
+  RunResult resumed = kiln_in(dir, cosine + " --epochs 2 --checkpoint b --resume --plot p.svg");
+  INFO(resumed.output);
+  REQUIRE(resumed.status == 0);
+  CHECK(resumed.output.empty());  // no warning: the plan is the same
+  auto latest = [&](const std::string& d) { return *kiln::CheckpointDir(dir / d).latest(); };
+  kiln::SafetensorsFile a = kiln::read_state(latest("a")), b = kiln::read_state(latest("b"));
+  for (const auto& [name, t] : a.tensors) {
+    INFO(name);
+    CHECK(same_bits(t, b.tensors.at(name)));
+  }
+  // Both epochs are plotted (the first from the checkpoint's history): two train markers per
+  // panel and the legend's.
+  const std::string svg = read_text(dir / "p.svg");
+  size_t circles = 0;
+  for (size_t at = svg.find("<circle"); at != std::string::npos; at = svg.find("<circle", at + 1)) ++circles;
+  CHECK(circles == 2 * 2 + 1);
+
+  // Without the plan, the resumed run says its rates differ from an uninterrupted run's.
+  REQUIRE(kiln_in(dir, cosine + " --epochs 1 --checkpoint c").status == 0);
+  RunResult other = kiln_in(dir, cosine + " --epochs 2 --checkpoint c --resume");
+  CHECK(other.status == 0);
+  CHECK_THAT(other.output, ContainsSubstring("kiln: warning: the checkpoint's run decays its cosine schedule over 1 "
+                                             "epochs, this one over 2"));
+}
+
 TEST_CASE("kill -9 during `kiln train --checkpoint-every 1` leaves a loadable checkpoint to resume from",
           "[cli][train][resume]") {
   NEED_FASHION_MNIST();

@@ -281,6 +281,38 @@ TEST_CASE("a run killed mid-epoch resumes from its last checkpoint to bitwise th
   CHECK_FALSE(Trainer(m.model, m.params, empty).resume());
 }
 
+TEST_CASE("checkpoints carry the run's history and its planned length", "[trainer][resume]") {
+  kiln::testing::TempDir dir;
+  const TensorDataset data = synthetic(40), test = synthetic(20);
+  TrainerOptions o = sgd(16);
+  o.checkpoint_dir = dir / "run";
+  o.epochs = 5;
+  std::vector<EpochMetrics> first;
+  {
+    ModelWithParams m = tiny(16);
+    Trainer t(m.model, m.params, o);
+    first = t.fit(data, test, 2);
+    REQUIRE(t.history().size() == 2);
+    REQUIRE(t.history()[1].test.has_value());
+  }
+  ModelWithParams m = tiny(16);
+  Trainer t(m.model, m.params, o);
+  CHECK_FALSE(t.checkpoint_planned_epochs().has_value());
+  REQUIRE(t.resume().has_value());
+  CHECK(t.checkpoint_planned_epochs() == 5);
+  REQUIRE(t.history().size() == 2);  // the end-of-epoch checkpoint is written after the evaluation
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(t.history()[i].epoch == first[i].epoch);
+    CHECK(t.history()[i].train_loss == first[i].train_loss);
+    CHECK(t.history()[i].samples == first[i].samples);
+    REQUIRE(t.history()[i].test.has_value());
+    CHECK(t.history()[i].test->loss == first[i].test->loss);
+    CHECK(t.history()[i].test->accuracy == first[i].test->accuracy);
+  }
+  t.fit(data, test, 3);
+  CHECK(t.history().size() == 3);
+}
+
 TEST_CASE("load_checkpoint refuses another graph, missing or mistyped tensors, corrupt files", "[trainer][resume]") {
   ModelWithParams m = tiny(4);
   kiln::testing::TempDir dir;
