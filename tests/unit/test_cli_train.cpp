@@ -131,6 +131,29 @@ TEST_CASE("kiln train lenet learns Fashion-MNIST in one short epoch", "[cli][tra
   CHECK(final_accuracy(r.output) > 65.0);
 }
 
+TEST_CASE("kiln train reads the four IDX files from --data DIR, and --data mnist from KILN_MNIST_DIR", "[cli][train]") {
+  NEED_FASHION_MNIST();
+  TempDir dir;
+  // A folder of IDX files (here Fashion-MNIST's, gzip'ed; uncompressed names work too).
+  fs::create_directory(dir / "idx");
+  for (const fs::directory_entry& e : fs::directory_iterator(kiln::fashion_mnist_dir()))
+    fs::create_symlink(e.path(), dir / "idx" / e.path().filename());
+  const std::string args = " --train-limit 640 --test-limit 200 --epochs 1 --batch 64";
+  RunResult fashion = kiln_in(dir, "train mlp --data fashion-mnist" + args);
+  RunResult folder = kiln_in(dir, "train mlp --data idx" + args);
+  RunResult mnist = run_shell("cd '" + dir.path.string() + "' && KILN_MNIST_DIR=idx " + KILN_BINARY +
+                              " train mlp --data mnist" + args);
+  INFO(fashion.output << folder.output << mnist.output);
+  REQUIRE(fashion.status == 0);
+  REQUIRE(folder.status == 0);
+  REQUIRE(mnist.status == 0);
+  CHECK_THAT(folder.output, StartsWith("training mlp on idx: 640 training and 200 test images"));
+  CHECK_THAT(mnist.output, StartsWith("training mlp on mnist: 640 training and 200 test images"));
+  // The same images, the same seeds: the same run.
+  CHECK(final_accuracy(folder.output) == final_accuracy(fashion.output));
+  CHECK(final_accuracy(mnist.output) == final_accuracy(fashion.output));
+}
+
 TEST_CASE("kiln train writes the metrics CSV and the SVG plot", "[cli][train]") {
   NEED_FASHION_MNIST();
   TempDir dir;
