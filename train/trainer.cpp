@@ -118,6 +118,12 @@ TensorMap Trainer::train_batch(const TensorMap& batch) {
 }
 
 EpochMetrics Trainer::train_epoch(const TensorDataset& data, const std::function<void(const StepInfo&)>& on_step) {
+  EpochMetrics m = run_epoch(data, on_step);
+  if (!options_.checkpoint_dir.empty()) save_to_dir();
+  return m;
+}
+
+EpochMetrics Trainer::run_epoch(const TensorDataset& data, const std::function<void(const StepInfo&)>& on_step) {
   data.check("train_epoch");
   const BatchPlan plan = BatchPlan::make(data.size(), options_.batch, options_.drop_last);
   if (plan.count() == 0)
@@ -179,7 +185,6 @@ EpochMetrics Trainer::train_epoch(const TensorDataset& data, const std::function
   position_ = 0;
   sums_ = {};
   history_.push_back(m);
-  if (!options_.checkpoint_dir.empty() && !in_fit_) save_to_dir();
   return m;
 }
 
@@ -213,15 +218,7 @@ std::vector<EpochMetrics> Trainer::fit(const TensorDataset& train, const TensorD
   if (options_.epochs == 0) options_.epochs = epochs;
   std::vector<EpochMetrics> all;
   while (epoch_ < epochs) {
-    in_fit_ = true;
-    EpochMetrics m;
-    try {
-      m = train_epoch(train, callbacks.on_step);
-    } catch (...) {
-      in_fit_ = false;
-      throw;
-    }
-    in_fit_ = false;
+    EpochMetrics m = run_epoch(train, callbacks.on_step);
     if (test.size() > 0) history_.back().test = m.test = evaluate(test);
     if (!options_.checkpoint_dir.empty()) save_to_dir();
     if (callbacks.on_epoch) callbacks.on_epoch(m);

@@ -163,6 +163,8 @@ class Trainer {
   double lr_for(int64_t global_step, int64_t steps_per_epoch) const;
   TensorMap run_step(const TensorMap& batch, double lr);  // writes lr (if it changed), one step
   void save_to_dir() const;
+  // train_epoch() without its end-of-epoch checkpoint (fit() writes that after evaluating).
+  EpochMetrics run_epoch(const TensorDataset& data, const std::function<void(const StepInfo&)>& on_step);
 
   TrainerOptions options_;
   TrainStep step_;
@@ -173,7 +175,6 @@ class Trainer {
   Sums sums_;
   std::vector<EpochMetrics> history_;
   std::optional<int64_t> checkpoint_plan_;
-  bool in_fit_ = false;  // fit() writes the end-of-epoch checkpoint, after evaluating
   bool has_accuracy_ = false;
   DType lr_dtype_ = DType::f32;
   double written_lr_ = -1;  // the value "lr" holds (-1: unknown, write it)
