@@ -32,6 +32,11 @@ TensorMap state_of(int64_t step) {
 }
 
 int check(const std::string& dir) {
+  // A writer killed before it created the folder (a loaded machine) left nothing at all.
+  if (!std::filesystem::exists(dir)) {
+    std::printf("no checkpoint yet, 0 temporary files\n");
+    return 0;
+  }
   int temps = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir))
     temps += e.path().filename().string().find(".tmp.") != std::string::npos;
