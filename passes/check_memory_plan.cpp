@@ -73,6 +73,8 @@ struct Checker {
   bool in_place_ok(const Node& n, ValueId operand, ValueId result) const {
     const TensorType& t = g.type(operand);
     const TensorType& rt = g.type(result);
+    if (n.op == Op::Reshape)  // a view: every element keeps its byte offset
+      return reads(n, operand) && n.results.at(0) == result && t.numel() == rt.numel() && t.dtype == rt.dtype;
     if (t.shape != rt.shape || t.numel() * int64_t(dtype_size(t.dtype)) != rt.numel() * int64_t(dtype_size(rt.dtype)))
       return false;
     if (!reads(n, operand)) return false;

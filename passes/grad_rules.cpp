@@ -197,7 +197,10 @@ std::vector<ValueId> vjp(Emitter& e, const Node& n, ValueId dy, const std::vecto
       gw.emplace("kernel", std::vector<int64_t>{ws[2], ws[3]});
       std::vector<ValueId> out = {when(0, [&] { return e.op(Op::Conv2dGradInput, {dy, x(1)}, gi); }),
                                   when(1, [&] { return e.op(Op::Conv2dGradWeight, {x(0), dy}, gw); })};
-      if (n.operands.size() == 3) out.push_back(when(2, [&] { return e.sum(dy, {0, 2, 3}, false); }));
+      // The bias gradient sums each image's planes (contiguous rows), then over images: two
+      // streaming reductions instead of one that must gather [C, N*H*W] first.
+      if (n.operands.size() == 3)
+        out.push_back(when(2, [&] { return e.sum(e.sum(dy, {2, 3}, false), {0}, false); }));
       return out;
     }
     case Op::MaxPool2d:

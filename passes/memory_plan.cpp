@@ -192,6 +192,9 @@ std::string_view buffer_kind_name(BufferKind k) {
 
 bool can_write_in_place(const Graph& g, const Node& n, ValueId operand, ValueId result) {
   const TensorType& type = g.type(operand);
+  // A reshape keeps every element's byte offset: its result is a view of the operand.
+  if (n.op == Op::Reshape)
+    return n.operands.at(0) == operand && n.result() == result && bytes_of(type) == bytes_of(g.type(result));
   if (type.shape != g.type(result).shape || bytes_of(type) != bytes_of(g.type(result))) return false;
   if (std::find(n.operands.begin(), n.operands.end(), operand) == n.operands.end()) return false;
   const auto at = std::find(n.results.begin(), n.results.end(), result);

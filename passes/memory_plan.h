@@ -30,7 +30,9 @@
 //    convolution or reduction, as in add(%c, matmul(%a, %b)) over %c). Codegen's side of
 //    the contract: such a cone is computed in one loop over its shape that, at element i,
 //    loads the operand's element i before storing any result's element i, and nothing else
-//    in the node reads that operand. Values sharing storage this way form one Buffer.
+//    in the node reads that operand. A reshape whose operand dies there is placed over the
+//    operand too (any shapes, same bytes): a view, which codegen does not copy. Values
+//    sharing storage this way form one Buffer.
 //    The same rule decides whether X.next's node may read X when X.next is in X's buffer.
 // check_memory_plan (passes/check_memory_plan.h) checks a plan against these rules.
 #pragma once
@@ -94,7 +96,8 @@ MemoryPlan plan_memory(const Graph& g, const PassOptions& options);
 int64_t peak_live_bytes(const Graph& g);
 
 // True when node `n` (of `g`) may write `result` over `operand`'s buffer by the in-place
-// rule above (same shape and byte size, read only elementwise on the way to `result`).
+// rule above (same shape and byte size, read only elementwise on the way to `result`; or
+// `n` is a reshape, whose result is then a view of the operand's bytes).
 // Liveness is not considered: the operand must also die at `n`.
 bool can_write_in_place(const Graph& g, const Node& n, ValueId operand, ValueId result);
 

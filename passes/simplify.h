@@ -5,7 +5,9 @@
 // returns a verified-valid graph that computes, for every output, the same type and (in
 // the reference interpreter) the same bits as its input: none of them changes results,
 // except where noted for NaN payloads (two NaNs may trade places; a NaN stays a NaN).
-// None of them ever adds nodes overall: a pass replaces a node by at most one new node.
+// None of them ever adds nodes overall: a pass replaces a node by at most one new node,
+// except simplify_algebra's pooled-gradient mask (below), which adds three while making
+// two dead and one (the max_pool2d) a duplicate of the forward pass's for cse.
 // Graph inputs, their order and state flags, and the outputs' names never change.
 #pragma once
 
@@ -65,6 +67,14 @@ Graph dce(const Graph& g, const PassOptions& options);
 //   broadcast_to(broadcast_to(x)) -> broadcast_to(x); broadcast_to(x) to x's shape -> x.
 //   slice(x) taking every element (start 0, same shape) -> x; pad(x) with zero low and
 //   high -> x; concat(x) of one operand -> x.
+//   select(gt(r, 0), max_pool2d_grad(r, dy), 0) -> max_pool2d_grad(r, select(gt(max_pool2d(r),
+//   0), dy, 0))                         a ReLU's gradient under a max-pool's (the pool
+//                                       gradient read only here): the scatter is nonzero
+//                                       only at each window's first maximum, where r is
+//                                       the window's max_pool2d value bit for bit, so the
+//                                       mask is taken on the pooled cells (a quarter as
+//                                       many for 2x2) and every other cell is +0.0 either
+//                                       way.
 //   max, min over axes that all have size 1 (an empty axes list means every axis) ->
 //   reshape(x) (or x). Also sum over such axes for integer dtypes; NOT sum or mean of
 //   floats: the interpreter computes them as 0.0 + x, which maps -0.0 to +0.0.

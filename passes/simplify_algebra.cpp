@@ -29,7 +29,8 @@ Replacement make(Op op, std::vector<ValueId> operands, AttrMap attrs) {
 
 class Simplifier {
  public:
-  explicit Simplifier(Graph& dst) : dst_(dst) {}
+  // `uses`: how many times each source value is read (operands and outputs).
+  Simplifier(Graph& dst, std::vector<int32_t> uses) : dst_(dst), uses_(std::move(uses)) {}
 
   // The replacement of a node with operands `x` (in the new graph) and result type `rt`,
   // or nullopt to keep it.
@@ -51,9 +52,34 @@ class Simplifier {
     if (type(v) == rt) return use(v);
     return make(Op::BroadcastTo, {v}, {{"shape", rt.shape}});
   }
+  // select(gt(r, 0), max_pool2d_grad(r, dy), 0) -> max_pool2d_grad(r, select(gt(max_pool2d(r), 0), dy, 0)).
+  std::optional<Replacement> mask_pooled_gradient(const Node& n, const std::vector<ValueId>& x,
+                                                  const TensorType& rt);
 
   Graph& dst_;
+  std::vector<int32_t> uses_;
 };
+
+// A ReLU's gradient under a max-pool's (LeNet's backward pass): the mask is applied to the
+// pooled gradient before it is scattered, over a quarter of the cells for a 2x2 pool. Exact:
+// the pool gradient is nonzero only at each window's first maximum, where r equals the
+// window's max_pool2d value (found by the same comparisons, NaN and -0.0 included), so
+// gt(r, 0) there is gt(max_pool2d(r), 0); every other cell gets +0.0 either way, and a cell
+// that is the maximum of several windows has one mask for all of them. The max_pool2d is the
+// forward pass's own after cse. Only when this select is the pool gradient's one reader, so
+// the old scatter dies.
+std::optional<Replacement> Simplifier::mask_pooled_gradient(const Node& n, const std::vector<ValueId>& x,
+                                                            const TensorType& rt) {
+  const Node* grad = def(x[1], Op::MaxPool2dGrad);
+  const Node* mask = def(x[0], Op::Gt);
+  if (grad == nullptr || mask == nullptr || uses_.at(static_cast<size_t>(n.operands[1].id)) != 1) return std::nullopt;
+  ValueId r = grad->operands[0], dy = grad->operands[1], zero = mask->operands[1];
+  if (mask->operands[0] != r || !type(zero).shape.empty() || !type(x[2]).shape.empty()) return std::nullopt;
+  if (!(is_all(zero, 0.0) || is_all(zero, -0.0)) || !is_all(x[2], 0.0) || rt != type(r)) return std::nullopt;
+  ValueId pooled = dst_.add_node(Op::MaxPool2d, {r}, grad->attrs);
+  ValueId masked = dst_.add_node(Op::Select, {dst_.add_node(Op::Gt, {pooled, zero}), dy, x[2]});
+  return make(Op::MaxPool2dGrad, {r, masked}, grad->attrs);
+}
 
 bool Simplifier::is_all(ValueId v, double want) const {
   const Node* c = def(v, Op::Constant);
@@ -118,7 +144,7 @@ std::optional<Replacement> Simplifier::rewrite(const Node& n, const std::vector<
     case Op::Select:
       if (x[1] == x[2] || is_all(x[0], 1.0)) return as_result(x[1], rt);
       if (is_all(x[0], 0.0)) return as_result(x[2], rt);
-      return std::nullopt;
+      return mask_pooled_gradient(n, x, rt);
     case Op::Cast:
       if (type(x[0]) == rt) return use(x[0]);
       return std::nullopt;
@@ -200,7 +226,11 @@ std::optional<Replacement> Simplifier::rewrite(const Node& n, const std::vector<
 Graph simplify_algebra(const Graph& g, const PassOptions&) {
   Rebuilder rb(g);
   Graph& dst = rb.dst();
-  Simplifier s(dst);
+  std::vector<int32_t> uses(g.values().size(), 0);
+  for (const Node& n : g.nodes())
+    for (ValueId v : n.operands) ++uses[static_cast<size_t>(v.id)];
+  for (const GraphOutput& o : g.outputs()) ++uses[static_cast<size_t>(o.value.id)];
+  Simplifier s(dst, std::move(uses));
   for (const Node& n : g.nodes()) {
     if (n.results.size() != 1) {
       rb.copy(n);

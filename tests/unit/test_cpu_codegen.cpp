@@ -270,13 +270,18 @@ TEST_CASE("cpu codegen: a fused GEMM writes its epilogue's output in place", "[c
     ValueId w = g.add_input("w", {dt, {300, 200}});
     ValueId b = g.add_input("b", {dt, {200}});
     ValueId c = g.add_input("c", {dt, {64, 200}}, /*is_state=*/true);
+    // The GEMM writes into h's buffer and the bias + relu run in place over it.
     ValueId mm = g.add_node(Op::Matmul, {x, w});
     g.add_output("h", g.add_node(Op::Relu, {g.add_node(Op::Add, {mm, b})}));
-    g.add_output("t", g.add_node(Op::Tanh, {mm}));
-    // In place over a state: the GEMM must not clobber %c before the epilogue reads it.
+    // Over a state (c.next in c's buffer): the GEMM must not clobber %c before the epilogue
+    // reads it. And a GEMM with two readers (t and the momentum-like update, whose addend
+    // fuse_elementwise computes in the same loop) writes its own buffer.
     ValueId w2 = g.add_input("w2", {dt, {300, 200}});
     ValueId m2 = g.add_node(Op::Matmul, {x, w2});
-    g.add_output("c.next", g.add_node(Op::Add, {g.add_node(Op::Mul, {c, b}), m2}));
+    g.add_output("c.next", g.add_node(Op::Add, {c, m2}));
+    ValueId m3 = g.add_node(Op::Matmul, {x, g.add_node(Op::Neg, {w2})});
+    g.add_output("t", g.add_node(Op::Tanh, {m3}));
+    g.add_output("u", g.add_node(Op::Add, {g.add_node(Op::Mul, {m3, b}), m3}));
     TensorMap in = {{"x", random_tensor(dt, {64, 300}, -1, 1, rng)},
                     {"w", random_tensor(dt, {300, 200}, -1, 1, rng)},
                     {"w2", random_tensor(dt, {300, 200}, -1, 1, rng)},
@@ -317,6 +322,30 @@ TEST_CASE("cpu codegen: two GEMMs read by one epilogue do not share its output",
   body.add_output("s", body.add_node(Op::Add, {m1, m2}));
   g.add_output("s", g.add_fused({x}, std::move(body))[0]);
   check_graph(g, {{"x", random_tensor(DType::f32, {8, 8}, -1, 1, rng)}}, 1e-5, 1e-5);
+}
+
+TEST_CASE("cpu codegen: a reshape over its dying operand is a view, not a copy", "[cpu][codegen]") {
+  std::mt19937_64 rng(12);
+  for (DType dt : {DType::f32, DType::f64}) {
+    CAPTURE(dtype_name(dt));
+    Graph g("views");
+    ValueId x = g.add_input("x", {dt, {7, 13}});
+    ValueId e = g.add_node(Op::Exp, {x});
+    ValueId flat = g.add_node(Op::Reshape, {e}, {{"shape", std::vector<int64_t>{91}}});
+    ValueId t = g.add_node(Op::Sum, {g.add_node(Op::Tanh, {flat})}, {{"axes", std::vector<int64_t>{0}}});
+    ValueId copy = g.add_node(Op::Reshape, {x}, {{"shape", std::vector<int64_t>{13, 7}}});  // of an input: copied
+    g.add_output("t", t);
+    g.add_output("copy", g.add_node(Op::Neg, {copy}));
+    check_graph(g, {{"x", random_tensor(dt, {7, 13}, -1, 1, rng)}}, 1e-6, 1e-6);
+    CompileOptions o;
+    o.use_cache = false;
+    std::string ir = compile(g, o)->emit("llvm");
+    size_t moves = 0;
+    for (size_t at = ir.find("call void @llvm.memmove"); at != std::string::npos;
+         at = ir.find("call void @llvm.memmove", at + 1))
+      ++moves;
+    CHECK(moves == 1);  // the input's reshape only
+  }
 }
 
 TEST_CASE("cpu codegen: profiling counts every node once per run", "[cpu][codegen][profile]") {

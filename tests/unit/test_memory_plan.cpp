@@ -279,6 +279,33 @@ TEST_CASE("memory plan: in place only over a dying, same-shaped arena operand", 
   CHECK(p.report.in_place_values == 3);
 }
 
+TEST_CASE("memory plan: a reshape is a view of an operand that dies there", "[memory_plan]") {
+  Graph g("views");
+  ValueId x = g.add_input("x", f32({16, 16}));
+  ValueId e = g.add_node(Op::Exp, {x});
+  ValueId flat = g.add_node(Op::Reshape, {e}, {{"shape", std::vector<int64_t>{256}}});  // e dies: a view
+  ValueId t = g.add_node(Op::Tanh, {flat});
+  ValueId kept = g.add_node(Op::Reshape, {t}, {{"shape", std::vector<int64_t>{4, 64}}});  // t read later: a copy
+  ValueId u = g.add_node(Op::Sum, {t}, {{"axes", std::vector<int64_t>{0}}});
+  ValueId back = g.add_node(Op::Reshape, {kept}, {{"shape", std::vector<int64_t>{2, 128}}});  // an output is not overwritten
+  g.add_output("u", u);
+  g.add_output("kept", kept);
+  g.add_output("back", back);
+  MemoryPlan p = plan(g);
+  CHECK(same_buffer(p, e, flat));
+  CHECK(same_buffer(p, flat, t));
+  CHECK_FALSE(same_buffer(p, t, kept));
+  CHECK_FALSE(same_buffer(p, kept, back));
+  CHECK(can_write_in_place(g, g.nodes()[1], e, flat));
+  CHECK_FALSE(can_write_in_place(g, g.nodes()[1], x, flat));  // not its operand
+  // A plan that puts a reshape over an operand still read afterwards is rejected.
+  MemoryPlan bad = p;
+  Buffer& b = bad.buffers.at(bad.at(kept).buffer);
+  for (ValueId v : b.values) bad.values[v.id].offset = bad.at(t).offset;
+  b.offset = bad.at(t).offset;
+  CHECK_THROWS(check_memory_plan(g, bad));
+}
+
 TEST_CASE("memory plan: a state update goes into the state's own buffer when legal", "[memory_plan]") {
   ValueId next, w;
   Graph g = state_update(false, &next, &w);

@@ -461,6 +461,49 @@ TEST_CASE("the identities hold bit for bit on special values", "[simplify][algeb
   }
 }
 
+TEST_CASE("simplify_algebra masks a ReLU's gradient on the pooled cells, bit for bit", "[simplify][algebra]") {
+  // r holds ties (within and across overlapping windows), -0.0 and +0.0, NaN, +-inf and
+  // negatives; dy holds -0.0. Windows 3x3 stride 2 overlap, so cells take several windows'
+  // gradients; padding 1 adds cells that never win.
+  for (DType dt : {DType::f32, DType::f64}) {
+    std::string ty = std::string(dtype_name(dt));
+    std::string text = "graph @f(%x: " + ty + "[1,2,5,5], %dp: " + ty + "[1,2,3,3]) {\n"
+      "  %r = relu(%x) : " + ty + "[1,2,5,5]\n"
+      "  %p = max_pool2d(%r) {kernel=[3, 3], stride=[2, 2], padding=[1, 1]} : " + ty + "[1,2,3,3]\n"
+      "  %z = constant() {value=0.0} : " + ty + "[]\n"
+      "  %dr = max_pool2d_grad(%r, %dp) {kernel=[3, 3], stride=[2, 2], padding=[1, 1]} : " + ty + "[1,2,5,5]\n"
+      "  %m = gt(%r, %z) : bool[1,2,5,5]\n"
+      "  %dx = select(%m, %dr, %z) : " + ty + "[1,2,5,5]\n"
+      "  return p = %p, dx = %dx\n}\n";
+    Graph before = parse(text);
+    Graph after = simplify(before, {});
+    verify(after);
+    CHECK(count(after, Op::MaxPool2d) == 1);  // the forward pass's, shared
+    const Node& dx = output_node(after, "dx");
+    REQUIRE(dx.op == Op::MaxPool2dGrad);
+    CHECK(after.type(dx.operands[1]).shape == Shape{1, 2, 3, 3});  // masked before the scatter
+    double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+    std::vector<double> xs(50), dps(18);
+    const double pattern[] = {1.0, -0.0, 0.0, 2.0, 2.0, -3.0, nan, inf, -inf, 0.5, 2.0, -1.0, 0.0};
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = pattern[(i * 7) % 13];
+    for (size_t i = 0; i < dps.size(); ++i) dps[i] = i % 5 == 0 ? -0.0 : static_cast<double>(i) - 8.5;
+    TensorMap in = {{"x", Tensor::from<double>(dt, {1, 2, 5, 5}, xs)}, {"dp", Tensor::from<double>(dt, {1, 2, 3, 3}, dps)}};
+    check_same_outputs(interpret(before, in), interpret(after, in));
+  }
+  // Not when the pool gradient has another reader, or the mask is of another value.
+  Graph kept = run(simplify_algebra, R"(graph @f(%r: f32[1,1,4,4], %s: f32[1,1,4,4], %dp: f32[1,1,2,2]) {
+  %z = constant() {value=0.0} : f32[]
+  %dr = max_pool2d_grad(%r, %dp) {kernel=[2, 2], stride=[2, 2]} : f32[1,1,4,4]
+  %m = gt(%r, %z) : bool[1,1,4,4]
+  %a = select(%m, %dr, %z) : f32[1,1,4,4]
+  %ms = gt(%s, %z) : bool[1,1,4,4]
+  %b = select(%ms, %dr, %z) : f32[1,1,4,4]
+  return a = %a, b = %b, dr = %dr
+})");
+  CHECK(output_node(kept, "a").op == Op::Select);
+  CHECK(output_node(kept, "b").op == Op::Select);
+}
+
 // --- simplify: the fixed point ------------------------------------------------------------
 
 TEST_CASE("simplify runs the passes to a fixed point", "[simplify]") {
