@@ -1,6 +1,8 @@
 // BLAS shims. OpenBLAS runs single-threaded (see runtime/thread_pool.h for the policy); a
-// large GEMM called from outside a parallel loop is split into blocks of C over the
-// runtime's pool instead, each block one single-threaded OpenBLAS call.
+// large GEMM is cut into a grid of blocks of C fixed by its shape, each block one
+// single-threaded OpenBLAS call, run over the runtime's pool when called from outside a
+// parallel loop and one after another inside one: the same calls either way, so results
+// do not depend on the thread count.
 #include "runtime/blas.h"
 
 #include <cblas.h>
@@ -109,10 +111,43 @@ BlasBuffers& blas_buffers() {
   return b;
 }
 
-// Below this many multiply-adds one thread beats waking the pool.
-constexpr double kSplitMacs = 1 << 19;
-// Blocks of C are multiples of this many rows or columns (a multiple of the kernels' tiles).
+// A GEMM is cut into a grid of pieces of C fixed by its shape alone: the pieces are the same
+// OpenBLAS calls whether they then run one after another (one thread, or inside a parallel
+// loop) or over the pool, so C is bitwise the same for any thread count. Each piece does at
+// least this many multiply-adds (below it one thread beats waking the pool) ...
+constexpr double kPieceMacs = 1 << 21;
+// ... there are at most this many (a power of two) ...
+constexpr int64_t kMaxPieces = 16;
+// ... and they are cut at multiples of this many rows or columns (the kernels' tiles).
 constexpr int64_t kBlock = 16;
+
+struct Grid {
+  int64_t rows = 1, cols = 1;  // pieces along M and along N
+  int64_t count() const { return rows * cols; }
+};
+
+// Halves the longer side of a piece while the pieces stay big enough, so the operand each
+// piece re-packs is the smaller one.
+Grid piece_grid(int64_t m, int64_t n, int64_t k) {
+  Grid g;
+  double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  while (g.count() < kMaxPieces && macs / static_cast<double>(2 * g.count()) >= kPieceMacs) {
+    int64_t pm = m / g.rows, pn = n / g.cols;  // a piece's sides
+    bool can_m = pm >= 2 * kBlock, can_n = pn >= 2 * kBlock;
+    if (can_n && (pn >= pm || !can_m))
+      g.cols *= 2;
+    else if (can_m)
+      g.rows *= 2;
+    else
+      break;
+  }
+  return g;
+}
+
+// Start of piece i of `parts` along a side of length len (len / parts >= kBlock).
+int64_t piece_start(int64_t len, int64_t parts, int64_t i) {
+  return i == parts ? len : len * i / parts / kBlock * kBlock;
+}
 
 void blas(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -141,31 +176,26 @@ void gemm1(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t
   blas_buffers().release(fresh);
 }
 
-// Splits C along its longer side (so the operand every block re-packs is the smaller one)
-// when the GEMM is big enough and we are not already inside a parallel loop.
 template <typename T>
 void gemm(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
           const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   kiln::rt::init_blas_threading();
   CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
-  double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  if (macs < kSplitMacs || std::max(m, n) < 2 * kBlock || kiln::rt::in_parallel_region() ||
-      kiln_rt_num_threads() < 2) {
-    gemm1(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return;
-  }
-  bool split_n = n >= m;
-  int64_t len = split_n ? n : m;
-  int64_t blocks = (len + kBlock - 1) / kBlock;
-  double block_macs = macs / static_cast<double>(len) * static_cast<double>(kBlock);
-  auto grain = static_cast<int64_t>(kSplitMacs / 2 / block_macs) + 1;
-  kiln::rt::parallel_for(blocks, grain, [&](int64_t begin, int64_t end) {
-    int64_t lo = begin * kBlock, hi = std::min(end * kBlock, len);
-    if (split_n)
-      gemm1(ta, tb, m, hi - lo, k, alpha, a, lda, trans_b ? b + lo * ldb : b + lo, ldb, beta, c + lo, ldc);
-    else
-      gemm1(ta, tb, hi - lo, n, k, alpha, trans_a ? a + lo : a + lo * lda, lda, b, ldb, beta, c + lo * ldc, ldc);
-  });
+  const Grid g = piece_grid(m, n, k);
+  auto piece = [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      int64_t r = p / g.cols, q = p % g.cols;
+      int64_t m0 = piece_start(m, g.rows, r), m1 = piece_start(m, g.rows, r + 1);
+      int64_t n0 = piece_start(n, g.cols, q), n1 = piece_start(n, g.cols, q + 1);
+      const T* ap = trans_a ? a + m0 : a + m0 * lda;
+      const T* bp = trans_b ? b + n0 * ldb : b + n0;
+      gemm1(ta, tb, m1 - m0, n1 - n0, k, alpha, ap, lda, bp, ldb, beta, c + m0 * ldc + n0, ldc);
+    }
+  };
+  if (g.count() == 1 || kiln::rt::in_parallel_region() || kiln_rt_num_threads() < 2)
+    piece(0, g.count());
+  else
+    kiln::rt::parallel_for(g.count(), 1, piece);
 }
 
 }  // namespace

@@ -10,8 +10,9 @@
 // over the pool and each GEMM runs single-threaded inside its chunk (the column buffer is
 // per thread and stays in cache); with fewer, the pairs run one after another and each
 // GEMM is split over the pool by kiln_rt_sgemm/dgemm. grad_weight accumulates the images
-// of each chunk into that chunk's own partial sum and adds the partials in chunk order,
-// so its result depends only on the thread count.
+// of each chunk into that chunk's own partial sum and adds the partials in chunk order; the
+// chunks are fixed by the shape, so no result depends on the thread count (GEMMs are cut
+// by shape too: runtime/blas.cpp).
 #include <algorithm>
 #include <type_traits>
 #include <vector>
@@ -194,8 +195,17 @@ void for_each_item(int64_t items, F&& body) {
     body(int64_t{0}, items);
 }
 
+// The interpreter's relu over y[0, n): NaN passes, the rest not above 0 becomes +0.0.
 template <typename T>
-void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams* params) {
+void relu_in_place(T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    T v = y[i];
+    y[i] = v > T(0) || v != v ? v : T(0);
+  }
+}
+
+template <typename T>
+void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams* params, int32_t act) {
   const ConvShape s(*params);
   for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {
     T* col = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
@@ -208,6 +218,7 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
         for (int64_t oc = 0; oc < s.og; ++oc) std::fill_n(yg + oc * s.p, s.p, bias[g * s.og + oc]);
       gemm<T>(false, false, s.og, s.p, s.k, w + g * s.og * s.k, s.k, s.pointwise ? xg : col, s.p, bias != nullptr, yg,
               s.p);
+      if (act == KILN_ACT_RELU) relu_in_place(yg, s.og * s.p);
     }
   });
 }
@@ -233,6 +244,11 @@ void conv2d_grad_input(const T* dy, const T* w, T* dx, const KilnConv2dParams* p
   });
 }
 
+// grad_weight's chunks of images: at most this many, with partial sums of at most this many
+// elements in all.
+constexpr int64_t kMaxChunks = 16;
+constexpr int64_t kMaxPartialElements = int64_t{4} << 20;
+
 template <typename T>
 void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* params) {
   const ConvShape s(*params);
@@ -241,9 +257,11 @@ void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* 
     std::fill_n(dw, size, T(0));
     return;
   }
-  // Chunk i sums images [n*i/chunks, n*(i+1)/chunks) into partial i (chunk 0 into dw).
-  bool parallel = s.n >= kiln_rt_num_threads() && !kiln::rt::in_parallel_region();
-  int64_t chunks = parallel ? kiln_rt_num_threads() : 1;
+  // Chunk i sums images [n*i/chunks, n*(i+1)/chunks) into partial i (chunk 0 into dw); the
+  // partials are added in chunk order. The chunks are fixed by the shape, not the thread
+  // count, so dw is bitwise the same for any number of threads.
+  int64_t chunks = std::clamp<int64_t>(kMaxPartialElements / size, 1, std::min(s.n, kMaxChunks));
+  bool parallel = chunks > 1 && kiln_rt_num_threads() > 1 && !kiln::rt::in_parallel_region();
   std::vector<T> partials(static_cast<size_t>((chunks - 1) * size));
   auto body = [&](int64_t begin, int64_t end) {
     for (int64_t chunk = begin; chunk < end; ++chunk) {
@@ -262,7 +280,7 @@ void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* 
   if (parallel)
     kiln::rt::parallel_for(chunks, 1, body);
   else
-    body(0, 1);
+    body(0, chunks);
   for (int64_t chunk = 1; chunk < chunks; ++chunk) {
     const T* part = partials.data() + (chunk - 1) * size;
     for (int64_t i = 0; i < size; ++i) dw[i] += part[i];
@@ -285,10 +303,18 @@ void guarded(const char* name, F&& f) {
 extern "C" {
 
 void kiln_rt_conv2d_f32(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams* p) {
-  guarded("conv2d: out of memory", [&] { conv2d(x, w, bias, y, p); });
+  guarded("conv2d: out of memory", [&] { conv2d(x, w, bias, y, p, KILN_ACT_NONE); });
 }
 void kiln_rt_conv2d_f64(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams* p) {
-  guarded("conv2d: out of memory", [&] { conv2d(x, w, bias, y, p); });
+  guarded("conv2d: out of memory", [&] { conv2d(x, w, bias, y, p, KILN_ACT_NONE); });
+}
+void kiln_rt_conv2d_act_f32(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams* p,
+                            int32_t act) {
+  guarded("conv2d: out of memory", [&] { conv2d(x, w, bias, y, p, act); });
+}
+void kiln_rt_conv2d_act_f64(const double* x, const double* w, const double* bias, double* y,
+                            const KilnConv2dParams* p, int32_t act) {
+  guarded("conv2d: out of memory", [&] { conv2d(x, w, bias, y, p, act); });
 }
 void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams* p) {
   guarded("conv2d_grad_input: out of memory", [&] { conv2d_grad_input(dy, w, dx, p); });

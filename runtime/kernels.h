@@ -43,6 +43,14 @@ extern "C" {
 // y = conv2d(x, w) (+ bias if not null)
 void kiln_rt_conv2d_f32(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams* p);
 void kiln_rt_conv2d_f64(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams* p);
+// y = act(conv2d(x, w) (+ bias if not null)), the activation applied to each image's output
+// while it is still in cache (no second pass over y). KILN_ACT_RELU is the interpreter's
+// relu: NaN passes, everything else not above 0 (-0.0 included) becomes +0.0.
+enum { KILN_ACT_NONE = 0, KILN_ACT_RELU = 1 };
+void kiln_rt_conv2d_act_f32(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams* p,
+                            int32_t act);
+void kiln_rt_conv2d_act_f64(const double* x, const double* w, const double* bias, double* y,
+                            const KilnConv2dParams* p, int32_t act);
 // dx = conv2d_grad_input(dy, w): dx is overwritten (not accumulated)
 void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams* p);
 void kiln_rt_conv2d_grad_input_f64(const double* dy, const double* w, double* dx, const KilnConv2dParams* p);
@@ -61,13 +69,14 @@ void kiln_rt_avg_pool2d_grad_f64(const double* dy, double* dx, const KilnPool2dP
 
 // Runs fn(ctx, begin, end) over [0, n) split into contiguous chunks of at least `grain`
 // iterations on the runtime's thread pool (KILN_NUM_THREADS threads, default: all
-// cores); returns when every chunk is done. Chunks are fixed by (n, grain, threads), so
-// results are reproducible for a given thread count. Nested calls run inline.
+// cores); returns when every chunk is done. Chunks depend on the thread count, so a loop
+// whose result depends on how it is chunked (a reduction) must cut its work by its shape
+// and run the pieces as iterations. Nested calls run inline.
 //
 // Threading policy: the pool is the process's only source of parallelism. OpenBLAS is set
 // to one thread when the pool starts (or at the first kiln_rt_sgemm/dgemm), so it never
-// competes with the pool; kiln_rt_sgemm/dgemm split a large GEMM over the pool themselves
-// and run it single-threaded inside a parallel_for chunk. Generated code should reach BLAS
+// competes with the pool; kiln_rt_sgemm/dgemm cut a large GEMM into blocks fixed by its
+// shape, run over the pool, or one after another inside a parallel_for chunk. Generated code should reach BLAS
 // only through those shims. The kernels above parallelize internally and may be called
 // from inside a chunk (they then run on that thread alone).
 //

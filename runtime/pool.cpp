@@ -200,7 +200,12 @@ void max_pool2d_grad(const T* x, const T* dy, T* dx, const KilnPool2dParams* par
     const T* d = dy + plane * s.oh * s.ow;
     T* out = dx + plane * s.h * s.w;
     const int64_t w = s.w;
-    std::fill_n(out, s.h * s.w, T(0));
+    // Windows that tile the plane (2x2 stride 2 over an even plane, ...) are all interior
+    // and own their cells: each writes its cells once, its share at the maximum (0 + dy,
+    // as the interpreter's sum gives) and +0.0 elsewhere, with no zeroing pass before.
+    const bool tiles = KH > 0 && s.sh == KH && SW == KW && s.ph == 0 && s.pw == 0 && s.oh * KH == s.h &&
+                       s.ow * KW == s.w;
+    if (!tiles) std::fill_n(out, s.h * s.w, T(0));
     // Row-major over outputs, as the interpreter adds overlapping windows' shares.
     for_each_window<KH, KW, SW>(
         s,
@@ -218,6 +223,15 @@ void max_pool2d_grad(const T* x, const T* dy, T* dx, const KilnPool2dParams* par
               // A window of all -inf keeps cell 0, its first cell, as the rule does.
               int64_t q = base + ox * SW, c = cell[ox - b];
               int64_t at = nan ? first_max(in, fixed_cells<KH, KW>(q, w)) : q + (c / KW) * w + c % KW;
+              if (tiles) {
+                T share = T(0) + d[oy * s.ow + ox];
+                for (int64_t ky = 0; ky < KH; ++ky)
+                  for (int64_t kx = 0; kx < KW; ++kx) {
+                    int64_t i = q + ky * w + kx;
+                    out[i] = i == at ? share : T(0);
+                  }
+                continue;
+              }
               out[at] += d[oy * s.ow + ox];
             }
           }

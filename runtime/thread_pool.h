@@ -3,9 +3,11 @@
 //
 // Threading policy: all parallelism in a Kiln process comes from the runtime's one pool.
 // OpenBLAS is switched to a single thread the first time the runtime touches the pool or
-// a GEMM, so its own threads never compete with ours; kiln_rt_sgemm/dgemm instead split a
-// large GEMM into column (or row) blocks over the pool, and run it in one piece when
-// called from inside a parallel_for chunk (nested parallelism always runs inline).
+// a GEMM, so its own threads never compete with ours; kiln_rt_sgemm/dgemm instead cut a
+// large GEMM into a grid of blocks fixed by its shape, run over the pool, or one after
+// another when called from inside a parallel_for chunk (nested parallelism always runs
+// inline). Every parallel reduction is partitioned by the shape, never by the thread
+// count, so results are bitwise the same for any KILN_NUM_THREADS.
 #pragma once
 
 #include <atomic>

@@ -114,6 +114,13 @@ Value* Lowerer::scratch(int64_t bytes, int64_t& cursor) {
   return B_.CreateConstInBoundsGEP1_64(i8_, scratch_, static_cast<uint64_t>(off));
 }
 
+bool Lowerer::same_storage(const Graph& g, ValueId a, ValueId b) const {
+  if (&g != &g_) return false;  // a fused body's values are not in the memory plan
+  const ValuePlan& pa = plan_.values[static_cast<size_t>(a.id)];
+  const ValuePlan& pb = plan_.values[static_cast<size_t>(b.id)];
+  return pa.kind == BufferKind::Arena && pb.kind == BufferKind::Arena && pa.offset == pb.offset;
+}
+
 void Lowerer::copy_bytes(Value* dst, Value* src, int64_t bytes) {
   if (bytes > 0) B_.CreateMemMove(dst, llvm::MaybeAlign(), src, llvm::MaybeAlign(), static_cast<uint64_t>(bytes));
 }

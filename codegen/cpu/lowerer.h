@@ -62,6 +62,9 @@ class Lowerer {
   Value* alloca(llvm::Type* t);
   Value* scratch(int64_t bytes, int64_t& cursor);
   void copy_bytes(Value* dst, Value* src, int64_t bytes);
+  // True when top-level values a and b of `g` sit at the same arena bytes (a reshape the
+  // memory plan wrote in place: nothing to copy).
+  bool same_storage(const Graph& g, ValueId a, ValueId b) const;
   llvm::FunctionCallee runtime(RtFn f);  // declared from runtime/abi.def
   llvm::FunctionCallee external(const std::string& name, llvm::FunctionType* type);
   void for_loop(int64_t n, const std::function<void(Value*)>& body);
@@ -86,6 +89,7 @@ class Lowerer {
   void lower_node(const Graph& g, const Kernel& kernel, std::vector<Value*>& ptr, int64_t& cursor);
   void copy_strided(DType t, const Shape& shape, Value* dst, Stream ds, Value* src, Stream ss);
   Value* conv_params(const Node& n, const Shape& x, const Shape& w, const Shape& y);
+  bool lower_conv_relu(const Node& n, const std::vector<Value*>& ptr);
   Value* pool_params(const Node& n, const Shape& x, const Shape& y);
   // A runtime parameter struct as the constant i64 array it is laid out as (runtime/kernels.h).
   template <typename Params>

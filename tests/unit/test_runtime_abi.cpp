@@ -29,7 +29,9 @@ std::string abi_graph(const std::string& t) {
   %da = avg_pool2d_grad(%dp) {input_size=[9, 9], kernel=[3, 3], stride=[2, 2], padding=[1, 1]} : T[2,4,9,9]
   %m = matmul(%a, %a) : T[64,64]
   %t = tanh(%e) : T[512,512]
-  return y = %y, dx = %dx, dw = %dw, mp = %mp, dm = %dm, ap = %ap, da = %da, m = %m, t = %t
+  %y2 = conv2d(%x, %w) {groups=2, stride=[2, 2]} : T[2,6,4,4]
+  %yr = relu(%y2) : T[2,6,4,4]
+  return y = %y, dx = %dx, dw = %dw, mp = %mp, dm = %dm, ap = %ap, da = %da, m = %m, t = %t, yr = %yr
 }
 )";
   for (size_t at; (at = text.find('T')) != std::string::npos;) text.replace(at, 1, t);

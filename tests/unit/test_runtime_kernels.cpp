@@ -144,6 +144,37 @@ void check_conv(const ConvCase& k, DType dt, std::mt19937& rng) {
     check_close(y, want_y, tol);
   }
   {
+    // conv2d_act: the runtime's own conv2d, then the interpreter's relu (NaN passes, -0.0
+    // becomes +0.0), bit for bit; KILN_ACT_NONE is conv2d. Inputs: the random ones; x with a
+    // NaN, which reaches some outputs; zeros through negative weights onto a -0.0 bias,
+    // whose outputs are zeros of either sign, as the GEMM adds them.
+    Tensor xn = x, xz = x, wneg = w, bneg = bias;
+    xn.set(xn.numel() / 2, std::numeric_limits<double>::quiet_NaN());
+    for (int64_t i = 0; i < xz.numel(); ++i) xz.set(i, 0.0);
+    for (int64_t i = 0; i < wneg.numel(); ++i) wneg.set(i, -1.0 - static_cast<double>(i % 3));
+    for (int64_t i = 0; i < bneg.numel(); ++i) bneg.set(i, -0.0);
+    struct Inputs {
+      const Tensor *x, *w, *b;
+    };
+    for (const Inputs& in : {Inputs{&x, &w, &bias}, Inputs{&xn, &w, &bias}, Inputs{&xz, &wneg, &bneg}}) {
+      INFO("conv2d_act, input set " << (in.x == &x ? 0 : in.x == &xn ? 1 : 2));
+      Tensor plain = poisoned(want_y.type()), relu = poisoned(want_y.type()), none = poisoned(want_y.type());
+      if (dt == DType::f32) {
+        const float *xp = in.x->data<float>(), *wp = in.w->data<float>(), *bp = in.b->data<float>();
+        kiln_rt_conv2d_f32(xp, wp, bp, plain.data<float>(), p);
+        kiln_rt_conv2d_act_f32(xp, wp, bp, relu.data<float>(), p, KILN_ACT_RELU);
+        kiln_rt_conv2d_act_f32(xp, wp, bp, none.data<float>(), p, KILN_ACT_NONE);
+      } else {
+        const double *xp = in.x->data<double>(), *wp = in.w->data<double>(), *bp = in.b->data<double>();
+        kiln_rt_conv2d_f64(xp, wp, bp, plain.data<double>(), p);
+        kiln_rt_conv2d_act_f64(xp, wp, bp, relu.data<double>(), p, KILN_ACT_RELU);
+        kiln_rt_conv2d_act_f64(xp, wp, bp, none.data<double>(), p, KILN_ACT_NONE);
+      }
+      check_exact(none, plain);
+      check_exact(relu, reference(Op::Relu, {&plain}, {}));
+    }
+  }
+  {
     INFO("conv2d with bias");
     check_close(yb, want_yb, tol);
   }
@@ -191,6 +222,8 @@ void check_pool(const Shape& xs, const PoolCase& k, DType dt, Fill fill, std::mt
   Tensor want_max = reference(Op::MaxPool2d, {&x}, attrs);
   const Shape& ys = want_max.shape();
   Tensor dy = random_tensor(dt, ys, rng);
+  if (fill == Fill::zeros)  // a -0.0 share lands as 0 + -0.0 = +0.0
+    for (int64_t i = 0; i < dy.numel(); i += 2) dy.set(i, -0.0);
   Tensor want_max_grad = reference(Op::MaxPool2dGrad, {&x, &dy}, attrs);
   const KilnPool2dParams params{.n = xs[0], .c = xs[1], .h = xs[2], .w = xs[3], .oh = ys[2], .ow = ys[3],
                                 .kh = k.kernel[0], .kw = k.kernel[1], .stride_h = k.stride[0],
@@ -408,6 +441,13 @@ TEST_CASE("runtime: pooling matches the interpreter bit for bit", "[runtime][poo
   for (DType dt : {DType::f32, DType::f64})
     for (Fill fill : {Fill::uniform, Fill::ties, Fill::specials, Fill::zeros})
       for (const PoolCase& k : cases) check_pool({2, 3, 7, 6}, k, dt, fill, rng);
+  // Windows that tile the plane exactly (the gradient writes each cell once), and planes
+  // one row or column short of it.
+  for (DType dt : {DType::f32, DType::f64})
+    for (Fill fill : {Fill::uniform, Fill::ties, Fill::specials, Fill::zeros})
+      for (const Shape& xs : {Shape{2, 3, 8, 6}, Shape{1, 1, 2, 2}, Shape{3, 5, 14, 14}, Shape{1, 2, 7, 8},
+                              Shape{1, 2, 8, 7}})
+        check_pool(xs, {{2, 2}, {2, 2}, {0, 0}}, dt, fill, rng);
   // Big enough to be split over the pool.
   for (DType dt : {DType::f32, DType::f64})
     for (Fill fill : {Fill::uniform, Fill::ties, Fill::specials}) {
