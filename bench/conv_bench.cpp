@@ -122,6 +122,9 @@ void bench_conv(const Conv& cv, std::mt19937& rng) {
   Row rows[] = {
       {"forward", time_it([&] { kiln_rt_conv2d_f32(x.data(), w.data(), bias.data(), y.data(), p); }), cv.o,
        cv.n * P, K, {false, false, cv.o, P, K, false, false, true, false}},
+      {"forward+relu",  // conv2d_act: the relu on each image's output while it is in cache
+       time_it([&] { kiln_rt_conv2d_act_f32(x.data(), w.data(), bias.data(), y.data(), p, KILN_ACT_RELU); }), cv.o,
+       cv.n * P, K, {false, false, cv.o, P, K, false, false, true, false}},
       {"grad_input", time_it([&] { kiln_rt_conv2d_grad_input_f32(dy.data(), w.data(), dx.data(), p); }), K,
        cv.n * P, cv.o, {true, false, K, P, cv.o, false, true, false, false}},
       {"grad_weight", time_it([&] { kiln_rt_conv2d_grad_weight_f32(x.data(), dy.data(), dw.data(), p); }), cv.o, K,

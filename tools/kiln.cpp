@@ -200,11 +200,14 @@ struct Run {
   std::string file, output_dir, target, arch;
   std::vector<std::string> inputs;
   bool interp = false, profile = false;
+  std::optional<int> repeat;  // runs, with --profile
 };
 
 int run_run(const Run& a) {
   need_file("run", a.file);
   if (a.interp && a.profile) throw Error("--profile times compiled kernels; it does not go with --interp");
+  if (a.repeat && !a.profile) throw Error("--repeat N goes with --profile (it times N runs after a warm-up run)");
+  if (a.repeat && *a.repeat < 1) throw Error("--repeat expects at least 1 run");
   kiln::Graph g = kiln::parse_file(a.file);
   kiln::TensorMap inputs = read_inputs(g, a.file, a.inputs, /*any_batch=*/true);
   kiln::TensorMap outputs;
@@ -216,6 +219,10 @@ int run_run(const Run& a) {
     options.profile = a.profile;
     auto exe = kiln::compile(g, options);
     outputs = exe->evaluate(inputs);
+    if (a.repeat) {  // the steady state: the first run (page faults, pool start-up) not counted
+      exe->reset_profile();
+      for (int i = 0; i < *a.repeat; ++i) outputs = exe->evaluate(inputs);
+    }
     if (a.profile) profile = exe->profile_report();
   }
   if (a.output_dir.empty()) {
@@ -338,7 +345,7 @@ int run_command_line(int argc, char** argv) {
   Run run;
   CLI::App* run_cmd = p.add_command(
       "run", "run a graph on .npy inputs, print or write its outputs",
-      "FILE.kir --input NAME=FILE.npy ... [--output-dir DIR] [--interp | --profile]",
+      "FILE.kir --input NAME=FILE.npy ... [--output-dir DIR] [--interp | --profile [--repeat N]]",
       "Compiles the graph for --target (default: $KILN_TARGET, else cpu) and runs it on the given\n"
       "inputs.\n"
       "Every graph input, state inputs included, needs an --input with a .npy file of exactly\n"
@@ -354,6 +361,9 @@ int run_command_line(int argc, char** argv) {
   p.add_flag(run_cmd, "--profile", run.profile,
              "after the outputs, print the time spent in each compiled kernel (fused regions, GEMMs, ...), "
              "slowest first");
+  p.add_count(run_cmd, "--repeat", run.repeat,
+              "with --profile: run N more times after a first, untimed run and report those N (the steady "
+              "state); the outputs printed are the last run's");
 
   Opt opt;
   CLI::App* opt_cmd = p.add_command(

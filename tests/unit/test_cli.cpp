@@ -167,6 +167,16 @@ TEST_CASE("kiln takes --help anywhere and '--' to end the options", "[cli]") {
   auto r = run_kiln("run --input x=" + (dir / "x.npy").string() + " " + (dir / "x.kir").string());
   CHECK(r.status == 0);
   CHECK(r.output == "y = f32[2] [-1, 2]\n");
+  // --profile --repeat N: N timed runs after an untimed one; --repeat alone is an error.
+  std::string x = " --input x=" + (dir / "x.npy").string() + " " + (dir / "x.kir").string();
+  auto p = run_kiln("run --profile --repeat 3" + x);
+  CHECK(p.status == 0);
+  CHECK_THAT(p.output, StartsWith("y = f32[2] [-1, 2]\nprofile @g (cpu): 3 runs"));
+  for (const char* bad : {"run --repeat 3", "run --profile --repeat 0"}) {
+    auto e = run_kiln(bad + x);
+    CHECK(e.status == 1);
+    CHECK_THAT(e.output, ContainsSubstring("--repeat"));
+  }
 }
 
 TEST_CASE("kiln --help lists every command and each command's help every option", "[cli]") {
@@ -177,7 +187,7 @@ TEST_CASE("kiln --help lists every command and each command's help every option"
   std::string usage = run.output.substr(0, run.output.find('\n'));
   CHECK_THAT(usage, ContainsSubstring("--profile"));
   CHECK_THAT(usage, ContainsSubstring("--interp"));
-  for (const char* opt : {"--input", "--output-dir", "--interp", "--profile"})
+  for (const char* opt : {"--input", "--output-dir", "--interp", "--profile", "--repeat"})
     CHECK_THAT(run.output, ContainsSubstring(std::string("\n  ") + opt));
   auto opt = run_kiln("opt --help");
   for (const char* o : {"--passes", "--list-passes", "--print-after-all", "--print-after", "--verify-each",
