@@ -161,6 +161,47 @@ void blas(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t 
               alpha, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
+void gemv(CBLAS_TRANSPOSE t, int64_t m, int64_t n, float alpha, const float* a, int64_t lda, const float* x,
+          int64_t incx, float beta, float* y, int64_t incy) {
+  cblas_sgemv(CblasRowMajor, t, static_cast<blasint>(m), static_cast<blasint>(n), alpha, a, static_cast<blasint>(lda),
+              x, static_cast<blasint>(incx), beta, y, static_cast<blasint>(incy));
+}
+
+void gemv(CBLAS_TRANSPOSE t, int64_t m, int64_t n, double alpha, const double* a, int64_t lda, const double* x,
+          int64_t incx, double beta, double* y, int64_t incy) {
+  cblas_dgemv(CblasRowMajor, t, static_cast<blasint>(m), static_cast<blasint>(n), alpha, a, static_cast<blasint>(lda),
+              x, static_cast<blasint>(incx), beta, y, static_cast<blasint>(incy));
+}
+
+// A GEMM with one row or one column of C (batch-1 inference, a bias's or a vector's
+// product) as a GEMV: OpenBLAS's GEMM kernels pack panels for tiles such a product
+// cannot fill (1x784 by 784x256 took 68 us as sgemm, a few as sgemv). C's vector is
+// zeroed first when beta is 0, so stale NaNs in it cannot survive (BLAS may compute
+// 0 * y). Returns false for other shapes.
+template <typename T>
+bool gemm_as_gemv(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                  int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if ((m != 1 && n != 1) || k == 0) return false;
+  const bool row = m == 1;  // C = a^T B (one row), else C = A b (one column)
+  const int64_t len = row ? n : m, incy = row ? 1 : ldc;
+  if (beta == T(0))
+    for (int64_t i = 0; i < len; ++i) c[i * incy] = T(0);
+  if (row) {
+    int64_t incx = ta == CblasTrans ? lda : 1;  // A is [1, K], or stored [K, 1]
+    if (tb == CblasTrans)                        // B stored [N, K]
+      gemv(CblasNoTrans, n, k, alpha, b, ldb, a, incx, beta, c, incy);
+    else  // B stored [K, N]
+      gemv(CblasTrans, k, n, alpha, b, ldb, a, incx, beta, c, incy);
+  } else {
+    int64_t incx = tb == CblasTrans ? 1 : ldb;  // B is [K, 1], or stored [1, K]
+    if (ta == CblasTrans)                        // A stored [K, M]
+      gemv(CblasTrans, k, m, alpha, a, lda, b, incx, beta, c, incy);
+    else
+      gemv(CblasNoTrans, m, k, alpha, a, lda, b, incx, beta, c, incy);
+  }
+  return true;
+}
+
 // One single-threaded OpenBLAS call, once it has a work buffer.
 template <typename T>
 void gemm1(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
@@ -172,7 +213,8 @@ void gemm1(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t
         "(ulimit -v); raise the limit");
     return;
   }
-  blas(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (!gemm_as_gemv(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+    blas(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   blas_buffers().release(fresh);
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -346,10 +347,11 @@ std::vector<T> naive_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, con
   return c;
 }
 
+// C = 2 A B + beta C with beta 0.5, or 0 over a C of NaNs (which must not survive).
 template <typename T>
-void check_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k) {
+void check_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, bool beta0 = false) {
   INFO("gemm trans_a " << ta << " trans_b " << tb << " m " << m << " n " << n << " k " << k << " "
-                       << (sizeof(T) == 4 ? "f32" : "f64"));
+                       << (sizeof(T) == 4 ? "f32" : "f64") << " beta " << (beta0 ? 0 : 0.5));
   std::mt19937 rng(7);
   std::uniform_real_distribution<T> u(-1, 1);
   int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;  // padded leading dims
@@ -358,16 +360,22 @@ void check_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k) {
   for (T& v : a) v = u(rng);
   for (T& v : b) v = u(rng);
   for (T& v : c) v = u(rng);
+  if (beta0)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = std::numeric_limits<T>::quiet_NaN();
   std::vector<T> c0 = c;
   std::vector<T> want = naive_gemm(ta, tb, m, n, k, a, lda, b, ldb);
+  const T beta = beta0 ? T(0) : T(0.5);
   if constexpr (sizeof(T) == 4)
-    kiln_rt_sgemm(ta, tb, m, n, k, 2.0f, a.data(), lda, b.data(), ldb, 0.5f, c.data(), ldc);
+    kiln_rt_sgemm(ta, tb, m, n, k, 2.0f, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
   else
-    kiln_rt_dgemm(ta, tb, m, n, k, 2.0, a.data(), lda, b.data(), ldb, 0.5, c.data(), ldc);
+    kiln_rt_dgemm(ta, tb, m, n, k, 2.0, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
   double worst = 0, tol = sizeof(T) == 4 ? 1e-4 : 1e-11;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j)
-      worst = std::max(worst, std::fabs(double(c[i * ldc + j]) - (2.0 * want[i * n + j] + 0.5 * c0[i * ldc + j])));
+      worst = std::max(worst, std::fabs(double(c[i * ldc + j]) -
+                                        (2.0 * want[i * n + j] + (beta0 ? 0.0 : 0.5 * c0[i * ldc + j]))));
+  REQUIRE(!std::isnan(worst));
     for (int64_t j = n; j < ldc; ++j) REQUIRE(c[i * ldc + j] == c0[i * ldc + j]);  // padding untouched
   }
   CHECK(worst <= tol * double(k));
@@ -650,12 +658,21 @@ TEST_CASE("runtime: child with KILN_NUM_THREADS", "[.runtime_threads_env]") {
 TEST_CASE("runtime: GEMM shims, split over the pool or not", "[runtime][blas]") {
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
-      check_gemm<float>(ta, tb, 37, 531, 65);   // split along N
-      check_gemm<float>(ta, tb, 531, 37, 65);   // split along M
-      check_gemm<float>(ta, tb, 5, 7, 3);       // small: one call
-      check_gemm<double>(ta, tb, 37, 531, 65);
-      check_gemm<double>(ta, tb, 531, 37, 65);
+      check_gemm<float>(ta, tb, 37, 2053, 65);   // cut along N
+      check_gemm<float>(ta, tb, 2053, 37, 65);   // cut along M
+      check_gemm<float>(ta, tb, 301, 607, 101);  // a grid of blocks along both
+      check_gemm<float>(ta, tb, 5, 7, 3);        // small: one call
+      check_gemm<double>(ta, tb, 37, 2053, 65);
+      check_gemm<double>(ta, tb, 2053, 37, 65);
+      check_gemm<double>(ta, tb, 301, 607, 101);
       check_gemm<double>(ta, tb, 5, 7, 3);
+      // One row or one column of C: a GEMV, over a C of NaNs too (beta 0 overwrites them).
+      for (bool beta0 : {false, true})
+        for (auto [m, n, k] : {std::array<int64_t, 3>{1, 257, 131}, {257, 1, 131}, {1, 1, 7}, {1, 3, 1}, {5, 1, 1},
+                               {1, 4099, 1031}}) {
+          check_gemm<float>(ta, tb, m, n, k, beta0);
+          check_gemm<double>(ta, tb, m, n, k, beta0);
+        }
     }
   // Inside a parallel loop the GEMM runs in one piece on the chunk's thread.
   struct Ctx {
