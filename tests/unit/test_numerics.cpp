@@ -12,6 +12,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "self_exe.h"
 #include "codegen/cpu/compile.h"
 #include "codegen/executable.h"
 #include "frontend/losses.h"
@@ -236,10 +237,7 @@ bool sums_match_interpreter() {
 TEST_CASE("numerics: long sums do not depend on the thread count", "[numerics][sum][threads]") {
   CHECK(sums_match_interpreter());
   // The pool reads KILN_NUM_THREADS once per process: other counts run in a child.
-  char exe[4096];
-  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  REQUIRE(len > 0);
-  exe[len] = 0;
+  const std::string exe = self_exe();
   for (const char* threads : {"1", "2"}) {
     CAPTURE(threads);
     std::string cmd = std::string("KILN_NUM_THREADS=") + threads + " '" + exe + "' '[.numerics_threads]' >/dev/null 2>&1";

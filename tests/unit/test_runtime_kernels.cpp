@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "self_exe.h"
 #include "ir/graph.h"
 #include "ir/interp.h"
 #include "runtime/blas.h"
@@ -624,10 +625,7 @@ TEST_CASE("runtime: the pool has KILN_NUM_THREADS threads", "[runtime][threads]"
   CHECK(openblas_get_num_threads() == 1);
 
   // The environment is read once per process, so other counts are checked in a child.
-  char exe[4096];
-  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  REQUIRE(len > 0);
-  exe[len] = 0;
+  const std::string exe = self_exe();
   auto child = [&](const std::string& env, int expect) {
     std::string cmd = "KILN_NUM_THREADS=" + env + " KILN_EXPECT_THREADS=" + std::to_string(expect) + " '" + exe +
                       "' '[.runtime_threads_env]' >/dev/null 2>&1";

@@ -20,18 +20,11 @@
 #include "runtime/blas.h"
 #include "runtime/kernels.h"
 #include "runtime/thread_pool.h"
+#include "self_exe.h"
 
 using namespace kiln;
 
 namespace {
-
-std::string self_exe() {
-  char exe[4096];
-  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  REQUIRE(len > 0);
-  exe[len] = 0;
-  return exe;
-}
 
 // Runs the hidden child case `name` with KILN_NUM_THREADS=threads; returns its exit status
 // (137 when it had to be killed after 120 s) and leaves its stderr in `err`.

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "runtime/kernels.h"
+#include "self_exe.h"
 #include "subprocess.h"
 #include "train/models.h"
 #include "train/trainer.h"
@@ -62,14 +63,6 @@ uint64_t train_and_hash(const std::string& model, int64_t batch) {
   Trainer trainer(m.model, m.params, o);
   for (uint64_t step = 0; step < 3; ++step) trainer.train_batch(batch_for(m, step));
   return state_hash(trainer.state());
-}
-
-std::string self_exe() {
-  char exe[4096];
-  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  REQUIRE(len > 0);
-  exe[len] = 0;
-  return exe;
 }
 
 }  // namespace
