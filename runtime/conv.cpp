@@ -10,7 +10,9 @@
 // im2col + sgemm at batch 256 and 1.4x at batch 1. The input gradient of such a conv
 // (padding below the kernel size) is a conv of the same kind, of dy with the weights
 // flipped and transposed, and takes the direct path too (LeNet's conv2: 1.08 ms against
-// 1.88 by im2col). The choice depends on the shape alone.
+// 1.88 by im2col), and so does its weight gradient when it has at most kDirectMaxDw
+// weights (direct_dw_chunk: no column matrix, no GEMM per image). The choice depends on
+// the shape alone (and, for the weight gradient, on whether an image is all finite).
 //
 // Parallelism: with at least as many (image, group) pairs as threads, the pairs are split
 // over the pool and each GEMM runs single-threaded inside its chunk (the column buffer is
@@ -20,6 +22,7 @@
 // chunks are fixed by the shape, so no result depends on the thread count (GEMMs are cut
 // by shape too: runtime/blas.cpp).
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -311,14 +314,35 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void direct_image_f6
   direct_image(xp, c, hp, wp, w, kh, kw, bias, y, o, oh, ow, act);
 }
 
+// Copies one image into `xp` [C, HP, WP] with its zero padding and kDirectSlack zeros after
+// it (the last tiles read past the end). False if the image holds an infinity or a NaN.
+template <typename T>
+bool pad_image(const ConvShape& s, const T* x, T* xp) {
+  const int64_t hp = s.h + 2 * s.ph, wp = s.w + 2 * s.pw;
+  std::fill_n(xp, s.c * hp * wp + kDirectSlack, T(0));
+  // Infinities and NaNs are the values whose exponent bits are all ones.
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  constexpr Bits kExponent = static_cast<Bits>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
+  Bits nonfinite = 0;
+  for (int64_t ci = 0; ci < s.c; ++ci)
+    for (int64_t iy = 0; iy < s.h; ++iy) {
+      const T* row = x + (ci * s.h + iy) * s.w;
+      T* dst = xp + (ci * hp + iy + s.ph) * wp + s.pw;
+      for (int64_t ix = 0; ix < s.w; ++ix) {
+        Bits b;
+        __builtin_memcpy(&b, row + ix, sizeof b);
+        nonfinite |= Bits((b & kExponent) == kExponent);
+        dst[ix] = row[ix];
+      }
+    }
+  return nonfinite == 0;
+}
+
 // One image by the direct path: pads its input into `xp` (scratch), then computes.
 template <typename T>
 void direct_conv(const ConvShape& s, const T* x, const T* w, const T* bias, T* y, T* xp, int32_t act) {
   const int64_t hp = s.h + 2 * s.ph, wp = s.w + 2 * s.pw;
-  std::fill_n(xp, s.c * hp * wp + kDirectSlack, T(0));  // the last tiles read past the end
-  for (int64_t ci = 0; ci < s.c; ++ci)
-    for (int64_t iy = 0; iy < s.h; ++iy)
-      std::copy_n(x + (ci * s.h + iy) * s.w, s.w, xp + (ci * hp + iy + s.ph) * wp + s.pw);
+  pad_image(s, x, xp);
   if constexpr (std::is_same_v<T, float>)
     direct_image_f32(xp, s.c, hp, wp, w, s.kh, s.kw, bias, y, s.o, s.oh, s.ow, act);
   else
@@ -403,6 +427,113 @@ void conv2d_grad_input(const T* dy, const T* w, T* dx, const KilnConv2dParams* p
 constexpr int64_t kMaxChunks = 16;
 constexpr int64_t kMaxPartialElements = int64_t{4} << 20;
 
+// The weight gradient on the direct path (direct_ok, and at most kDirectMaxDw weights):
+//   dW[o, t] = sum over images and positions p of dyp[o, p] * xp[off(t) + p]
+// over the padded grid of direct_block (p = oy * WP + ox), with dy copied into dyp [O, L]
+// whose cells past each row's OW outputs (and up to L, OH * WP rounded up to a vector) are
+// zeros, so the positions the forward pass drops add nothing. Tiles of 4 output channels x
+// 2 taps keep 8 vector accumulators in registers over an image's positions; they are added
+// into one vector per weight (accv), summed across lanes once per chunk of images. A dropped
+// position still reads a real input cell (times zero), so an image holding an infinity or
+// a NaN, where that product is NaN, takes im2col + GEMM instead, whose terms are exactly
+// the interpreter's.
+constexpr int64_t kDirectMaxDw = int64_t{1} << 15;
+
+template <int J, int U, typename T>
+[[gnu::always_inline]] inline void dw_tile(const T* xp, const int64_t* off, const T* dyp, int64_t len,
+                                           typename Vec32<T>::type* accv, int64_t k, int64_t o0, int64_t t0) {
+  using V = typename Vec32<T>::type;
+  constexpr int64_t kLanes = 32 / sizeof(T);
+  V a[J][U];
+  for (int j = 0; j < J; ++j)
+    for (int u = 0; u < U; ++u) a[j][u] = V{};
+  for (int64_t p = 0; p < len; p += kLanes) {
+    V d[J];  // dyp's rows are aligned to V (direct_dw_chunk)
+    for (int j = 0; j < J; ++j) d[j] = *reinterpret_cast<const V*>(dyp + (o0 + j) * len + p);
+    for (int u = 0; u < U; ++u) {
+      V xv;
+      __builtin_memcpy(&xv, xp + off[t0 + u] + p, sizeof(V));
+      for (int j = 0; j < J; ++j) a[j][u] += d[j] * xv;
+    }
+  }
+  for (int j = 0; j < J; ++j)
+    for (int u = 0; u < U; ++u) accv[(o0 + j) * k + t0 + u] += a[j][u];
+}
+
+template <typename T>
+[[gnu::always_inline]] inline void dw_image(const T* xp, const int64_t* off, const T* dyp, int64_t len,
+                                            typename Vec32<T>::type* accv, int64_t o, int64_t k) {
+  int64_t o0 = 0;
+  for (; o0 + 4 <= o; o0 += 4) {
+    int64_t t0 = 0;
+    for (; t0 + 2 <= k; t0 += 2) dw_tile<4, 2>(xp, off, dyp, len, accv, k, o0, t0);
+    if (t0 < k) dw_tile<4, 1>(xp, off, dyp, len, accv, k, o0, t0);
+  }
+  for (; o0 < o; ++o0) {
+    int64_t t0 = 0;
+    for (; t0 + 2 <= k; t0 += 2) dw_tile<1, 2>(xp, off, dyp, len, accv, k, o0, t0);
+    if (t0 < k) dw_tile<1, 1>(xp, off, dyp, len, accv, k, o0, t0);
+  }
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void dw_image_f32(const float* xp, const int64_t* off,
+                                                                           const float* dyp, int64_t len,
+                                                                           Vec32<float>::type* accv, int64_t o,
+                                                                           int64_t k) {
+  dw_image(xp, off, dyp, len, accv, o, k);
+}
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void dw_image_f64(const double* xp, const int64_t* off,
+                                                                           const double* dyp, int64_t len,
+                                                                           Vec32<double>::type* accv, int64_t o,
+                                                                           int64_t k) {
+  dw_image(xp, off, dyp, len, accv, o, k);
+}
+
+// Images [first, last) into out [O, K] (overwritten) by the direct path.
+template <typename T>
+void direct_dw_chunk(const ConvShape& s, const T* x, const T* dy, int64_t first, int64_t last, T* out) {
+  using V = typename Vec32<T>::type;
+  constexpr int64_t kLanes = 32 / sizeof(T);
+  const int64_t hp = s.h + 2 * s.ph, wp = s.w + 2 * s.pw, taps = s.kh * s.kw;
+  const int64_t len = (s.oh * wp + kLanes - 1) / kLanes * kLanes, size = s.o * s.k;
+  const int64_t xp_size = (s.c * hp * wp + kDirectSlack + kLanes - 1) / kLanes * kLanes;
+  // One scratch block: accv (size vectors), xp, dyp [O, len], then the tap offsets.
+  T* base = scratch<T>(size * kLanes + xp_size + s.o * len + kLanes);
+  base += (kLanes - reinterpret_cast<uintptr_t>(base) / sizeof(T) % kLanes) % kLanes;  // V's alignment
+  V* accv = reinterpret_cast<V*>(base);
+  T* xp = base + size * kLanes;
+  T* dyp = xp + xp_size;
+  int64_t off[kDirectMaxK];
+  for (int64_t ci = 0; ci < s.c; ++ci)
+    for (int64_t t = 0; t < taps; ++t) off[ci * taps + t] = (ci * hp + t / s.kw) * wp + t % s.kw;
+  for (int64_t i = 0; i < size; ++i) accv[i] = V{};
+  std::fill_n(dyp, s.o * len, T(0));
+  std::vector<T> col;  // for images that are not all finite
+  bool gemm_wrote = false;
+  for (int64_t n = first; n < last; ++n) {
+    const T* xn = x + n * s.c * s.h * s.w;
+    const T* dyn = dy + n * s.o * s.p;
+    if (!pad_image(s, xn, xp)) {
+      col.resize(static_cast<size_t>(s.k * s.p));
+      im2col(s, xn, col.data());
+      gemm<T>(false, true, s.o, s.k, s.p, dyn, s.p, col.data(), s.p, gemm_wrote, out, s.k);
+      gemm_wrote = true;
+      continue;
+    }
+    for (int64_t oc = 0; oc < s.o; ++oc)
+      for (int64_t oy = 0; oy < s.oh; ++oy) std::copy_n(dyn + (oc * s.oh + oy) * s.ow, s.ow, dyp + oc * len + oy * wp);
+    if constexpr (std::is_same_v<T, float>)
+      dw_image_f32(xp, off, dyp, len, accv, s.o, s.k);
+    else
+      dw_image_f64(xp, off, dyp, len, accv, s.o, s.k);
+  }
+  for (int64_t i = 0; i < size; ++i) {
+    T sum = gemm_wrote ? out[i] : T(0);
+    for (int64_t l = 0; l < kLanes; ++l) sum += accv[i][l];
+    out[i] = sum;
+  }
+}
+
 template <typename T>
 void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* params) {
   const ConvShape s(*params);
@@ -416,12 +547,17 @@ void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* 
   // count, so dw is bitwise the same for any number of threads.
   int64_t chunks = std::clamp<int64_t>(kMaxPartialElements / size, 1, std::min(s.n, kMaxChunks));
   bool parallel = chunks > 1 && kiln_rt_num_threads() > 1 && !kiln::rt::in_parallel_region();
+  const bool direct = direct_ok(s) && size <= kDirectMaxDw;
   std::vector<T> partials(static_cast<size_t>((chunks - 1) * size));
   auto body = [&](int64_t begin, int64_t end) {
     for (int64_t chunk = begin; chunk < end; ++chunk) {
       T* out = chunk == 0 ? dw : partials.data() + (chunk - 1) * size;
-      T* col = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
       int64_t first = s.n * chunk / chunks, last = s.n * (chunk + 1) / chunks;
+      if (direct) {
+        direct_dw_chunk(s, x, dy, first, last, out);
+        continue;
+      }
+      T* col = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
       for (int64_t n = first; n < last; ++n)
         for (int64_t g = 0; g < s.groups; ++g) {
           const T* xg = x + (n * s.c + g * s.cg) * s.h * s.w;
