@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "runtime/kernels.h"
 #include "runtime/thread_pool.h"
@@ -175,6 +176,100 @@ bool interior_max(const T* in, int64_t w, int64_t lo, int64_t hi, int64_t base, 
 
 constexpr int64_t kBlock = 256;  // outputs of an interior run handled at a time
 
+// max_pool2d_grad of 2x2 windows with stride 2 that tile the plane (LeNet's pools). The
+// first maximum in row-major order (a, b, c, e) by strict comparisons, as interior_max
+// finds it, gets 0 + dy and the other three cells +0.0; written with vector selects across
+// outputs (a compare-and-branch loop mispredicts on random data). NaN needs the rule's
+// first_max: a plane holding one is redone by the general loop.
+template <typename T>
+struct Lanes;
+template <>
+struct Lanes<float> {
+  typedef float V __attribute__((vector_size(32)));
+  typedef int32_t I __attribute__((vector_size(32)));
+  static constexpr I kEven = {0, 2, 4, 6, 8, 10, 12, 14}, kOdd = {1, 3, 5, 7, 9, 11, 13, 15};
+  static constexpr I kLow = {0, 8, 1, 9, 2, 10, 3, 11}, kHigh = {4, 12, 5, 13, 6, 14, 7, 15};
+};
+template <>
+struct Lanes<double> {
+  typedef double V __attribute__((vector_size(32)));
+  typedef int64_t I __attribute__((vector_size(32)));
+  static constexpr I kEven = {0, 2, 4, 6}, kOdd = {1, 3, 5, 7}, kLow = {0, 4, 1, 5}, kHigh = {2, 6, 3, 7};
+};
+
+// N = 32 / sizeof(T) outputs: input rows r0, r1 (2N cells each), dy d (N), dx rows o0, o1
+// (2N each). Sets lanes of `nan` where a window holds a NaN.
+template <typename T>
+[[gnu::always_inline]] inline void tile2x2_grad(const T* r0, const T* r1, const T* d, T* o0, T* o1,
+                                                typename Lanes<T>::I& nan) {
+  using L = Lanes<T>;
+  using V = typename L::V;
+  using I = typename L::I;
+  V p0, q0, p1, q1, dd;
+  __builtin_memcpy(&p0, r0, sizeof(V));
+  __builtin_memcpy(&q0, r0 + sizeof(V) / sizeof(T), sizeof(V));
+  __builtin_memcpy(&p1, r1, sizeof(V));
+  __builtin_memcpy(&q1, r1 + sizeof(V) / sizeof(T), sizeof(V));
+  __builtin_memcpy(&dd, d, sizeof(V));
+  V a = __builtin_shuffle(p0, q0, L::kEven), b = __builtin_shuffle(p0, q0, L::kOdd);
+  V c = __builtin_shuffle(p1, q1, L::kEven), e = __builtin_shuffle(p1, q1, L::kOdd);
+  const V zero = {}, share = zero + dd;
+  I tb = b > a;
+  V m = tb ? b : a;
+  I tc = c > m;
+  m = tc ? c : m;
+  I te = e > m, keep = ~te, keep2 = keep & ~tc;
+  V wa = (keep2 & ~tb) ? share : zero, wb = (keep2 & tb) ? share : zero;
+  V wc = (keep & tc) ? share : zero, we = te ? share : zero;
+  V out[4] = {__builtin_shuffle(wa, wb, L::kLow), __builtin_shuffle(wa, wb, L::kHigh),
+              __builtin_shuffle(wc, we, L::kLow), __builtin_shuffle(wc, we, L::kHigh)};
+  __builtin_memcpy(o0, &out[0], 2 * sizeof(V));
+  __builtin_memcpy(o1, &out[2], 2 * sizeof(V));
+  nan |= (a != a) | (b != b) | (c != c) | (e != e);
+}
+
+// A whole tiled plane (oh x ow outputs, rows of w = 2 * ow inputs); false if it holds a
+// NaN (then what was written is to be redone). Rows of at least N outputs end with a vector
+// that overlaps the one before (the same cells, the same values); a shorter row runs one
+// vector into the rows below, which are written after it, and where that would leave the
+// plane, through a padded copy.
+template <typename T>
+[[gnu::always_inline]] inline bool tile2x2_grad_plane(const T* in, const T* d, T* out, int64_t oh, int64_t ow,
+                                                      int64_t w) {
+  constexpr int64_t N = 32 / sizeof(T);
+  typename Lanes<T>::I nan = {};
+  for (int64_t oy = 0; oy < oh; ++oy) {
+    const T *r0 = in + 2 * oy * w, *dy = d + oy * ow;
+    T* o0 = out + 2 * oy * w;
+    // (No lambda here: it would not be compiled for the clone's target.)
+    if (ow >= N || (2 * oy * w + w + 2 * N <= 2 * oh * w && oy * ow + N <= oh * ow)) {
+      for (int64_t x = 0; x < ow; x += N) {
+        int64_t ox = ow >= N ? std::min(x, ow - N) : 0;
+        tile2x2_grad(r0 + 2 * ox, r0 + w + 2 * ox, dy + ox, o0 + 2 * ox, o0 + w + 2 * ox, nan);
+      }
+    } else {
+      T pad[9 * N] = {};  // input rows (2N each), dy (N), dx rows (2N each)
+      std::copy_n(r0, w, pad);
+      std::copy_n(r0 + w, w, pad + 2 * N);
+      std::copy_n(dy, ow, pad + 4 * N);
+      tile2x2_grad(pad, pad + 2 * N, pad + 4 * N, pad + 5 * N, pad + 7 * N, nan);
+      std::copy_n(pad + 5 * N, w, o0);
+      std::copy_n(pad + 7 * N, w, o0 + w);
+    }
+  }
+  for (int64_t l = 0; l < N; ++l)
+    if (nan[l]) return false;
+  return true;
+}
+__attribute__((target_clones("arch=x86-64-v3", "default"))) bool tile2x2_grad_plane_f32(
+    const float* in, const float* d, float* out, int64_t oh, int64_t ow, int64_t w) {
+  return tile2x2_grad_plane(in, d, out, oh, ow, w);
+}
+__attribute__((target_clones("arch=x86-64-v3", "default"))) bool tile2x2_grad_plane_f64(
+    const double* in, const double* d, double* out, int64_t oh, int64_t ow, int64_t w) {
+  return tile2x2_grad_plane(in, d, out, oh, ow, w);
+}
+
 template <typename T>
 void max_pool2d(const T* x, T* y, const KilnPool2dParams* params) {
   const PoolShape s(*params);
@@ -205,6 +300,16 @@ void max_pool2d_grad(const T* x, const T* dy, T* dx, const KilnPool2dParams* par
     // as the interpreter's sum gives) and +0.0 elsewhere, with no zeroing pass before.
     const bool tiles = KH > 0 && s.sh == KH && SW == KW && s.ph == 0 && s.pw == 0 && s.oh * KH == s.h &&
                        s.ow * KW == s.w;
+    if constexpr (KH == 2 && KW == 2 && SW == 2) {
+      if (tiles) {
+        bool done;
+        if constexpr (std::is_same_v<T, float>)
+          done = tile2x2_grad_plane_f32(in, d, out, s.oh, s.ow, w);
+        else
+          done = tile2x2_grad_plane_f64(in, d, out, s.oh, s.ow, w);
+        if (done) return;  // else the general loop below rewrites every cell
+      }
+    }
     if (!tiles) std::fill_n(out, s.h * s.w, T(0));
     // Row-major over outputs, as the interpreter adds overlapping windows' shares.
     for_each_window<KH, KW, SW>(

@@ -194,15 +194,17 @@ struct PoolCase {
   Ints kernel, stride, padding;
 };
 
-enum class Fill { uniform, ties, specials, zeros };
+enum class Fill { uniform, ties, specials, zeros, one_nan };
 
 // Values for pooling inputs: uniform, few distinct values (ties everywhere), with NaN and
 // infinities sprinkled in, or only -0, +0 and -inf (ties that differ in their bits, and
-// windows of nothing but -inf).
+// windows of nothing but -inf), or uniform with a single NaN (one plane takes the NaN rule,
+// the others not).
 Tensor pool_input(DType dt, const Shape& shape, Fill fill, std::mt19937& rng) {
   Tensor t = random_tensor(dt, shape, rng);
   std::uniform_int_distribution<int> pick(0, 9);
-  for (int64_t i = 0; i < t.numel(); ++i) {
+  if (fill == Fill::one_nan) t.set(t.numel() / 3, std::numeric_limits<double>::quiet_NaN());
+  for (int64_t i = 0; i < t.numel() && fill != Fill::one_nan; ++i) {
     int r = pick(rng);
     if (fill == Fill::ties) t.set(i, r % 3 - 1);
     if (fill == Fill::zeros) t.set(i, r < 3 ? -0.0 : r < 6 ? 0.0 : -std::numeric_limits<double>::infinity());
@@ -411,6 +413,15 @@ TEST_CASE("runtime: conv2d special shapes", "[runtime][conv]") {
       {5, 1, 28, 28, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},   // LeNet conv1
       {5, 8, 14, 14, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},  // LeNet conv2
       {7, 2, 5, 5, 2, 5, 5, {1, 1}, {0, 0}, {1, 1}, 1},     // kernel as large as the input
+      // The direct paths on odd shapes: 7 output channels (a tile of 4 and 3 single ones),
+      // 75 taps (odd), a 3x5 kernel with unequal padding, a 2x2 kernel padded by 1, large
+      // channel counts, 37 images (weight-gradient chunks of 2 and 3 images), and weights
+      // past the direct weight gradient's limit (im2col + GEMM).
+      {3, 5, 11, 13, 7, 3, 5, {1, 1}, {2, 1}, {1, 1}, 1},
+      {2, 3, 6, 6, 9, 2, 2, {1, 1}, {1, 1}, {1, 1}, 1},
+      {2, 64, 6, 5, 36, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
+      {37, 2, 5, 5, 5, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
+      {1, 100, 4, 4, 40, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
   };
   for (DType dt : {DType::f32, DType::f64})
     for (const ConvCase& k : cases) check_conv(k, dt, rng);
@@ -432,6 +443,42 @@ TEST_CASE("runtime: conv2d_grad_weight is reproducible run to run", "[runtime][c
   }
 }
 
+TEST_CASE("runtime: conv2d_grad_weight with infinities and NaNs in x gives the interpreter's NaNs", "[runtime][conv]") {
+  // The direct path reads input cells at dropped positions (times a zero of dy): an image
+  // with an infinity or a NaN must not turn those into NaNs the interpreter does not have.
+  std::mt19937 rng(17);
+  for (DType dt : {DType::f32, DType::f64})
+    for (double bad : {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+      INFO(dtype_name(dt) << " " << bad);
+      const int64_t n = 20, c = 2, h = 7, w = 7, o = 4;
+      Tensor x = random_tensor(dt, {n, c, h, w}, rng);
+      // Image 5, channel 1: the first column of row 3 (read by dropped positions of the
+      // rightmost taps) and image 11's last cell.
+      x.set(((5 * c + 1) * h + 3) * w, bad);
+      x.set((12 * c) * h * w - 1, -bad);
+      Tensor dy = random_tensor(dt, {n, o, h, w}, rng);
+      AttrMap attrs{{"stride", Ints{1, 1}}, {"padding", Ints{1, 1}}, {"dilation", Ints{1, 1}}, {"groups", int64_t{1}},
+                    {"kernel", Ints{3, 3}}};
+      Tensor want = reference(Op::Conv2dGradWeight, {&x, &dy}, attrs);
+      const KilnConv2dParams params{n, c, h, w, o, 3, 3, h, w, 1, 1, 1, 1, 1, 1, 1};
+      Tensor got = poisoned(want.type());
+      if (dt == DType::f32)
+        kiln_rt_conv2d_grad_weight_f32(x.data<float>(), dy.data<float>(), got.data<float>(), &params);
+      else
+        kiln_rt_conv2d_grad_weight_f64(x.data<double>(), dy.data<double>(), got.data<double>(), &params);
+      int64_t nans = 0;
+      for (int64_t i = 0; i < want.numel(); ++i) {
+        INFO("weight " << i << ": got " << got.get(i) << ", want " << want.get(i));
+        nans += std::isnan(want.get(i));
+        REQUIRE(std::isnan(got.get(i)) == std::isnan(want.get(i)));
+        if (std::isfinite(want.get(i))) CHECK(std::fabs(got.get(i) - want.get(i)) <= tolerance(dt) * 100);
+        else if (!std::isnan(want.get(i))) CHECK(got.get(i) == want.get(i));
+      }
+      CHECK(nans > 0);  // the case has NaNs (inf - inf, or NaN itself) ...
+      CHECK(nans < want.numel());  // ... and finite weights beside them
+    }
+}
+
 TEST_CASE("runtime: pooling matches the interpreter bit for bit", "[runtime][pool]") {
   std::mt19937 rng(4321);
   std::vector<PoolCase> cases = {
@@ -450,12 +497,13 @@ TEST_CASE("runtime: pooling matches the interpreter bit for bit", "[runtime][poo
   for (DType dt : {DType::f32, DType::f64})
     for (Fill fill : {Fill::uniform, Fill::ties, Fill::specials, Fill::zeros})
       for (const PoolCase& k : cases) check_pool({2, 3, 7, 6}, k, dt, fill, rng);
-  // Windows that tile the plane exactly (the gradient writes each cell once), and planes
-  // one row or column short of it.
+  // Windows that tile the plane exactly (the gradient writes each cell once; 2x2 stride 2
+  // runs vectors of 8 or 4 outputs and a padded rest), and planes one row or column short
+  // of it.
   for (DType dt : {DType::f32, DType::f64})
-    for (Fill fill : {Fill::uniform, Fill::ties, Fill::specials, Fill::zeros})
+    for (Fill fill : {Fill::uniform, Fill::ties, Fill::specials, Fill::zeros, Fill::one_nan})
       for (const Shape& xs : {Shape{2, 3, 8, 6}, Shape{1, 1, 2, 2}, Shape{3, 5, 14, 14}, Shape{1, 2, 7, 8},
-                              Shape{1, 2, 8, 7}})
+                              Shape{1, 2, 8, 7}, Shape{1, 3, 4, 32}, Shape{2, 2, 6, 34}, Shape{1, 1, 2, 30}})
         check_pool(xs, {{2, 2}, {2, 2}, {0, 0}}, dt, fill, rng);
   // Big enough to be split over the pool.
   for (DType dt : {DType::f32, DType::f64})
