@@ -116,6 +116,11 @@ BlasBuffers& blas_buffers() {
 // loop) or over the pool, so C is bitwise the same for any thread count. Each piece does at
 // least this many multiply-adds (below it one thread beats waking the pool) ...
 constexpr double kPieceMacs = 1 << 21;
+// A GEMV (one row or column of C) is bound by reading its matrix, not by arithmetic: it is
+// cut once its pieces keep at least this many multiply-adds (256 KiB of f32 matrix), so
+// each core streams its own part of the matrix, which then stays in that core's L2 from
+// call to call (batch-1 inference: the MLP's 784x256 layer is two pieces).
+constexpr double kGemvPieceMacs = 1 << 16;
 // ... there are at most this many (a power of two) ...
 constexpr int64_t kMaxPieces = 16;
 // ... and they are cut at multiples of this many rows or columns (the kernels' tiles).
@@ -131,7 +136,8 @@ struct Grid {
 Grid piece_grid(int64_t m, int64_t n, int64_t k) {
   Grid g;
   double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  while (g.count() < kMaxPieces && macs / static_cast<double>(2 * g.count()) >= kPieceMacs) {
+  const double least = m == 1 || n == 1 ? kGemvPieceMacs : kPieceMacs;
+  while (g.count() < kMaxPieces && macs / static_cast<double>(2 * g.count()) >= least) {
     int64_t pm = m / g.rows, pn = n / g.cols;  // a piece's sides
     bool can_m = pm >= 2 * kBlock, can_n = pn >= 2 * kBlock;
     if (can_n && (pn >= pm || !can_m))

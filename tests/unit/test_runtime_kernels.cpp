@@ -712,10 +712,12 @@ TEST_CASE("runtime: GEMM shims, split over the pool or not", "[runtime][blas]") 
       check_gemm<double>(ta, tb, 2053, 37, 65);
       check_gemm<double>(ta, tb, 301, 607, 101);
       check_gemm<double>(ta, tb, 5, 7, 3);
-      // One row or one column of C: a GEMV, over a C of NaNs too (beta 0 overwrites them).
+      // One row or one column of C: a GEMV, over a C of NaNs too (beta 0 overwrites them);
+      // the last three are cut into 2, 4 and 16 pieces (batch-1 MLP's first layer is the
+      // first of them).
       for (bool beta0 : {false, true})
         for (auto [m, n, k] : {std::array<int64_t, 3>{1, 257, 131}, {257, 1, 131}, {1, 1, 7}, {1, 3, 1}, {5, 1, 1},
-                               {1, 4099, 1031}}) {
+                               {1, 256, 784}, {3001, 1, 97}, {1, 4099, 1031}}) {
           check_gemm<float>(ta, tb, m, n, k, beta0);
           check_gemm<double>(ta, tb, m, n, k, beta0);
         }
