@@ -295,23 +295,23 @@ template <int J, typename T>
 
 template <typename T>
 [[gnu::always_inline]] inline void direct_image(const T* xp, int64_t c, int64_t hp, int64_t wp, const T* w,
-                                                int64_t kh, int64_t kw, const T* bias, T* y, int64_t o,
-                                                int64_t oh, int64_t ow, int32_t act) {
-  int64_t o0 = 0;
-  for (; o0 + 4 <= o; o0 += 4) direct_block<4>(xp, c, hp, wp, w, kh, kw, bias, y, o0, oh, ow, act);
-  for (; o0 < o; ++o0) direct_block<1>(xp, c, hp, wp, w, kh, kw, bias, y, o0, oh, ow, act);
+                                                int64_t kh, int64_t kw, const T* bias, T* y, int64_t o_begin,
+                                                int64_t o_end, int64_t oh, int64_t ow, int32_t act) {
+  int64_t o0 = o_begin;
+  for (; o0 + 4 <= o_end; o0 += 4) direct_block<4>(xp, c, hp, wp, w, kh, kw, bias, y, o0, oh, ow, act);
+  for (; o0 < o_end; ++o0) direct_block<1>(xp, c, hp, wp, w, kh, kw, bias, y, o0, oh, ow, act);
 }
 
 // Compiled for AVX2 + FMA as well as the baseline; the loader picks what the machine has.
 __attribute__((target_clones("arch=x86-64-v3", "default"))) void direct_image_f32(
     const float* xp, int64_t c, int64_t hp, int64_t wp, const float* w, int64_t kh, int64_t kw, const float* bias,
-    float* y, int64_t o, int64_t oh, int64_t ow, int32_t act) {
-  direct_image(xp, c, hp, wp, w, kh, kw, bias, y, o, oh, ow, act);
+    float* y, int64_t o_begin, int64_t o_end, int64_t oh, int64_t ow, int32_t act) {
+  direct_image(xp, c, hp, wp, w, kh, kw, bias, y, o_begin, o_end, oh, ow, act);
 }
 __attribute__((target_clones("arch=x86-64-v3", "default"))) void direct_image_f64(
     const double* xp, int64_t c, int64_t hp, int64_t wp, const double* w, int64_t kh, int64_t kw,
-    const double* bias, double* y, int64_t o, int64_t oh, int64_t ow, int32_t act) {
-  direct_image(xp, c, hp, wp, w, kh, kw, bias, y, o, oh, ow, act);
+    const double* bias, double* y, int64_t o_begin, int64_t o_end, int64_t oh, int64_t ow, int32_t act) {
+  direct_image(xp, c, hp, wp, w, kh, kw, bias, y, o_begin, o_end, oh, ow, act);
 }
 
 // Copies one image into `xp` [C, HP, WP] with its zero padding and kDirectSlack zeros after
@@ -338,24 +338,39 @@ bool pad_image(const ConvShape& s, const T* x, T* xp) {
   return nonfinite == 0;
 }
 
-// One image by the direct path: pads its input into `xp` (scratch), then computes.
+// Output channels [o_begin, o_end) of one image by the direct path: pads its input into
+// `xp` (scratch), then computes.
 template <typename T>
-void direct_conv(const ConvShape& s, const T* x, const T* w, const T* bias, T* y, T* xp, int32_t act) {
+void direct_conv(const ConvShape& s, const T* x, const T* w, const T* bias, T* y, T* xp, int64_t o_begin,
+                 int64_t o_end, int32_t act) {
   const int64_t hp = s.h + 2 * s.ph, wp = s.w + 2 * s.pw;
   pad_image(s, x, xp);
   if constexpr (std::is_same_v<T, float>)
-    direct_image_f32(xp, s.c, hp, wp, w, s.kh, s.kw, bias, y, s.o, s.oh, s.ow, act);
+    direct_image_f32(xp, s.c, hp, wp, w, s.kh, s.kw, bias, y, o_begin, o_end, s.oh, s.ow, act);
   else
-    direct_image_f64(xp, s.c, hp, wp, w, s.kh, s.kw, bias, y, s.o, s.oh, s.ow, act);
+    direct_image_f64(xp, s.c, hp, wp, w, s.kh, s.kw, bias, y, o_begin, o_end, s.oh, s.ow, act);
 }
 
-// Every image of a convolution direct_ok accepts, by the direct path.
+// Every image of a convolution direct_ok accepts, by the direct path. With fewer images
+// than threads (batch-1 inference) each image's output channels are split too, in parts of
+// whole blocks of 4; every output is computed alike in any part, so the split changes no bit.
 template <typename T>
 void direct_all(const ConvShape& s, const T* x, const T* w, const T* bias, T* y, int32_t act) {
-  for_each_item(s.n, [&](int64_t begin, int64_t end) {
+  const int64_t threads = kiln_rt_num_threads(), blocks = (s.o + 3) / 4;
+  const int64_t parts =
+      s.n < threads && !kiln::rt::in_parallel_region() ? std::min(blocks, (threads + s.n - 1) / std::max<int64_t>(s.n, 1)) : 1;
+  auto run = [&](int64_t begin, int64_t end) {
     T* xp = scratch<T>(s.c * (s.h + 2 * s.ph) * (s.w + 2 * s.pw) + kDirectSlack);
-    for (int64_t n = begin; n < end; ++n) direct_conv(s, x + n * s.c * s.h * s.w, w, bias, y + n * s.o * s.p, xp, act);
-  });
+    for (int64_t item = begin; item < end; ++item) {
+      int64_t n = item / parts, part = item % parts;
+      int64_t o_begin = std::min(s.o, blocks * part / parts * 4), o_end = std::min(s.o, blocks * (part + 1) / parts * 4);
+      direct_conv(s, x + n * s.c * s.h * s.w, w, bias, y + n * s.o * s.p, xp, o_begin, o_end, act);
+    }
+  };
+  if (parts > 1)
+    kiln::rt::parallel_for(s.n * parts, 1, run);
+  else
+    for_each_item(s.n, run);
 }
 
 // A stride-1 conv's input gradient is itself a stride-1 conv: of dy, padded by K - 1 - pad,
