@@ -17,10 +17,11 @@
 // Parallelism: with at least as many (image, group) pairs as threads, the pairs are split
 // over the pool and each GEMM runs single-threaded inside its chunk (the column buffer is
 // per thread and stays in cache); with fewer, the pairs run one after another and each
-// GEMM is split over the pool by kiln_rt_sgemm/dgemm. grad_weight accumulates the images
-// of each chunk into that chunk's own partial sum and adds the partials in chunk order; the
-// chunks are fixed by the shape, so no result depends on the thread count (GEMMs are cut
-// by shape too: runtime/blas.cpp).
+// GEMM is split over the pool by kiln_rt_sgemm/dgemm (the direct path splits each image's
+// output channels instead). grad_weight accumulates the images of each chunk into that
+// chunk's own partial sum and adds the partials in chunk order; the chunks are fixed by the
+// shape, so no result depends on the thread count (GEMMs are cut by shape too:
+// runtime/blas.cpp).
 #include <algorithm>
 #include <cstdint>
 #include <optional>
