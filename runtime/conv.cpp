@@ -31,6 +31,7 @@
 #include "runtime/blas.h"
 #include "runtime/kernels.h"
 #include "runtime/thread_pool.h"
+#include "runtime/vec_internal.h"
 
 namespace {
 
@@ -234,17 +235,14 @@ bool direct_ok(const ConvShape& s) {
          s.oh * (s.w + 2 * s.pw) <= kDirectMaxPlane && s.k <= kDirectMaxK;
 }
 
-// 32 bytes of T: one AVX register (two SSE registers in the baseline build).
-template <typename T>
-struct Vec32;
-template <>
-struct Vec32<float> {
-  typedef float type __attribute__((vector_size(32)));
-};
-template <>
-struct Vec32<double> {
-  typedef double type __attribute__((vector_size(32)));
-};
+using kiln::rt::Vec32;
+
+// Tap t = ci * KH * KW + ky * KW + kx of input channel ci: its offset into the padded
+// input [C, HP, WP].
+inline int64_t tap_offset(int64_t t, int64_t kh, int64_t kw, int64_t hp, int64_t wp) {
+  const int64_t taps = kh * kw, ci = t / taps, r = t % taps;
+  return (ci * hp + r / kw) * wp + r % kw;
+}
 
 // Output channels [o0, o0 + J) of one image, in tiles of two vectors of positions whose
 // 2 * J accumulators stay in registers over all C * KH * KW taps; wt holds the block's
@@ -258,11 +256,10 @@ template <int J, typename T>
   const int64_t taps = kh * kw, k = c * taps, len = oh * wp;
   T wt[kDirectMaxK * J];
   int64_t off[kDirectMaxK];  // each tap's offset into xp
-  for (int64_t ci = 0; ci < c; ++ci)
-    for (int64_t t = 0; t < taps; ++t) {
-      off[ci * taps + t] = (ci * hp + t / kw) * wp + t % kw;
-      for (int j = 0; j < J; ++j) wt[(ci * taps + t) * J + j] = w[((o0 + j) * c + ci) * taps + t];
-    }
+  for (int64_t t = 0; t < k; ++t) {  // w [O, C, KH, KW]: weight (o, tap t) is w[o * k + t]
+    off[t] = tap_offset(t, kh, kw, hp, wp);
+    for (int j = 0; j < J; ++j) wt[t * J + j] = w[(o0 + j) * k + t];
+  }
   T out[J][kDirectMaxPlane + kTile];
   for (int64_t p = 0; p < len; p += kTile) {
     V acc[J][2];
@@ -316,8 +313,9 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void direct_image_f6
 }
 
 // Copies one image into `xp` [C, HP, WP] with its zero padding and kDirectSlack zeros after
-// it (the last tiles read past the end). False if the image holds an infinity or a NaN.
-template <typename T>
+// it (the last tiles read past the end). With kCheck, false if the image holds an infinity
+// or a NaN (the weight gradient's question; the forward pass does not ask).
+template <bool kCheck, typename T>
 bool pad_image(const ConvShape& s, const T* x, T* xp) {
   const int64_t hp = s.h + 2 * s.ph, wp = s.w + 2 * s.pw;
   std::fill_n(xp, s.c * hp * wp + kDirectSlack, T(0));
@@ -329,6 +327,10 @@ bool pad_image(const ConvShape& s, const T* x, T* xp) {
     for (int64_t iy = 0; iy < s.h; ++iy) {
       const T* row = x + (ci * s.h + iy) * s.w;
       T* dst = xp + (ci * hp + iy + s.ph) * wp + s.pw;
+      if constexpr (!kCheck) {
+        std::copy_n(row, s.w, dst);
+        continue;
+      }
       for (int64_t ix = 0; ix < s.w; ++ix) {
         Bits b;
         __builtin_memcpy(&b, row + ix, sizeof b);
@@ -345,7 +347,7 @@ template <typename T>
 void direct_conv(const ConvShape& s, const T* x, const T* w, const T* bias, T* y, T* xp, int64_t o_begin,
                  int64_t o_end, int32_t act) {
   const int64_t hp = s.h + 2 * s.ph, wp = s.w + 2 * s.pw;
-  pad_image(s, x, xp);
+  pad_image<false>(s, x, xp);
   if constexpr (std::is_same_v<T, float>)
     direct_image_f32(xp, s.c, hp, wp, w, s.kh, s.kw, bias, y, o_begin, o_end, s.oh, s.ow, act);
   else
@@ -510,7 +512,7 @@ template <typename T>
 void direct_dw_chunk(const ConvShape& s, const T* x, const T* dy, int64_t first, int64_t last, T* out) {
   using V = typename Vec32<T>::type;
   constexpr int64_t kLanes = 32 / sizeof(T);
-  const int64_t hp = s.h + 2 * s.ph, wp = s.w + 2 * s.pw, taps = s.kh * s.kw;
+  const int64_t hp = s.h + 2 * s.ph, wp = s.w + 2 * s.pw;
   const int64_t len = (s.oh * wp + kLanes - 1) / kLanes * kLanes, size = s.o * s.k;
   const int64_t xp_size = (s.c * hp * wp + kDirectSlack + kLanes - 1) / kLanes * kLanes;
   // One scratch block: accv (size vectors), xp, dyp [O, len], then the tap offsets.
@@ -520,8 +522,7 @@ void direct_dw_chunk(const ConvShape& s, const T* x, const T* dy, int64_t first,
   T* xp = base + size * kLanes;
   T* dyp = xp + xp_size;
   int64_t off[kDirectMaxK];
-  for (int64_t ci = 0; ci < s.c; ++ci)
-    for (int64_t t = 0; t < taps; ++t) off[ci * taps + t] = (ci * hp + t / s.kw) * wp + t % s.kw;
+  for (int64_t t = 0; t < s.k; ++t) off[t] = tap_offset(t, s.kh, s.kw, hp, wp);
   for (int64_t i = 0; i < size; ++i) accv[i] = V{};
   std::fill_n(dyp, s.o * len, T(0));
   std::vector<T> col;  // for images that are not all finite
@@ -529,7 +530,7 @@ void direct_dw_chunk(const ConvShape& s, const T* x, const T* dy, int64_t first,
   for (int64_t n = first; n < last; ++n) {
     const T* xn = x + n * s.c * s.h * s.w;
     const T* dyn = dy + n * s.o * s.p;
-    if (!pad_image(s, xn, xp)) {
+    if (!pad_image<true>(s, xn, xp)) {
       col.resize(static_cast<size_t>(s.k * s.p));
       im2col(s, xn, col.data());
       gemm<T>(false, true, s.o, s.k, s.p, dyn, s.p, col.data(), s.p, gemm_wrote, out, s.k);

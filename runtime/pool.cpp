@@ -18,6 +18,7 @@
 
 #include "runtime/kernels.h"
 #include "runtime/thread_pool.h"
+#include "runtime/vec_internal.h"
 
 namespace {
 
@@ -185,15 +186,15 @@ template <typename T>
 struct Lanes;
 template <>
 struct Lanes<float> {
-  typedef float V __attribute__((vector_size(32)));
-  typedef int32_t I __attribute__((vector_size(32)));
+  using V = kiln::rt::Vec32<float>::type;
+  using I = kiln::rt::Vec32<float>::mask;
   static constexpr I kEven = {0, 2, 4, 6, 8, 10, 12, 14}, kOdd = {1, 3, 5, 7, 9, 11, 13, 15};
   static constexpr I kLow = {0, 8, 1, 9, 2, 10, 3, 11}, kHigh = {4, 12, 5, 13, 6, 14, 7, 15};
 };
 template <>
 struct Lanes<double> {
-  typedef double V __attribute__((vector_size(32)));
-  typedef int64_t I __attribute__((vector_size(32)));
+  using V = kiln::rt::Vec32<double>::type;
+  using I = kiln::rt::Vec32<double>::mask;
   static constexpr I kEven = {0, 2, 4, 6}, kOdd = {1, 3, 5, 7}, kLow = {0, 4, 1, 5}, kHigh = {2, 6, 3, 7};
 };
 
