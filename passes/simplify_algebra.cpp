@@ -76,9 +76,10 @@ std::optional<Replacement> Simplifier::mask_pooled_gradient(const Node& n, const
   ValueId r = grad->operands[0], dy = grad->operands[1], zero = mask->operands[1];
   if (mask->operands[0] != r || !type(zero).shape.empty() || !type(x[2]).shape.empty()) return std::nullopt;
   if (!(is_all(zero, 0.0) || is_all(zero, -0.0)) || !is_all(x[2], 0.0) || rt != type(r)) return std::nullopt;
-  ValueId pooled = dst_.add_node(Op::MaxPool2d, {r}, grad->attrs);
+  const AttrMap attrs = grad->attrs;  // a copy: adding nodes may move dst_'s nodes, `grad` among them
+  ValueId pooled = dst_.add_node(Op::MaxPool2d, {r}, attrs);
   ValueId masked = dst_.add_node(Op::Select, {dst_.add_node(Op::Gt, {pooled, zero}), dy, x[2]});
-  return make(Op::MaxPool2dGrad, {r, masked}, grad->attrs);
+  return make(Op::MaxPool2dGrad, {r, masked}, attrs);
 }
 
 bool Simplifier::is_all(ValueId v, double want) const {
