@@ -39,3 +39,52 @@ Sym accuracy(Sym logits, Sym labels, std::source_location loc) {
 }
 
 }  // namespace kiln::nn
+
+namespace kiln {
+
+Graph with_classifier_loss(const Graph& src, const std::string& what) {
+  std::vector<const GraphInput*> inputs;
+  for (const GraphInput& in : src.inputs())
+    if (!in.is_state) inputs.push_back(&in);
+  if (inputs.size() != 1 || src.outputs().size() != 1)
+    throw Error(what + ": a classifier to train has one input (the examples) and one output (the logits); @" +
+                src.name() + " has " + std::to_string(inputs.size()) + " input(s) and " +
+                std::to_string(src.outputs().size()) + " output(s)");
+  const TensorType& lt = src.type(src.outputs()[0].value);
+  const int64_t n = src.type(inputs[0]->value).rank() > 0 ? src.type(inputs[0]->value).shape[0] : -1;
+  if (lt.rank() != 2 || !is_float(lt.dtype) || lt.shape[0] != n)
+    throw Error(what + ": a classifier's output is float logits [N,C] for N examples; @" + src.name() + " gives " +
+                lt.str());
+  Graph g(src.name());
+  std::vector<ValueId> map(src.values().size());
+  auto at = [&](ValueId v) -> ValueId& { return map[static_cast<size_t>(v.id)]; };
+  for (const GraphInput& in : src.inputs()) {
+    const Value& v = src.value(in.value);
+    at(in.value) = g.add_input(in.is_state ? v.name : "x", v.type, in.is_state);
+  }
+  for (const Node& node : src.nodes()) {
+    KILN_CHECK(node.op != Op::Fused && node.results.size() == 1, "with_classifier_loss: a fused node");
+    std::vector<ValueId> ops;
+    for (ValueId o : node.operands) ops.push_back(at(o));
+    ValueId r = g.add_node_at(node.op, ops, node.attrs, "", "");
+    if (!node.note.empty()) g.set_note(r, node.note);
+    at(node.result()) = r;
+  }
+  auto add = [&](Op op, std::vector<ValueId> ops, AttrMap attrs = {}, std::string name = "") {
+    return g.add_node_at(op, std::move(ops), std::move(attrs), std::move(name), "");
+  };
+  const ValueId logits = at(src.outputs()[0].value);
+  const ValueId y = g.add_input("y", TensorType{DType::i32, {n}});
+  const std::vector<int64_t> all;
+  ValueId targets = add(Op::OneHot, {y}, {{"depth", lt.shape[1]}, {"dtype", lt.dtype}});
+  ValueId log_p = add(Op::LogSoftmax, {logits}, {{"axis", int64_t{1}}});
+  ValueId picked = add(Op::Sum, {add(Op::Mul, {targets, log_p})}, {{"axes", std::vector<int64_t>{1}}});
+  ValueId loss = add(Op::Mean, {add(Op::Neg, {picked})}, {{"axes", all}}, "loss");
+  ValueId hits = add(Op::Eq, {add(Op::Argmax, {logits}, {{"axis", int64_t{1}}}), y});
+  ValueId accuracy = add(Op::Mean, {add(Op::Cast, {hits}, {{"dtype", DType::f32}})}, {{"axes", all}}, "accuracy");
+  g.add_output("loss", loss);
+  g.add_output("accuracy", accuracy);
+  return g;
+}
+
+}  // namespace kiln

@@ -21,3 +21,14 @@ Sym mse(Sym pred, Sym target, std::source_location loc = std::source_location::c
 Sym accuracy(Sym logits, Sym labels, std::source_location loc = std::source_location::current());
 
 }  // namespace kiln::nn
+
+namespace kiln {
+
+// A classifier graph (one non-state input of examples [N,...], one output of float logits
+// [N,C]; an imported ONNX model, say) made trainable: its input renamed %x, labels %y:
+// i32[N] added, and outputs "loss" (softmax cross-entropy averaged over the batch, as
+// nn::cross_entropy) and "accuracy" (as nn::accuracy). State inputs and notes are kept.
+// kiln::Error naming `what` when the graph is not of that form.
+Graph with_classifier_loss(const Graph& classifier, const std::string& what);
+
+}  // namespace kiln

@@ -6,13 +6,30 @@
 #include <filesystem>
 
 #include "frontend/initialize.h"
+#include "frontend/onnx_import.h"
+#include "ir/parser.h"
 #include "ir/npy.h"
 
 namespace kiln::tool {
 
 void need_file(const char* cmd, const std::string& file) {
-  if (file.empty()) throw Error(fmt::format("{} needs a FILE.kir argument (see 'kiln {} --help')", cmd, cmd));
+  if (file.empty())
+    throw Error(fmt::format("{} needs a FILE.kir or FILE.onnx argument (see 'kiln {} --help')", cmd, cmd));
 }
+
+ModelFile load_model_file(const std::string& file, std::optional<int64_t> batch) {
+  if (!is_onnx_path(file)) {
+    if (batch) throw Error(fmt::format("{}: --batch is for .onnx models (a .kir graph has its shapes)", file));
+    return {parse_file(file), {}};
+  }
+  OnnxImportOptions options;
+  options.batch = batch;
+  OnnxModel m = import_onnx(file, options);
+  print_warnings(m.warnings);
+  return {std::move(m.graph), std::move(m.state)};
+}
+
+Graph load_graph(const std::string& file) { return load_model_file(file).graph; }
 
 void print_warnings(const std::vector<std::string>& warnings) {
   for (const std::string& w : warnings) fmt::print(stderr, "kiln: warning: {}\n", w);

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "ir/calling.h"
+#include "ir/graph.h"
 #include "passes/train_step.h"
 #include "tools/args.h"
 
@@ -14,6 +16,16 @@ namespace kiln::tool {
 
 // kiln::Error "CMD needs a FILE.kir argument" when `file` is empty.
 void need_file(const char* cmd, const std::string& file);
+
+// A model file: FILE.kir parsed (no state values), or FILE.onnx imported (ONNX's symbolic
+// batch dimension set to `batch`, default 1; its initializers' values in `state`; the
+// importer's warnings printed).
+struct ModelFile {
+  Graph graph;
+  TensorMap state;
+};
+ModelFile load_model_file(const std::string& file, std::optional<int64_t> batch = std::nullopt);
+Graph load_graph(const std::string& file);  // load_model_file(file).graph
 // "kiln: warning: ..." on stderr for each.
 void print_warnings(const std::vector<std::string>& warnings);
 // `FLAG NAME=FILE` options (--input, --state) by name, without a leading '%'; kiln::Error for a

@@ -100,7 +100,7 @@ void check_options(const CompileArgs& a) {
 CLI::App* add_compile_command(cli::Parser& p, CompileArgs& a) {
   CLI::App* cmd = p.add_command(
       "compile", "compile a graph or its training step ahead of time to an object file and a C header",
-      "MODEL.kir -o OBJ.o [--header H.h] [--name NAME] [--cpu CPU] [--features F] [--opt-level N]\n"
+      "MODEL.kir|MODEL.onnx -o OBJ.o [--header H.h] [--name NAME] [--cpu CPU] [--features F] [--opt-level N]\n"
       "                    [--weights embed|file] [--weights-file PATH]\n"
       "                    [--state NAME=FILE.npy]... [--state-dir DIR] [--state-weights FILE] [--zero-state]\n"
       "                    [--train [--loss NAME] [--optimizer sgd|adam|adamw] [--lr X] [--momentum X]\n"
@@ -112,8 +112,8 @@ CLI::App* add_compile_command(cli::Parser& p, CompileArgs& a) {
       "A C or C++ program links the object with libkiln_runtime.a and OpenBLAS; it needs\n"
       "neither LLVM nor Kiln's compiler.\n"
       "Every state input needs an initial value, taken from the first of: --state, the\n"
-      "--state-weights file, --state-dir, (with --train) the optimizer's initial state, and\n"
-      "--zero-state. --loss ... --eps are those of 'kiln train-step' and go with\n"
+      "--state-weights file, --state-dir, an ONNX model's initializers, (with --train) the\n"
+      "optimizer's initial state, and --zero-state. --loss ... --eps are those of 'kiln train-step' and go with\n"
       "--train. No file is left behind on failure. docs/aot.md describes the header's ABI.");
   p.add_file(cmd, a.file);
   p.add_text(cmd, "-o", "OBJ.o", a.object, "the object file to write (required)");
@@ -144,14 +144,18 @@ CLI::App* add_compile_command(cli::Parser& p, CompileArgs& a) {
 
 int run_compile(const CompileArgs& a) {
   check_options(a);
-  Graph model = parse_file(a.file);
+  ModelFile file = load_model_file(a.file);
+  const Graph& model = file.graph;
   std::optional<TrainStep> step;
   if (a.train) step = build_train_step(model, a.training);
+  TensorMap defaults = std::move(file.state);  // an ONNX model's initializers
+  if (step)
+    for (auto& [name, value] : step->initial_state()) defaults.insert_or_assign(name, value);
   const Graph& g = step ? step->graph : model;
   std::string name = a.name.empty() ? g.name() : a.name;
   if (std::string err = aot_name_error(name); !err.empty())
     throw Error(fmt::format("graph @{} cannot name the model's C functions: {}; give --name NAME", g.name(), err));
-  TensorMap state = initial_state(g, a, step ? step->initial_state() : TensorMap{});
+  TensorMap state = initial_state(g, a, defaults);
 
   CompileOptions options;
   options.target = "cpu";  // AOT is CPU only, whatever $KILN_TARGET says

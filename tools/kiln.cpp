@@ -16,6 +16,8 @@
 
 #include "codegen/cpu/host.h"
 #include "codegen/executable.h"
+#include "codegen/aot.h"
+#include "frontend/onnx_import.h"
 #include "ir/dot.h"
 #include "ir/interp.h"
 #include "ir/npy.h"
@@ -86,14 +88,19 @@ std::vector<std::string> split_list(const std::vector<std::string>& lists) {
 
 // Reads every --input of g. With `any_batch`, non-state inputs of another batch size make g
 // that graph rebatched (passes/rebatch.h), as an Executable's sibling would.
+// State inputs without an --input take their value from `defaults` (an ONNX model's initializers).
 kiln::TensorMap read_inputs(kiln::Graph& g, const std::string& file, const std::vector<std::string>& specs,
-                            bool any_batch = false) {
+                            bool any_batch = false, const kiln::TensorMap& defaults = {}) {
   std::map<std::string, std::string> input_files = kiln::tool::name_files("--input", specs);
   kiln::TensorMap inputs;
   std::string missing;
   for (const kiln::GraphInput& in : g.inputs()) {
     const std::string& name = g.value(in.value).name;
     auto it = input_files.find(name);
+    if (it == input_files.end() && in.is_state && defaults.count(name)) {
+      inputs.emplace(name, defaults.at(name));
+      continue;
+    }
     if (it == input_files.end()) {
       missing += (missing.empty() ? "%" : ", %") + name;
       continue;
@@ -111,6 +118,7 @@ kiln::TensorMap read_inputs(kiln::Graph& g, const std::string& file, const std::
   }
   for (const kiln::GraphInput& in : g.inputs()) {
     const std::string& name = g.value(in.value).name;
+    if (!input_files.count(name)) continue;  // a default
     kiln::tool::check_file_type(input_files.at(name), "input", name, g.type(in.value), inputs.at(name));
     input_files.erase(name);
   }
@@ -137,7 +145,7 @@ struct Dump {
 
 int run_dump(const Dump& a) {
   need_file("dump", a.file);
-  kiln::Graph g = kiln::parse_file(a.file);
+  kiln::Graph g = kiln::tool::load_graph(a.file);
   if (a.emit == "kir") {
     std::fputs(kiln::print(g).c_str(), stdout);
     return 0;
@@ -149,7 +157,7 @@ int run_dump(const Dump& a) {
 
 int run_dot(const std::string& file) {
   need_file("dot", file);
-  std::fputs(kiln::to_dot(kiln::parse_file(file)).c_str(), stdout);
+  std::fputs(kiln::to_dot(kiln::tool::load_graph(file)).c_str(), stdout);
   return 0;
 }
 
@@ -165,7 +173,7 @@ int run_grad(const Grad& a) {
   if (a.loss.empty()) throw Error("grad needs one --loss NAME (see 'kiln grad --help')");
   std::vector<std::string> wrt = split_list(a.wrt);
   if (wrt.empty()) throw Error("grad needs --wrt NAME[,NAME...] (see 'kiln grad --help')");
-  kiln::Graph g = kiln::parse_file(a.file);
+  kiln::Graph g = kiln::tool::load_graph(a.file);
   std::string loss = a.loss[0] == '%' ? a.loss.substr(1) : a.loss;
   kiln::GradResult r = kiln::grad(g, loss, wrt);
   print_warnings(r.warnings);
@@ -184,7 +192,7 @@ struct TrainStepArgs {
 int run_train_step(const TrainStepArgs& a) {
   need_file("train-step", a.file);
   if (a.seed && a.init_state.empty()) throw Error("--seed is for --init-state (see 'kiln train-step --help')");
-  kiln::Graph model = kiln::parse_file(a.file);
+  kiln::Graph model = kiln::tool::load_graph(a.file);
   kiln::TrainStep step = kiln::tool::build_train_step(model, a.training);
   if (!a.init_state.empty()) {
     size_t n = kiln::tool::write_initial_state(model, step, a.init_state, static_cast<uint64_t>(a.seed.value_or(0)));
@@ -208,8 +216,9 @@ int run_run(const Run& a) {
   if (a.interp && a.profile) throw Error("--profile times compiled kernels; it does not go with --interp");
   if (a.repeat && !a.profile) throw Error("--repeat N goes with --profile (it times N runs after a warm-up run)");
   if (a.repeat && *a.repeat < 1) throw Error("--repeat expects at least 1 run");
-  kiln::Graph g = kiln::parse_file(a.file);
-  kiln::TensorMap inputs = read_inputs(g, a.file, a.inputs, /*any_batch=*/true);
+  kiln::tool::ModelFile m = kiln::tool::load_model_file(a.file);
+  kiln::Graph& g = m.graph;
+  kiln::TensorMap inputs = read_inputs(g, a.file, a.inputs, /*any_batch=*/true, m.state);
   kiln::TensorMap outputs;
   std::string profile;
   if (a.interp) {
@@ -274,7 +283,7 @@ int run_opt(const Opt& a) {
   o.time_passes = a.time_passes;
   if (a.stop_after) o.stop_after = *a.stop_after;
   o.log = &std::cout;
-  kiln::Graph g = kiln::parse_file(a.file);
+  kiln::Graph g = kiln::tool::load_graph(a.file);
   if (a.bisect) {
     kiln::TensorMap inputs = read_inputs(g, a.file, a.inputs);
     kiln::BisectReport r = kiln::bisect_numerics(g, inputs, o, a.rtol.value_or(1e-5), a.atol.value_or(1e-6));
@@ -289,6 +298,61 @@ int run_opt(const Opt& a) {
     kiln::check_memory_plan(r.graph, plan);
     std::cout << kiln::format_memory_plan(r.graph, plan);
   }
+  return 0;
+}
+
+// --- import ----------------------------------------------------------------------------------
+
+// Writes `text` to `path` through a temporary file renamed over it: no half-written file.
+void write_text_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw Error(fmt::format("{}: cannot write: {}", path, std::strerror(errno)));
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  int err = errno;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    if (ok) err = errno;
+    std::remove(tmp.c_str());
+    throw Error(fmt::format("{}: cannot write: {}", path, std::strerror(err)));
+  }
+}
+
+struct Import {
+  std::string file, output, state_dir, weights;
+  std::optional<int> batch;
+  bool constant_weights = false;
+};
+
+int run_import(const Import& a) {
+  need_file("import", a.file);
+  if (!kiln::is_onnx_path(a.file)) throw Error(fmt::format("{}: import reads .onnx files", a.file));
+  if (a.constant_weights && (!a.state_dir.empty() || !a.weights.empty()))
+    throw Error("--constant-weights puts the weights in the graph: there is no state for --state-dir or --weights");
+  kiln::OnnxImportOptions options;
+  if (a.batch) options.batch = *a.batch;
+  options.constant_weights = a.constant_weights;
+  kiln::OnnxModel m = kiln::import_onnx(a.file, options);
+  print_warnings(m.warnings);
+  std::string text = kiln::print(m.graph);
+  if (a.output.empty() || a.output == "-") {
+    std::fputs(text.c_str(), stdout);
+  } else {
+    write_text_file(a.output, text);
+  }
+  if (!a.state_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(a.state_dir, ec);
+    if (ec) throw Error(fmt::format("{}: cannot create directory: {}", a.state_dir, ec.message()));
+    for (const auto& [name, t] : m.state)
+      kiln::write_npy((std::filesystem::path(a.state_dir) / (name + ".npy")).string(), t);
+  }
+  if (!a.weights.empty()) kiln::save_weights(a.weights, m.state);
+  int64_t values = 0;
+  for (const auto& [name, t] : m.state) values += t.numel();
+  fmt::print(stderr, "kiln: imported {} (opset {}{}): {} nodes, {} parameter tensors ({} values){}\n", a.file, m.opset,
+             m.producer.empty() ? "" : ", from " + m.producer, m.graph.nodes().size(), m.state.size(), values,
+             a.output.empty() || a.output == "-" ? "" : ", wrote " + a.output);
   return 0;
 }
 
@@ -431,6 +495,28 @@ int run_command_line(int argc, char** argv) {
   kiln::tool::TrainArgs train;
   CLI::App* train_cmd = kiln::tool::add_train_command(p, train);
 
+  Import imp;
+  CLI::App* import_cmd = p.add_command(
+      "import", "import an ONNX model as a Kiln graph",
+      "MODEL.onnx [-o MODEL.kir] [--batch N] [--constant-weights] [--state-dir DIR] [--weights FILE]",
+      "Reads MODEL.onnx with ONNX's own library (checker, shape inference, version converter\n"
+      "for opsets before 7) and prints the Kiln graph, or writes it to -o. The model's float\n"
+      "initializers become state inputs named as in the file (its parameters: the graph trains\n"
+      "like a traced one), the others constants. Each node's comment names the ONNX node it\n"
+      "came from. A symbolic leading (batch) dimension gets --batch; any other symbolic\n"
+      "dimension is an error. A model with ops Kiln cannot import gets one error listing all\n"
+      "of them. 'kiln run', 'compile', 'train', 'dump', 'opt' and the others also take MODEL.onnx\n"
+      "directly, with its initializers as the initial state. docs/onnx.md lists the ops.");
+  p.add_file(import_cmd, imp.file);
+  p.add_text(import_cmd, "-o", "MODEL.kir", imp.output, "write the graph here instead of standard output");
+  p.add_count(import_cmd, "--batch", imp.batch, "the value of the inputs' symbolic batch dimension (default 1)");
+  p.add_flag(import_cmd, "--constant-weights", imp.constant_weights,
+             "make every initializer a constant (inference only: the passes fold through the weights)");
+  p.add_text(import_cmd, "--state-dir", "DIR", imp.state_dir,
+             "write each parameter as DIR/NAME.npy (for 'kiln run --input' and 'kiln compile --state-dir')");
+  p.add_text(import_cmd, "--weights", "FILE", imp.weights,
+             "write the parameters as a Kiln weights file (for 'kiln compile --state-weights')");
+
   CLI::App* info_cmd = p.add_command("info", "show the host CPU, LLVM and BLAS that Kiln uses", "",
                                      "Prints the host target (triple, CPU, vector features) as LLVM sees it, the LLVM "
                                      "version\nand the BLAS library's configuration.");
@@ -446,6 +532,7 @@ int run_command_line(int argc, char** argv) {
   if (cmd == compile_cmd) return kiln::tool::run_compile(compile);
   if (cmd == train_cmd) return kiln::tool::run_train(train);
   if (cmd == info_cmd) return run_info();
+  if (cmd == import_cmd) return run_import(imp);
   return status;
 }
 

@@ -12,6 +12,8 @@
 #include <sstream>
 
 #include "frontend/initialize.h"
+#include "frontend/losses.h"
+#include "frontend/onnx_import.h"
 #include "ir/parser.h"
 #include "passes/rebatch.h"
 #include "tools/commands.h"
@@ -67,8 +69,25 @@ ModelWithParams kir_model(const std::string& file, uint64_t seed) {
   return m;
 }
 
+// An imported ONNX classifier as a model kiln train takes (kiln::with_classifier_loss),
+// its parameters the initializers.
+ModelWithParams onnx_model(const std::string& file, int64_t batch) {
+  ModelFile f = load_model_file(file, batch);
+  ModelWithParams m{with_classifier_loss(f.graph, file), std::move(f.state), ImageLayout::flat};
+  const TensorType& x = m.model.type(m.model.find("x"));
+  if (x.rank() == 4) m.layout = ImageLayout::nchw;
+  else if (x.rank() != 2)
+    throw Error(fmt::format("{}: the input is {}; kiln train feeds images as [N,784] or [N,1,28,28]", file, x.str()));
+  return m;
+}
+
 Model load_model(const TrainArgs& a) {
   const uint64_t seed = static_cast<uint64_t>(a.seed.value_or(0));
+  if (is_onnx_path(a.model)) {
+    TrainerOptions options = recommended_options("mlp");
+    if (a.batch) options.batch = *a.batch;
+    return {fs::path(a.model).stem().string(), onnx_model(a.model, options.batch), options};
+  }
   if (is_builtin(a.model)) {
     TrainerOptions options = recommended_options(a.model);
     if (a.batch) options.batch = *a.batch;
@@ -164,7 +183,8 @@ CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
       "MODEL is a built-in model (mlp: 784-256-10; lenet: two 3x3 convolutions with max-pooling and a linear "
       "layer) or a .kir file whose non-state inputs are %x (images, [N,784] or [N,1,28,28]) and %y (i32 labels) "
       "and which has a scalar output \"loss\" (and optionally \"accuracy\"); its parameters start from seeded "
-      "initializers. The whole training step is compiled once; each epoch visits the data in a seeded shuffled "
+      "initializers. Or an ONNX classifier FILE.onnx (one input of images, one output of logits [N,C]): it "
+      "trains from its own weights with softmax cross-entropy at --batch (default: mlp's). The whole training step is compiled once; each epoch visits the data in a seeded shuffled "
       "order, trains the last partial batch (unless --drop-last) and is followed by an evaluation on the test "
       "set. On a terminal a progress bar shows the epoch; otherwise one line per epoch is printed.\n"
       "Defaults (kiln::recommended_options): lenet trains with " + defaults("lenet") + "; mlp and .kir graphs with " +
@@ -176,7 +196,7 @@ CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
       "dataset-fashion-mnist); mnist is $KILN_MNIST_DIR or /usr/share/datasets/mnist; DIR holds the four IDX "
       "files train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte "
       "(optionally .gz).");
-  cmd->add_option("MODEL", a.model, "lenet, mlp or FILE.kir")->type_name("");
+  cmd->add_option("MODEL", a.model, "lenet, mlp, FILE.kir or FILE.onnx")->type_name("");
   p.add_text(cmd, "--data", "fashion-mnist|mnist|DIR", a.data, "the images to train and test on (required)");
   p.add_count(cmd, "--epochs", a.epochs, "epochs to train in all, a resumed run's included (default 3)");
   p.add_count(cmd, "--batch", a.batch, "training batch size (default: the model's)");
@@ -215,7 +235,7 @@ CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
 }
 
 int run_train(const TrainArgs& a) {
-  if (a.model.empty()) throw Error("train needs a MODEL: lenet, mlp or FILE.kir (see 'kiln train --help')");
+  if (a.model.empty()) throw Error("train needs a MODEL: lenet, mlp, FILE.kir or FILE.onnx (see 'kiln train --help')");
   if (a.data.empty()) throw Error("train needs --data fashion-mnist, mnist or DIR (see 'kiln train --help')");
   if (a.resume && a.checkpoint.empty()) throw Error("--resume needs --checkpoint DIR to resume from");
   for (const auto& [flag, given] : {std::pair<const char*, bool>{"--keep", a.keep.has_value()},

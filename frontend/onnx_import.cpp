@@ -1,0 +1,580 @@
+// ONNX import, the driver: reads and checks the model with ONNX's own library, turns its
+// inputs and initializers into graph inputs, state and constants, maps each node through
+// the op table (frontend/onnx_ops.cpp), collects every problem and reports them at once.
+#include "frontend/onnx_import.h"
+
+#include <fmt/core.h>
+#include <onnx/checker.h>
+#include <onnx/shape_inference/implementation.h>
+#include <onnx/version_converter/convert.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "frontend/onnx_internal.h"
+#include "ir/interp.h"
+
+namespace kiln {
+namespace onnx_import {
+
+// --- types and tensors -------------------------------------------------------------------
+
+std::optional<DType> dtype_of(int32_t elem_type) {
+  switch (elem_type) {
+    case onnx::TensorProto::FLOAT: return DType::f32;
+    case onnx::TensorProto::DOUBLE: return DType::f64;
+    case onnx::TensorProto::INT32: return DType::i32;
+    case onnx::TensorProto::INT64: return DType::i64;
+    case onnx::TensorProto::BOOL: return DType::boolean;
+    default: return std::nullopt;
+  }
+}
+
+std::string elem_type_name(int32_t elem_type) {
+  if (onnx::TensorProto::DataType_IsValid(elem_type))
+    return onnx::TensorProto::DataType_Name(static_cast<onnx::TensorProto::DataType>(elem_type));
+  return "type " + std::to_string(elem_type);
+}
+
+namespace {
+
+// Copies n typed-field values into t, converting as set_int / set do (exact for integers).
+template <typename Field>
+void copy_field(Tensor& t, const Field& f) {
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if constexpr (std::is_floating_point_v<typename Field::value_type>)
+      t.set(i, static_cast<double>(f.Get(static_cast<int>(i))));
+    else
+      t.set_int(i, static_cast<int64_t>(f.Get(static_cast<int>(i))));
+  }
+}
+
+}  // namespace
+
+Tensor to_tensor(const onnx::TensorProto& p, const std::string& what) {
+  std::optional<DType> dt = dtype_of(p.data_type());
+  if (!dt)
+    throw Unsupported(fmt::format("{} has element type {}; Kiln has float, double, int32, int64 and bool",
+                                  what, elem_type_name(p.data_type())));
+  if (p.data_location() == onnx::TensorProto::EXTERNAL)
+    throw Error(fmt::format("{} keeps its data in an external file, which Kiln does not read; save the model with "
+                            "its weights inside (onnx.save_model(..., save_as_external_data=False))", what));
+  if (p.has_segment()) throw Unsupported(what + " is a segment of a tensor");
+  Shape shape;
+  int64_t numel = 1;
+  for (int64_t d : p.dims()) {
+    if (d < 0) throw Error(fmt::format("{} has a negative dimension ({})", what, d));
+    if (__builtin_mul_overflow(numel, d, &numel) || numel > (int64_t{1} << 40))
+      throw Error(fmt::format("{} is too large (dimensions {})", what, shape_str({p.dims().begin(), p.dims().end()})));
+    shape.push_back(d);
+  }
+  const size_t esize = *dt == DType::boolean ? 1 : dtype_size(*dt);
+  auto count_error = [&](int64_t got) {
+    return Error(fmt::format("{} holds {} values for shape {} ({} elements)", what, got, shape_str(shape), numel));
+  };
+  if (p.has_raw_data()) {
+    const std::string& raw = p.raw_data();
+    if (raw.size() != static_cast<size_t>(numel) * esize)
+      throw Error(fmt::format("{} has {} bytes of data for shape {} of {} ({} bytes)", what, raw.size(),
+                              shape_str(shape), elem_type_name(p.data_type()), static_cast<size_t>(numel) * esize));
+    Tensor t(*dt, shape);
+    if (numel > 0) std::memcpy(t.raw(), raw.data(), raw.size());  // ONNX raw data is little-endian, as this host
+    if (*dt == DType::boolean)
+      for (int64_t i = 0; i < numel; ++i) t.raw()[i] = std::byte{t.raw()[i] != std::byte{0}};
+    return t;
+  }
+  int64_t got = 0;
+  switch (*dt) {
+    case DType::f32: got = p.float_data_size(); break;
+    case DType::f64: got = p.double_data_size(); break;
+    case DType::i32: case DType::boolean: got = p.int32_data_size(); break;
+    case DType::i64: got = p.int64_data_size(); break;
+  }
+  if (got != numel) throw count_error(got);
+  Tensor t(*dt, shape);
+  switch (*dt) {
+    case DType::f32: copy_field(t, p.float_data()); break;
+    case DType::f64: copy_field(t, p.double_data()); break;
+    case DType::i32: copy_field(t, p.int32_data()); break;
+    case DType::boolean:
+      for (int64_t i = 0; i < numel; ++i) t.set_int(i, p.int32_data(static_cast<int>(i)) != 0);
+      break;
+    case DType::i64: copy_field(t, p.int64_data()); break;
+  }
+  return t;
+}
+
+int64_t norm_axis(int64_t a, int64_t rank) {
+  if (a < -rank || a >= std::max<int64_t>(rank, 1) || (rank == 0 && a != 0 && a != -1))
+    throw Unsupported(fmt::format("axis {} is out of range for rank {}", a, rank));
+  return a < 0 ? a + rank : a;
+}
+
+// --- Ctx ---------------------------------------------------------------------------------
+
+void Ctx::begin(const onnx::NodeProto& n, std::map<std::string, Val>* env) {
+  node_ = &n;
+  env_ = env;
+  read_.clear();
+}
+
+int Ctx::num_inputs() const {
+  int n = node_->input_size();
+  while (n > 0 && node_->input(n - 1).empty()) --n;
+  return n;
+}
+
+bool Ctx::has_input(int i) const { return i < node_->input_size() && !node_->input(i).empty(); }
+
+Val Ctx::in(int i) const {
+  if (!has_input(i)) throw Unsupported(fmt::format("input {} is missing", i));
+  return env_->at(node_->input(i));
+}
+
+const TensorType& Ctx::type(int i) const {
+  if (!has_input(i)) throw Unsupported(fmt::format("input {} is missing", i));
+  return env_->at(node_->input(i)).type;
+}
+
+const Tensor& Ctx::in_const(int i, const char* what) const {
+  if (!has_input(i)) throw Unsupported(fmt::format("input {} ({}) is missing", i, what));
+  const Val& v = env_->at(node_->input(i));
+  if (v.known) return *v.known;
+  if (v.hint) return *v.hint;
+  throw Unsupported(fmt::format("input '{}' ({}) is computed at run time; Kiln needs it known when the model is "
+                                "imported (an initializer, a Constant, or computed from shapes)",
+                                node_->input(i), what));
+}
+
+std::vector<int64_t> Ctx::in_ints(int i, const char* what) const {
+  const Tensor& t = in_const(i, what);
+  if (!is_integer(t.dtype())) throw Unsupported(fmt::format("input {} ({}) is not an integer tensor", i, what));
+  std::vector<int64_t> out(static_cast<size_t>(t.numel()));
+  for (int64_t k = 0; k < t.numel(); ++k) out[static_cast<size_t>(k)] = t.get_int(k);
+  return out;
+}
+
+const onnx::AttributeProto* Ctx::find_attr(const std::string& name) const {
+  for (const onnx::AttributeProto& a : node_->attribute())
+    if (a.name() == name) return &a;
+  return nullptr;
+}
+
+bool Ctx::has_attr(const std::string& name) const { return find_attr(name) != nullptr; }
+
+namespace {
+void want_attr_type(const onnx::AttributeProto& a, onnx::AttributeProto::AttributeType t) {
+  if (a.type() != t && a.type() != onnx::AttributeProto::UNDEFINED)
+    throw Error(fmt::format("attribute {} is a {}, expected a {}", a.name(),
+                            onnx::AttributeProto::AttributeType_Name(a.type()),
+                            onnx::AttributeProto::AttributeType_Name(t)));
+}
+}  // namespace
+
+int64_t Ctx::attr_int(const std::string& name, int64_t def) {
+  read_.insert(name);
+  const onnx::AttributeProto* a = find_attr(name);
+  if (!a) return def;
+  want_attr_type(*a, onnx::AttributeProto::INT);
+  return a->i();
+}
+
+double Ctx::attr_float(const std::string& name, double def) {
+  read_.insert(name);
+  const onnx::AttributeProto* a = find_attr(name);
+  if (!a) return def;
+  want_attr_type(*a, onnx::AttributeProto::FLOAT);
+  return a->f();
+}
+
+std::vector<int64_t> Ctx::attr_ints(const std::string& name, std::vector<int64_t> def) {
+  read_.insert(name);
+  const onnx::AttributeProto* a = find_attr(name);
+  if (!a) return def;
+  want_attr_type(*a, onnx::AttributeProto::INTS);
+  return {a->ints().begin(), a->ints().end()};
+}
+
+std::string Ctx::attr_string(const std::string& name, std::string def) {
+  read_.insert(name);
+  const onnx::AttributeProto* a = find_attr(name);
+  if (!a) return def;
+  want_attr_type(*a, onnx::AttributeProto::STRING);
+  return a->s();
+}
+
+Tensor Ctx::attr_tensor(const std::string& name) {
+  read_.insert(name);
+  const onnx::AttributeProto* a = find_attr(name);
+  if (!a) throw Error("attribute " + name + " is missing");
+  want_attr_type(*a, onnx::AttributeProto::TENSOR);
+  return to_tensor(a->t(), "attribute " + name);
+}
+
+void Ctx::ignore_attr(const std::string& name) { read_.insert(name); }
+
+std::vector<std::string> Ctx::unread_attrs() const {
+  std::vector<std::string> out;
+  for (const onnx::AttributeProto& a : node_->attribute())
+    if (!read_.count(a.name())) out.push_back(a.name());
+  return out;
+}
+
+int Ctx::num_outputs() const { return node_->output_size(); }
+bool Ctx::output_used(int i) const { return i < node_->output_size() && !node_->output(i).empty(); }
+
+void Ctx::set_output(int i, Val v) {
+  if (!output_used(i)) return;
+  (*env_)[node_->output(i)] = std::move(v);
+}
+
+ValueId Ctx::materialize(Val& v) {
+  if (v.id.valid()) return v.id;
+  if (!v.input.empty()) {
+    auto it = lazy_inputs_.find(v.input);
+    if (it == lazy_inputs_.end()) it = lazy_inputs_.emplace(v.input, g_.add_input(v.input, v.type)).first;
+    v.id = it->second;
+    return v.id;
+  }
+  KILN_CHECK(v.known.has_value(), "an ONNX value with neither a graph value nor a known one");
+  v.id = g_.add_constant(*v.known);
+  return v.id;
+}
+
+Val Ctx::constant(Tensor t) {
+  Val v;
+  v.type = t.type();
+  v.known = std::move(t);
+  return v;
+}
+
+Val Ctx::scalar(DType t, double value) {
+  Tensor s(t, {});
+  if (is_float(t)) s.set(0, value);
+  else s.set_int(0, static_cast<int64_t>(value));
+  return constant(std::move(s));
+}
+
+// Results up to this many elements are computed at import time when every operand is
+// known: shape arithmetic (Shape -> Gather -> Concat -> Reshape) must fold, and small
+// weights transformed by constants may; bigger ones are left to the fold_constants pass.
+constexpr int64_t kFoldLimit = 1 << 16;
+
+Val Ctx::node(Op op, std::vector<Val> operands, AttrMap attrs) {
+  std::vector<TensorType> types;
+  bool all_known = true;
+  for (const Val& v : operands) {
+    types.push_back(v.type);
+    all_known = all_known && v.known.has_value();
+  }
+  attrs = complete_attrs(op, std::move(attrs));
+  TensorType rt = infer_type(op, types, attrs);
+  if (all_known && rt.numel() <= kFoldLimit) {
+    std::vector<const Tensor*> ptrs;
+    for (const Val& v : operands) ptrs.push_back(&*v.known);
+    return constant(eval_op(op, ptrs, attrs, rt));
+  }
+  std::vector<ValueId> ids;
+  for (Val& v : operands) ids.push_back(materialize(v));
+  Val r;
+  r.id = g_.add_node_at(op, std::move(ids), std::move(attrs), "", "");
+  r.type = rt;
+  return r;
+}
+
+}  // namespace onnx_import
+
+// --- the driver ----------------------------------------------------------------------------
+
+namespace {
+
+using onnx_import::Ctx;
+using onnx_import::Unsupported;
+using onnx_import::Val;
+
+// Kiln spells value names [A-Za-z_][A-Za-z0-9_.]*; ONNX allows anything. Other characters
+// become '_', a leading digit gets a '_' before it, and clashes get _2, _3, ...
+std::string kiln_name(const std::string& onnx_name, std::set<std::string>& used) {
+  std::string s;
+  for (char c : onnx_name) s += std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ? c : '_';
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) s = "_" + s;
+  std::string name = s;
+  for (int k = 2; used.count(name); ++k) name = s + "_" + std::to_string(k);
+  used.insert(name);
+  return name;
+}
+
+// Every problem found, grouped for one error message.
+struct Problems {
+  struct OpCount {
+    int count = 0;
+    std::vector<std::string> nodes;  // the first few
+  };
+  std::map<std::string, OpCount> ops;  // unsupported op types
+  std::vector<std::string> details;    // unsupported attributes, variants, types
+
+  void op(const std::string& type, const std::string& node) {
+    OpCount& c = ops[type];
+    if (c.nodes.size() < 3) c.nodes.push_back(node);
+    ++c.count;
+  }
+  bool empty() const { return ops.empty() && details.empty(); }
+  std::string message(const std::string& what) const {
+    int nops = 0;
+    for (const auto& [t, c] : ops) nops += c.count;
+    std::string m = fmt::format("{}: cannot import the model:", what);
+    if (!ops.empty())
+      m += fmt::format(" {} node(s) of {} unsupported op type(s)", nops, ops.size());
+    if (!details.empty()) m += fmt::format("{} {} unsupported use(s)", ops.empty() ? "" : " and", details.size());
+    for (const auto& [t, c] : ops) {
+      std::string names;
+      for (const std::string& n : c.nodes) names += (names.empty() ? "" : ", ") + n;
+      m += fmt::format("\n  unsupported op {} x{} (first: {})", t, c.count, names);
+    }
+    constexpr size_t kShown = 40;
+    for (size_t i = 0; i < details.size() && i < kShown; ++i) m += "\n  " + details[i];
+    if (details.size() > kShown) m += fmt::format("\n  ... and {} more", details.size() - kShown);
+    m += "\n(docs/onnx.md lists the ONNX ops Kiln imports)";
+    return m;
+  }
+};
+
+std::string node_label(const onnx::NodeProto& n, int index) {
+  if (!n.name().empty()) return "'" + n.name() + "'";
+  return fmt::format("#{}", index);
+}
+
+// Kiln can run opset 7 and newer as written; older models go through the version converter.
+constexpr int64_t kMinNativeOpset = 7;
+constexpr int64_t kMaxOpset = 17;  // what ONNX 1.12 (Debian bookworm's libonnx) knows
+
+int64_t default_opset(const onnx::ModelProto& m) {
+  int64_t v = 0;
+  for (const onnx::OperatorSetIdProto& o : m.opset_import())
+    if (o.domain().empty() || o.domain() == "ai.onnx") v = o.version();
+  return v;
+}
+
+TensorType input_type(const onnx::ValueInfoProto& vi, const OnnxImportOptions& opt, Problems& problems) {
+  const std::string where = fmt::format("graph input '{}'", vi.name());
+  if (!vi.type().has_tensor_type()) throw Unsupported(where + " is not a tensor");
+  const onnx::TypeProto::Tensor& tt = vi.type().tensor_type();
+  std::optional<DType> dt = onnx_import::dtype_of(tt.elem_type());
+  if (!dt) throw Unsupported(fmt::format("{} has element type {}", where, onnx_import::elem_type_name(tt.elem_type())));
+  if (!tt.has_shape()) throw Unsupported(where + " has no shape (Kiln compiles static shapes)");
+  TensorType t{*dt, {}};
+  for (int d = 0; d < tt.shape().dim_size(); ++d) {
+    const auto& dim = tt.shape().dim(d);
+    if (dim.has_dim_value() && dim.dim_value() >= 0) {
+      t.shape.push_back(dim.dim_value());
+      continue;
+    }
+    std::string sym = dim.has_dim_param() ? "'" + dim.dim_param() + "'" : "(unnamed)";
+    if (d == 0) {
+      t.shape.push_back(opt.batch.value_or(1));
+      continue;
+    }
+    problems.details.push_back(fmt::format("{}: dimension {} is symbolic {}; Kiln compiles static shapes and gives a "
+                                           "value (--batch) only to the leading, batch dimension",
+                                           where, d, sym));
+    t.shape.push_back(1);
+  }
+  return t;
+}
+
+OnnxModel import_model(onnx::ModelProto model, const std::string& what, const OnnxImportOptions& opt) {
+  OnnxModel out;
+  out.opset = default_opset(model);
+  out.producer = model.producer_name() + (model.producer_version().empty() ? "" : " " + model.producer_version());
+  if (out.opset == 0) throw Error(what + ": the model imports no opset of the default ONNX domain");
+  if (out.opset > kMaxOpset)
+    throw Error(fmt::format("{}: opset {} is newer than the ONNX library Kiln is built with knows (1.12: opsets up to "
+                            "{}); export the model at opset {} or older",
+                            what, out.opset, kMaxOpset, kMaxOpset));
+  try {
+    onnx::checker::check_model(model);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("{}: the ONNX checker rejects the model: {}", what, e.what()));
+  }
+  if (out.opset < kMinNativeOpset) {
+    try {
+      model = onnx::version_conversion::ConvertVersion(model, 9);
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("{}: opset {} is older than Kiln reads ({}+) and ONNX's version converter cannot "
+                              "bring it to opset 9: {}",
+                              what, out.opset, kMinNativeOpset, e.what()));
+    }
+    out.warnings.push_back(fmt::format("converted the model from opset {} to 9", out.opset));
+  }
+  const int64_t opset = default_opset(model);
+  try {
+    onnx::shape_inference::InferShapes(model);
+  } catch (const std::exception& e) {
+    out.warnings.push_back(std::string("ONNX shape inference failed (importing without it): ") + e.what());
+  }
+
+  const onnx::GraphProto& gp = model.graph();
+  std::set<std::string> used_names;
+  out.graph.set_name(kiln_name(gp.name().empty() ? "model" : gp.name(), used_names));
+  Graph& g = out.graph;
+  Problems problems;
+  std::map<std::string, Val> env;
+  std::set<std::string> poisoned;
+  Ctx ctx(g, opset);
+
+  std::set<std::string> initializer_names;
+  for (const onnx::TensorProto& t : gp.initializer()) initializer_names.insert(t.name());
+  if (gp.sparse_initializer_size() > 0) problems.details.push_back("sparse initializers are not supported");
+
+  // Graph inputs first (in ONNX order), then the state (the float initializers).
+  for (const onnx::ValueInfoProto& vi : gp.input()) {
+    if (initializer_names.count(vi.name())) continue;  // IR < 4: initializers are listed as inputs too
+    try {
+      TensorType t = input_type(vi, opt, problems);
+      std::string name = kiln_name(vi.name(), used_names);
+      out.inputs.emplace_back(vi.name(), name);
+      Val v;
+      v.type = t;
+      if (auto it = opt.input_values.find(vi.name()); it != opt.input_values.end() && it->second.type() == t) {
+        v.hint = it->second;
+        v.input = name;  // added only if something needs it at run time
+      } else {
+        v.id = g.add_input(name, t);
+      }
+      env[vi.name()] = std::move(v);
+    } catch (const Unsupported& e) {
+      problems.details.push_back(e.what());
+      poisoned.insert(vi.name());
+    }
+  }
+  for (const onnx::TensorProto& tp : gp.initializer()) {
+    try {
+      Tensor t = onnx_import::to_tensor(tp, fmt::format("initializer '{}'", tp.name()));
+      Val v;
+      v.type = t.type();
+      if (is_float(t.dtype()) && !opt.constant_weights) {
+        std::string name = kiln_name(tp.name(), used_names);
+        v.id = g.add_input(name, t.type(), /*is_state=*/true);
+        out.state.emplace(name, std::move(t));
+      } else {
+        v.known = std::move(t);
+      }
+      env[tp.name()] = std::move(v);
+    } catch (const Unsupported& e) {
+      problems.details.push_back(e.what());
+      poisoned.insert(tp.name());
+    }
+  }
+
+  const auto& table = onnx_import::op_table();
+  for (int i = 0; i < gp.node_size(); ++i) {
+    const onnx::NodeProto& n = gp.node(i);
+    bool skip = false;
+    for (const std::string& in : n.input()) {
+      if (in.empty()) continue;
+      if (poisoned.count(in)) skip = true;
+      else if (!env.count(in)) throw Error(fmt::format("{}: node {} reads '{}', which nothing defines", what,
+                                                       node_label(n, i), in));
+    }
+    const bool default_domain = n.domain().empty() || n.domain() == "ai.onnx";
+    auto fn = default_domain ? table.find(n.op_type()) : table.end();
+    if (fn == table.end()) {  // listed even downstream of another problem: every unsupported op at once
+      problems.op(default_domain ? n.op_type() : n.domain() + "." + n.op_type(), node_label(n, i));
+      skip = true;
+    }
+    if (!skip) {
+      const size_t first = g.nodes().size();
+      try {
+        ctx.begin(n, &env);
+        fn->second(ctx);
+        std::vector<std::string> unread = ctx.unread_attrs();
+        if (!unread.empty()) {
+          std::string list;
+          for (const std::string& a : unread) list += (list.empty() ? "" : ", ") + a;
+          throw Unsupported("attribute(s) " + list + " not supported");
+        }
+        std::string note = fmt::format("onnx {} {}", n.op_type(), node_label(n, i));
+        for (size_t k = first; k < g.nodes().size(); ++k)
+          if (g.nodes()[k].op != Op::Constant) g.set_note(g.nodes()[k].result(), note);
+        for (const std::string& o : n.output())
+          if (!o.empty() && !env.count(o)) throw Unsupported("output '" + o + "' is not supported");
+      } catch (const Unsupported& e) {
+        problems.details.push_back(fmt::format("{} {}: {}", n.op_type(), node_label(n, i), e.what()));
+        skip = true;
+      } catch (const Error& e) {
+        problems.details.push_back(fmt::format("{} {}: {}", n.op_type(), node_label(n, i), e.what()));
+        skip = true;
+      }
+    }
+    if (skip)
+      for (const std::string& o : n.output())
+        if (!o.empty()) poisoned.insert(o);
+  }
+
+  for (const onnx::ValueInfoProto& vi : gp.output()) {
+    if (poisoned.count(vi.name())) continue;
+    auto it = env.find(vi.name());
+    if (it == env.end()) throw Error(fmt::format("{}: graph output '{}' is not computed by any node", what, vi.name()));
+    std::string name = kiln_name(vi.name(), used_names);
+    // An output that is a graph input or another output's value gets a node of its own.
+    ValueId v = ctx.materialize(it->second);
+    if (g.value(v).node < 0) v = g.add_node_at(Op::Reshape, {v}, {{"shape", g.type(v).shape}}, "", "");
+    out.outputs.emplace_back(vi.name(), name);
+    g.add_output(name, v);
+    if (vi.type().has_tensor_type()) {
+      std::optional<DType> dt = onnx_import::dtype_of(vi.type().tensor_type().elem_type());
+      if (dt && *dt != g.type(v).dtype)
+        problems.details.push_back(fmt::format("graph output '{}' imports as {} but the model declares {}", vi.name(),
+                                               g.type(v).str(), dtype_name(*dt)));
+    }
+  }
+  if (!problems.empty()) throw Error(problems.message(what));
+  verify(g);
+  return out;
+}
+
+}  // namespace
+
+OnnxModel import_onnx_bytes(std::string_view bytes, const std::string& what, const OnnxImportOptions& options) {
+  onnx::ModelProto model;
+  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()))
+    throw Error(what + ": larger than 2 GiB, which protobuf cannot parse");
+  if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+    throw Error(what + ": not an ONNX model (the protobuf does not parse: truncated or not a .onnx file?)");
+  if (!model.has_graph()) throw Error(what + ": the ONNX model has no graph");
+  return import_model(std::move(model), what, options);
+}
+
+namespace {
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  std::ostringstream s;
+  s << f.rdbuf();
+  if (f.bad()) throw Error(fmt::format("{}: cannot read", path));
+  return std::move(s).str();
+}
+}  // namespace
+
+OnnxModel import_onnx(const std::string& path, const OnnxImportOptions& options) {
+  return import_onnx_bytes(read_file(path), path, options);
+}
+
+Tensor read_onnx_tensor(const std::string& path, std::string* name) {
+  std::string bytes = read_file(path);
+  onnx::TensorProto t;
+  if (!t.ParseFromString(bytes)) throw Error(path + ": not a serialized ONNX TensorProto");
+  if (name) *name = t.name();
+  try {
+    return onnx_import::to_tensor(t, path);
+  } catch (const Unsupported& e) {
+    throw Error(e.what());
+  }
+}
+
+bool is_onnx_path(std::string_view path) { return path.size() >= 5 && path.substr(path.size() - 5) == ".onnx"; }
+
+}  // namespace kiln

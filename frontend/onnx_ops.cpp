@@ -1,0 +1,944 @@
+// ONNX import, the op table: one short function per ONNX op, building Kiln ops for it.
+// Ops Kiln has no op for are compositions (LeakyRelu = select, BatchNormalization =
+// arithmetic on [C,1,1]-shaped parameters, 1-D convolution = 2-D over a height of one).
+// Values that ONNX computes at run time but Kiln needs as attributes (Reshape's shape,
+// Slice's starts) must be known at import: constants, initializers of integer type, or
+// shape arithmetic, which Ctx::node folds. docs/onnx.md lists what is supported.
+#include <fmt/core.h>
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "frontend/onnx_internal.h"
+
+namespace kiln::onnx_import {
+namespace {
+
+// --- small builders ----------------------------------------------------------------------
+
+Val un(Ctx& c, Op op, Val x) { return c.node(op, {std::move(x)}); }
+Val bin(Ctx& c, Op op, Val a, Val b) { return c.node(op, {std::move(a), std::move(b)}); }
+Val lit(Ctx& c, const Val& like, double v) { return c.scalar(like.type.dtype, v); }
+
+Val reshape(Ctx& c, Val x, Shape s) {
+  if (x.type.shape == s) return x;
+  return c.node(Op::Reshape, {std::move(x)}, {{"shape", std::move(s)}});
+}
+
+Val transpose(Ctx& c, Val x, std::vector<int64_t> perm) {
+  bool identity = true;
+  for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
+  if (identity) return x;
+  return c.node(Op::Transpose, {std::move(x)}, {{"perm", std::move(perm)}});
+}
+
+Val cast(Ctx& c, Val x, DType t) {
+  if (x.type.dtype == t) return x;
+  return c.node(Op::Cast, {std::move(x)}, {{"dtype", t}});
+}
+
+Val slice_axis(Ctx& c, Val x, int64_t axis, int64_t start, int64_t stop, int64_t step = 1) {
+  const int64_t r = x.type.rank();
+  std::vector<int64_t> st(r, 0), sp(x.type.shape), se(r, 1);
+  st[axis] = start;
+  sp[axis] = stop;
+  se[axis] = step;
+  if (start == 0 && stop == x.type.shape[axis] && step == 1) return x;
+  return c.node(Op::Slice, {std::move(x)}, {{"start", st}, {"stop", sp}, {"step", se}});
+}
+
+Val select(Ctx& c, Val cond, Val a, Val b) { return c.node(Op::Select, {std::move(cond), std::move(a), std::move(b)}); }
+
+void want_float(const Val& v, const char* what) {
+  if (!is_float(v.type.dtype))
+    throw Unsupported(fmt::format("{} is {}: Kiln computes this op in float or double only", what, v.type.str()));
+}
+
+std::vector<int64_t> iota(int64_t from, int64_t to) {
+  std::vector<int64_t> v;
+  for (int64_t i = from; i < to; ++i) v.push_back(i);
+  return v;
+}
+
+// x shaped [C] as [C,1,...,1] against a rank-`rank` NC... tensor.
+Val channel(Ctx& c, Val p, int64_t rank) {
+  if (p.type.rank() != 1) throw Unsupported("a per-channel parameter is not one-dimensional: " + p.type.str());
+  Shape s(static_cast<size_t>(std::max<int64_t>(rank - 1, 1)), 1);
+  s[0] = p.type.shape[0];
+  return reshape(c, std::move(p), s);
+}
+
+// --- elementwise ---------------------------------------------------------------------------
+
+template <Op op>
+void unary(Ctx& c) { c.set_output(0, un(c, op, c.in(0))); }
+
+template <Op op>
+void binary(Ctx& c) { c.set_output(0, bin(c, op, c.in(0), c.in(1))); }
+
+// Max, Min, Sum: variadic, folded left; Mean divides the sum by the count.
+template <Op op>
+void variadic(Ctx& c) {
+  Val acc = c.in(0);
+  for (int i = 1; i < c.num_inputs(); ++i) acc = bin(c, op, acc, c.in(i));
+  c.set_output(0, acc);
+}
+
+void mean(Ctx& c) {
+  Val acc = c.in(0);
+  want_float(acc, "the input");
+  for (int i = 1; i < c.num_inputs(); ++i) acc = bin(c, Op::Add, acc, c.in(i));
+  c.set_output(0, c.num_inputs() == 1 ? acc : bin(c, Op::Div, acc, lit(c, acc, c.num_inputs())));
+}
+
+void identity(Ctx& c) { c.set_output(0, c.in(0)); }
+
+void pow_(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the base");
+  c.set_output(0, bin(c, Op::Pow, x, cast(c, c.in(1), x.type.dtype)));
+}
+
+void reciprocal(Ctx& c) {
+  Val x = c.in(0);
+  c.set_output(0, bin(c, Op::Div, lit(c, x, 1), x));
+}
+
+void leaky_relu(Ctx& c) {
+  Val x = c.in(0);
+  double alpha = c.attr_float("alpha", 0.01);
+  c.set_output(0, select(c, bin(c, Op::Lt, x, lit(c, x, 0)), bin(c, Op::Mul, x, lit(c, x, alpha)), x));
+}
+
+void prelu(Ctx& c) {
+  Val x = c.in(0), slope = c.in(1);
+  c.set_output(0, select(c, bin(c, Op::Lt, x, lit(c, x, 0)), bin(c, Op::Mul, x, slope), x));
+}
+
+// alpha * (exp(x) - 1) for x < 0: Elu, Selu and Celu's negative side.
+Val expm1_scaled(Ctx& c, const Val& x, double alpha) {
+  return bin(c, Op::Mul, bin(c, Op::Sub, un(c, Op::Exp, x), lit(c, x, 1)), lit(c, x, alpha));
+}
+
+void elu(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  double alpha = c.attr_float("alpha", 1.0);
+  c.set_output(0, select(c, bin(c, Op::Lt, x, lit(c, x, 0)), expm1_scaled(c, x, alpha), x));
+}
+
+void selu(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  double alpha = c.attr_float("alpha", 1.67326319217681884765625);
+  double gamma = c.attr_float("gamma", 1.05070102214813232421875);
+  Val y = select(c, bin(c, Op::Le, x, lit(c, x, 0)), expm1_scaled(c, x, alpha), x);
+  c.set_output(0, bin(c, Op::Mul, y, lit(c, x, gamma)));
+}
+
+void celu(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  double alpha = c.attr_float("alpha", 1.0);
+  Val neg = expm1_scaled(c, bin(c, Op::Div, x, lit(c, x, alpha)), alpha);
+  c.set_output(0, bin(c, Op::Add, un(c, Op::Relu, x), bin(c, Op::Minimum, lit(c, x, 0), neg)));
+}
+
+void thresholded_relu(Ctx& c) {
+  Val x = c.in(0);
+  double alpha = c.attr_float("alpha", 1.0);
+  c.set_output(0, select(c, bin(c, Op::Gt, x, lit(c, x, alpha)), x, lit(c, x, 0)));
+}
+
+Val hard_sigmoid_of(Ctx& c, const Val& x, double alpha, double beta) {
+  Val y = bin(c, Op::Add, bin(c, Op::Mul, x, lit(c, x, alpha)), lit(c, x, beta));
+  return bin(c, Op::Minimum, bin(c, Op::Maximum, y, lit(c, x, 0)), lit(c, x, 1));
+}
+
+void hard_sigmoid(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  double alpha = c.attr_float("alpha", 0.2), beta = c.attr_float("beta", 0.5);
+  c.set_output(0, hard_sigmoid_of(c, x, alpha, beta));
+}
+
+void hard_swish(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  c.set_output(0, bin(c, Op::Mul, x, hard_sigmoid_of(c, x, 1.0 / 6, 0.5)));
+}
+
+// softplus(x) = max(x, 0) + log(1 + exp(-|x|)): ONNX's log(exp(x) + 1) without overflow.
+void softplus(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  Val tail = un(c, Op::Log, bin(c, Op::Add, lit(c, x, 1), un(c, Op::Exp, un(c, Op::Neg, un(c, Op::Abs, x)))));
+  c.set_output(0, bin(c, Op::Add, un(c, Op::Relu, x), tail));
+}
+
+void softsign(Ctx& c) {
+  Val x = c.in(0);
+  c.set_output(0, bin(c, Op::Div, x, bin(c, Op::Add, lit(c, x, 1), un(c, Op::Abs, x))));
+}
+
+void sign(Ctx& c) {
+  Val x = c.in(0);
+  Val neg = select(c, bin(c, Op::Lt, x, lit(c, x, 0)), lit(c, x, -1), lit(c, x, 0));
+  c.set_output(0, select(c, bin(c, Op::Gt, x, lit(c, x, 0)), lit(c, x, 1), neg));
+}
+
+void clip(Ctx& c) {
+  Val x = c.in(0);
+  std::optional<Val> lo, hi;
+  if (c.opset() < 11) {
+    if (c.has_attr("min")) lo = lit(c, x, c.attr_float("min", 0));
+    if (c.has_attr("max")) hi = lit(c, x, c.attr_float("max", 0));
+  } else {
+    if (c.has_input(1)) lo = c.in(1);
+    if (c.has_input(2)) hi = c.in(2);
+  }
+  if (lo) x = bin(c, Op::Maximum, x, *lo);
+  if (hi) x = bin(c, Op::Minimum, x, *hi);
+  c.set_output(0, x);
+}
+
+void where(Ctx& c) { c.set_output(0, select(c, c.in(0), c.in(1), c.in(2))); }
+
+void not_(Ctx& c) {
+  Val x = c.in(0);
+  c.set_output(0, bin(c, Op::Eq, x, c.scalar(DType::boolean, 0)));
+}
+
+void and_(Ctx& c) { c.set_output(0, select(c, c.in(0), c.in(1), c.scalar(DType::boolean, 0))); }
+void or_(Ctx& c) { c.set_output(0, select(c, c.in(0), c.scalar(DType::boolean, 1), c.in(1))); }
+
+void is_nan(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  c.set_output(0, bin(c, Op::Ne, x, x));
+}
+
+void is_inf(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  bool pos = c.attr_int("detect_positive", 1) != 0, neg = c.attr_int("detect_negative", 1) != 0;
+  const double inf = std::numeric_limits<double>::infinity();
+  Val p = bin(c, Op::Eq, x, lit(c, x, inf)), n = bin(c, Op::Eq, x, lit(c, x, -inf));
+  Val f = c.constant(Tensor::splat(Tensor::scalar(DType::boolean, 0), x.type.shape));
+  if (pos && neg) c.set_output(0, select(c, p, p, n));
+  else c.set_output(0, pos ? p : neg ? n : f);
+}
+
+std::optional<DType> cast_target(int64_t to) { return dtype_of(static_cast<int32_t>(to)); }
+
+void cast_op(Ctx& c) {
+  int64_t to = c.attr_int("to", 0);
+  c.ignore_attr("saturate");
+  std::optional<DType> t = cast_target(to);
+  if (!t) throw Unsupported("casts to " + elem_type_name(static_cast<int32_t>(to)));
+  c.set_output(0, cast(c, c.in(0), *t));
+}
+
+void cast_like(Ctx& c) { c.set_output(0, cast(c, c.in(0), c.type(1).dtype)); }
+
+// --- reductions ----------------------------------------------------------------------------
+
+// The axes of a Reduce* node: an attribute, or (ReduceSum from opset 13) an input.
+std::optional<std::vector<int64_t>> reduce_axes(Ctx& c, int64_t rank, bool axes_input) {
+  std::vector<int64_t> axes = axes_input ? (c.has_input(1) ? c.in_ints(1, "axes") : std::vector<int64_t>{})
+                                         : c.attr_ints("axes");
+  if (axes.empty() && c.attr_int("noop_with_empty_axes", 0) != 0) return std::nullopt;
+  for (int64_t& a : axes) a = norm_axis(a, rank);
+  return axes;
+}
+
+enum class Reduce { Sum, Mean, Max, Min, SumSquare, L1, L2, LogSumExp };
+
+template <Reduce kind>
+void reduce(Ctx& c) {
+  Val x = c.in(0);
+  const bool axes_input = kind == Reduce::Sum && c.opset() >= 13;
+  std::optional<std::vector<int64_t>> axes = reduce_axes(c, x.type.rank(), axes_input);
+  bool keep = c.attr_int("keepdims", 1) != 0;
+  if (!axes) {  // noop_with_empty_axes
+    c.set_output(0, x);
+    return;
+  }
+  AttrMap a{{"axes", *axes}, {"keepdims", keep}};
+  switch (kind) {
+    case Reduce::Sum: c.set_output(0, c.node(Op::Sum, {x}, a)); break;
+    case Reduce::Mean: c.set_output(0, c.node(Op::Mean, {x}, a)); break;
+    case Reduce::Max: c.set_output(0, c.node(Op::Max, {x}, a)); break;
+    case Reduce::Min: c.set_output(0, c.node(Op::Min, {x}, a)); break;
+    case Reduce::SumSquare: c.set_output(0, c.node(Op::Sum, {bin(c, Op::Mul, x, x)}, a)); break;
+    case Reduce::L1: c.set_output(0, c.node(Op::Sum, {un(c, Op::Abs, x)}, a)); break;
+    case Reduce::L2:
+      want_float(x, "the input");
+      c.set_output(0, un(c, Op::Sqrt, c.node(Op::Sum, {bin(c, Op::Mul, x, x)}, a)));
+      break;
+    case Reduce::LogSumExp:
+      want_float(x, "the input");
+      c.set_output(0, un(c, Op::Log, c.node(Op::Sum, {un(c, Op::Exp, x)}, a)));
+      break;
+  }
+}
+
+template <bool is_min>
+void arg_extreme(Ctx& c) {
+  Val x = c.in(0);
+  int64_t axis = norm_axis(c.attr_int("axis", 0), x.type.rank());
+  bool keep = c.attr_int("keepdims", 1) != 0;
+  if (c.attr_int("select_last_index", 0) != 0) throw Unsupported("select_last_index=1");
+  if (is_min) {
+    if (!is_float(x.type.dtype)) throw Unsupported("ArgMin of integers");
+    x = un(c, Op::Neg, x);
+  }
+  Val r = c.node(Op::Argmax, {x}, {{"axis", axis}, {"keepdims", keep}});
+  c.set_output(0, cast(c, r, DType::i64));
+}
+
+// --- linear algebra, convolution, pooling ----------------------------------------------------
+
+void matmul(Ctx& c) {
+  Val a = c.in(0), b = c.in(1);
+  want_float(a, "the first operand");
+  const bool a1 = a.type.rank() == 1, b1 = b.type.rank() == 1;
+  if (a.type.rank() == 0 || b.type.rank() == 0) throw Unsupported("MatMul of a scalar");
+  if (a1) a = reshape(c, a, {1, a.type.shape[0]});
+  if (b1) b = reshape(c, b, {b.type.shape[0], 1});
+  Val r = bin(c, Op::Matmul, a, b);
+  if (a1 || b1) {
+    Shape s = r.type.shape;
+    if (b1) s.erase(s.end() - 1);
+    if (a1) s.erase(s.end() - (b1 ? 1 : 2));
+    r = reshape(c, r, s);
+  }
+  c.set_output(0, r);
+}
+
+void gemm(Ctx& c) {
+  Val a = c.in(0), b = c.in(1);
+  want_float(a, "A");
+  if (a.type.rank() != 2 || b.type.rank() != 2) throw Unsupported("Gemm operands must be matrices");
+  if (c.attr_int("transA", 0)) a = transpose(c, a, {1, 0});
+  if (c.attr_int("transB", 0)) b = transpose(c, b, {1, 0});
+  double alpha = c.attr_float("alpha", 1.0), beta = c.attr_float("beta", 1.0);
+  c.ignore_attr("broadcast");  // opset < 7: C always broadcasts as in later opsets
+  Val y = bin(c, Op::Matmul, a, b);
+  if (alpha != 1.0) y = bin(c, Op::Mul, y, lit(c, y, alpha));
+  if (c.has_input(2) && beta != 0.0) {
+    Val cc = c.in(2);
+    if (beta != 1.0) cc = bin(c, Op::Mul, cc, lit(c, cc, beta));
+    y = bin(c, Op::Add, y, cc);
+  }
+  c.set_output(0, y);
+}
+
+// Spatial geometry shared by Conv, ConvTranspose and the pools: 1-D or 2-D only, and pads
+// as begin/end per spatial dim.
+struct Window {
+  int64_t dims = 2;                    // spatial dims of the ONNX op (1 or 2)
+  std::vector<int64_t> kernel, strides, dilations, begin, end;
+};
+
+Window window(Ctx& c, const TensorType& x, std::vector<int64_t> kernel, bool has_dilations) {
+  Window w;
+  w.dims = x.rank() - 2;
+  if (w.dims != 1 && w.dims != 2)
+    throw Unsupported(fmt::format("{}-D spatial input {} (Kiln has 1-D and 2-D)", w.dims, x.str()));
+  if (static_cast<int64_t>(kernel.size()) != w.dims)
+    throw Unsupported(fmt::format("kernel_shape {} does not match the input {}", shape_str(kernel), x.str()));
+  w.kernel = kernel;
+  w.strides = c.attr_ints("strides", std::vector<int64_t>(w.dims, 1));
+  w.dilations = has_dilations ? c.attr_ints("dilations", std::vector<int64_t>(w.dims, 1))
+                              : std::vector<int64_t>(w.dims, 1);
+  std::vector<int64_t> pads = c.attr_ints("pads", std::vector<int64_t>(2 * w.dims, 0));
+  if (static_cast<int64_t>(w.strides.size()) != w.dims || static_cast<int64_t>(w.dilations.size()) != w.dims ||
+      static_cast<int64_t>(pads.size()) != 2 * w.dims)
+    throw Error("strides, dilations or pads do not match the spatial rank");
+  std::string auto_pad = c.attr_string("auto_pad", "NOTSET");
+  for (int64_t d = 0; d < w.dims; ++d) {
+    int64_t in = x.shape[2 + d], eff = (w.kernel[d] - 1) * w.dilations[d] + 1;
+    if (auto_pad == "NOTSET") {
+      w.begin.push_back(pads[d]);
+      w.end.push_back(pads[w.dims + d]);
+    } else if (auto_pad == "VALID") {
+      w.begin.push_back(0);
+      w.end.push_back(0);
+    } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      int64_t out = (in + w.strides[d] - 1) / w.strides[d];
+      int64_t total = std::max<int64_t>((out - 1) * w.strides[d] + eff - in, 0);
+      int64_t small = total / 2, big = total - small;
+      w.begin.push_back(auto_pad == "SAME_UPPER" ? small : big);
+      w.end.push_back(auto_pad == "SAME_UPPER" ? big : small);
+    } else {
+      throw Unsupported("auto_pad=" + auto_pad);
+    }
+  }
+  return w;
+}
+
+// A 1-D op's [N,C,L] as [N,C,1,L]; its window's lists get the unit height in front.
+Val lift_1d(Ctx& c, Val x, Window& w) {
+  if (w.dims == 2) return x;
+  auto front = [](std::vector<int64_t>& v, int64_t e) { v.insert(v.begin(), e); };
+  front(w.kernel, 1), front(w.strides, 1), front(w.dilations, 1), front(w.begin, 0), front(w.end, 0);
+  Shape s = x.type.shape;
+  s.insert(s.begin() + 2, 1);
+  return reshape(c, x, s);
+}
+
+Val drop_1d(Ctx& c, Val y, const Window& w) {
+  if (w.dims == 2) return y;
+  Shape s = y.type.shape;
+  s.erase(s.begin() + 2);
+  return reshape(c, y, s);
+}
+
+bool symmetric(const Window& w) { return w.begin == w.end; }
+
+// x padded explicitly on its last two dims by the window's begin/end (+ extra at the end).
+Val pad_spatial(Ctx& c, Val x, const Window& w, double value, std::vector<int64_t> extra = {0, 0}) {
+  std::vector<int64_t> lo(4, 0), hi(4, 0);
+  bool any = false;
+  for (int d = 0; d < 2; ++d) {
+    lo[2 + d] = w.begin[d];
+    hi[2 + d] = w.end[d] + extra[d];
+    any = any || lo[2 + d] || hi[2 + d];
+  }
+  if (!any) return x;
+  return c.node(Op::Pad, {std::move(x)}, {{"low", lo}, {"high", hi}, {"value", value}});
+}
+
+void conv(Ctx& c) {
+  Val x = c.in(0), wt = c.in(1);
+  want_float(x, "the input");
+  if (wt.type.rank() != x.type.rank()) throw Error("weight and input ranks differ");
+  std::vector<int64_t> k(wt.type.shape.begin() + 2, wt.type.shape.end());
+  std::vector<int64_t> ks = c.attr_ints("kernel_shape", k);
+  if (ks != k) throw Error(fmt::format("kernel_shape {} but the weight is {}", shape_str(ks), wt.type.str()));
+  Window w = window(c, x.type, k, true);
+  int64_t groups = c.attr_int("group", 1);
+  x = lift_1d(c, x, w);
+  if (w.dims == 1) wt = reshape(c, wt, {wt.type.shape[0], wt.type.shape[1], 1, wt.type.shape[2]});
+  std::vector<int64_t> padding{0, 0};
+  if (symmetric(w)) padding = w.begin;
+  else x = pad_spatial(c, x, w, 0.0);
+  std::vector<Val> ops{x, wt};
+  if (c.has_input(2)) ops.push_back(c.in(2));
+  Val y = c.node(Op::Conv2d, ops,
+                 {{"stride", w.strides}, {"padding", padding}, {"dilation", w.dilations}, {"groups", groups}});
+  c.set_output(0, drop_1d(c, y, w));
+}
+
+// ConvTranspose is the gradient of a convolution with respect to its input: with the
+// weight [C_in, C_out/groups, KH, KW] read as a convolution's [O, C/groups, KH, KW].
+void conv_transpose(Ctx& c) {
+  Val x = c.in(0), wt = c.in(1);
+  want_float(x, "the input");
+  if (wt.type.rank() != x.type.rank()) throw Error("weight and input ranks differ");
+  std::vector<int64_t> k(wt.type.shape.begin() + 2, wt.type.shape.end());
+  std::vector<int64_t> ks = c.attr_ints("kernel_shape", k);
+  if (ks != k) throw Error(fmt::format("kernel_shape {} but the weight is {}", shape_str(ks), wt.type.str()));
+  std::string auto_pad = c.attr_string("auto_pad", "NOTSET");
+  if (auto_pad != "NOTSET" && auto_pad != "VALID") throw Unsupported("auto_pad=" + auto_pad);
+  if (c.has_attr("output_shape")) throw Unsupported("output_shape (give pads and output_padding instead)");
+  Window w;
+  w.dims = x.type.rank() - 2;
+  if (w.dims != 1 && w.dims != 2) throw Unsupported(fmt::format("{}-D ConvTranspose", w.dims));
+  w.kernel = k;
+  w.strides = c.attr_ints("strides", std::vector<int64_t>(w.dims, 1));
+  w.dilations = c.attr_ints("dilations", std::vector<int64_t>(w.dims, 1));
+  std::vector<int64_t> pads = c.attr_ints("pads", std::vector<int64_t>(2 * w.dims, 0));
+  if (auto_pad == "VALID") pads.assign(2 * w.dims, 0);
+  std::vector<int64_t> out_pad = c.attr_ints("output_padding", std::vector<int64_t>(w.dims, 0));
+  int64_t groups = c.attr_int("group", 1);
+  if (static_cast<int64_t>(pads.size()) != 2 * w.dims || static_cast<int64_t>(out_pad.size()) != w.dims)
+    throw Error("pads or output_padding do not match the spatial rank");
+  w.begin.assign(pads.begin(), pads.begin() + w.dims);
+  w.end.assign(pads.begin() + w.dims, pads.end());
+  if (!symmetric(w)) throw Unsupported("asymmetric pads");
+  x = lift_1d(c, x, w);
+  out_pad.insert(out_pad.begin(), 2 - w.dims, 0);
+  if (w.dims == 1) wt = reshape(c, wt, {wt.type.shape[0], wt.type.shape[1], 1, wt.type.shape[2]});
+  std::vector<int64_t> size(2);
+  for (int d = 0; d < 2; ++d)
+    size[d] = w.strides[d] * (x.type.shape[2 + d] - 1) + out_pad[d] + (w.kernel[d] - 1) * w.dilations[d] + 1 -
+              2 * w.begin[d];
+  Val y = c.node(Op::Conv2dGradInput, {x, wt},
+                 {{"input_size", size}, {"stride", w.strides}, {"padding", w.begin}, {"dilation", w.dilations},
+                  {"groups", groups}});
+  if (c.has_input(2)) y = bin(c, Op::Add, y, channel(c, c.in(2), 4));
+  c.set_output(0, drop_1d(c, y, w));
+}
+
+// Extra padding at the end that makes floor-mode output sizes come out as ceil_mode's.
+std::vector<int64_t> ceil_extra(const Window& w, const TensorType& x) {
+  std::vector<int64_t> extra(2, 0);
+  for (int d = 0; d < 2; ++d) {
+    int64_t in = x.shape[2 + d], eff = (w.kernel[d] - 1) * w.dilations[d] + 1;
+    int64_t span = in + w.begin[d] + w.end[d] - eff;
+    int64_t out = (span + w.strides[d] - 1) / w.strides[d] + 1;
+    if ((out - 1) * w.strides[d] >= in + w.begin[d]) --out;  // the last window must start inside
+    extra[d] = std::max<int64_t>((out - 1) * w.strides[d] + eff - (in + w.begin[d] + w.end[d]), 0);
+  }
+  return extra;
+}
+
+template <bool is_max>
+void pool(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  Window w = window(c, x.type, c.attr_ints("kernel_shape"), is_max);
+  bool ceil = c.attr_int("ceil_mode", 0) != 0;
+  if (is_max) {
+    if (c.attr_int("storage_order", 0) != 0 && c.output_used(1)) throw Unsupported("storage_order=1");
+    if (c.output_used(1)) throw Unsupported("the Indices output");
+  }
+  bool include_pad = !is_max && c.attr_int("count_include_pad", 0) != 0;
+  x = lift_1d(c, x, w);
+  for (int64_t d : w.dilations)
+    if (d != 1) throw Unsupported("dilations other than 1");
+  std::vector<int64_t> extra = ceil ? ceil_extra(w, x.type) : std::vector<int64_t>{0, 0};
+  const bool plain = symmetric(w) && extra == std::vector<int64_t>{0, 0};
+  AttrMap a{{"kernel", w.kernel}, {"stride", w.strides}};
+  if (plain) {
+    a["padding"] = w.begin;
+  } else if (is_max) {  // padded cells never win a max
+    x = pad_spatial(c, x, w, -std::numeric_limits<double>::infinity(), extra);
+  } else if (include_pad && extra == std::vector<int64_t>{0, 0}) {  // padded zeros count
+    x = pad_spatial(c, x, w, 0.0);
+  } else {
+    throw Unsupported(ceil ? "ceil_mode=1 where it adds a partial window" : "asymmetric pads with count_include_pad=0");
+  }
+  Val y = is_max ? c.node(Op::MaxPool2d, {x}, a)
+                 : (a.emplace("count_include_pad", include_pad), c.node(Op::AvgPool2d, {x}, a));
+  c.set_output(0, drop_1d(c, y, w));
+}
+
+template <bool is_max>
+void global_pool(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  AttrMap a{{"axes", iota(2, x.type.rank())}, {"keepdims", true}};
+  c.set_output(0, c.node(is_max ? Op::Max : Op::Mean, {x}, a));
+}
+
+// --- normalization ---------------------------------------------------------------------------
+
+template <Op op>
+void softmax(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  int64_t r = x.type.rank();
+  if (c.opset() >= 13) {
+    c.set_output(0, c.node(op, {x}, {{"axis", norm_axis(c.attr_int("axis", -1), r)}}));
+    return;
+  }
+  // Before opset 13 the input is taken as a matrix [prod(dims < axis), prod(dims >= axis)].
+  int64_t axis = norm_axis(c.attr_int("axis", 1), r);
+  int64_t rows = 1, cols = 1;
+  for (int64_t d = 0; d < r; ++d) (d < axis ? rows : cols) *= x.type.shape[d];
+  Shape orig = x.type.shape;
+  Val y = c.node(op, {reshape(c, x, {rows, cols})}, {{"axis", int64_t{1}}});
+  c.set_output(0, reshape(c, y, orig));
+}
+
+// (x - mean) * rsqrt(var + eps) over `axes`, kept as dims of one for broadcasting.
+Val normalize(Ctx& c, const Val& x, const std::vector<int64_t>& axes, double eps) {
+  AttrMap a{{"axes", axes}, {"keepdims", true}};
+  Val centered = bin(c, Op::Sub, x, c.node(Op::Mean, {x}, a));
+  Val var = c.node(Op::Mean, {bin(c, Op::Mul, centered, centered)}, a);
+  return bin(c, Op::Mul, centered, un(c, Op::Rsqrt, bin(c, Op::Add, var, lit(c, x, eps))));
+}
+
+void batch_norm(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  double eps = c.attr_float("epsilon", 1e-5);
+  c.ignore_attr("momentum");  // only the training mode's running statistics use it
+  if (c.attr_int("training_mode", 0) != 0) throw Unsupported("training_mode=1 (the batch statistics)");
+  if (c.attr_int("spatial", 1) != 1) throw Unsupported("spatial=0");
+  c.attr_int("is_test", 1);
+  c.ignore_attr("consumed_inputs");
+  for (int i = 1; i < c.num_outputs(); ++i)
+    if (c.output_used(i)) throw Unsupported("the running-statistics outputs (training mode)");
+  int64_t r = x.type.rank();
+  Val mean = channel(c, c.in(3), r), var = channel(c, c.in(4), r);
+  Val scale = bin(c, Op::Mul, channel(c, c.in(1), r), un(c, Op::Rsqrt, bin(c, Op::Add, var, lit(c, var, eps))));
+  Val y = bin(c, Op::Add, bin(c, Op::Mul, bin(c, Op::Sub, x, mean), scale), channel(c, c.in(2), r));
+  c.set_output(0, y);
+}
+
+void instance_norm(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  int64_t r = x.type.rank();
+  Val y = normalize(c, x, iota(2, r), c.attr_float("epsilon", 1e-5));
+  y = bin(c, Op::Add, bin(c, Op::Mul, y, channel(c, c.in(1), r)), channel(c, c.in(2), r));
+  c.set_output(0, y);
+}
+
+void layer_norm(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  int64_t r = x.type.rank();
+  int64_t axis = norm_axis(c.attr_int("axis", -1), r);
+  c.attr_int("stash_type", 1);
+  if (c.output_used(1) || c.output_used(2)) throw Unsupported("the Mean and InvStdDev outputs");
+  Val y = bin(c, Op::Mul, normalize(c, x, iota(axis, r), c.attr_float("epsilon", 1e-5)), c.in(1));
+  if (c.has_input(2)) y = bin(c, Op::Add, y, c.in(2));
+  c.set_output(0, y);
+}
+
+void dropout(Ctx& c) {
+  c.ignore_attr("ratio");  // inference: dropout is the identity
+  c.ignore_attr("seed");
+  if (c.attr_int("is_test", 1) == 0) throw Unsupported("is_test=0 (training-mode dropout)");
+  if (c.has_input(2)) {
+    const Tensor& t = c.in_const(2, "training_mode");
+    if (t.numel() != 1 || t.get_int(0) != 0) throw Unsupported("training_mode=true (training-mode dropout)");
+  }
+  Val x = c.in(0);
+  c.set_output(0, x);
+  if (c.output_used(1))
+    c.set_output(1, c.constant(Tensor::splat(Tensor::scalar(DType::boolean, 1), x.type.shape)));
+}
+
+// --- shapes ----------------------------------------------------------------------------------
+
+void reshape_op(Ctx& c) {
+  Val x = c.in(0);
+  std::vector<int64_t> s = c.opset() < 5 ? c.attr_ints("shape") : c.in_ints(1, "shape");
+  bool allow_zero = c.attr_int("allowzero", 0) != 0;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (s[i] == 0 && !allow_zero) {
+      if (static_cast<int64_t>(i) >= x.type.rank()) throw Error("shape has a 0 past the input's rank");
+      s[i] = x.type.shape[i];
+    }
+  c.set_output(0, reshape(c, x, s));
+}
+
+void flatten(Ctx& c) {
+  Val x = c.in(0);
+  int64_t r = x.type.rank();
+  int64_t axis = c.attr_int("axis", 1);
+  if (axis < 0) axis += r;
+  if (axis < 0 || axis > r) throw Error(fmt::format("axis {} out of range for rank {}", axis, r));
+  int64_t rows = 1, cols = 1;
+  for (int64_t d = 0; d < r; ++d) (d < axis ? rows : cols) *= x.type.shape[d];
+  c.set_output(0, reshape(c, x, {rows, cols}));
+}
+
+void transpose_op(Ctx& c) {
+  Val x = c.in(0);
+  std::vector<int64_t> rev;
+  for (int64_t d = x.type.rank() - 1; d >= 0; --d) rev.push_back(d);
+  c.set_output(0, transpose(c, x, c.attr_ints("perm", rev)));
+}
+
+std::vector<int64_t> axes_of(Ctx& c, int input) {
+  return c.opset() >= 13 ? (c.has_input(input) ? c.in_ints(input, "axes") : std::vector<int64_t>{})
+                         : c.attr_ints("axes");
+}
+
+void squeeze(Ctx& c) {
+  Val x = c.in(0);
+  std::vector<int64_t> axes = axes_of(c, 1);
+  std::vector<bool> drop(static_cast<size_t>(x.type.rank()), false);
+  for (int64_t a : axes) {
+    int64_t d = norm_axis(a, x.type.rank());
+    if (x.type.shape[d] != 1) throw Error(fmt::format("cannot squeeze axis {} of {}", a, x.type.str()));
+    drop[d] = true;
+  }
+  Shape s;
+  for (int64_t d = 0; d < x.type.rank(); ++d)
+    if (!(axes.empty() ? x.type.shape[d] == 1 : drop[d])) s.push_back(x.type.shape[d]);
+  c.set_output(0, reshape(c, x, s));
+}
+
+void unsqueeze(Ctx& c) {
+  Val x = c.in(0);
+  std::vector<int64_t> axes = axes_of(c, 1);
+  int64_t r = x.type.rank() + static_cast<int64_t>(axes.size());
+  std::vector<bool> ones(static_cast<size_t>(r), false);
+  for (int64_t a : axes) ones[norm_axis(a, r)] = true;
+  Shape s;
+  size_t k = 0;
+  for (int64_t d = 0; d < r; ++d) s.push_back(ones[d] ? 1 : x.type.shape.at(k++));
+  c.set_output(0, reshape(c, x, s));
+}
+
+void expand(Ctx& c) {
+  Val x = c.in(0);
+  std::optional<Shape> s = broadcast_shapes(x.type.shape, c.in_ints(1, "shape"));
+  if (!s) throw Error("cannot broadcast " + x.type.str() + " to the shape given");
+  if (*s == x.type.shape) c.set_output(0, x);
+  else c.set_output(0, c.node(Op::BroadcastTo, {x}, {{"shape", *s}}));
+}
+
+void concat(Ctx& c) {
+  std::vector<Val> ops;
+  for (int i = 0; i < c.num_inputs(); ++i)
+    if (c.has_input(i)) ops.push_back(c.in(i));
+  int64_t axis = norm_axis(c.attr_int("axis", 0), ops.at(0).type.rank());
+  if (ops.size() == 1) c.set_output(0, ops[0]);
+  else c.set_output(0, c.node(Op::Concat, ops, {{"axis", axis}}));
+}
+
+void slice(Ctx& c) {
+  Val x = c.in(0);
+  const int64_t r = x.type.rank();
+  std::vector<int64_t> starts, ends, axes, steps;
+  if (c.opset() < 10) {
+    starts = c.attr_ints("starts");
+    ends = c.attr_ints("ends");
+    axes = c.attr_ints("axes");
+  } else {
+    starts = c.in_ints(1, "starts");
+    ends = c.in_ints(2, "ends");
+    if (c.has_input(3)) axes = c.in_ints(3, "axes");
+    if (c.has_input(4)) steps = c.in_ints(4, "steps");
+  }
+  if (axes.empty()) axes = iota(0, static_cast<int64_t>(starts.size()));
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+    throw Error("starts, ends, axes and steps differ in length");
+  std::vector<int64_t> st(r, 0), sp(x.type.shape), se(r, 1);
+  for (size_t i = 0; i < starts.size(); ++i) {
+    int64_t a = norm_axis(axes[i], r), d = x.type.shape[a];
+    if (steps[i] <= 0) throw Unsupported("negative or zero steps");
+    auto clampi = [d](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + d : v, 0, d); };
+    st[a] = clampi(starts[i]);
+    sp[a] = std::max(clampi(ends[i]), st[a]);
+    se[a] = steps[i];
+  }
+  c.set_output(0, c.node(Op::Slice, {x}, {{"start", st}, {"stop", sp}, {"step", se}}));
+}
+
+void pad(Ctx& c) {
+  Val x = c.in(0);
+  const int64_t r = x.type.rank();
+  std::string mode = c.attr_string("mode", "constant");
+  if (mode != "constant") throw Unsupported("mode=" + mode);
+  std::vector<int64_t> pads;
+  double value = 0;
+  if (c.opset() < 11) {
+    pads = c.attr_ints(c.opset() < 2 ? "paddings" : "pads");
+    value = c.attr_float("value", 0.0);
+  } else {
+    pads = c.in_ints(1, "pads");
+    if (c.has_input(2)) {
+      const Tensor& v = c.in_const(2, "constant_value");
+      if (v.numel() != 1) throw Error("constant_value is not a scalar");
+      value = is_float(v.dtype()) ? v.get(0) : static_cast<double>(v.get_int(0));
+    }
+  }
+  if (static_cast<int64_t>(pads.size()) != 2 * r) throw Error("pads has the wrong length");
+  std::vector<int64_t> lo(r), hi(r);
+  bool negative = false;
+  for (int64_t d = 0; d < r; ++d) {
+    lo[d] = std::max<int64_t>(pads[d], 0);
+    hi[d] = std::max<int64_t>(pads[r + d], 0);
+    negative = negative || pads[d] < 0 || pads[r + d] < 0;
+  }
+  Val y = c.node(Op::Pad, {x}, {{"low", lo}, {"high", hi}, {"value", value}});
+  if (negative) {  // negative pads crop
+    std::vector<int64_t> st(r), sp(r), se(r, 1);
+    for (int64_t d = 0; d < r; ++d) {
+      st[d] = std::max<int64_t>(-pads[d], 0);
+      sp[d] = y.type.shape[d] - std::max<int64_t>(-pads[r + d], 0);
+      if (sp[d] < st[d]) throw Error("negative pads crop more than the input holds");
+    }
+    y = c.node(Op::Slice, {y}, {{"start", st}, {"stop", sp}, {"step", se}});
+  }
+  c.set_output(0, y);
+}
+
+void split(Ctx& c) {
+  Val x = c.in(0);
+  int64_t axis = norm_axis(c.attr_int("axis", 0), x.type.rank());
+  std::vector<int64_t> parts = c.opset() >= 13 ? (c.has_input(1) ? c.in_ints(1, "split") : std::vector<int64_t>{})
+                                                : c.attr_ints("split");
+  int64_t n = c.num_outputs(), d = x.type.shape[axis];
+  if (parts.empty()) {
+    if (d % n) throw Error(fmt::format("cannot split {} into {} equal parts", d, n));
+    parts.assign(static_cast<size_t>(n), d / n);
+  }
+  if (static_cast<int64_t>(parts.size()) != n) throw Error("split has a different count than the outputs");
+  int64_t at = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    c.set_output(static_cast<int>(i), slice_axis(c, x, axis, at, at + parts[i]));
+    at += parts[i];
+  }
+  if (at != d) throw Error(fmt::format("the parts add up to {}, the axis is {}", at, d));
+}
+
+void tile(Ctx& c) {
+  Val x = c.in(0);
+  std::vector<int64_t> reps = c.in_ints(1, "repeats");
+  if (static_cast<int64_t>(reps.size()) != x.type.rank()) throw Error("repeats has the wrong length");
+  // [.., d, ..] -> [.., 1, d, ..] -> broadcast [.., r, d, ..] -> [.., r*d, ..], per axis.
+  for (int64_t a = 0; a < x.type.rank(); ++a) {
+    if (reps[a] == 1) continue;
+    Shape s = x.type.shape, b = s, out = s;
+    s.insert(s.begin() + a, 1);
+    b.insert(b.begin() + a, reps[a]);
+    out[a] *= reps[a];
+    Val t = c.node(Op::BroadcastTo, {reshape(c, x, s)}, {{"shape", b}});
+    x = reshape(c, t, out);
+  }
+  c.set_output(0, x);
+}
+
+void depth_to_space(Ctx& c, bool to_space) {
+  Val x = c.in(0);
+  if (x.type.rank() != 4) throw Error("input must be [N,C,H,W]");
+  int64_t b = c.attr_int("blocksize", 0);
+  std::string mode = to_space ? c.attr_string("mode", "DCR") : "DCR";
+  int64_t n = x.type.shape[0], ch = x.type.shape[1], h = x.type.shape[2], w = x.type.shape[3];
+  if (b <= 0) throw Error("blocksize must be positive");
+  if (to_space) {
+    if (ch % (b * b)) throw Error("channels do not divide by blocksize^2");
+    int64_t co = ch / (b * b);
+    Val t = mode == "DCR" ? transpose(c, reshape(c, x, {n, b, b, co, h, w}), {0, 3, 4, 1, 5, 2})
+                          : transpose(c, reshape(c, x, {n, co, b, b, h, w}), {0, 1, 4, 2, 5, 3});
+    c.set_output(0, reshape(c, t, {n, co, h * b, w * b}));
+  } else {
+    if (h % b || w % b) throw Error("height and width do not divide by blocksize");
+    Val t = transpose(c, reshape(c, x, {n, ch, h / b, b, w / b, b}), {0, 3, 5, 1, 2, 4});
+    c.set_output(0, reshape(c, t, {n, ch * b * b, h / b, w / b}));
+  }
+}
+
+void depth_to_space_op(Ctx& c) { depth_to_space(c, true); }
+void space_to_depth_op(Ctx& c) { depth_to_space(c, false); }
+
+// Gather with indices known at import: folded when the data is known too (shape
+// arithmetic), else slices and a concat (a gather op of Kiln's own is still to come).
+void gather(Ctx& c) {
+  Val x = c.in(0);
+  const Tensor& idx = c.in_const(1, "indices");
+  if (!is_integer(idx.dtype())) throw Error("indices must be integers");
+  int64_t axis = norm_axis(c.attr_int("axis", 0), x.type.rank());
+  int64_t d = x.type.shape[axis];
+  Shape out;
+  out.insert(out.end(), x.type.shape.begin(), x.type.shape.begin() + axis);
+  out.insert(out.end(), idx.shape().begin(), idx.shape().end());
+  out.insert(out.end(), x.type.shape.begin() + axis + 1, x.type.shape.end());
+  std::vector<int64_t> ix;
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    int64_t v = idx.get_int(i);
+    if (v < -d || v >= d) throw Error(fmt::format("index {} is out of range for a dimension of {}", v, d));
+    ix.push_back(v < 0 ? v + d : v);
+  }
+  constexpr size_t kMaxPieces = 64;
+  if (!x.known && ix.size() > kMaxPieces)
+    throw Unsupported(fmt::format("Gather of {} indices from a run-time tensor", ix.size()));
+  if (ix.empty()) throw Unsupported("Gather of no indices");
+  std::vector<Val> pieces;
+  for (int64_t i : ix) pieces.push_back(slice_axis(c, x, axis, i, i + 1));
+  Val r = pieces.size() == 1 ? pieces[0] : c.node(Op::Concat, pieces, {{"axis", axis}});
+  c.set_output(0, reshape(c, r, out));
+}
+
+// --- constants and shape arithmetic ------------------------------------------------------------
+
+void constant(Ctx& c) {
+  c.ignore_attr("value");  // each form is checked below
+  const onnx::NodeProto& n = c.node();
+  if (n.attribute_size() != 1) throw Error("a Constant needs exactly one value attribute");
+  const onnx::AttributeProto& a = n.attribute(0);
+  c.ignore_attr(a.name());
+  if (a.name() == "value") c.set_output(0, c.constant(c.attr_tensor("value")));
+  else if (a.name() == "value_float") c.set_output(0, c.scalar(DType::f32, a.f()));
+  else if (a.name() == "value_int") c.set_output(0, c.constant(Tensor::scalar(DType::i64, a.i())));
+  else if (a.name() == "value_floats")
+    c.set_output(0, c.constant(Tensor::from(DType::f32, {a.floats_size()},
+                                            std::vector<float>(a.floats().begin(), a.floats().end()))));
+  else if (a.name() == "value_ints")
+    c.set_output(0, c.constant(Tensor::from(DType::i64, {a.ints_size()},
+                                            std::vector<int64_t>(a.ints().begin(), a.ints().end()))));
+  else throw Unsupported("a Constant given by " + a.name());
+}
+
+void constant_of_shape(Ctx& c) {
+  std::vector<int64_t> s = c.in_ints(0, "shape");
+  for (int64_t d : s)
+    if (d < 0) throw Error("shape has a negative dimension");
+  Tensor v = c.has_attr("value") ? c.attr_tensor("value") : Tensor::scalar(DType::f32, 0.0);
+  if (v.numel() != 1) throw Error("value must hold one element");
+  Tensor e = v.reshaped({});
+  c.set_output(0, c.constant(num_elements(s) == 1 ? e.reshaped(s) : Tensor::splat(e, s)));
+}
+
+void shape_op(Ctx& c) {
+  const Shape& s = c.type(0).shape;
+  int64_t r = static_cast<int64_t>(s.size());
+  int64_t start = c.attr_int("start", 0), end = c.attr_int("end", r);
+  start = std::clamp<int64_t>(start < 0 ? start + r : start, 0, r);
+  end = std::clamp<int64_t>(end < 0 ? end + r : end, 0, r);
+  std::vector<int64_t> v;
+  for (int64_t d = start; d < end; ++d) v.push_back(s[d]);
+  c.set_output(0, c.constant(Tensor::from(DType::i64, {static_cast<int64_t>(v.size())}, v)));
+}
+
+void size_op(Ctx& c) { c.set_output(0, c.constant(Tensor::scalar(DType::i64, c.type(0).numel()))); }
+
+void range(Ctx& c) {
+  const Tensor &s = c.in_const(0, "start"), &l = c.in_const(1, "limit"), &d = c.in_const(2, "delta");
+  DType t = s.dtype();
+  std::vector<double> f;
+  std::vector<int64_t> iv;
+  if (is_integer(t)) {
+    int64_t a = s.get_int(0), b = l.get_int(0), step = d.get_int(0);
+    if (step == 0) throw Error("delta is zero");
+    for (int64_t v = a; step > 0 ? v < b : v > b; v += step) iv.push_back(v);
+    c.set_output(0, c.constant(Tensor::from(t, {static_cast<int64_t>(iv.size())}, iv)));
+  } else {
+    double a = s.get(0), b = l.get(0), step = d.get(0);
+    if (step == 0) throw Error("delta is zero");
+    int64_t n = std::max<int64_t>(static_cast<int64_t>(std::ceil((b - a) / step)), 0);
+    for (int64_t i = 0; i < n; ++i) f.push_back(a + static_cast<double>(i) * step);
+    c.set_output(0, c.constant(Tensor::from(t, {n}, f)));
+  }
+}
+
+}  // namespace
+
+const std::map<std::string, MapFn>& op_table() {
+  static const std::map<std::string, MapFn> table = {
+      {"Abs", unary<Op::Abs>}, {"Neg", unary<Op::Neg>}, {"Exp", unary<Op::Exp>}, {"Log", unary<Op::Log>},
+      {"Sqrt", unary<Op::Sqrt>}, {"Tanh", unary<Op::Tanh>}, {"Sigmoid", unary<Op::Sigmoid>},
+      {"Relu", unary<Op::Relu>}, {"Reciprocal", reciprocal}, {"Identity", identity},
+      {"Add", binary<Op::Add>}, {"Sub", binary<Op::Sub>}, {"Mul", binary<Op::Mul>}, {"Div", binary<Op::Div>},
+      {"Pow", pow_}, {"Max", variadic<Op::Maximum>}, {"Min", variadic<Op::Minimum>}, {"Sum", variadic<Op::Add>},
+      {"Mean", mean}, {"Equal", binary<Op::Eq>}, {"Less", binary<Op::Lt>}, {"LessOrEqual", binary<Op::Le>},
+      {"Greater", binary<Op::Gt>}, {"GreaterOrEqual", binary<Op::Ge>}, {"Xor", binary<Op::Ne>},
+      {"Not", not_}, {"And", and_}, {"Or", or_}, {"Where", where}, {"IsNaN", is_nan}, {"IsInf", is_inf},
+      {"Sign", sign}, {"Cast", cast_op}, {"CastLike", cast_like}, {"Clip", clip},
+      {"LeakyRelu", leaky_relu}, {"PRelu", prelu}, {"Elu", elu}, {"Selu", selu}, {"Celu", celu},
+      {"ThresholdedRelu", thresholded_relu}, {"HardSigmoid", hard_sigmoid}, {"HardSwish", hard_swish},
+      {"Softplus", softplus}, {"Softsign", softsign},
+      {"ReduceSum", reduce<Reduce::Sum>}, {"ReduceMean", reduce<Reduce::Mean>},
+      {"ReduceMax", reduce<Reduce::Max>}, {"ReduceMin", reduce<Reduce::Min>},
+      {"ReduceSumSquare", reduce<Reduce::SumSquare>}, {"ReduceL1", reduce<Reduce::L1>},
+      {"ReduceL2", reduce<Reduce::L2>}, {"ReduceLogSumExp", reduce<Reduce::LogSumExp>},
+      {"ArgMax", arg_extreme<false>}, {"ArgMin", arg_extreme<true>},
+      {"MatMul", matmul}, {"Gemm", gemm}, {"Conv", conv}, {"ConvTranspose", conv_transpose},
+      {"MaxPool", pool<true>}, {"AveragePool", pool<false>},
+      {"GlobalAveragePool", global_pool<false>}, {"GlobalMaxPool", global_pool<true>},
+      {"Softmax", softmax<Op::Softmax>}, {"LogSoftmax", softmax<Op::LogSoftmax>},
+      {"BatchNormalization", batch_norm}, {"InstanceNormalization", instance_norm},
+      {"LayerNormalization", layer_norm}, {"Dropout", dropout},
+      {"Reshape", reshape_op}, {"Flatten", flatten}, {"Transpose", transpose_op}, {"Squeeze", squeeze},
+      {"Unsqueeze", unsqueeze}, {"Expand", expand}, {"Concat", concat}, {"Slice", slice}, {"Pad", pad},
+      {"Split", split}, {"Tile", tile}, {"DepthToSpace", depth_to_space_op}, {"SpaceToDepth", space_to_depth_op},
+      {"Gather", gather}, {"Constant", constant}, {"ConstantOfShape", constant_of_shape}, {"Shape", shape_op},
+      {"Size", size_op}, {"Range", range},
+  };
+  return table;
+}
+
+}  // namespace kiln::onnx_import

@@ -1,0 +1,236 @@
+// ONNX conformance: runs ONNX's own backend test data (Debian's libonnx-testdata: a
+// model.onnx and test_data_set_N/{input,output}_K.pb per test) through Kiln's importer, the
+// reference interpreter and the compiled code, and compares with the expected outputs at
+// ONNX's tolerances (rtol 1e-3, atol 1e-7). Prints a summary per op and writes it to a
+// file; exits 1 when a test whose ops are all supported fails, or when fewer pass than
+// --min-pass (a guard against passes silently turning into "unsupported").
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "codegen/executable.h"
+#include "frontend/onnx_import.h"
+#include "ir/interp.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+enum class Status { Pass, Fail, Unsupported };
+
+struct Result {
+  std::string name, ops;  // test directory name; its models' op types, '+'-joined
+  Status status = Status::Unsupported;
+  std::string why;
+};
+
+struct ModelInfo {
+  std::vector<std::string> inputs, outputs;  // ONNX names of the non-initializer inputs, the outputs
+  std::string ops;
+};
+
+ModelInfo model_info(const fs::path& file) {
+  onnx::ModelProto m;
+  std::ifstream f(file, std::ios::binary);
+  ModelInfo info;
+  if (!m.ParseFromIstream(&f)) return info;
+  std::set<std::string> init, ops;
+  for (const auto& t : m.graph().initializer()) init.insert(t.name());
+  for (const auto& i : m.graph().input())
+    if (!init.count(i.name())) info.inputs.push_back(i.name());
+  for (const auto& o : m.graph().output()) info.outputs.push_back(o.name());
+  for (const auto& n : m.graph().node()) ops.insert(n.op_type());
+  for (const std::string& o : ops) info.ops += (info.ops.empty() ? "" : "+") + o;
+  return info;
+}
+
+std::string first_line(const std::string& s, size_t max = 240) {
+  std::string l = s.substr(0, s.find('\n'));
+  // The importer's summary line is followed by the details: show the first detail.
+  if (size_t nl = s.find('\n'); nl != std::string::npos) {
+    std::string rest = s.substr(nl + 1);
+    l = rest.substr(0, rest.find('\n'));
+    l.erase(0, l.find_first_not_of(' '));
+  }
+  return l.size() > max ? l.substr(0, max) + "..." : l;
+}
+
+// Compares got with want; "" when they agree, else what differs.
+std::string compare(const kiln::Tensor& got, const kiln::Tensor& want, double rtol, double atol) {
+  if (got.dtype() != want.dtype() && !(want.numel() == got.numel()))
+    return fmt::format("type {} vs expected {}", got.type().str(), want.type().str());
+  if (got.dtype() != want.dtype()) return fmt::format("dtype {} vs expected {}", got.type().str(), want.type().str());
+  if (got.shape() != want.shape())
+    return fmt::format("shape {} vs expected {}", got.type().str(), want.type().str());
+  if (!kiln::all_close(got, want, rtol, atol))
+    return fmt::format("max |diff| {:.3g} (rtol {}, atol {})", kiln::max_abs_diff(got, want), rtol, atol);
+  return "";
+}
+
+Result run_test(const fs::path& dir, bool jit, double rtol, double atol) {
+  Result r;
+  r.name = dir.parent_path().filename().string() + "/" + dir.filename().string();
+  ModelInfo info = model_info(dir / "model.onnx");
+  r.ops = info.ops.empty() ? "(no nodes)" : info.ops;
+  std::vector<fs::path> sets;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(e.path());
+  std::sort(sets.begin(), sets.end());
+  if (sets.empty()) {
+    r.why = "no test data";
+    return r;
+  }
+  for (const fs::path& set : sets) {
+    kiln::OnnxImportOptions opt;
+    std::vector<kiln::Tensor> ins, outs;
+    try {
+      for (size_t i = 0; fs::exists(set / fmt::format("input_{}.pb", i)); ++i)
+        ins.push_back(kiln::read_onnx_tensor((set / fmt::format("input_{}.pb", i)).string()));
+      for (size_t i = 0; fs::exists(set / fmt::format("output_{}.pb", i)); ++i)
+        outs.push_back(kiln::read_onnx_tensor((set / fmt::format("output_{}.pb", i)).string()));
+    } catch (const kiln::Error& e) {
+      r.status = Status::Unsupported;
+      r.why = std::string("test data: ") + e.what();
+      return r;
+    }
+    if (ins.size() != info.inputs.size()) {
+      r.why = fmt::format("{} inputs in the data, {} in the model (optional inputs left out)", ins.size(),
+                          info.inputs.size());
+      return r;
+    }
+    for (size_t i = 0; i < ins.size(); ++i) opt.input_values.emplace(info.inputs[i], ins[i]);
+    kiln::OnnxModel m;
+    try {
+      m = kiln::import_onnx((dir / "model.onnx").string(), opt);
+    } catch (const kiln::Error& e) {
+      r.status = Status::Unsupported;
+      r.why = first_line(e.what());
+      return r;
+    }
+    kiln::TensorMap args = m.state;
+    for (size_t i = 0; i < m.inputs.size(); ++i)
+      if (m.graph.find(m.inputs[i].second).valid() && !m.graph.is_state(m.graph.find(m.inputs[i].second)))
+        args.emplace(m.inputs[i].second, ins[i]);
+    r.status = Status::Fail;
+    if (m.outputs.size() != outs.size()) {
+      r.why = fmt::format("{} outputs, {} expected", m.outputs.size(), outs.size());
+      return r;
+    }
+    for (int pass = 0; pass < (jit ? 2 : 1); ++pass) {
+      const char* who = pass == 0 ? "interpreter" : "compiled";
+      kiln::TensorMap got;
+      try {
+        got = pass == 0 ? kiln::interpret(m.graph, args) : kiln::compile(m.graph)->evaluate(args);
+      } catch (const std::exception& e) {
+        r.why = fmt::format("{}: {}", who, first_line(e.what()));
+        return r;
+      }
+      for (size_t i = 0; i < outs.size(); ++i) {
+        std::string d = compare(got.at(m.outputs[i].second), outs[i], rtol, atol);
+        if (!d.empty()) {
+          r.why = fmt::format("{}, output '{}': {}", who, m.outputs[i].first, d);
+          return r;
+        }
+      }
+    }
+  }
+  r.status = Status::Pass;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln_onnx_conformance: ONNX's backend test data through Kiln's importer, interpreter and JIT"};
+  std::string data = "/usr/share/libonnx-testdata/data", summary, filter;
+  std::vector<std::string> suites{"node", "pytorch-converted", "pytorch-operator", "simple"};
+  bool no_jit = false, verbose = false;
+  int min_pass = 0;
+  double rtol = 1e-3, atol = 1e-7;
+  app.add_option("--data", data, "the test data's root (default: libonnx-testdata's)");
+  app.add_option("--suite", suites, "suites (subfolders) to run (default: node pytorch-converted pytorch-operator simple)");
+  app.add_option("--filter", filter, "run only tests whose name contains this");
+  app.add_option("--summary", summary, "also write the summary to this file");
+  app.add_option("--min-pass", min_pass, "fail unless at least this many tests pass");
+  app.add_option("--rtol", rtol, "relative tolerance (default ONNX's 1e-3)");
+  app.add_option("--atol", atol, "absolute tolerance (default ONNX's 1e-7)");
+  app.add_flag("--no-jit", no_jit, "compare the interpreter only (no compile)");
+  app.add_flag("-v,--verbose", verbose, "print every test's result as it runs");
+  CLI11_PARSE(app, argc, argv);
+
+  if (!fs::is_directory(data)) {
+    std::cerr << "kiln_onnx_conformance: " << data << " is not a directory (install libonnx-testdata)\n";
+    return 2;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<Result> results;
+  for (const std::string& suite : suites) {
+    std::vector<fs::path> dirs;
+    if (!fs::is_directory(fs::path(data) / suite)) continue;
+    for (const auto& e : fs::directory_iterator(fs::path(data) / suite))
+      if (fs::exists(e.path() / "model.onnx") && e.path().filename().string().find(filter) != std::string::npos)
+        dirs.push_back(e.path());
+    std::sort(dirs.begin(), dirs.end());
+    for (const fs::path& d : dirs) {
+      results.push_back(run_test(d, !no_jit, rtol, atol));
+      const Result& r = results.back();
+      if (verbose || r.status == Status::Fail)
+        std::cerr << fmt::format("{:<5} {} [{}] {}\n",
+                                 r.status == Status::Pass ? "pass" : r.status == Status::Fail ? "FAIL" : "unsup",
+                                 r.name, r.ops, r.why);
+    }
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // Per op (the '+'-joined op types of each test's model): passed / failed / unsupported.
+  struct Count { int pass = 0, fail = 0, unsup = 0; std::string why; };
+  std::map<std::string, Count> by_op;
+  Count total;
+  std::map<std::string, Count> by_suite;
+  for (const Result& r : results) {
+    Count& c = by_op[r.ops];
+    Count& s = by_suite[r.name.substr(0, r.name.find('/'))];
+    int Count::*field = r.status == Status::Pass ? &Count::pass : r.status == Status::Fail ? &Count::fail : &Count::unsup;
+    ++(c.*field), ++(s.*field), ++(total.*field);
+    if (r.status != Status::Pass && c.why.empty()) c.why = r.name + ": " + r.why;
+  }
+  std::ostringstream out;
+  out << fmt::format("ONNX backend test data ({}), rtol {}, atol {}, {}\n", data, rtol, atol,
+                     no_jit ? "interpreter only" : "interpreter and compiled (cpu)");
+  out << fmt::format("{:<48} {:>5} {:>5} {:>6}  first problem\n", "ops", "pass", "fail", "unsup");
+  for (const auto& [ops, c] : by_op)
+    out << fmt::format("{:<48} {:>5} {:>5} {:>6}  {}\n", ops.size() > 48 ? ops.substr(0, 45) + "..." : ops, c.pass,
+                       c.fail, c.unsup, c.why);
+  out << "\n";
+  for (const auto& [s, c] : by_suite)
+    out << fmt::format("{:<20} passed {:>4}  failed {:>3}  unsupported {:>4}\n", s, c.pass, c.fail, c.unsup);
+  out << fmt::format("{:<20} passed {:>4}  failed {:>3}  unsupported {:>4}  ({} tests, {:.1f} s)\n", "total",
+                     total.pass, total.fail, total.unsup, results.size(), secs);
+  std::cout << out.str();
+  if (!summary.empty()) {
+    std::ofstream f(summary);
+    f << out.str();
+    if (!f) {
+      std::cerr << "kiln_onnx_conformance: cannot write " << summary << "\n";
+      return 2;
+    }
+  }
+  if (total.fail > 0) {
+    std::cerr << fmt::format("kiln_onnx_conformance: {} test(s) of supported ops failed\n", total.fail);
+    return 1;
+  }
+  if (total.pass < min_pass) {
+    std::cerr << fmt::format("kiln_onnx_conformance: {} passed, fewer than --min-pass {}\n", total.pass, min_pass);
+    return 1;
+  }
+  return 0;
+}

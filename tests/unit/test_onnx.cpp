@@ -1,0 +1,252 @@
+// ONNX import (frontend/onnx_import.h): PyTorch-exported models run and train, the notes
+// map back to ONNX nodes, and bad models give one clear error each. The per-op
+// conformance on ONNX's own test data is tests/onnx/conformance.cpp (ctest onnx_conformance).
+#include <onnx/onnx_pb.h>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include "codegen/executable.h"
+#include "frontend/losses.h"
+#include "frontend/onnx_import.h"
+#include "ir/interp.h"
+#include "ir/npy.h"
+#include "passes/train_step.h"
+#include "run_step.h"
+
+using namespace kiln;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+const std::string kDir = std::string(KILN_TEST_DATA_DIR) + "/onnx/";
+
+// A one-node model: y = OP(x) over f32 inputs of `shape`, at `opset`.
+onnx::ModelProto one_node(const std::string& op, Shape shape = {2, 3}, int64_t opset = 13, int inputs = 1) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(opset);
+  onnx::GraphProto* g = m.mutable_graph();
+  g->set_name("g");
+  onnx::NodeProto* n = g->add_node();
+  n->set_op_type(op);
+  n->set_name("the_" + op);
+  for (int i = 0; i < inputs; ++i) {
+    std::string name = "x" + std::to_string(i);
+    n->add_input(name);
+    onnx::ValueInfoProto* in = g->add_input();
+    in->set_name(name);
+    auto* tt = in->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(onnx::TensorProto::FLOAT);
+    for (int64_t d : shape) tt->mutable_shape()->add_dim()->set_dim_value(d);
+  }
+  n->add_output("y");
+  onnx::ValueInfoProto* out = g->add_output();
+  out->set_name("y");
+  out->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  for (size_t d = 0; d < shape.size(); ++d) out->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim();
+  return m;
+}
+
+std::string bytes(const onnx::ModelProto& m) {
+  std::string s;
+  m.SerializeToString(&s);
+  return s;
+}
+
+std::string import_error(const std::string& b) {
+  try {
+    import_onnx_bytes(b, "m.onnx");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("onnx: PyTorch's MLP and LeNet import, run on both paths and match PyTorch", "[onnx]") {
+  for (const char* name : {"mlp", "lenet"}) {
+    CAPTURE(name);
+    OnnxImportOptions opt;
+    opt.batch = 4;
+    OnnxModel m = import_onnx(kDir + name + ".onnx", opt);
+    CHECK(m.opset == 13);
+    CHECK(m.producer.starts_with("pytorch"));
+    REQUIRE(m.outputs.size() == 1);
+    REQUIRE(m.inputs.size() == 1);
+    CHECK(m.inputs[0] == std::pair<std::string, std::string>{"x", "x"});
+    // Every node maps back to its ONNX node.
+    for (const Node& n : m.graph.nodes())
+      if (n.op != Op::Constant) CHECK(n.note.starts_with("onnx "));
+    // The float initializers are the state, with their values.
+    size_t state = 0;
+    for (const GraphInput& in : m.graph.inputs()) state += in.is_state;
+    CHECK(state == m.state.size());
+    CHECK(state == (std::string(name) == "mlp" ? 4 : 8));
+
+    TensorMap args = m.state;
+    args.emplace("x", read_npy(kDir + name + "_x.npy"));
+    Tensor want = read_npy(kDir + name + "_logits.npy");
+    Tensor interp = interpret(m.graph, args).at("logits");
+    Tensor jit = compile(m.graph)->evaluate(args).at("logits");
+    CHECK(all_close(interp, want, 1e-4, 1e-5));
+    CHECK(all_close(jit, want, 1e-4, 1e-5));
+  }
+}
+
+TEST_CASE("onnx: an imported LeNet trains 100 steps from PyTorch's weights, compiled as interpreted", "[onnx]") {
+  OnnxImportOptions opt;
+  opt.batch = 4;
+  OnnxModel m = import_onnx(kDir + "lenet.onnx", opt);
+  Graph model = with_classifier_loss(m.graph, "lenet.onnx");
+  TrainStep step = make_train_step(model, SGD{0.05, 0.9});
+  TensorMap state = m.state;
+  for (auto& [k, v] : step.initial_state()) state.insert_or_assign(k, v);
+  TensorMap interp_state = state;
+  const TensorMap inputs{{"x", read_npy(kDir + "lenet_x.npy")}, {"y", read_npy(kDir + "lenet_y.npy")}};
+  auto exe = compile(step.graph);
+  double first = 0, last = 0;
+  for (int i = 0; i < 100; ++i) {
+    TensorMap out = testing::run_step(*exe, state, inputs);
+    if (i < 3) {  // the compiled step follows the interpreter's
+      TensorMap ref = interpret_step(step.graph, interp_state, inputs);
+      CHECK(all_close(out.at("loss"), ref.at("loss"), 1e-4, 1e-6));
+    }
+    (i == 0 ? first : last) = out.at("loss").get(0);
+  }
+  CAPTURE(first, last);
+  CHECK(last < 0.05 * first);  // four images, memorized
+  // The trained weights moved away from PyTorch's.
+  CHECK(!all_close(state.at("_0.weight"), m.state.at("_0.weight"), 0, 1e-4));
+}
+
+TEST_CASE("onnx: a bad file or model is one clear error", "[onnx]") {
+  std::string good = bytes(one_node("Relu"));
+  REQUIRE_NOTHROW(import_onnx_bytes(good, "m.onnx"));
+  CHECK_THAT(import_error(good.substr(0, good.size() / 2)), ContainsSubstring("m.onnx: not an ONNX model"));
+  CHECK_THAT(import_error("\x08\x07garbage\xff\xff"), ContainsSubstring("m.onnx: not an ONNX model"));
+  CHECK_THAT(import_error(""), ContainsSubstring("has no graph"));
+
+  onnx::ModelProto undefined = one_node("Relu");
+  undefined.mutable_graph()->mutable_node(0)->set_input(0, "nowhere");
+  CHECK_THAT(import_error(bytes(undefined)), ContainsSubstring("the ONNX checker rejects the model"));
+
+  CHECK_THAT(import_error(bytes(one_node("Relu", {2, 3}, 18))),
+             ContainsSubstring("opset 18 is newer than the ONNX library Kiln is built with knows"));
+
+  onnx::ModelProto dynamic = one_node("Relu");
+  auto* dim = dynamic.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1);
+  dim->set_dim_param("width");
+  CHECK_THAT(import_error(bytes(dynamic)), ContainsSubstring("dimension 1 is symbolic 'width'"));
+  // A symbolic batch dimension takes the batch size.
+  onnx::ModelProto batch = one_node("Relu");
+  batch.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(0)
+      ->set_dim_param("N");
+  OnnxImportOptions opt;
+  opt.batch = 7;
+  CHECK(import_onnx_bytes(bytes(batch), "m.onnx", opt).graph.type(ValueId{0}).str() == "f32[7,3]");
+
+  onnx::ModelProto bad_init = one_node("Add", {2, 3}, 13, 1);
+  onnx::TensorProto* w = bad_init.mutable_graph()->add_initializer();
+  w->set_name("w");
+  w->set_data_type(onnx::TensorProto::FLOAT);
+  w->add_dims(3);
+  w->add_float_data(1), w->add_float_data(2);
+  bad_init.mutable_graph()->mutable_node(0)->add_input("w");
+  CHECK_THAT(import_error(bytes(bad_init)), ContainsSubstring("initializer 'w' holds 2 values for shape [3]"));
+  w->set_raw_data(std::string(5, '\0'));
+  w->clear_float_data();
+  CHECK_THAT(import_error(bytes(bad_init)), ContainsSubstring("initializer 'w' has 5 bytes of data for shape [3]"));
+}
+
+TEST_CASE("onnx: every unsupported op and attribute is listed in one error", "[onnx]") {
+  onnx::ModelProto m = one_node("Relu");
+  onnx::GraphProto* g = m.mutable_graph();
+  g->mutable_output(0)->set_name("z");
+  std::string prev = "y";
+  // 50 unsupported nodes of three kinds, a LeakyRelu with an unknown attribute, a Pad mode.
+  for (int i = 0; i < 50; ++i) {
+    onnx::NodeProto* n = g->add_node();
+    n->set_op_type(i % 3 == 0 ? "Sin" : i % 3 == 1 ? "Cos" : "Floor");
+    n->set_name("n" + std::to_string(i));
+    n->add_input(prev);
+    prev = "t" + std::to_string(i);
+    n->add_output(prev);
+  }
+  onnx::NodeProto* lr = g->add_node();
+  lr->set_op_type("LeakyRelu");
+  lr->set_name("leaky");
+  lr->add_input("y");
+  lr->add_output("l");
+  onnx::AttributeProto* a = lr->add_attribute();
+  a->set_name("alpha");
+  a->set_type(onnx::AttributeProto::FLOAT);
+  a->set_f(0.1f);
+  onnx::NodeProto* cast = g->add_node();
+  cast->set_op_type("Cast");
+  cast->set_name("to_half");
+  cast->add_input("l");
+  cast->add_output("h");
+  onnx::AttributeProto* to = cast->add_attribute();
+  to->set_name("to");
+  to->set_type(onnx::AttributeProto::INT);
+  to->set_i(onnx::TensorProto::FLOAT16);
+  onnx::NodeProto* add = g->add_node();
+  add->set_op_type("Sum");
+  add->add_input(prev);
+  add->add_input("h");
+  add->add_output("z");
+  std::string e = import_error(bytes(m));
+  CAPTURE(e);
+  CHECK_THAT(e, ContainsSubstring("cannot import the model: 50 node(s) of 3 unsupported op type(s)"));
+  CHECK_THAT(e, ContainsSubstring("unsupported op Sin x17 (first: 'n0', 'n3', 'n6')"));
+  CHECK_THAT(e, ContainsSubstring("unsupported op Cos x17 (first: 'n1', 'n4', 'n7')"));
+  CHECK_THAT(e, ContainsSubstring("unsupported op Floor x16 (first: 'n2', 'n5', 'n8')"));
+  CHECK_THAT(e, ContainsSubstring("Cast 'to_half': casts to FLOAT16"));
+  // Nodes downstream of an unsupported one are not reported again.
+  CHECK(e.find("Sum") == std::string::npos);
+}
+
+TEST_CASE("onnx: values Kiln needs at import come from constants and shape arithmetic", "[onnx]") {
+  // Reshape(x, Concat(Shape(x)[0], -1)): PyTorch's flatten, folded at import.
+  onnx::ModelProto m = one_node("Shape", {2, 3, 4});
+  onnx::GraphProto* g = m.mutable_graph();
+  g->mutable_node(0)->set_output(0, "s");
+  g->mutable_output(0)->set_name("y");
+  auto node = [&](const std::string& op, std::vector<std::string> ins, const std::string& out) {
+    onnx::NodeProto* n = g->add_node();
+    n->set_op_type(op);
+    for (const std::string& i : ins) n->add_input(i);
+    n->add_output(out);
+    return n;
+  };
+  onnx::TensorProto* zero = g->add_initializer();
+  zero->set_name("zero");
+  zero->set_data_type(onnx::TensorProto::INT64);
+  zero->add_int64_data(0);
+  onnx::TensorProto* minus1 = g->add_initializer();
+  minus1->set_name("minus1");
+  minus1->set_data_type(onnx::TensorProto::INT64);
+  minus1->add_dims(1);
+  minus1->add_int64_data(-1);
+  node("Gather", {"s", "zero"}, "n");
+  onnx::NodeProto* u = node("Unsqueeze", {"n", "axes"}, "n1");
+  (void)u;
+  onnx::TensorProto* axes = g->add_initializer();
+  axes->set_name("axes");
+  axes->set_data_type(onnx::TensorProto::INT64);
+  axes->add_dims(1);
+  axes->add_int64_data(0);
+  onnx::NodeProto* c = node("Concat", {"n1", "minus1"}, "shape");
+  onnx::AttributeProto* ax = c->add_attribute();
+  ax->set_name("axis");
+  ax->set_type(onnx::AttributeProto::INT);
+  ax->set_i(0);
+  node("Reshape", {"x0", "shape"}, "y");
+  OnnxModel r = import_onnx_bytes(bytes(m), "m.onnx");
+  // One node left at run time: the reshape (everything else folded into its attribute).
+  REQUIRE(r.graph.nodes().size() == 1);
+  CHECK(r.graph.nodes()[0].op == Op::Reshape);
+  CHECK(r.graph.type(r.graph.outputs()[0].value).str() == "f32[2,12]");
+}
