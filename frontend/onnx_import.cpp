@@ -347,8 +347,8 @@ std::string node_label(const onnx::NodeProto& n, int index) {
   return fmt::format("#{}", index);
 }
 
-// Kiln can run opset 7 and newer as written; older models go through the version converter.
-constexpr int64_t kMinNativeOpset = 7;
+// Kiln can run opset 6 and newer as written; older models go through the version converter.
+constexpr int64_t kMinNativeOpset = 6;
 constexpr int64_t kMaxOpset = 17;  // what ONNX 1.12 (Debian bookworm's libonnx) knows
 
 int64_t default_opset(const onnx::ModelProto& m) {
@@ -385,6 +385,26 @@ TensorType input_type(const onnx::ValueInfoProto& vi, const OnnxImportOptions& o
   return t;
 }
 
+// Every node input defined before its node (by a graph input, an initializer or an earlier
+// node) and every graph output defined. ONNX's checker lets some of these through and
+// libonnx 1.12's version converter dereferences null on them, so this runs first.
+void check_structure(const onnx::GraphProto& gp, const std::string& what) {
+  std::set<std::string> defined{""};
+  for (const onnx::ValueInfoProto& vi : gp.input()) defined.insert(vi.name());
+  for (const onnx::TensorProto& t : gp.initializer()) defined.insert(t.name());
+  for (int i = 0; i < gp.node_size(); ++i) {
+    const onnx::NodeProto& n = gp.node(i);
+    for (const std::string& in : n.input())
+      if (!defined.count(in))
+        throw Error(fmt::format("{}: node {} ({}) reads '{}', which nothing before it defines", what,
+                                node_label(n, i), n.op_type(), in));
+    for (const std::string& o : n.output()) defined.insert(o);
+  }
+  for (const onnx::ValueInfoProto& vi : gp.output())
+    if (!defined.count(vi.name()))
+      throw Error(fmt::format("{}: graph output '{}' is not computed by any node", what, vi.name()));
+}
+
 OnnxModel import_model(onnx::ModelProto model, const std::string& what, const OnnxImportOptions& opt) {
   OnnxModel out;
   out.opset = default_opset(model);
@@ -399,6 +419,7 @@ OnnxModel import_model(onnx::ModelProto model, const std::string& what, const On
   } catch (const std::exception& e) {
     throw Error(fmt::format("{}: the ONNX checker rejects the model: {}", what, e.what()));
   }
+  check_structure(model.graph(), what);
   if (out.opset < kMinNativeOpset) {
     try {
       model = onnx::version_conversion::ConvertVersion(model, 9);

@@ -74,8 +74,25 @@ Val channel(Ctx& c, Val p, int64_t rank) {
 template <Op op>
 void unary(Ctx& c) { c.set_output(0, un(c, op, c.in(0))); }
 
+// Before opset 7, binary ops broadcast only with broadcast=1, B's dims lining up with A's
+// from `axis` (default: the trailing ones, as NumPy does since).
+Val legacy_broadcast(Ctx& c, const Val& a, Val b) {
+  if (c.opset() >= 7) return b;
+  c.ignore_attr("consumed_inputs");
+  bool on = c.attr_int("broadcast", 0) != 0;
+  if (!on || !c.has_attr("axis")) return b;
+  int64_t axis = norm_axis(c.attr_int("axis", 0), a.type.rank());
+  Shape s(static_cast<size_t>(axis), 1);
+  s.insert(s.end(), b.type.shape.begin(), b.type.shape.end());
+  while (static_cast<int64_t>(s.size()) < a.type.rank()) s.push_back(1);
+  return reshape(c, b, s);
+}
+
 template <Op op>
-void binary(Ctx& c) { c.set_output(0, bin(c, op, c.in(0), c.in(1))); }
+void binary(Ctx& c) {
+  Val a = c.in(0);
+  c.set_output(0, bin(c, op, a, legacy_broadcast(c, a, c.in(1))));
+}
 
 // Max, Min, Sum: variadic, folded left; Mean divides the sum by the count.
 template <Op op>
@@ -94,10 +111,16 @@ void mean(Ctx& c) {
 
 void identity(Ctx& c) { c.set_output(0, c.in(0)); }
 
+// Integer powers are computed in double (exact while the result is below 2^53) and cast back.
 void pow_(Ctx& c) {
   Val x = c.in(0);
-  want_float(x, "the base");
-  c.set_output(0, bin(c, Op::Pow, x, cast(c, c.in(1), x.type.dtype)));
+  Val e = legacy_broadcast(c, x, c.in(1));
+  if (is_float(x.type.dtype)) {
+    c.set_output(0, bin(c, Op::Pow, x, cast(c, e, x.type.dtype)));
+    return;
+  }
+  Val r = bin(c, Op::Pow, cast(c, x, DType::f64), cast(c, e, DType::f64));
+  c.set_output(0, cast(c, r, x.type.dtype));
 }
 
 void reciprocal(Ctx& c) {
@@ -113,6 +136,11 @@ void leaky_relu(Ctx& c) {
 
 void prelu(Ctx& c) {
   Val x = c.in(0), slope = c.in(1);
+  // PyTorch's exports give one slope per channel, [C], for x [N,C,...]: ONNX broadcasts it
+  // from the right, so it is [C,1,...] here unless it already lines up.
+  if (slope.type.rank() == 1 && x.type.rank() > 2 && slope.type.shape[0] == x.type.shape[1] &&
+      slope.type.shape[0] != x.type.shape.back() && slope.type.shape[0] != 1)
+    slope = channel(c, slope, x.type.rank());
   c.set_output(0, select(c, bin(c, Op::Lt, x, lit(c, x, 0)), bin(c, Op::Mul, x, slope), x));
 }
 
@@ -253,7 +281,7 @@ std::optional<std::vector<int64_t>> reduce_axes(Ctx& c, int64_t rank, bool axes_
   return axes;
 }
 
-enum class Reduce { Sum, Mean, Max, Min, SumSquare, L1, L2, LogSumExp };
+enum class Reduce { Sum, Mean, Max, Min, SumSquare, L1, L2, LogSum, LogSumExp };
 
 template <Reduce kind>
 void reduce(Ctx& c) {
@@ -276,6 +304,10 @@ void reduce(Ctx& c) {
     case Reduce::L2:
       want_float(x, "the input");
       c.set_output(0, un(c, Op::Sqrt, c.node(Op::Sum, {bin(c, Op::Mul, x, x)}, a)));
+      break;
+    case Reduce::LogSum:
+      want_float(x, "the input");
+      c.set_output(0, un(c, Op::Log, c.node(Op::Sum, {x}, a)));
       break;
     case Reduce::LogSumExp:
       want_float(x, "the input");
@@ -442,8 +474,6 @@ void conv_transpose(Ctx& c) {
   std::vector<int64_t> ks = c.attr_ints("kernel_shape", k);
   if (ks != k) throw Error(fmt::format("kernel_shape {} but the weight is {}", shape_str(ks), wt.type.str()));
   std::string auto_pad = c.attr_string("auto_pad", "NOTSET");
-  if (auto_pad != "NOTSET" && auto_pad != "VALID") throw Unsupported("auto_pad=" + auto_pad);
-  if (c.has_attr("output_shape")) throw Unsupported("output_shape (give pads and output_padding instead)");
   Window w;
   w.dims = x.type.rank() - 2;
   if (w.dims != 1 && w.dims != 2) throw Unsupported(fmt::format("{}-D ConvTranspose", w.dims));
@@ -451,24 +481,53 @@ void conv_transpose(Ctx& c) {
   w.strides = c.attr_ints("strides", std::vector<int64_t>(w.dims, 1));
   w.dilations = c.attr_ints("dilations", std::vector<int64_t>(w.dims, 1));
   std::vector<int64_t> pads = c.attr_ints("pads", std::vector<int64_t>(2 * w.dims, 0));
-  if (auto_pad == "VALID") pads.assign(2 * w.dims, 0);
   std::vector<int64_t> out_pad = c.attr_ints("output_padding", std::vector<int64_t>(w.dims, 0));
+  std::vector<int64_t> out_shape = c.attr_ints("output_shape");
   int64_t groups = c.attr_int("group", 1);
-  if (static_cast<int64_t>(pads.size()) != 2 * w.dims || static_cast<int64_t>(out_pad.size()) != w.dims)
-    throw Error("pads or output_padding do not match the spatial rank");
+  if (static_cast<int64_t>(pads.size()) != 2 * w.dims || static_cast<int64_t>(out_pad.size()) != w.dims ||
+      static_cast<int64_t>(w.strides.size()) != w.dims || static_cast<int64_t>(w.dilations.size()) != w.dims)
+    throw Error("strides, dilations, pads or output_padding do not match the spatial rank");
+  if (out_shape.size() == static_cast<size_t>(w.dims) + 2) out_shape.erase(out_shape.begin(), out_shape.begin() + 2);
+  if (!out_shape.empty() && out_shape.size() != static_cast<size_t>(w.dims))
+    throw Error("output_shape does not match the spatial rank");
+  if (auto_pad != "NOTSET" && auto_pad != "VALID" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER")
+    throw Unsupported("auto_pad=" + auto_pad);
+  // The full output (no padding) and what the padding crops of it, begin and end.
+  std::vector<int64_t> full(w.dims);
+  for (int64_t d = 0; d < w.dims; ++d) {
+    full[d] = w.strides[d] * (x.type.shape[2 + d] - 1) + out_pad[d] + (w.kernel[d] - 1) * w.dilations[d] + 1;
+    int64_t want = !out_shape.empty()                ? out_shape[d]
+                   : auto_pad.starts_with("SAME")   ? x.type.shape[2 + d] * w.strides[d]
+                                                     : -1;
+    if (auto_pad == "VALID" && out_shape.empty()) pads[d] = pads[w.dims + d] = 0;
+    if (want >= 0) {
+      int64_t total = full[d] - want;
+      if (total < 0) throw Unsupported("an output_shape larger than the full transposed convolution");
+      bool upper = auto_pad == "SAME_UPPER";
+      pads[d] = upper ? total / 2 : total - total / 2;
+      pads[w.dims + d] = upper ? total - total / 2 : total / 2;
+    }
+  }
   w.begin.assign(pads.begin(), pads.begin() + w.dims);
   w.end.assign(pads.begin() + w.dims, pads.end());
-  if (!symmetric(w)) throw Unsupported("asymmetric pads");
+  const bool sym = symmetric(w);
   x = lift_1d(c, x, w);
-  out_pad.insert(out_pad.begin(), 2 - w.dims, 0);
+  full.insert(full.begin(), 2 - w.dims, 1);
   if (w.dims == 1) wt = reshape(c, wt, {wt.type.shape[0], wt.type.shape[1], 1, wt.type.shape[2]});
-  std::vector<int64_t> size(2);
-  for (int d = 0; d < 2; ++d)
-    size[d] = w.strides[d] * (x.type.shape[2 + d] - 1) + out_pad[d] + (w.kernel[d] - 1) * w.dilations[d] + 1 -
-              2 * w.begin[d];
+  std::vector<int64_t> size(2), padding(2, 0);
+  for (int d = 0; d < 2; ++d) {
+    padding[d] = sym ? w.begin[d] : 0;
+    size[d] = full[d] - 2 * padding[d];
+    if (size[d] <= 0 || w.begin[d] + w.end[d] >= full[d]) throw Error("the pads crop the whole output");
+  }
   Val y = c.node(Op::Conv2dGradInput, {x, wt},
-                 {{"input_size", size}, {"stride", w.strides}, {"padding", w.begin}, {"dilation", w.dilations},
+                 {{"input_size", size}, {"stride", w.strides}, {"padding", padding}, {"dilation", w.dilations},
                   {"groups", groups}});
+  if (!sym) {
+    std::vector<int64_t> st{0, 0, w.begin[0], w.begin[1]}, se{1, 1, 1, 1};
+    std::vector<int64_t> sp{y.type.shape[0], y.type.shape[1], full[0] - w.end[0], full[1] - w.end[1]};
+    y = c.node(Op::Slice, {y}, {{"start", st}, {"stop", sp}, {"step", se}});
+  }
   if (c.has_input(2)) y = bin(c, Op::Add, y, channel(c, c.in(2), 4));
   c.set_output(0, drop_1d(c, y, w));
 }
@@ -498,22 +557,42 @@ void pool(Ctx& c) {
   }
   bool include_pad = !is_max && c.attr_int("count_include_pad", 0) != 0;
   x = lift_1d(c, x, w);
-  for (int64_t d : w.dilations)
-    if (d != 1) throw Unsupported("dilations other than 1");
+  const bool dilated = w.dilations != std::vector<int64_t>{1, 1};
   std::vector<int64_t> extra = ceil ? ceil_extra(w, x.type) : std::vector<int64_t>{0, 0};
-  const bool plain = symmetric(w) && extra == std::vector<int64_t>{0, 0};
+  bool plain = symmetric(w) && extra == std::vector<int64_t>{0, 0} && !dilated;
+  for (int d = 0; d < 2; ++d) plain = plain && 2 * w.begin[d] <= w.kernel[d];  // Kiln's pools pad at most half a window
   AttrMap a{{"kernel", w.kernel}, {"stride", w.strides}};
+  Val y;
   if (plain) {
     a["padding"] = w.begin;
-  } else if (is_max) {  // padded cells never win a max
+    y = is_max ? c.node(Op::MaxPool2d, {x}, a)
+               : (a.emplace("count_include_pad", include_pad), c.node(Op::AvgPool2d, {x}, a));
+  } else if (is_max) {  // explicit -inf padding: padded cells never win a max
     x = pad_spatial(c, x, w, -std::numeric_limits<double>::infinity(), extra);
-  } else if (include_pad && extra == std::vector<int64_t>{0, 0}) {  // padded zeros count
-    x = pad_spatial(c, x, w, 0.0);
+    if (!dilated) {
+      y = c.node(Op::MaxPool2d, {x}, a);
+    } else {  // the maximum of the window's taps, each a strided slice
+      std::vector<int64_t> out(2);
+      for (int d = 0; d < 2; ++d)
+        out[d] = (x.type.shape[2 + d] - ((w.kernel[d] - 1) * w.dilations[d] + 1)) / w.strides[d] + 1;
+      for (int64_t i = 0; i < w.kernel[0]; ++i)
+        for (int64_t j = 0; j < w.kernel[1]; ++j) {
+          std::vector<int64_t> st{0, 0, i * w.dilations[0], j * w.dilations[1]};
+          std::vector<int64_t> sp{x.type.shape[0], x.type.shape[1], st[2] + (out[0] - 1) * w.strides[0] + 1,
+                                  st[3] + (out[1] - 1) * w.strides[1] + 1};
+          std::vector<int64_t> se{1, 1, w.strides[0], w.strides[1]};
+          Val tap = c.node(Op::Slice, {x}, {{"start", st}, {"stop", sp}, {"step", se}});
+          y = i == 0 && j == 0 ? tap : bin(c, Op::Maximum, y, tap);
+        }
+    }
+  } else if (include_pad && extra == std::vector<int64_t>{0, 0} && !dilated) {  // padded zeros count
+    a.emplace("count_include_pad", true);
+    y = c.node(Op::AvgPool2d, {pad_spatial(c, x, w, 0.0)}, a);
   } else {
-    throw Unsupported(ceil ? "ceil_mode=1 where it adds a partial window" : "asymmetric pads with count_include_pad=0");
+    throw Unsupported(dilated ? "dilations other than 1"
+                      : ceil  ? "ceil_mode=1 where it adds a partial window"
+                              : "pads Kiln's avg_pool2d cannot take with count_include_pad=0");
   }
-  Val y = is_max ? c.node(Op::MaxPool2d, {x}, a)
-                 : (a.emplace("count_include_pad", include_pad), c.node(Op::AvgPool2d, {x}, a));
   c.set_output(0, drop_1d(c, y, w));
 }
 
@@ -545,12 +624,19 @@ void softmax(Ctx& c) {
   c.set_output(0, reshape(c, y, orig));
 }
 
-// (x - mean) * rsqrt(var + eps) over `axes`, kept as dims of one for broadcasting.
-Val normalize(Ctx& c, const Val& x, const std::vector<int64_t>& axes, double eps) {
+// (x - mean) * rsqrt(var + eps) over `axes`, with the mean and rsqrt(var + eps) kept as
+// dims of one for broadcasting.
+struct Normalized {
+  Val y, mean, inv_std;
+};
+
+Normalized normalize(Ctx& c, const Val& x, const std::vector<int64_t>& axes, double eps) {
   AttrMap a{{"axes", axes}, {"keepdims", true}};
-  Val centered = bin(c, Op::Sub, x, c.node(Op::Mean, {x}, a));
+  Val mean = c.node(Op::Mean, {x}, a);
+  Val centered = bin(c, Op::Sub, x, mean);
   Val var = c.node(Op::Mean, {bin(c, Op::Mul, centered, centered)}, a);
-  return bin(c, Op::Mul, centered, un(c, Op::Rsqrt, bin(c, Op::Add, var, lit(c, x, eps))));
+  Val inv_std = un(c, Op::Rsqrt, bin(c, Op::Add, var, lit(c, x, eps)));
+  return {bin(c, Op::Mul, centered, inv_std), mean, inv_std};
 }
 
 void batch_norm(Ctx& c) {
@@ -575,7 +661,7 @@ void instance_norm(Ctx& c) {
   Val x = c.in(0);
   want_float(x, "the input");
   int64_t r = x.type.rank();
-  Val y = normalize(c, x, iota(2, r), c.attr_float("epsilon", 1e-5));
+  Val y = normalize(c, x, iota(2, r), c.attr_float("epsilon", 1e-5)).y;
   y = bin(c, Op::Add, bin(c, Op::Mul, y, channel(c, c.in(1), r)), channel(c, c.in(2), r));
   c.set_output(0, y);
 }
@@ -585,11 +671,60 @@ void layer_norm(Ctx& c) {
   want_float(x, "the input");
   int64_t r = x.type.rank();
   int64_t axis = norm_axis(c.attr_int("axis", -1), r);
-  c.attr_int("stash_type", 1);
-  if (c.output_used(1) || c.output_used(2)) throw Unsupported("the Mean and InvStdDev outputs");
-  Val y = bin(c, Op::Mul, normalize(c, x, iota(axis, r), c.attr_float("epsilon", 1e-5)), c.in(1));
+  if (c.attr_int("stash_type", 1) != 1) throw Unsupported("stash_type other than 1 (float)");
+  Normalized n = normalize(c, x, iota(axis, r), c.attr_float("epsilon", 1e-5));
+  Val y = bin(c, Op::Mul, n.y, c.in(1));
   if (c.has_input(2)) y = bin(c, Op::Add, y, c.in(2));
   c.set_output(0, y);
+  c.set_output(1, n.mean);
+  c.set_output(2, n.inv_std);
+}
+
+// NegativeLogLikelihoodLoss on log-probabilities x [N,C,d...] and targets [N,d...]:
+// -x[n, target, d...] * weight[target], zero where target == ignore_index, then reduced
+// ("mean" divides by the summed weights of the counted targets, as ONNX does).
+Val nll(Ctx& c, const Val& x, const Val& target, std::optional<Val> weight) {
+  std::string reduction = c.attr_string("reduction", "mean");
+  std::optional<int64_t> ignore;
+  if (c.has_attr("ignore_index")) ignore = c.attr_int("ignore_index", 0);
+  if (reduction != "mean" && reduction != "sum" && reduction != "none") throw Error("reduction=" + reduction);
+  if (x.type.rank() < 2 || target.type.rank() != x.type.rank() - 1) throw Error("input must be [N,C,...] and target [N,...]");
+  if (!is_integer(target.type.dtype)) throw Error("target must be integers");
+  const int64_t r = x.type.rank(), classes = x.type.shape[1];
+  // one_hot(target) [N,d...,C] moved to [N,C,d...] to line up with x.
+  Val hot = c.node(Op::OneHot, {target}, {{"depth", classes}, {"dtype", x.type.dtype}});
+  std::vector<int64_t> perm{0, r - 1};
+  for (int64_t d = 1; d < r - 1; ++d) perm.push_back(d);
+  hot = transpose(c, hot, perm);
+  AttrMap over_c{{"axes", std::vector<int64_t>{1}}, {"keepdims", false}};
+  Val loss = un(c, Op::Neg, c.node(Op::Sum, {bin(c, Op::Mul, hot, x)}, over_c));
+  std::optional<Val> w;  // each element's weight, when not all ones
+  if (weight) w = c.node(Op::Sum, {bin(c, Op::Mul, hot, channel(c, *weight, r))}, over_c);
+  if (ignore) {
+    Val keep = cast(c, bin(c, Op::Ne, target, c.scalar(target.type.dtype, static_cast<double>(*ignore))), x.type.dtype);
+    w = w ? bin(c, Op::Mul, *w, keep) : keep;
+  }
+  if (w) loss = bin(c, Op::Mul, loss, *w);
+  AttrMap all{{"axes", std::vector<int64_t>{}}, {"keepdims", false}};
+  if (reduction == "none") return loss;
+  if (reduction == "sum") return c.node(Op::Sum, {loss}, all);
+  if (!w) return c.node(Op::Mean, {loss}, all);
+  return bin(c, Op::Div, c.node(Op::Sum, {loss}, all), c.node(Op::Sum, {*w}, all));
+}
+
+void nll_loss(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  c.set_output(0, nll(c, x, c.in(1), c.has_input(2) ? std::optional<Val>(c.in(2)) : std::nullopt));
+}
+
+void softmax_cross_entropy(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the scores");
+  if (x.type.rank() < 2) throw Error("scores must be [N,C,...]");
+  Val log_p = c.node(Op::LogSoftmax, {x}, {{"axis", int64_t{1}}});
+  c.set_output(0, nll(c, log_p, c.in(1), c.has_input(2) ? std::optional<Val>(c.in(2)) : std::nullopt));
+  c.set_output(1, log_p);
 }
 
 void dropout(Ctx& c) {
@@ -717,11 +852,44 @@ void slice(Ctx& c) {
   c.set_output(0, c.node(Op::Slice, {x}, {{"start", st}, {"stop", sp}, {"step", se}}));
 }
 
+// Pad's edge and reflect modes: per axis, the border cells (edge: the first or last cell
+// repeated; reflect: the cells next to it, mirrored) concatenated on each side.
+Val pad_copying(Ctx& c, Val x, const std::vector<int64_t>& lo, const std::vector<int64_t>& hi, bool reflect) {
+  constexpr int64_t kMaxReflect = 64;  // one slice per reflected row
+  for (int64_t a = 0; a < x.type.rank(); ++a) {
+    if (lo[a] == 0 && hi[a] == 0) continue;
+    const int64_t d = x.type.shape[a];
+    if (d == 0) throw Error("cannot pad an empty axis by copying its cells");
+    if (reflect && (lo[a] >= d || hi[a] >= d)) throw Error("reflect padding must be smaller than the axis");
+    if (reflect && std::max(lo[a], hi[a]) > kMaxReflect) throw Unsupported("reflect padding of more than 64 cells");
+    std::vector<Val> parts;
+    auto side = [&](int64_t n, bool left) {
+      if (n == 0) return;
+      if (!reflect) {
+        Shape s = x.type.shape;
+        s[a] = n;
+        Val cell = left ? slice_axis(c, x, a, 0, 1) : slice_axis(c, x, a, d - 1, d);
+        parts.push_back(c.node(Op::BroadcastTo, {cell}, {{"shape", s}}));
+        return;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t at = left ? n - i : d - 2 - i;
+        parts.push_back(slice_axis(c, x, a, at, at + 1));
+      }
+    };
+    side(lo[a], true);
+    parts.push_back(x);
+    side(hi[a], false);
+    x = c.node(Op::Concat, parts, {{"axis", a}});
+  }
+  return x;
+}
+
 void pad(Ctx& c) {
   Val x = c.in(0);
   const int64_t r = x.type.rank();
   std::string mode = c.attr_string("mode", "constant");
-  if (mode != "constant") throw Unsupported("mode=" + mode);
+  if (mode != "constant" && mode != "reflect" && mode != "edge") throw Unsupported("mode=" + mode);
   std::vector<int64_t> pads;
   double value = 0;
   if (c.opset() < 11) {
@@ -743,7 +911,8 @@ void pad(Ctx& c) {
     hi[d] = std::max<int64_t>(pads[r + d], 0);
     negative = negative || pads[d] < 0 || pads[r + d] < 0;
   }
-  Val y = c.node(Op::Pad, {x}, {{"low", lo}, {"high", hi}, {"value", value}});
+  Val y = mode == "constant" ? c.node(Op::Pad, {x}, {{"low", lo}, {"high", hi}, {"value", value}})
+                             : pad_copying(c, x, lo, hi, mode == "reflect");
   if (negative) {  // negative pads crop
     std::vector<int64_t> st(r), sp(r), se(r, 1);
     for (int64_t d = 0; d < r; ++d) {
@@ -814,6 +983,47 @@ void depth_to_space(Ctx& c, bool to_space) {
 
 void depth_to_space_op(Ctx& c) { depth_to_space(c, true); }
 void space_to_depth_op(Ctx& c) { depth_to_space(c, false); }
+
+// Trilu: x [..., N, M] where j - i >= k (upper) or j - i <= k (lower), zeros elsewhere,
+// through a constant mask.
+void trilu(Ctx& c) {
+  Val x = c.in(0);
+  if (x.type.rank() < 2) throw Error("input must have rank 2 or more");
+  int64_t k = c.has_input(1) ? c.in_ints(1, "k").at(0) : 0;
+  bool upper = c.attr_int("upper", 1) != 0;
+  const int64_t n = x.type.shape[x.type.rank() - 2], m = x.type.shape[x.type.rank() - 1];
+  Tensor mask(DType::boolean, {n, m});
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) mask.set_int(i * m + j, upper ? j - i >= k : j - i <= k);
+  c.set_output(0, select(c, c.constant(std::move(mask)), x, lit(c, x, 0)));
+}
+
+// Hardmax: one at the first maximum along `axis`, zeros elsewhere (one_hot of argmax).
+void hardmax(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  const int64_t r = x.type.rank();
+  Shape orig = x.type.shape;
+  int64_t axis;
+  if (c.opset() >= 13) {
+    axis = norm_axis(c.attr_int("axis", -1), r);
+  } else {  // as Softmax before opset 13: over the flattened trailing dims
+    int64_t a = norm_axis(c.attr_int("axis", 1), r), rows = 1, cols = 1;
+    for (int64_t d = 0; d < r; ++d) (d < a ? rows : cols) *= orig[d];
+    x = reshape(c, x, {rows, cols});
+    axis = 1;
+  }
+  const int64_t rank = x.type.rank(), depth = x.type.shape[axis];
+  Val idx = c.node(Op::Argmax, {x}, {{"axis", axis}, {"keepdims", false}});
+  Val hot = c.node(Op::OneHot, {idx}, {{"depth", depth}, {"dtype", x.type.dtype}});  // axis moved last
+  std::vector<int64_t> perm;
+  for (int64_t d = 0; d < rank - 1; ++d) {
+    if (d == axis) perm.push_back(rank - 1);
+    perm.push_back(d);
+  }
+  if (axis == rank - 1) perm.push_back(rank - 1);
+  c.set_output(0, reshape(c, transpose(c, hot, perm), orig));
+}
 
 // Gather with indices known at import: folded when the data is known too (shape
 // arithmetic), else slices and a concat (a gather op of Kiln's own is still to come).
@@ -924,7 +1134,7 @@ const std::map<std::string, MapFn>& op_table() {
       {"ReduceSum", reduce<Reduce::Sum>}, {"ReduceMean", reduce<Reduce::Mean>},
       {"ReduceMax", reduce<Reduce::Max>}, {"ReduceMin", reduce<Reduce::Min>},
       {"ReduceSumSquare", reduce<Reduce::SumSquare>}, {"ReduceL1", reduce<Reduce::L1>},
-      {"ReduceL2", reduce<Reduce::L2>}, {"ReduceLogSumExp", reduce<Reduce::LogSumExp>},
+      {"ReduceL2", reduce<Reduce::L2>}, {"ReduceLogSumExp", reduce<Reduce::LogSumExp>}, {"ReduceLogSum", reduce<Reduce::LogSum>},
       {"ArgMax", arg_extreme<false>}, {"ArgMin", arg_extreme<true>},
       {"MatMul", matmul}, {"Gemm", gemm}, {"Conv", conv}, {"ConvTranspose", conv_transpose},
       {"MaxPool", pool<true>}, {"AveragePool", pool<false>},
@@ -932,10 +1142,11 @@ const std::map<std::string, MapFn>& op_table() {
       {"Softmax", softmax<Op::Softmax>}, {"LogSoftmax", softmax<Op::LogSoftmax>},
       {"BatchNormalization", batch_norm}, {"InstanceNormalization", instance_norm},
       {"LayerNormalization", layer_norm}, {"Dropout", dropout},
+      {"NegativeLogLikelihoodLoss", nll_loss}, {"SoftmaxCrossEntropyLoss", softmax_cross_entropy},
       {"Reshape", reshape_op}, {"Flatten", flatten}, {"Transpose", transpose_op}, {"Squeeze", squeeze},
       {"Unsqueeze", unsqueeze}, {"Expand", expand}, {"Concat", concat}, {"Slice", slice}, {"Pad", pad},
       {"Split", split}, {"Tile", tile}, {"DepthToSpace", depth_to_space_op}, {"SpaceToDepth", space_to_depth_op},
-      {"Gather", gather}, {"Constant", constant}, {"ConstantOfShape", constant_of_shape}, {"Shape", shape_op},
+      {"Trilu", trilu}, {"Hardmax", hardmax}, {"Gather", gather}, {"Constant", constant}, {"ConstantOfShape", constant_of_shape}, {"Shape", shape_op},
       {"Size", size_op}, {"Range", range},
   };
   return table;

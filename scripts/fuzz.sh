@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of tests/fuzz with clang-19 under ASan + UBSan (build-fuzz,
-# -DKILN_FUZZ=ON: only the IR, the passes and the loaders) and runs each for a bounded time
+# -DKILN_FUZZ=ON: only the IR, the passes, the loaders and the ONNX importer) and runs each for a bounded time
 # from its seed corpus (tests/fuzz/corpus/TARGET). A crash, a sanitizer report or a broken
 # invariant fails the script; the input that shows it is saved under build-fuzz/artifacts/.
 # Usage: scripts/fuzz.sh [--seconds N] [TARGET...]   (default: 60 s each, all targets)
@@ -12,11 +12,11 @@ targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
-    kir|npy|safetensors|idx|weights) targets+=("$1"); shift ;;
-    *) echo "fuzz.sh: unknown argument '$1' (use --seconds N, kir, npy, safetensors, idx, weights)" >&2; exit 2 ;;
+    kir|npy|safetensors|idx|weights|onnx) targets+=("$1"); shift ;;
+    *) echo "fuzz.sh: unknown argument '$1' (use --seconds N, kir, npy, safetensors, idx, weights, onnx)" >&2; exit 2 ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(kir npy safetensors idx weights)
+[ ${#targets[@]} -gt 0 ] || targets=(kir npy safetensors idx weights onnx)
 
 bash scripts/setup.sh
 build=build-fuzz

@@ -500,7 +500,7 @@ int run_command_line(int argc, char** argv) {
       "import", "import an ONNX model as a Kiln graph",
       "MODEL.onnx [-o MODEL.kir] [--batch N] [--constant-weights] [--state-dir DIR] [--weights FILE]",
       "Reads MODEL.onnx with ONNX's own library (checker, shape inference, version converter\n"
-      "for opsets before 7) and prints the Kiln graph, or writes it to -o. The model's float\n"
+      "for opsets before 6) and prints the Kiln graph, or writes it to -o. The model's float\n"
       "initializers become state inputs named as in the file (its parameters: the graph trains\n"
       "like a traced one), the others constants. Each node's comment names the ONNX node it\n"
       "came from. A symbolic leading (batch) dimension gets --batch; any other symbolic\n"

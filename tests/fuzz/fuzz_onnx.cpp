@@ -1,0 +1,29 @@
+// Fuzz target: the ONNX importer (frontend/onnx_import.h) on arbitrary bytes, the protobuf
+// parse, ONNX's checker and shape inference included. A kiln::Error is the expected answer
+// to bad input; what imports must be a valid graph that prints and parses back the same.
+#include <cstdint>
+
+#include "frontend/onnx_import.h"
+#include "ir/parser.h"
+#include "ir/printer.h"
+#include "tests/fuzz/fuzz_util.h"
+
+using namespace kiln;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::string_view bytes(reinterpret_cast<const char*>(data), size);
+  OnnxModel m;
+  try {
+    m = import_onnx_bytes(bytes, "fuzz.onnx");
+  } catch (const Error&) {
+    return 0;
+  }
+  verify(m.graph);
+  for (const auto& [name, t] : m.state)
+    if (!m.graph.find(name).valid() || !m.graph.is_state(m.graph.find(name)) ||
+        m.graph.type(m.graph.find(name)) != t.type())
+      fuzz::bug("state '" + name + "' does not match a state input of the graph");
+  std::string text = print(m.graph);
+  if (print(parse(text, "fuzz.kir")) != text) fuzz::bug("the imported graph does not print and parse back the same");
+  return 0;
+}
