@@ -572,6 +572,11 @@ void pool(Ctx& c) {
     if (!dilated) {
       y = c.node(Op::MaxPool2d, {x}, a);
     } else {  // the maximum of the window's taps, each a strided slice
+      constexpr int64_t kMaxTaps = 64;  // beyond, the elementwise chain takes LLVM seconds to compile
+      if (w.kernel[0] * w.kernel[1] > kMaxTaps)
+        throw Unsupported(fmt::format("a dilated window of {} cells (Kiln's max_pool2d has no dilation; up to {} "
+                                      "are imported as slices)",
+                                      w.kernel[0] * w.kernel[1], kMaxTaps));
       std::vector<int64_t> out(2);
       for (int d = 0; d < 2; ++d)
         out[d] = (x.type.shape[2 + d] - ((w.kernel[d] - 1) * w.dilations[d] + 1)) / w.strides[d] + 1;
@@ -1121,7 +1126,7 @@ const std::map<std::string, MapFn>& op_table() {
   static const std::map<std::string, MapFn> table = {
       {"Abs", unary<Op::Abs>}, {"Neg", unary<Op::Neg>}, {"Exp", unary<Op::Exp>}, {"Log", unary<Op::Log>},
       {"Sqrt", unary<Op::Sqrt>}, {"Tanh", unary<Op::Tanh>}, {"Sigmoid", unary<Op::Sigmoid>},
-      {"Relu", unary<Op::Relu>}, {"Reciprocal", reciprocal}, {"Identity", identity},
+      {"Relu", unary<Op::Relu>}, {"Erf", unary<Op::Erf>}, {"Reciprocal", reciprocal}, {"Identity", identity},
       {"Add", binary<Op::Add>}, {"Sub", binary<Op::Sub>}, {"Mul", binary<Op::Mul>}, {"Div", binary<Op::Div>},
       {"Pow", pow_}, {"Max", variadic<Op::Maximum>}, {"Min", variadic<Op::Minimum>}, {"Sum", variadic<Op::Add>},
       {"Mean", mean}, {"Equal", binary<Op::Eq>}, {"Less", binary<Op::Lt>}, {"LessOrEqual", binary<Op::Le>},

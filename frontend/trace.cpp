@@ -160,6 +160,7 @@ KILN_TRACE_UNARY(sqrt, Sqrt)
 KILN_TRACE_UNARY(rsqrt, Rsqrt)
 KILN_TRACE_UNARY(tanh, Tanh)
 KILN_TRACE_UNARY(sigmoid, Sigmoid)
+KILN_TRACE_UNARY(erf, Erf)
 KILN_TRACE_UNARY(relu, Relu)
 #undef KILN_TRACE_UNARY
 
