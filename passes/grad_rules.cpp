@@ -102,6 +102,9 @@ std::vector<ValueId> vjp(Emitter& e, const Node& n, ValueId dy, const std::vecto
     case Op::Rsqrt: return {e.mul(e.mul(dy, -0.5), e.mul(y, e.mul(y, y)))};
     case Op::Tanh: return {e.mul(dy, e.sub(e.scalar(1.0, dt), e.mul(y, y)))};
     case Op::Sigmoid: return {e.mul(dy, e.mul(y, e.sub(e.scalar(1.0, dt), y)))};
+    // d erf(x) = 2/sqrt(pi) exp(-x^2)
+    case Op::Erf:
+      return {e.mul(dy, e.mul(e.op(Op::Exp, {e.neg(e.mul(x(0), x(0)))}), e.scalar(1.1283791670955126, dt)))};
     // relu(x) > 0 exactly where x > 0; reading the output lets the pre-activation die early.
     case Op::Relu: return {e.select(e.op(Op::Gt, {y, zero()}), dy, zero())};
     case Op::Add: return {when(0, [&] { return ub(dy, 0); }), when(1, [&] { return ub(dy, 1); })};

@@ -77,6 +77,8 @@ const std::vector<std::pair<const char*, void*>>& runtime_symbol_table() {
       {"sqrt", reinterpret_cast<void*>(static_cast<double (*)(double)>(&::sqrt))},
       {"tanhf", reinterpret_cast<void*>(static_cast<float (*)(float)>(&::tanhf))},
       {"tanh", reinterpret_cast<void*>(static_cast<double (*)(double)>(&::tanh))},
+      {"erff", reinterpret_cast<void*>(static_cast<float (*)(float)>(&::erff))},
+      {"erf", reinterpret_cast<void*>(static_cast<double (*)(double)>(&::erf))},
       {"ldexpf", reinterpret_cast<void*>(static_cast<float (*)(float, int)>(&::ldexpf))},
       {"ldexp", reinterpret_cast<void*>(static_cast<double (*)(double, int)>(&::ldexp))},
       {"memcpy", reinterpret_cast<void*>(&::memcpy)},

@@ -98,7 +98,7 @@ inline std::vector<OpCase> op_cases(Op op) {
         add(dt, {{{}, {-5, 5}}}, op, {}, 0, 0);
       }
       break;
-    case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh: case Op::Sigmoid: {
+    case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh: case Op::Sigmoid: case Op::Erf: {
       bool pos = op == Op::Log || op == Op::Sqrt || op == Op::Rsqrt;
       for (DType dt : floats) add(dt, {{{5, 37}, {pos ? 1e-3 : -30, 30}}}, op, {}, tol(dt), 0);
       break;

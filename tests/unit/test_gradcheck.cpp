@@ -340,6 +340,7 @@ OpCases cases_for(Op op) {
     case Op::Rsqrt: return unary(op, Gen::Positive);
     case Op::Tanh: return unary(op, Gen::Uniform);
     case Op::Sigmoid: return unary(op, Gen::Uniform);
+    case Op::Erf: return unary(op, Gen::Uniform);
     case Op::Relu: return unary(op, Gen::AwayFromZero);
 
     case Op::Add: return binary(op, Gen::Uniform, Gen::Uniform);
@@ -652,8 +653,8 @@ TEST_CASE("gradcheck: the op table has cases for every op", "[gradcheck]") {
     total += oc.cases.size();
     if (oc.marker == Marker::Differentiable) ++differentiable;
   }
-  // 48 ops less 6 compares, argmax, one_hot, constant, the 4 backward-only ops and fused.
-  CHECK(differentiable == 34);
+  // 49 ops less 6 compares, argmax, one_hot, constant, the 4 backward-only ops and fused.
+  CHECK(differentiable == 35);
   CHECK(total > 150);
 }
 

@@ -105,6 +105,12 @@ void case_tanh() {
          {0, 0.7615941559557649, -0.9640275800758169, 1}, kF32);
 }
 
+void case_erf() {
+  expect(run(Op::Erf, {f32({5}, {0, 0.5, -1, 3, -10})}), DType::f32, {5},
+         {0, 0.5204998778130465, -0.8427007929497149, 0.9999779095030014, -1}, kF32);
+  expect(run(Op::Erf, {f64({1}, {1e-9})}), DType::f64, {1}, {1.1283791670955126e-09}, kF64);
+}
+
 void case_sigmoid() {
   // Large |x| neither overflows nor gives NaN.
   expect(run(Op::Sigmoid, {f32({7}, {0, 2, -2, 100, -100, 1000, -1000})}), DType::f32, {7},
@@ -632,6 +638,7 @@ void run_case(Op op) {
     case Op::Rsqrt: return case_rsqrt();
     case Op::Tanh: return case_tanh();
     case Op::Sigmoid: return case_sigmoid();
+    case Op::Erf: return case_erf();
     case Op::Relu: return case_relu();
     case Op::Add: return case_add();
     case Op::Sub: return case_sub();
