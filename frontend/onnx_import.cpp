@@ -406,7 +406,9 @@ void check_structure(const onnx::GraphProto& gp, const std::string& what) {
 }
 
 // ONNX's shape inference as a check on Kiln's: every output dimension it can infer must be
-// the one Kiln's shape rules gave. It runs after Kiln's import has accepted every node and
+// the one Kiln's shape rules gave (a kiln::Error, not an internal one: on a malformed model
+// libonnx's inference can be the one that is wrong; the conformance runner counts it as a
+// failure). It runs after Kiln's import has accepted every node and
 // attribute, because libonnx 1.12's inference divides by a zero stride and the like on
 // models Kiln refuses anyway (the fuzz target found those).
 void cross_check_shapes(const onnx::ModelProto& model, OnnxModel& out, const std::string& what) {
@@ -427,9 +429,10 @@ void cross_check_shapes(const onnx::ModelProto& model, OnnxModel& out, const std
     for (int d = 0; same && d < s.dim_size(); ++d)
       same = !s.dim(d).has_dim_value() || s.dim(d).dim_value() == t.shape[static_cast<size_t>(d)];
     if (!same)
-      throw InternalError(fmt::format("{}: Kiln imports output '{}' as {} but ONNX's shape inference gives it {} "
-                                      "dimensions ({}); this is a bug in Kiln's ONNX importer",
-                                      what, vi.name(), t.str(), s.dim_size(), s.ShortDebugString()));
+      throw Error(fmt::format("{}: Kiln imports output '{}' as {} but ONNX's shape inference gives it {} dimensions "
+                              "({}): the model is inconsistent, or this is a bug in Kiln's ONNX importer (please "
+                              "report it)",
+                              what, vi.name(), t.str(), s.dim_size(), s.ShortDebugString()));
   }
 }
 

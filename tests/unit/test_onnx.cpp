@@ -214,6 +214,7 @@ TEST_CASE("onnx: values Kiln needs at import come from constants and shape arith
   onnx::GraphProto* g = m.mutable_graph();
   g->mutable_node(0)->set_output(0, "s");
   g->mutable_output(0)->set_name("y");
+  g->mutable_output(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim()->RemoveLast();  // rank 2
   auto node = [&](const std::string& op, std::vector<std::string> ins, const std::string& out) {
     onnx::NodeProto* n = g->add_node();
     n->set_op_type(op);
@@ -249,4 +250,9 @@ TEST_CASE("onnx: values Kiln needs at import come from constants and shape arith
   REQUIRE(r.graph.nodes().size() == 1);
   CHECK(r.graph.nodes()[0].op == Op::Reshape);
   CHECK(r.graph.type(r.graph.outputs()[0].value).str() == "f32[2,12]");
+  // A model declaring another output rank than it computes: ONNX's shape inference, run
+  // after the import as a check, disagrees with Kiln's, and says so.
+  g->mutable_output(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim();
+  CHECK_THAT(import_error(bytes(m)), ContainsSubstring("Kiln imports output 'y' as f32[2,12] but ONNX's shape "
+                                                       "inference gives it 3 dimensions"));
 }

@@ -159,7 +159,7 @@ TEST_CASE("the README's compile-and-run snippet trains natively and shares state
 }
 
 TEST_CASE("every kiln command in README.md runs as printed from the repository root", "[readme][cli]") {
-  // A stand-in for the repository root: build/ and examples/ link to the real ones, so each
+  // A stand-in for the repository root: build/, examples/ and tests/ link to the real ones, so each
   // command's paths resolve as printed, and what the commands write (out/, model.svg,
   // mlp_step.kir) lands here, not in the source tree.
   const std::filesystem::path build_dir = std::filesystem::path(KILN_BINARY).parent_path().parent_path();
@@ -168,6 +168,7 @@ TEST_CASE("every kiln command in README.md runs as printed from the repository r
   std::filesystem::create_directories(root);
   std::filesystem::create_directory_symlink(build_dir, root / "build");
   std::filesystem::create_directory_symlink(std::filesystem::path(KILN_SOURCE_DIR) / "examples", root / "examples");
+  std::filesystem::create_directory_symlink(std::filesystem::path(KILN_SOURCE_DIR) / "tests", root / "tests");
 
   int ran = 0;
   for (const ShellLine& l : readme_shell_lines()) {
