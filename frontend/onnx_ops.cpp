@@ -1030,32 +1030,25 @@ void hardmax(Ctx& c) {
   c.set_output(0, reshape(c, transpose(c, hot, perm), orig));
 }
 
-// Gather with indices known at import: folded when the data is known too (shape
-// arithmetic), else slices and a concat (a gather op of Kiln's own is still to come).
+// Gather: Kiln's gather, with ONNX's negative indices (counted from the end) made
+// non-negative first: on the host for indices known at import, else by a select.
 void gather(Ctx& c) {
-  Val x = c.in(0);
-  const Tensor& idx = c.in_const(1, "indices");
-  if (!is_integer(idx.dtype())) throw Error("indices must be integers");
+  Val x = c.in(0), idx = c.in(1);
+  if (!is_integer(idx.type.dtype)) throw Error("indices must be integers");
   int64_t axis = norm_axis(c.attr_int("axis", 0), x.type.rank());
   int64_t d = x.type.shape[axis];
-  Shape out;
-  out.insert(out.end(), x.type.shape.begin(), x.type.shape.begin() + axis);
-  out.insert(out.end(), idx.shape().begin(), idx.shape().end());
-  out.insert(out.end(), x.type.shape.begin() + axis + 1, x.type.shape.end());
-  std::vector<int64_t> ix;
-  for (int64_t i = 0; i < idx.numel(); ++i) {
-    int64_t v = idx.get_int(i);
-    if (v < -d || v >= d) throw Error(fmt::format("index {} is out of range for a dimension of {}", v, d));
-    ix.push_back(v < 0 ? v + d : v);
+  if (idx.known) {
+    Tensor t = *idx.known;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      int64_t v = t.get_int(i);
+      if (v < -d || v >= d) throw Error(fmt::format("index {} is out of range for a dimension of {}", v, d));
+      if (v < 0) t.set_int(i, v + d);
+    }
+    idx = c.constant(std::move(t));
+  } else {
+    idx = select(c, bin(c, Op::Lt, idx, lit(c, idx, 0)), bin(c, Op::Add, idx, lit(c, idx, static_cast<double>(d))), idx);
   }
-  constexpr size_t kMaxPieces = 64;
-  if (!x.known && ix.size() > kMaxPieces)
-    throw Unsupported(fmt::format("Gather of {} indices from a run-time tensor", ix.size()));
-  if (ix.empty()) throw Unsupported("Gather of no indices");
-  std::vector<Val> pieces;
-  for (int64_t i : ix) pieces.push_back(slice_axis(c, x, axis, i, i + 1));
-  Val r = pieces.size() == 1 ? pieces[0] : c.node(Op::Concat, pieces, {{"axis", axis}});
-  c.set_output(0, reshape(c, r, out));
+  c.set_output(0, c.node(Op::Gather, {x, idx}, {{"axis", axis}}));
 }
 
 // --- constants and shape arithmetic ------------------------------------------------------------

@@ -404,6 +404,8 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
     case Op::Softmax: return eval_softmax(*in[0], attrs, /*log=*/false, rt);
     case Op::LogSoftmax: return eval_softmax(*in[0], attrs, /*log=*/true, rt);
     case Op::OneHot: return eval_one_hot(*in[0], rt);
+    case Op::Gather: return eval_gather(*in[0], *in[1], attr_int(attrs, "axis"), rt);
+    case Op::GatherGrad: return eval_gather_grad(*in[0], *in[1], attr_int(attrs, "axis"), rt);
     case Op::Constant: return attr_tensor(attrs, "value").materialized();
     case Op::Fused: break;  // rejected above: the kernel is the node's body
   }

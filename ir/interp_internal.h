@@ -126,5 +126,8 @@ Tensor eval_max_pool2d_grad(const Tensor& x, const Tensor& dy, const AttrMap& at
 Tensor eval_avg_pool2d_grad(const Tensor& dy, const AttrMap& attrs, const TensorType& rt);
 Tensor eval_softmax(const Tensor& x, const AttrMap& attrs, bool log, const TensorType& rt);
 Tensor eval_one_hot(const Tensor& x, const TensorType& rt);
+// gather and gather_grad over x / dx viewed as [outer, D, inner] and indices as [I].
+Tensor eval_gather(const Tensor& x, const Tensor& indices, int64_t axis, const TensorType& rt);
+Tensor eval_gather_grad(const Tensor& dy, const Tensor& indices, int64_t axis, const TensorType& rt);
 
 }  // namespace kiln::interp

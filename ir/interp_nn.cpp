@@ -1,6 +1,7 @@
 // Reference kernels for matmul, conv2d, pooling, their backward ops, softmax / log_softmax
 // and one_hot. Naive loops that accumulate in the operand type.
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "ir/interp_internal.h"
@@ -278,6 +279,43 @@ Tensor eval_softmax(const Tensor& x, const AttrMap& attrs, bool log, const Tenso
 }
 
 // [...] integer indices -> [..., depth] with a 1 at the index; out-of-range gives zeros.
+Tensor eval_gather(const Tensor& x, const Tensor& indices, int64_t axis, const TensorType& rt) {
+  if (axis < 0) axis += x.rank();
+  int64_t outer = 1, inner = 1, d = x.shape()[static_cast<size_t>(axis)], n = indices.numel();
+  for (int64_t k = 0; k < axis; ++k) outer *= x.shape()[static_cast<size_t>(k)];
+  for (int64_t k = axis + 1; k < x.rank(); ++k) inner *= x.shape()[static_cast<size_t>(k)];
+  Tensor out(rt.dtype, rt.shape);  // zeros where an index is out of range
+  const size_t es = rt.dtype == DType::boolean ? 1 : dtype_size(rt.dtype), row = static_cast<size_t>(inner) * es;
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t j = indices.get_int(i);
+      if (j < 0 || j >= d) continue;
+      std::memcpy(out.raw() + static_cast<size_t>(o * n + i) * row, x.raw() + static_cast<size_t>(o * d + j) * row, row);
+    }
+  return out;
+}
+
+Tensor eval_gather_grad(const Tensor& dy, const Tensor& indices, int64_t axis, const TensorType& rt) {
+  if (axis < 0) axis += rt.rank();
+  int64_t outer = 1, inner = 1, d = rt.shape[static_cast<size_t>(axis)], n = indices.numel();
+  for (int64_t k = 0; k < axis; ++k) outer *= rt.shape[static_cast<size_t>(k)];
+  for (int64_t k = axis + 1; k < rt.rank(); ++k) inner *= rt.shape[static_cast<size_t>(k)];
+  Tensor out(rt.dtype, rt.shape);
+  visit_dtype(rt.dtype, [&]<typename D>() {
+    if constexpr (std::is_floating_point_v<D>) {
+      D* o = out.data<D>();
+      const D* g = dy.data<D>();
+      for (int64_t b = 0; b < outer; ++b)
+        for (int64_t i = 0; i < n; ++i) {  // index order: repeated indices add in one fixed order
+          int64_t j = indices.get_int(i);
+          if (j < 0 || j >= d) continue;
+          for (int64_t c = 0; c < inner; ++c) o[(b * d + j) * inner + c] += g[(b * n + i) * inner + c];
+        }
+    }
+  });
+  return out;
+}
+
 Tensor eval_one_hot(const Tensor& x, const TensorType& rt) {
   int64_t depth = rt.shape.back();
   Tensor out(rt.dtype, rt.shape);

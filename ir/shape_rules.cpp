@@ -354,6 +354,33 @@ TensorType infer_type(Op op, const std::vector<TensorType>& in, const AttrMap& a
       if (in[0].rank() == 0) r.fail("operand must have rank 1 or more");
       r.axis(attr_int(attrs, "axis"), in[0].rank());
       return in[0];
+    case Op::Gather: {
+      if (in[0].rank() == 0) r.fail("cannot gather from a scalar");
+      if (!is_integer(in[1].dtype)) r.fail("indices must be i32 or i64, not " + std::string(dtype_name(in[1].dtype)));
+      int64_t ax = r.axis(attr_int(attrs, "axis"), in[0].rank());
+      Shape s(in[0].shape.begin(), in[0].shape.begin() + ax);
+      s.insert(s.end(), in[1].shape.begin(), in[1].shape.end());
+      s.insert(s.end(), in[0].shape.begin() + ax + 1, in[0].shape.end());
+      return {in[0].dtype, s};
+    }
+    case Op::GatherGrad: {
+      r.want_float(0);
+      if (!is_integer(in[1].dtype)) r.fail("indices must be i32 or i64, not " + std::string(dtype_name(in[1].dtype)));
+      int64_t size = attr_int(attrs, "size");
+      if (size < 0) r.fail("size must be non-negative");
+      // dy is [A..., I..., B...]: axis counts in dx = [A..., size, B...], of rank dy - I + 1.
+      int64_t rank = in[0].rank() - in[1].rank() + 1;
+      if (rank < 1) r.fail("dy " + in[0].str() + " has fewer dims than the indices " + in[1].str());
+      int64_t ax = r.axis(attr_int(attrs, "axis"), rank);
+      for (int64_t d = 0; d < in[1].rank(); ++d)
+        if (in[0].shape[ax + d] != in[1].shape[d])
+          r.fail("dy " + in[0].str() + " does not hold the indices' shape " + shape_str(in[1].shape) + " at axis " +
+                 std::to_string(ax));
+      Shape s(in[0].shape.begin(), in[0].shape.begin() + ax);
+      s.push_back(size);
+      s.insert(s.end(), in[0].shape.begin() + ax + in[1].rank(), in[0].shape.end());
+      return {in[0].dtype, s};
+    }
     case Op::OneHot: {
       if (!is_integer(in[0].dtype)) r.fail("indices must be i32 or i64");
       int64_t depth = attr_int(attrs, "depth");

@@ -225,11 +225,18 @@ std::vector<ValueId> vjp(Emitter& e, const Node& n, ValueId dy, const std::vecto
       return {e.sub(dy, e.mul(e.op(Op::Exp, {y}), s))};
     }
     case Op::OneHot: return {ValueId{}};
+    case Op::Gather: {
+      int64_t axis = attr_int(n.attrs, "axis");
+      const Shape& xs = e.shape(x(0));
+      if (axis < 0) axis += static_cast<int64_t>(xs.size());
+      return {e.op(Op::GatherGrad, {dy, x(1)}, {{"axis", axis}, {"size", xs[static_cast<size_t>(axis)]}}), ValueId{}};
+    }
     case Op::Constant: return {};
     case Op::Fused:
       throw Error("grad: fused graphs cannot be differentiated: differentiate (grad / train-step) before "
                   "fusing (opt)");
     case Op::Conv2dGradInput: case Op::Conv2dGradWeight: case Op::MaxPool2dGrad: case Op::AvgPool2dGrad:
+    case Op::GatherGrad:
       throw Error("grad: " + std::string(op_name(n.op)) +
                   " has no gradient rule (Kiln computes first-order gradients only)");
   }

@@ -68,6 +68,12 @@ class Lowerer {
   llvm::FunctionCallee runtime(RtFn f);  // declared from runtime/abi.def
   llvm::FunctionCallee external(const std::string& name, llvm::FunctionType* type);
   void for_loop(int64_t n, const std::function<void(Value*)>& body);
+  void if_then(Value* cond, const std::function<void()>& then);
+  std::pair<Value*, Value*> load_index(DType t, Value* indices, Value* i, int64_t d);
+  void lower_gather(const Node& n, const TensorType& x, const TensorType& idx, Value* xp, Value* ip, Value* out,
+                    const TensorType& rt);
+  void lower_gather_grad(const Node& n, const TensorType& dy, const TensorType& idx, Value* dyp, Value* ip,
+                         Value* out, const TensorType& rt);
   void for_range(Value* lo, Value* hi, const std::function<void(Value*)>& body);
   void par_for(int64_t n, int64_t work, const std::function<void(Value*)>& body);
   std::pair<llvm::Function*, Value*> outline(const std::string& name, const std::vector<llvm::Type*>& extra,

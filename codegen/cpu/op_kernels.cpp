@@ -135,6 +135,8 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
       });
       return;
     }
+    case Op::Gather: return lower_gather(n, it(0), it(1), in(0), in(1), out, rt);
+    case Op::GatherGrad: return lower_gather_grad(n, it(0), it(1), in(0), in(1), out, rt);
     case Op::Constant: internal_error("codegen", "cpu codegen: a constant planned as a kernel");
     case Op::Fused: {
       if (lower_conv_relu(n, ptr)) return;
@@ -147,6 +149,81 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
     }
   }
   unsupported(n.op);
+}
+
+namespace {
+// x (or dx) as [outer, d, inner] around `axis`.
+struct GatherDims {
+  int64_t outer = 1, d = 1, inner = 1;
+};
+GatherDims gather_dims(const Shape& x, int64_t axis) {
+  if (axis < 0) axis += static_cast<int64_t>(x.size());
+  GatherDims g;
+  g.d = x[static_cast<size_t>(axis)];
+  for (int64_t k = 0; k < axis; ++k) g.outer *= x[static_cast<size_t>(k)];
+  for (size_t k = static_cast<size_t>(axis) + 1; k < x.size(); ++k) g.inner *= x[k];
+  return g;
+}
+}  // namespace
+
+// Index `i` of an integer tensor, as i64, and whether it is within 0..d-1.
+std::pair<Value*, Value*> Lowerer::load_index(DType t, Value* indices, Value* i, int64_t d) {
+  Value* j = B_.CreateSExtOrTrunc(load(t, indices, i), i64_);
+  return {j, B_.CreateAnd(B_.CreateICmpSGE(j, c64(0)), B_.CreateICmpSLT(j, c64(d)))};
+}
+
+// Runs `then` only where `cond` holds.
+void Lowerer::if_then(Value* cond, const std::function<void()>& then) {
+  llvm::BasicBlock* yes = llvm::BasicBlock::Create(C_, "if.then", F_);
+  llvm::BasicBlock* done = llvm::BasicBlock::Create(C_, "if.end", F_);
+  B_.CreateCondBr(cond, yes, done);
+  B_.SetInsertPoint(yes);
+  then();
+  B_.CreateBr(done);
+  B_.SetInsertPoint(done);
+}
+
+// gather: row by row ([outer * I] rows of `inner` elements), each a copy of x's row at its
+// index or zeros (the output is cleared first).
+void Lowerer::lower_gather(const Node& n, const TensorType& x, const TensorType& idx, Value* xp, Value* ip,
+                           Value* out, const TensorType& rt) {
+  const GatherDims g = gather_dims(x.shape, attr_int(n.attrs, "axis"));
+  const int64_t count = idx.numel(), es = static_cast<int64_t>(dtype_size(rt.dtype));
+  const int64_t row = g.inner * es;
+  B_.CreateMemSet(out, B_.getInt8(0), static_cast<uint64_t>(rt.numel() * es), llvm::MaybeAlign());
+  if (row == 0) return;
+  for_loop(g.outer * count, [&](Value* r) {
+    Value* o = B_.CreateSDiv(r, c64(count));
+    auto [j, ok] = load_index(idx.dtype, ip, B_.CreateSRem(r, c64(count)), g.d);
+    if_then(ok, [&] {
+      Value* src = B_.CreateMul(B_.CreateAdd(B_.CreateMul(o, c64(g.d)), j), c64(row));
+      B_.CreateMemCpy(B_.CreateInBoundsGEP(B_.getInt8Ty(), out, B_.CreateMul(r, c64(row))), llvm::MaybeAlign(),
+                      B_.CreateInBoundsGEP(B_.getInt8Ty(), xp, src), llvm::MaybeAlign(), static_cast<uint64_t>(row));
+    });
+  });
+}
+
+// gather_grad: dx cleared, then for each outer block, the dy rows added to the rows their
+// indices name, in index order (the interpreter's order, so the sums are bitwise its own).
+void Lowerer::lower_gather_grad(const Node& n, const TensorType& dy, const TensorType& idx, Value* dyp, Value* ip,
+                                Value* out, const TensorType& rt) {
+  (void)dy;
+  const GatherDims g = gather_dims(rt.shape, attr_int(n.attrs, "axis"));
+  const int64_t count = idx.numel(), es = static_cast<int64_t>(dtype_size(rt.dtype));
+  B_.CreateMemSet(out, B_.getInt8(0), static_cast<uint64_t>(rt.numel() * es), llvm::MaybeAlign());
+  for_loop(g.outer, [&](Value* b) {
+    for_loop(count, [&](Value* i) {
+      auto [j, ok] = load_index(idx.dtype, ip, i, g.d);
+      if_then(ok, [&] {
+        Value* dst = B_.CreateMul(B_.CreateAdd(B_.CreateMul(b, c64(g.d)), j), c64(g.inner));
+        Value* src = B_.CreateMul(B_.CreateAdd(B_.CreateMul(b, c64(count)), i), c64(g.inner));
+        for_loop(g.inner, [&](Value* c) {
+          Value* at = B_.CreateAdd(dst, c);
+          store(rt.dtype, B_.CreateFAdd(load(rt.dtype, out, at), load(rt.dtype, dyp, B_.CreateAdd(src, c))), out, at);
+        });
+      });
+    });
+  });
 }
 
 // A fused conv2d + relu (fuse_conv_epilogue's body, nothing else in it) as one call of the

@@ -278,6 +278,34 @@ void render_op(Emitter& out, const Graph& g, const Node& n, const std::function<
       s += "    Y[i] = index == (i64)(i % " + str(depth) + ") ? " + one + " : " + zero + ";\n";
       return out.elementwise(numel, numel, "  " + ctype(it(0).dtype) + "* X = " + in(0) + "; " + T + "* Y = " + y + ";\n", s);
     }
+    case Op::Gather: case Op::GatherGrad: {
+      // x (dx for gather_grad) as [outer, d, inner], the indices as [count].
+      const bool grad = n.op == Op::GatherGrad;
+      const Shape& xs = grad ? rt.shape : it(0).shape;
+      int64_t axis = attr_int(n.attrs, "axis");
+      if (axis < 0) axis += static_cast<int64_t>(xs.size());
+      int64_t outer = 1, inner = 1, d = xs[static_cast<size_t>(axis)], count = it(1).numel();
+      for (int64_t k = 0; k < axis; ++k) outer *= xs[static_cast<size_t>(k)];
+      for (size_t k = static_cast<size_t>(axis) + 1; k < xs.size(); ++k) inner *= xs[k];
+      const std::string decls = "  " + T + "* X = " + in(0) + "; " + ctype(it(1).dtype) + "* I = " + in(1) + "; " +
+                                T + "* Y = " + y + ";\n";
+      const std::string valid = "(j >= 0 && j < " + str(d) + ")";
+      if (!grad) {  // one thread per output element
+        std::string s = "    i64 c = (i64)i % " + str(inner) + ", r = (i64)i / " + str(inner) + ";\n";
+        s += "    i64 o = r / " + str(count) + ", j = (i64)I[r % " + str(count) + "];\n";
+        s += "    Y[i] = " + valid + " ? X[(o * " + str(d) + " + j) * " + str(inner) + " + c] : (" + T + ")0;\n";
+        return out.elementwise(numel, std::max(numel, it(0).numel()), decls, s);
+      }
+      // One thread per (outer, inner) column of dx: cleared, then dy's rows added in index
+      // order, as the interpreter adds them (no atomics: the sums are bitwise its own).
+      std::string s = "    i64 b = (i64)i / " + str(inner) + ", c = (i64)i % " + str(inner) + ";\n";
+      s += "    for (i64 j = 0; j < " + str(d) + "; ++j) Y[(b * " + str(d) + " + j) * " + str(inner) + " + c] = (" + T +
+           ")0;\n";
+      s += "    for (i64 k = 0; k < " + str(count) + "; ++k) {\n      i64 j = (i64)I[k];\n      if " + valid +
+           " Y[(b * " + str(d) + " + j) * " + str(inner) + " + c] += X[(b * " + str(count) + " + k) * " + str(inner) +
+           " + c];\n    }\n";
+      return out.elementwise(outer * inner, std::max(numel, it(0).numel()), decls, s);
+    }
     case Op::Conv2d: {
       std::string bias = n.operands.size() > 2 ? in(2) : "";
       return conv2d(out, conv_of(n.attrs, it(0).shape, it(1).shape, rt.shape), T, in(0), in(1),

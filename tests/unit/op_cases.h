@@ -259,6 +259,33 @@ inline std::vector<OpCase> op_cases(Op op) {
       for (DType dt : floats)
         for (int64_t axis : {-1, 0, 1}) add(dt, {{{4, 10, 3}, {-20, 20}}}, op, {{"axis", axis}}, tol(dt), 1e-7);
       break;
+    case Op::Gather: case Op::GatherGrad: {
+      // Indices in -2..8 over a dimension of 6 or 7: out-of-range ones and repeats included.
+      struct Shapes { Shape x, idx; int64_t axis; };
+      const Shapes shapes[] = {{{7, 3}, {5}, 0}, {{2, 6, 4}, {2, 3}, 1}, {{3, 6}, {4}, -1}, {{6}, {}, 0}};
+      for (DType idx : {DType::i32, DType::i64})
+        for (const Shapes& s : shapes)
+          for (DType dt : op == Op::Gather ? std::vector<DType>(std::begin(kAllDTypes), std::end(kAllDTypes))
+                                           : std::vector<DType>{DType::f32, DType::f64}) {
+            OpCase c;
+            ValueId i = c.g.add_input("i", {idx, s.idx});
+            c.inputs["i"] = random_tensor(idx, s.idx, -2, 8, rng);
+            if (op == Op::Gather) {
+              ValueId x = c.g.add_input("x", {dt, s.x});
+              c.g.add_output("out", c.g.add_node(Op::Gather, {x, i}, {{"axis", s.axis}}));
+              c.inputs["x"] = random_tensor(dt, s.x, -5, 5, rng);
+            } else {
+              TensorType yt = infer_type(Op::Gather, {{dt, s.x}, {idx, s.idx}}, complete_attrs(Op::Gather, {{"axis", s.axis}}));
+              int64_t axis = s.axis < 0 ? s.axis + static_cast<int64_t>(s.x.size()) : s.axis;
+              ValueId dy = c.g.add_input("dy", yt);
+              c.g.add_output("out", c.g.add_node(Op::GatherGrad, {dy, i},
+                                                 {{"axis", s.axis}, {"size", s.x[static_cast<size_t>(axis)]}}));
+              c.inputs["dy"] = random_tensor(dt, yt.shape, -5, 5, rng);
+            }
+            cases.push_back(std::move(c));
+          }
+      break;
+    }
     case Op::OneHot:
       for (DType idx : {DType::i32, DType::i64})
         for (DType dt : {DType::f32, DType::i32, DType::boolean}) {

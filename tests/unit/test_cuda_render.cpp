@@ -139,6 +139,10 @@ Graph every_op_graph(std::set<Op>& covered) {
   }
   node(Op::OneHot, {xi}, {{"depth", int64_t{3}}});
   node(Op::OneHot, {xi}, {{"depth", int64_t{4}}, {"dtype", DType::i64}});
+  ValueId table = g.add_input("table", {DType::f32, {5, 6}});
+  ValueId rows = node(Op::Gather, {table, xi}, {{"axis", int64_t{0}}});
+  node(Op::GatherGrad, {rows, xi}, {{"size", int64_t{5}}});
+  node(Op::Gather, {xi, xi}, {{"axis", int64_t{-1}}});
   return g;
 }
 

@@ -521,6 +521,20 @@ OpCases cases_for(Op op) {
     case Op::Softmax: return softmax_cases(op);
     case Op::LogSoftmax: return softmax_cases(op);
 
+    case Op::Gather: {
+      OpCases c{Marker::Differentiable, {}};
+      struct G { Shape x; std::vector<int> idx; Shape idx_shape; int64_t axis; };
+      // Repeated indices (their gradients add), an out-of-range one (no gradient), a
+      // middle axis, a negative axis and a scalar index.
+      for (const G& s : {G{{5, 3}, {0, 2, 2, 4, 9}, {5}, 0}, G{{2, 6, 3}, {5, 0, 5, 1}, {2, 2}, 1},
+                         G{{3, 4}, {3, -1, 1}, {3}, -1}, G{{4}, {2}, {}, 0}})
+        c.cases.push_back([s] {
+          B b("gather " + shape_str(s.x) + " axis " + std::to_string(s.axis));
+          Sym i = b.input("i", Tensor::from(DType::i32, s.idx_shape, s.idx));
+          return b.weighted(b.tracer().apply(Op::Gather, {b.wrt("x", s.x), i}, {{"axis", s.axis}}));
+        });
+      return c;
+    }
     case Op::OneHot: {
       OpCases c{Marker::NonDifferentiable, {}};
       c.cases.push_back([] {  // an encoding of labels weighting x
@@ -556,6 +570,14 @@ OpCases cases_for(Op op) {
                                     {{"kernel", Ints{2, 2}}});
           },
           "conv2d_grad_weight in a forward graph");
+    case Op::GatherGrad:
+      return backward_only(
+          [](B& b) {
+            return b.tracer().apply(Op::GatherGrad, {b.wrt("dy", {4, 3}), b.input("i", Tensor::from(DType::i32, {4},
+                                                                                               std::vector<int>{0, 2, 2, 5}))},
+                                    {{"size", int64_t{5}}});
+          },
+          "gather_grad in a forward graph");
     case Op::MaxPool2dGrad:
       return backward_only(
           [](B& b) {
@@ -653,8 +675,8 @@ TEST_CASE("gradcheck: the op table has cases for every op", "[gradcheck]") {
     total += oc.cases.size();
     if (oc.marker == Marker::Differentiable) ++differentiable;
   }
-  // 49 ops less 6 compares, argmax, one_hot, constant, the 4 backward-only ops and fused.
-  CHECK(differentiable == 35);
+  // 51 ops less 6 compares, argmax, one_hot, constant, the 5 backward-only ops and fused.
+  CHECK(differentiable == 36);
   CHECK(total > 150);
 }
 

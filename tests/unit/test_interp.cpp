@@ -111,6 +111,20 @@ void case_erf() {
   expect(run(Op::Erf, {f64({1}, {1e-9})}), DType::f64, {1}, {1.1283791670955126e-09}, kF64);
 }
 
+void case_gather() {
+  // Rows 2, 0, 2 and an out-of-range 3 (zeros) of a [3,2] table; then along axis 1.
+  Tensor x = f32({3, 2}, {1, 2, 3, 4, 5, 6});
+  expect(run(Op::Gather, {x, i32({2, 2}, {2, 0, 2, 3})}), DType::f32, {2, 2, 2}, {5, 6, 1, 2, 5, 6, 0, 0});
+  expect(run(Op::Gather, {x, i64({1}, {1})}, {{"axis", int64_t{-1}}}), DType::f32, {3, 1}, {2, 4, 6});
+  expect(run(Op::Gather, {i64({3}, {7, 8, 9}), i32({}, {1})}), DType::i64, {}, {8});
+}
+
+void case_gather_grad() {
+  // Index 1 twice: its rows add; index 5 is out of range and adds nothing.
+  expect(run(Op::GatherGrad, {f32({4, 2}, {1, 2, 3, 4, 5, 6, 7, 8}), i32({4}, {1, 0, 1, 5})}, {{"size", int64_t{3}}}),
+         DType::f32, {3, 2}, {3, 4, 6, 8, 0, 0});
+}
+
 void case_sigmoid() {
   // Large |x| neither overflows nor gives NaN.
   expect(run(Op::Sigmoid, {f32({7}, {0, 2, -2, 100, -100, 1000, -1000})}), DType::f32, {7},
@@ -639,6 +653,8 @@ void run_case(Op op) {
     case Op::Tanh: return case_tanh();
     case Op::Sigmoid: return case_sigmoid();
     case Op::Erf: return case_erf();
+    case Op::Gather: return case_gather();
+    case Op::GatherGrad: return case_gather_grad();
     case Op::Relu: return case_relu();
     case Op::Add: return case_add();
     case Op::Sub: return case_sub();

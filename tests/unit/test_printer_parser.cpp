@@ -157,6 +157,18 @@ Graph graph_for(Op op, bool alt) {
                                    {"dilation", ints({1, 2})}, {"groups", int64_t{2}}});
       break;
     }
+    case Op::Gather: {
+      ValueId x = g.add_input("table", alt ? TensorType{DType::i64, {5}} : f32({10, 4}));
+      ValueId i = g.add_input("ids", alt ? TensorType{DType::i64, {}} : TensorType{DType::i32, {2, 3}});
+      r = g.add_node(op, {x, i}, alt ? AttrMap{} : AttrMap{{"axis", int64_t{0}}});
+      break;
+    }
+    case Op::GatherGrad: {
+      ValueId dy = g.add_input("dy", f32({2, 3, 4}));
+      ValueId i = g.add_input("ids", TensorType{DType::i32, {2, 3}});
+      r = g.add_node(op, {dy, i}, {{"size", int64_t{alt ? 7 : 10}}});
+      break;
+    }
     case Op::Conv2dGradWeight: {
       ValueId x = g.add_input("x", f32({1, 2, 7, 7}));
       if (!alt) {

@@ -88,6 +88,13 @@ Case case_for(Op op) {
               {{"input_size", Ints{9, 9}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}, {"groups", int64_t{2}}},
               f32({2, 4, 9, 9}), {f32({1, 4, 4, 4}), f32({4, 2, 3, 3})}, {{"input_size", Ints{5, 5}}},
               "dy is [1,4,4,4] but a conv2d of input [1,2,5,5] gives [1,4,3,3]"};
+    case Op::Gather:
+      return {{f32({2, 10, 3}), i32({4, 5})}, {{"axis", int64_t{1}}}, f32({2, 4, 5, 3}), {f32({2, 10}), f32({4})}, {},
+              "indices must be i32 or i64, not f32"};
+    case Op::GatherGrad:
+      return {{f32({2, 4, 5, 3}), i32({4, 5})}, {{"axis", int64_t{1}}, {"size", int64_t{10}}}, f32({2, 10, 3}),
+              {f32({2, 4, 3}), i32({5})}, {{"axis", int64_t{1}}, {"size", int64_t{10}}},
+              "dy f32[2,4,3] does not hold the indices' shape [5] at axis 1"};
     case Op::Conv2dGradWeight:
       return {{f32({2, 4, 9, 9}), f32({2, 6, 5, 5})},
               {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}, {"groups", int64_t{2}}},
