@@ -369,6 +369,7 @@ TensorType input_type(const onnx::ValueInfoProto& vi, const OnnxImportOptions& o
   for (int d = 0; d < tt.shape().dim_size(); ++d) {
     const auto& dim = tt.shape().dim(d);
     if (dim.has_dim_value() && dim.dim_value() >= 0) {
+      if (dim.dim_value() > (int64_t{1} << 40)) throw Error(fmt::format("{}: dimension {} is too large", where, d));
       t.shape.push_back(dim.dim_value());
       continue;
     }
@@ -382,6 +383,10 @@ TensorType input_type(const onnx::ValueInfoProto& vi, const OnnxImportOptions& o
                                            where, d, sym));
     t.shape.push_back(1);
   }
+  int64_t numel = 1;
+  for (int64_t d : t.shape)
+    if (__builtin_mul_overflow(numel, d, &numel) || numel > (int64_t{1} << 48))
+      throw Error(fmt::format("{} has too many elements ({})", where, shape_str(t.shape)));
   return t;
 }
 

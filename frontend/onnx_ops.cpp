@@ -374,6 +374,21 @@ struct Window {
   std::vector<int64_t> kernel, strides, dilations, begin, end;
 };
 
+// Kernel sizes, strides and dilations in 1..2^31-1 and pads in 0..2^31-1: what Kiln's
+// shape rules take, and small enough that the size arithmetic here cannot overflow.
+void check_window(const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides,
+                  const std::vector<int64_t>& dilations, const std::vector<int64_t>& pads) {
+  constexpr int64_t kMax = (int64_t{1} << 31) - 1;
+  auto check = [&](const std::vector<int64_t>& v, const char* what, int64_t lo) {
+    for (int64_t e : v)
+      if (e < lo || e > kMax) throw Error(fmt::format("{} {} must be in {}..{}", what, shape_str(v), lo, kMax));
+  };
+  check(kernel, "kernel_shape", 1);
+  check(strides, "strides", 1);
+  check(dilations, "dilations", 1);
+  check(pads, "pads", 0);
+}
+
 Window window(Ctx& c, const TensorType& x, std::vector<int64_t> kernel, bool has_dilations) {
   Window w;
   w.dims = x.rank() - 2;
@@ -389,6 +404,7 @@ Window window(Ctx& c, const TensorType& x, std::vector<int64_t> kernel, bool has
   if (static_cast<int64_t>(w.strides.size()) != w.dims || static_cast<int64_t>(w.dilations.size()) != w.dims ||
       static_cast<int64_t>(pads.size()) != 2 * w.dims)
     throw Error("strides, dilations or pads do not match the spatial rank");
+  check_window(w.kernel, w.strides, w.dilations, pads);
   std::string auto_pad = c.attr_string("auto_pad", "NOTSET");
   for (int64_t d = 0; d < w.dims; ++d) {
     int64_t in = x.shape[2 + d], eff = (w.kernel[d] - 1) * w.dilations[d] + 1;
@@ -487,6 +503,8 @@ void conv_transpose(Ctx& c) {
   if (static_cast<int64_t>(pads.size()) != 2 * w.dims || static_cast<int64_t>(out_pad.size()) != w.dims ||
       static_cast<int64_t>(w.strides.size()) != w.dims || static_cast<int64_t>(w.dilations.size()) != w.dims)
     throw Error("strides, dilations, pads or output_padding do not match the spatial rank");
+  check_window(w.kernel, w.strides, w.dilations, pads);
+  check_window({1}, {1}, {1}, out_pad);
   if (out_shape.size() == static_cast<size_t>(w.dims) + 2) out_shape.erase(out_shape.begin(), out_shape.begin() + 2);
   if (!out_shape.empty() && out_shape.size() != static_cast<size_t>(w.dims))
     throw Error("output_shape does not match the spatial rank");
@@ -495,7 +513,11 @@ void conv_transpose(Ctx& c) {
   // The full output (no padding) and what the padding crops of it, begin and end.
   std::vector<int64_t> full(w.dims);
   for (int64_t d = 0; d < w.dims; ++d) {
-    full[d] = w.strides[d] * (x.type.shape[2 + d] - 1) + out_pad[d] + (w.kernel[d] - 1) * w.dilations[d] + 1;
+    int64_t span = 0, reach = 0;
+    if (__builtin_mul_overflow(w.strides[d], x.type.shape[2 + d] - 1, &span) ||
+        __builtin_mul_overflow(w.kernel[d] - 1, w.dilations[d], &reach) ||
+        __builtin_add_overflow(span, out_pad[d] + reach + 1, &full[d]))
+      throw Error("the transposed convolution's output size overflows");
     int64_t want = !out_shape.empty()                ? out_shape[d]
                    : auto_pad.starts_with("SAME")   ? x.type.shape[2 + d] * w.strides[d]
                                                      : -1;
@@ -941,6 +963,8 @@ void split(Ctx& c) {
     parts.assign(static_cast<size_t>(n), d / n);
   }
   if (static_cast<int64_t>(parts.size()) != n) throw Error("split has a different count than the outputs");
+  for (int64_t p : parts)
+    if (p < 0 || p > d) throw Error(fmt::format("a part of {} does not fit an axis of {}", p, d));
   int64_t at = 0;
   for (int64_t i = 0; i < n; ++i) {
     c.set_output(static_cast<int>(i), slice_axis(c, x, axis, at, at + parts[i]));
@@ -956,10 +980,11 @@ void tile(Ctx& c) {
   // [.., d, ..] -> [.., 1, d, ..] -> broadcast [.., r, d, ..] -> [.., r*d, ..], per axis.
   for (int64_t a = 0; a < x.type.rank(); ++a) {
     if (reps[a] == 1) continue;
+    if (reps[a] < 0) throw Error("repeats must be non-negative");
     Shape s = x.type.shape, b = s, out = s;
+    if (__builtin_mul_overflow(out[a], reps[a], &out[a])) throw Error("the tiled shape overflows");
     s.insert(s.begin() + a, 1);
     b.insert(b.begin() + a, reps[a]);
-    out[a] *= reps[a];
     Val t = c.node(Op::BroadcastTo, {reshape(c, x, s)}, {{"shape", b}});
     x = reshape(c, t, out);
   }
@@ -972,7 +997,7 @@ void depth_to_space(Ctx& c, bool to_space) {
   int64_t b = c.attr_int("blocksize", 0);
   std::string mode = to_space ? c.attr_string("mode", "DCR") : "DCR";
   int64_t n = x.type.shape[0], ch = x.type.shape[1], h = x.type.shape[2], w = x.type.shape[3];
-  if (b <= 0) throw Error("blocksize must be positive");
+  if (b <= 0 || b > (1 << 16)) throw Error("blocksize must be in 1..65536");
   if (to_space) {
     if (ch % (b * b)) throw Error("channels do not divide by blocksize^2");
     int64_t co = ch / (b * b);
@@ -997,6 +1022,7 @@ void trilu(Ctx& c) {
   int64_t k = c.has_input(1) ? c.in_ints(1, "k").at(0) : 0;
   bool upper = c.attr_int("upper", 1) != 0;
   const int64_t n = x.type.shape[x.type.rank() - 2], m = x.type.shape[x.type.rank() - 1];
+  if (n > (1 << 12) || m > (1 << 12)) throw Unsupported("Trilu of a matrix larger than 4096 x 4096 (its mask is a constant)");
   Tensor mask(DType::boolean, {n, m});
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < m; ++j) mask.set_int(i * m + j, upper ? j - i >= k : j - i <= k);
@@ -1073,8 +1099,10 @@ void constant(Ctx& c) {
 
 void constant_of_shape(Ctx& c) {
   std::vector<int64_t> s = c.in_ints(0, "shape");
+  int64_t numel = 1;
   for (int64_t d : s)
-    if (d < 0) throw Error("shape has a negative dimension");
+    if (d < 0 || __builtin_mul_overflow(numel, d, &numel) || numel > (int64_t{1} << 48))
+      throw Error("shape " + shape_str(s) + " has a negative dimension or too many elements");
   Tensor v = c.has_attr("value") ? c.attr_tensor("value") : Tensor::scalar(DType::f32, 0.0);
   if (v.numel() != 1) throw Error("value must hold one element");
   Tensor e = v.reshaped({});
@@ -1102,12 +1130,19 @@ void range(Ctx& c) {
   if (is_integer(t)) {
     int64_t a = s.get_int(0), b = l.get_int(0), step = d.get_int(0);
     if (step == 0) throw Error("delta is zero");
-    for (int64_t v = a; step > 0 ? v < b : v > b; v += step) iv.push_back(v);
+    const double n = std::ceil((static_cast<double>(b) - static_cast<double>(a)) / static_cast<double>(step));
+    if (n > (1 << 24)) throw Unsupported("a Range of more than 2^24 values");
+    for (int64_t i = 0, v = a; i < static_cast<int64_t>(std::max(n, 0.0)); ++i) {
+      iv.push_back(v);
+      if (__builtin_add_overflow(v, step, &v)) break;
+    }
     c.set_output(0, c.constant(Tensor::from(t, {static_cast<int64_t>(iv.size())}, iv)));
   } else {
     double a = s.get(0), b = l.get(0), step = d.get(0);
     if (step == 0) throw Error("delta is zero");
-    int64_t n = std::max<int64_t>(static_cast<int64_t>(std::ceil((b - a) / step)), 0);
+    const double count = std::ceil((b - a) / step);
+    if (!(count <= (1 << 24))) throw Unsupported("a Range of more than 2^24 values (or of NaN)");
+    int64_t n = std::max<int64_t>(static_cast<int64_t>(count), 0);
     for (int64_t i = 0; i < n; ++i) f.push_back(a + static_cast<double>(i) * step);
     c.set_output(0, c.constant(Tensor::from(t, {n}, f)));
   }

@@ -362,4 +362,12 @@ Sym one_hot(Sym indices, int64_t depth, DType dtype, std::source_location loc) {
   return indices.tracer().apply(Op::OneHot, {indices}, {{"depth", depth}, {"dtype", dtype}}, loc);
 }
 
+Sym gather(Sym x, Sym indices, int64_t axis, std::source_location loc) {
+  return x.tracer().apply(Op::Gather, {x, indices}, {{"axis", axis}}, loc);
+}
+
+Sym gather_grad(Sym dy, Sym indices, int64_t size, int64_t axis, std::source_location loc) {
+  return dy.tracer().apply(Op::GatherGrad, {dy, indices}, {{"axis", axis}, {"size", size}}, loc);
+}
+
 }  // namespace kiln

@@ -251,5 +251,11 @@ Sym log_softmax(Sym x, int64_t axis = -1,
 // indices: i32/i64 [...] -> dtype [..., depth]; out-of-range indices give all zeros.
 Sym one_hot(Sym indices, int64_t depth, DType dtype = DType::f32,
             std::source_location loc = std::source_location::current());
+// x's slices at `indices` (i32/i64) along `axis`: an embedding lookup is gather(table, ids).
+// Out-of-range indices give zeros.
+Sym gather(Sym x, Sym indices, int64_t axis = 0, std::source_location loc = std::source_location::current());
+// gather's gradient: dx [..., size, ...] with each dy slice added at its index.
+Sym gather_grad(Sym dy, Sym indices, int64_t size, int64_t axis = 0,
+                std::source_location loc = std::source_location::current());
 
 }  // namespace kiln

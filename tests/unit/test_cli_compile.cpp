@@ -89,7 +89,7 @@ TEST_CASE("kiln compile --help describes the command", "[cli][aot]") {
   Scratch s("help");
   RunResult r = s.kiln("compile --help");
   CHECK(r.status == 0);
-  CHECK_THAT(r.output, StartsWith("usage: kiln compile MODEL.kir -o OBJ.o [--header H.h] [--name NAME]"));
+  CHECK_THAT(r.output, StartsWith("usage: kiln compile MODEL.kir|MODEL.onnx -o OBJ.o [--header H.h] [--name NAME]"));
   for (const char* flag : {"-o OBJ.o", "--header H.h", "--name NAME", "--cpu CPU", "--features F",
                            "--opt-level N", "--weights embed|file", "--weights-file PATH", "--state NAME=FILE.npy",
                            "--state-dir DIR", "--state-weights FILE", "--zero-state", "--train", "--optimizer",
@@ -107,7 +107,7 @@ TEST_CASE("kiln compile --help describes the command", "[cli][aot]") {
 TEST_CASE("kiln compile: usage errors are one line and write nothing", "[cli][aot]") {
   Scratch s("usage");
   const std::string see = " (see 'kiln compile --help')";
-  check_error(s, "compile -o a.o", "kiln: error: compile needs a FILE.kir argument" + see);
+  check_error(s, "compile -o a.o", "kiln: error: compile needs a FILE.kir or FILE.onnx argument" + see);
   check_error(s, "compile affine.kir", "kiln: error: compile needs -o OBJ.o, the object file to write" + see);
   check_error(s, "compile affine.kir -o", "kiln: error: -o needs a value" + see);
   check_error(s, "compile affine.kir -o a.o --name 2x",

@@ -95,7 +95,7 @@ TEST_CASE("kiln train: usage errors are one line", "[cli][train]") {
     CHECK_THAT(r.output, StartsWith("kiln: error: " + message));
     CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
   };
-  check_error("train", "train needs a MODEL: lenet, mlp or FILE.kir (see 'kiln train --help')");
+  check_error("train", "train needs a MODEL: lenet, mlp, FILE.kir or FILE.onnx (see 'kiln train --help')");
   check_error("train lenet", "train needs --data fashion-mnist, mnist or DIR");
   check_error("train resnet --data fashion-mnist", "unknown model 'resnet' (built in: mlp, lenet; or a .kir file)");
   check_error("train lenet --data nowhere", "--data nowhere: no such folder (give fashion-mnist, mnist or a folder");

@@ -118,7 +118,7 @@ TEST_CASE("every op in ops.def has a builder", "[frontend]") {
   Sym dy = t.input("dy", f32({1, 3, 4, 4}));      // conv2d(img, k, {.padding = {1, 1}})'s shape
   Sym dpool = t.input("dpool", f32({1, 2, 2, 2}));  // a 2x2 pooling of img
   std::vector<Sym> built = {
-      neg(x), abs(x), exp(x), log(x), sqrt(x), rsqrt(x), tanh(x), sigmoid(x), relu(x),
+      neg(x), abs(x), exp(x), log(x), sqrt(x), rsqrt(x), tanh(x), sigmoid(x), erf(x), relu(x),
       add(x, x), sub(x, x), mul(x, x), div(x, x), pow(x, 2.0), maximum(x, x), minimum(x, x),
       eq(x, x), ne(x, x), lt(x, x), le(x, x), gt(x, x), ge(x, x),
       select(x > 0.0, x, x), cast(x, DType::i32),
@@ -130,7 +130,8 @@ TEST_CASE("every op in ops.def has a builder", "[frontend]") {
       softmax(x), log_softmax(x, 0), one_hot(idx, 5), t.constant(Tensor(DType::f32, {2})),
       conv2d_grad_input(dy, k, {4, 4}, {.padding = {1, 1}}),
       conv2d_grad_weight(img, dy, {3, 3}, {.padding = {1, 1}}),
-      max_pool2d_grad(img, dpool, {2, 2}), avg_pool2d_grad(dpool, {4, 4}, {2, 2})};
+      max_pool2d_grad(img, dpool, {2, 2}), avg_pool2d_grad(dpool, {4, 4}, {2, 2}),
+      gather(x, idx), gather_grad(x, idx, 4)};
   std::set<Op> seen;
   for (const Node& n : t.graph().nodes()) seen.insert(n.op);
   for (Op op : all_ops()) {
