@@ -76,7 +76,6 @@ class Ctx {
   // Driver side.
   void begin(const onnx::NodeProto& n, std::map<std::string, Val>* env);
   std::vector<std::string> unread_attrs() const;
-  std::map<std::string, ValueId>& lazy_inputs() { return lazy_inputs_; }
 
  private:
   const onnx::AttributeProto* find_attr(const std::string& name) const;

@@ -459,13 +459,22 @@ Val pad_spatial(Ctx& c, Val x, const Window& w, double value, std::vector<int64_
   return c.node(Op::Pad, {std::move(x)}, {{"low", lo}, {"high", hi}, {"value", value}});
 }
 
-void conv(Ctx& c) {
-  Val x = c.in(0), wt = c.in(1);
+// The kernel size of Conv / ConvTranspose, from the weight [O, C, K...] (checked against
+// kernel_shape when given), for an input [N, C, ...] of the weight's rank.
+std::vector<int64_t> conv_kernel(Ctx& c, const Val& x, const Val& wt) {
   want_float(x, "the input");
-  if (wt.type.rank() != x.type.rank()) throw Error("weight and input ranks differ");
+  if (wt.type.rank() != x.type.rank() || x.type.rank() < 3)
+    throw Error(fmt::format("input {} and weight {} must be [N,C,...] and [O,C,...] of one rank", x.type.str(),
+                            wt.type.str()));
   std::vector<int64_t> k(wt.type.shape.begin() + 2, wt.type.shape.end());
   std::vector<int64_t> ks = c.attr_ints("kernel_shape", k);
   if (ks != k) throw Error(fmt::format("kernel_shape {} but the weight is {}", shape_str(ks), wt.type.str()));
+  return k;
+}
+
+void conv(Ctx& c) {
+  Val x = c.in(0), wt = c.in(1);
+  std::vector<int64_t> k = conv_kernel(c, x, wt);
   Window w = window(c, x.type, k, true);
   int64_t groups = c.attr_int("group", 1);
   x = lift_1d(c, x, w);
@@ -484,11 +493,7 @@ void conv(Ctx& c) {
 // weight [C_in, C_out/groups, KH, KW] read as a convolution's [O, C/groups, KH, KW].
 void conv_transpose(Ctx& c) {
   Val x = c.in(0), wt = c.in(1);
-  want_float(x, "the input");
-  if (wt.type.rank() != x.type.rank()) throw Error("weight and input ranks differ");
-  std::vector<int64_t> k(wt.type.shape.begin() + 2, wt.type.shape.end());
-  std::vector<int64_t> ks = c.attr_ints("kernel_shape", k);
-  if (ks != k) throw Error(fmt::format("kernel_shape {} but the weight is {}", shape_str(ks), wt.type.str()));
+  std::vector<int64_t> k = conv_kernel(c, x, wt);
   std::string auto_pad = c.attr_string("auto_pad", "NOTSET");
   Window w;
   w.dims = x.type.rank() - 2;
