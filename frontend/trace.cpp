@@ -370,4 +370,18 @@ Sym gather_grad(Sym dy, Sym indices, int64_t size, int64_t axis, std::source_loc
   return dy.tracer().apply(Op::GatherGrad, {dy, indices}, {{"axis", axis}, {"size", size}}, loc);
 }
 
+Sym layer_norm(Sym x, Sym scale, std::optional<Sym> bias, int64_t axis, double epsilon, std::source_location loc) {
+  std::vector<Sym> operands{x, scale};
+  if (bias) operands.push_back(*bias);
+  return x.tracer().apply(Op::LayerNorm, operands, {{"axis", axis}, {"epsilon", epsilon}}, loc);
+}
+
+Sym batch_norm(Sym x, Sym scale, Sym bias, Sym mean, Sym var, double epsilon, std::source_location loc) {
+  return x.tracer().apply(Op::BatchNorm, {x, scale, bias, mean, var}, {{"epsilon", epsilon}}, loc);
+}
+
+Sym dropout(Sym x, Sym seed, Sym counter, double ratio, int64_t stream, std::source_location loc) {
+  return x.tracer().apply(Op::Dropout, {x, seed, counter}, {{"ratio", ratio}, {"stream", stream}}, loc);
+}
+
 }  // namespace kiln

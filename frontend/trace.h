@@ -257,5 +257,18 @@ Sym gather(Sym x, Sym indices, int64_t axis = 0, std::source_location loc = std:
 // gather's gradient: dx [..., size, ...] with each dy slice added at its index.
 Sym gather_grad(Sym dy, Sym indices, int64_t size, int64_t axis = 0,
                 std::source_location loc = std::source_location::current());
+// (x - mean) / sqrt(var + epsilon) * scale (+ bias) over each row of x's dims from `axis`
+// (scale and bias have exactly those dims).
+Sym layer_norm(Sym x, Sym scale, std::optional<Sym> bias = std::nullopt, int64_t axis = -1, double epsilon = 1e-5,
+               std::source_location loc = std::source_location::current());
+// x: [N,C,...] normalized per channel with the given statistics (all [C]); nn::BatchNorm2d
+// computes the batch's own when training.
+Sym batch_norm(Sym x, Sym scale, Sym bias, Sym mean, Sym var, double epsilon = 1e-5,
+               std::source_location loc = std::source_location::current());
+// x with each element zeroed with probability `ratio` (Philox4x32-10 keyed by the i64
+// scalars seed and counter, ir/ops.def), the rest scaled by 1 / (1 - ratio); `stream`
+// tells apart the dropouts of one step. nn::Dropout keeps seed and counter as state.
+Sym dropout(Sym x, Sym seed, Sym counter, double ratio, int64_t stream = 0,
+            std::source_location loc = std::source_location::current());
 
 }  // namespace kiln

@@ -406,6 +406,9 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
     case Op::OneHot: return eval_one_hot(*in[0], rt);
     case Op::Gather: return eval_gather(*in[0], *in[1], attr_int(attrs, "axis"), rt);
     case Op::GatherGrad: return eval_gather_grad(*in[0], *in[1], attr_int(attrs, "axis"), rt);
+    case Op::LayerNorm: return eval_layer_norm(in, attrs, rt);
+    case Op::BatchNorm: return eval_batch_norm(in, attrs, rt);
+    case Op::Dropout: return eval_dropout(*in[0], in[1]->get_int(0), in[2]->get_int(0), attrs, rt);
     case Op::Constant: return attr_tensor(attrs, "value").materialized();
     case Op::Fused: break;  // rejected above: the kernel is the node's body
   }

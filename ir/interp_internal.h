@@ -129,5 +129,10 @@ Tensor eval_one_hot(const Tensor& x, const TensorType& rt);
 // gather and gather_grad over x / dx viewed as [outer, D, inner] and indices as [I].
 Tensor eval_gather(const Tensor& x, const Tensor& indices, int64_t axis, const TensorType& rt);
 Tensor eval_gather_grad(const Tensor& dy, const Tensor& indices, int64_t axis, const TensorType& rt);
+// layer_norm over rows of x's dims from `axis`; batch_norm per channel (dim 1) of [N,C,...];
+// dropout with Philox (ir/philox.h).
+Tensor eval_layer_norm(const std::vector<const Tensor*>& in, const AttrMap& attrs, const TensorType& rt);
+Tensor eval_batch_norm(const std::vector<const Tensor*>& in, const AttrMap& attrs, const TensorType& rt);
+Tensor eval_dropout(const Tensor& x, int64_t seed, int64_t counter, const AttrMap& attrs, const TensorType& rt);
 
 }  // namespace kiln::interp

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "ir/interp_internal.h"
+#include "ir/philox.h"
 
 namespace kiln::interp {
 
@@ -312,6 +313,72 @@ Tensor eval_gather_grad(const Tensor& dy, const Tensor& indices, int64_t axis, c
           for (int64_t c = 0; c < inner; ++c) o[(b * d + j) * inner + c] += g[(b * n + i) * inner + c];
         }
     }
+  });
+  return out;
+}
+
+// Each row: its mean and biased variance in the summation order, then every element as
+// (x - mean) * (1 / sqrt(var + epsilon)) * scale + bias, in the operand type (the
+// backends' order of operations).
+Tensor eval_layer_norm(const std::vector<const Tensor*>& in, const AttrMap& attrs, const TensorType& rt) {
+  const Shape& s = in[0]->shape();
+  auto axis = static_cast<size_t>(norm_axis(attr_int(attrs, "axis"), in[0]->rank()));
+  int64_t rows = 1, len = 1;
+  for (size_t d = 0; d < s.size(); ++d) (d < axis ? rows : len) *= s[d];
+  Tensor out(rt.dtype, rt.shape);
+  visit_float(rt.dtype, [&]<typename T>() {
+    const T *x = in[0]->data<T>(), *scale = in[1]->data<T>();
+    const T* bias = in.size() > 2 ? in[2]->data<T>() : nullptr;
+    const T eps = static_cast<T>(attr_float(attrs, "epsilon"));
+    T* o = out.data<T>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = x + r * len;
+      int64_t k = 0;
+      const T mean = blocked_sum<T>(len, [&] { return row[k++]; }) / static_cast<T>(len);
+      k = 0;
+      const T var = blocked_sum<T>(len, [&] {
+        T d = row[k++] - mean;
+        return d * d;
+      }) / static_cast<T>(len);
+      const T inv = T(1) / std::sqrt(var + eps);
+      for (k = 0; k < len; ++k) {
+        T y = (row[k] - mean) * inv * scale[k];
+        o[r * len + k] = bias ? y + bias[k] : y;
+      }
+    }
+  });
+  return out;
+}
+
+Tensor eval_batch_norm(const std::vector<const Tensor*>& in, const AttrMap& attrs, const TensorType& rt) {
+  const Shape& s = in[0]->shape();
+  int64_t channels = s[1], inner = 1;
+  for (size_t d = 2; d < s.size(); ++d) inner *= s[d];
+  Tensor out(rt.dtype, rt.shape);
+  visit_float(rt.dtype, [&]<typename T>() {
+    const T *x = in[0]->data<T>(), *scale = in[1]->data<T>(), *bias = in[2]->data<T>();
+    const T *mean = in[3]->data<T>(), *var = in[4]->data<T>();
+    const T eps = static_cast<T>(attr_float(attrs, "epsilon"));
+    T* o = out.data<T>();
+    for (int64_t i = 0; i < rt.numel(); ++i) {
+      int64_t c = i / inner % channels;
+      o[i] = (x[i] - mean[c]) * (T(1) / std::sqrt(var[c] + eps)) * scale[c] + bias[c];
+    }
+  });
+  return out;
+}
+
+Tensor eval_dropout(const Tensor& x, int64_t seed, int64_t counter, const AttrMap& attrs, const TensorType& rt) {
+  const double ratio = attr_float(attrs, "ratio");
+  const int64_t stream = attr_int(attrs, "stream");
+  const uint32_t threshold = philox::dropout_threshold(ratio);
+  Tensor out(rt.dtype, rt.shape);
+  visit_float(rt.dtype, [&]<typename T>() {
+    const T* in = x.data<T>();
+    const T scale = static_cast<T>(1 / (1 - ratio));
+    T* o = out.data<T>();
+    for (int64_t i = 0; i < rt.numel(); ++i)
+      o[i] = philox::dropout_bits(seed, counter, stream, i) >= threshold ? in[i] * scale : T(0);
   });
   return out;
 }

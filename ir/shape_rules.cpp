@@ -354,6 +354,44 @@ TensorType infer_type(Op op, const std::vector<TensorType>& in, const AttrMap& a
       if (in[0].rank() == 0) r.fail("operand must have rank 1 or more");
       r.axis(attr_int(attrs, "axis"), in[0].rank());
       return in[0];
+    case Op::LayerNorm: {
+      const TensorType& x = in[0];
+      if (x.rank() == 0) r.fail("operand must have rank 1 or more");
+      int64_t ax = r.axis(attr_int(attrs, "axis"), x.rank());
+      Shape row(x.shape.begin() + ax, x.shape.end());
+      for (size_t i = 1; i < in.size(); ++i) {
+        r.want_same_dtype(0, i);
+        if (in[i].shape != row)
+          r.fail(std::string(i == 1 ? "scale" : "bias") + " must be " + shape_str(row) + " (x's dims from axis " +
+                 std::to_string(ax) + ")");
+      }
+      if (!(attr_float(attrs, "epsilon") >= 0)) r.fail("epsilon must be non-negative");
+      return x;
+    }
+    case Op::BatchNorm: {
+      const TensorType& x = in[0];
+      if (x.rank() < 2) r.fail("input must be [N,C,...]");
+      static const char* names[] = {"", "scale", "bias", "mean", "var"};
+      for (size_t i = 1; i < 5; ++i) {
+        r.want_same_dtype(0, i);
+        if (in[i].shape != Shape{x.shape[1]})
+          r.fail(std::string(names[i]) + " must be [" + std::to_string(x.shape[1]) + "] (one per channel)");
+      }
+      if (!(attr_float(attrs, "epsilon") >= 0)) r.fail("epsilon must be non-negative");
+      return x;
+    }
+    case Op::Dropout: {
+      r.want_float(0);
+      for (size_t i = 1; i < 3; ++i)
+        if (in[i].dtype != DType::i64 || in[i].rank() != 0)
+          r.fail(std::string(i == 1 ? "seed" : "counter") + " must be an i64 scalar (i64[]), not " + in[i].str());
+      double ratio = attr_float(attrs, "ratio");
+      if (!(ratio >= 0 && ratio < 1)) r.fail("ratio must be in [0, 1), got " + std::to_string(ratio));
+      int64_t stream = attr_int(attrs, "stream");
+      if (stream < 0 || stream > 0xffffffffLL) r.fail("stream must be in [0, 2^32)");
+      if (in[0].numel() > 0xffffffffLL) r.fail("x has 2^32 elements or more (Philox counts elements in 32 bits)");
+      return in[0];
+    }
     case Op::Gather: {
       if (in[0].rank() == 0) r.fail("cannot gather from a scalar");
       if (!is_integer(in[1].dtype)) r.fail("indices must be i32 or i64, not " + std::string(dtype_name(in[1].dtype)));

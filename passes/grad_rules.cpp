@@ -231,6 +231,50 @@ std::vector<ValueId> vjp(Emitter& e, const Node& n, ValueId dy, const std::vecto
       if (axis < 0) axis += static_cast<int64_t>(xs.size());
       return {e.op(Op::GatherGrad, {dy, x(1)}, {{"axis", axis}, {"size", xs[static_cast<size_t>(axis)]}}), ValueId{}};
     }
+    case Op::LayerNorm: {
+      // xhat = (x - mean) * inv over each row; with g = dy * scale,
+      // dx = inv * (g - mean(g) - xhat * mean(g * xhat)), dscale = sum over rows of dy * xhat.
+      const int64_t rank = e.type(x(0)).rank(), a = attr_int(n.attrs, "axis"), axis = a < 0 ? a + rank : a;
+      std::vector<int64_t> row(static_cast<size_t>(rank - axis));
+      std::iota(row.begin(), row.end(), axis);
+      auto row_mean = [&](ValueId v) { return e.op(Op::Mean, {v}, {{"axes", row}, {"keepdims", true}}); };
+      ValueId centered = e.sub(x(0), row_mean(x(0)));
+      ValueId var = row_mean(e.mul(centered, centered));
+      ValueId inv = e.op(Op::Rsqrt, {e.add(var, e.scalar(attr_float(n.attrs, "epsilon"), dt))});
+      ValueId xhat = e.mul(centered, inv);
+      std::vector<ValueId> out = {
+          when(0, [&] {
+            ValueId gs = e.mul(dy, x(1));
+            return e.mul(inv, e.sub(e.sub(gs, row_mean(gs)), e.mul(xhat, row_mean(e.mul(gs, xhat)))));
+          }),
+          when(1, [&] { return ub(e.mul(dy, xhat), 1); })};
+      if (n.operands.size() == 3) out.push_back(when(2, [&] { return ub(dy, 2); }));
+      return out;
+    }
+    case Op::BatchNorm: {
+      // Per channel c (the statistics are operands): inv = 1 / sqrt(var + eps),
+      // dx = dy * scale * inv, dmean = -sum(dy) * scale * inv,
+      // dvar = -sum(dy * (x - mean)) * scale * inv^3 / 2.
+      const Shape xs = e.shape(x(0));
+      Shape col(xs.size() - 1, 1);  // [C,1,...]: a per-channel vector against [N,C,...]
+      col[0] = xs[1];
+      std::vector<int64_t> others{0};
+      for (int64_t d = 2; d < static_cast<int64_t>(xs.size()); ++d) others.push_back(d);
+      auto per_channel = [&](ValueId v) { return e.reshape(v, col); };
+      auto channel_sum = [&](ValueId v) { return e.sum(v, others, false); };
+      ValueId inv = e.op(Op::Rsqrt, {e.add(x(4), e.scalar(attr_float(n.attrs, "epsilon"), dt))});
+      ValueId scaled = e.mul(x(1), inv);  // scale * inv, [C]
+      ValueId centered = e.sub(x(0), per_channel(x(3)));
+      return {when(0, [&] { return e.mul(dy, per_channel(scaled)); }),
+              when(1, [&] { return channel_sum(e.mul(dy, e.mul(centered, per_channel(inv)))); }),
+              when(2, [&] { return channel_sum(dy); }),
+              when(3, [&] { return e.neg(e.mul(channel_sum(dy), scaled)); }),
+              when(4, [&] {
+                return e.mul(e.mul(channel_sum(e.mul(dy, centered)), e.mul(scaled, e.mul(inv, inv))), -0.5);
+              })};
+    }
+    // dropout is x times a mask fixed by (seed, counter): its gradient is dy under the same mask.
+    case Op::Dropout: return {e.op(Op::Dropout, {dy, x(1), x(2)}, n.attrs), ValueId{}, ValueId{}};
     case Op::Constant: return {};
     case Op::Fused:
       throw Error("grad: fused graphs cannot be differentiated: differentiate (grad / train-step) before "

@@ -216,7 +216,8 @@ std::optional<Replacement> Simplifier::rewrite(const Node& n, const std::vector<
     case Op::Argmax: case Op::Matmul: case Op::Conv2d: case Op::MaxPool2d: case Op::AvgPool2d:
     case Op::Softmax: case Op::LogSoftmax: case Op::OneHot: case Op::Constant:
     case Op::Conv2dGradInput: case Op::Conv2dGradWeight: case Op::MaxPool2dGrad:
-    case Op::AvgPool2dGrad: case Op::Gather: case Op::GatherGrad: case Op::Fused:
+    case Op::AvgPool2dGrad: case Op::Gather: case Op::GatherGrad: case Op::LayerNorm: case Op::BatchNorm:
+    case Op::Dropout: case Op::Fused:
       return std::nullopt;
   }
   return std::nullopt;

@@ -74,6 +74,10 @@ class Lowerer {
                     const TensorType& rt);
   void lower_gather_grad(const Node& n, const TensorType& dy, const TensorType& idx, Value* dyp, Value* ip,
                          Value* out, const TensorType& rt);
+  void lower_layer_norm(const Node& n, const TensorType& x, const std::vector<Value*>& in, Value* out);
+  void lower_batch_norm(const Node& n, const TensorType& x, const std::vector<Value*>& in, Value* out);
+  void lower_dropout(const Node& n, const TensorType& x, const std::vector<Value*>& in, Value* out);
+  Value* philox_word0(Value* i, int64_t stream, Value* seed, Value* counter);
   void for_range(Value* lo, Value* hi, const std::function<void(Value*)>& body);
   void par_for(int64_t n, int64_t work, const std::function<void(Value*)>& body);
   std::pair<llvm::Function*, Value*> outline(const std::string& name, const std::vector<llvm::Type*>& extra,

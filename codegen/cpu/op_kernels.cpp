@@ -14,6 +14,7 @@
 #include "ir/error.h"
 #include "ir/interp.h"
 #include "ir/ops.h"
+#include "ir/philox.h"
 #include "runtime/kernels.h"
 
 namespace kiln::cpu::detail {
@@ -137,6 +138,13 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
     }
     case Op::Gather: return lower_gather(n, it(0), it(1), in(0), in(1), out, rt);
     case Op::GatherGrad: return lower_gather_grad(n, it(0), it(1), in(0), in(1), out, rt);
+    case Op::LayerNorm: case Op::BatchNorm: case Op::Dropout: {
+      std::vector<Value*> ins;
+      for (size_t k = 0; k < n.operands.size(); ++k) ins.push_back(in(k));
+      if (n.op == Op::LayerNorm) return lower_layer_norm(n, it(0), ins, out);
+      if (n.op == Op::BatchNorm) return lower_batch_norm(n, it(0), ins, out);
+      return lower_dropout(n, it(0), ins, out);
+    }
     case Op::Constant: internal_error("codegen", "cpu codegen: a constant planned as a kernel");
     case Op::Fused: {
       if (lower_conv_relu(n, ptr)) return;
@@ -223,6 +231,93 @@ void Lowerer::lower_gather_grad(const Node& n, const TensorType& dy, const Tenso
         });
       });
     });
+  });
+}
+
+// layer_norm: a row per iteration (parallel over rows, each row by one thread, so the
+// same whatever the thread count): its mean and variance in the summation order, then
+// (x - mean) * (1 / sqrt(var + eps)) * scale + bias, as the interpreter computes it.
+void Lowerer::lower_layer_norm(const Node& n, const TensorType& x, const std::vector<Value*>& in, Value* out) {
+  const DType t = x.dtype;
+  const int64_t rank = x.rank(), a = attr_int(n.attrs, "axis"), axis = a < 0 ? a + rank : a;
+  int64_t rows = 1, len = 1;
+  for (int64_t d = 0; d < rank; ++d) (d < axis ? rows : len) *= x.shape[static_cast<size_t>(d)];
+  if (len == 0) return;
+  Value* eps = scalar(t, attr_float(n.attrs, "epsilon"));
+  par_for(rows, len * 8, [&](Value* r) {
+    Value* base = B_.CreateMul(r, c64(len));
+    auto xk = [&](Value* k) { return load(t, in[0], B_.CreateAdd(base, k)); };
+    Value* count = scalar(t, static_cast<double>(len));
+    Value* mean = B_.CreateFDiv(blocked_sum(t, len, xk), count);
+    Value* var = B_.CreateFDiv(blocked_sum(t, len, [&](Value* k) {
+      Value* d = B_.CreateFSub(xk(k), mean);
+      return B_.CreateFMul(d, d);
+    }), count);
+    Value* inv = B_.CreateFDiv(scalar(t, 1), intrinsic(llvm::Intrinsic::sqrt, B_.CreateFAdd(var, eps)));
+    for_loop(len, [&](Value* k) {
+      Value* y = B_.CreateFMul(B_.CreateFMul(B_.CreateFSub(xk(k), mean), inv), load(t, in[1], k));
+      if (in.size() > 2) y = B_.CreateFAdd(y, load(t, in[2], k));
+      store(t, y, out, B_.CreateAdd(base, k));
+    });
+  });
+}
+
+// batch_norm: a plane (one image's channel) per iteration with that channel's statistics.
+void Lowerer::lower_batch_norm(const Node& n, const TensorType& x, const std::vector<Value*>& in, Value* out) {
+  const DType t = x.dtype;
+  const int64_t channels = x.shape[1];
+  int64_t inner = 1;
+  for (size_t d = 2; d < x.shape.size(); ++d) inner *= x.shape[d];
+  if (inner == 0) return;
+  Value* eps = scalar(t, attr_float(n.attrs, "epsilon"));
+  par_for(x.shape[0] * channels, inner * 2, [&](Value* plane) {
+    Value* c = B_.CreateURem(plane, c64(channels));
+    Value* inv = B_.CreateFDiv(scalar(t, 1), intrinsic(llvm::Intrinsic::sqrt, B_.CreateFAdd(load(t, in[4], c), eps)));
+    Value *mean = load(t, in[3], c), *scale = load(t, in[1], c), *bias = load(t, in[2], c);
+    Value* base = B_.CreateMul(plane, c64(inner));
+    for_loop(inner, [&](Value* k) {
+      Value* at = B_.CreateAdd(base, k);
+      Value* y = B_.CreateFMul(B_.CreateFMul(B_.CreateFSub(load(t, in[0], at), mean), inv), scale);
+      store(t, B_.CreateFAdd(y, bias), out, at);
+    });
+  });
+}
+
+// The first output word of Philox4x32-10 (ir/philox.h) for dropout's element i: ten rounds
+// unrolled, each two 32x32->64-bit products.
+Value* Lowerer::philox_word0(Value* i, int64_t stream, Value* seed, Value* counter) {
+  auto lo = [&](Value* v) { return B_.CreateTrunc(v, i32_); };
+  auto hi = [&](Value* v) { return B_.CreateTrunc(B_.CreateLShr(v, c64(32)), i32_); };
+  Value* c[4] = {lo(i), B_.getInt32(static_cast<uint32_t>(stream)), lo(counter), hi(counter)};
+  Value* k[2] = {lo(seed), hi(seed)};
+  for (int r = 0; r < philox::kRounds; ++r) {
+    if (r > 0) {
+      k[0] = B_.CreateAdd(k[0], B_.getInt32(philox::kW0));
+      k[1] = B_.CreateAdd(k[1], B_.getInt32(philox::kW1));
+    }
+    Value* p0 = B_.CreateMul(B_.CreateZExt(c[0], i64_), c64(philox::kM0));
+    Value* p1 = B_.CreateMul(B_.CreateZExt(c[2], i64_), c64(philox::kM1));
+    Value* next[4] = {B_.CreateXor(B_.CreateXor(hi(p1), c[1]), k[0]), lo(p1),
+                      B_.CreateXor(B_.CreateXor(hi(p0), c[3]), k[1]), lo(p0)};
+    std::copy(std::begin(next), std::end(next), std::begin(c));
+  }
+  return c[0];
+}
+
+// dropout: each element independently (its draw depends on its index only), so any split
+// over threads gives the interpreter's bits.
+void Lowerer::lower_dropout(const Node& n, const TensorType& x, const std::vector<Value*>& in, Value* out) {
+  const DType t = x.dtype;
+  const double ratio = attr_float(n.attrs, "ratio");
+  Value* seed = load(DType::i64, in[1], c64(0));
+  Value* counter = load(DType::i64, in[2], c64(0));
+  Value* scale = element_constant(Tensor::scalar(DType::f64, 1 / (1 - ratio)).cast(t), 0);
+  Value* threshold = B_.getInt32(philox::dropout_threshold(ratio));
+  Value* zero = scalar(t, 0);
+  const int64_t stream = attr_int(n.attrs, "stream");
+  par_for(x.numel(), 64, [&](Value* i) {
+    Value* keep = B_.CreateICmpUGE(philox_word0(i, stream, seed, counter), threshold);
+    store(t, B_.CreateSelect(keep, B_.CreateFMul(load(t, in[0], i), scale), zero), out, i);
   });
 }
 

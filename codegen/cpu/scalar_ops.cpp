@@ -117,7 +117,7 @@ Value* Lowerer::ew(const Node& n, DType in, DType out, const std::vector<Value*>
     case Op::BroadcastTo: case Op::Slice: case Op::Concat: case Op::Pad: case Op::Matmul: case Op::Conv2d:
     case Op::MaxPool2d: case Op::AvgPool2d: case Op::Softmax: case Op::LogSoftmax: case Op::OneHot: case Op::Constant:
     case Op::Conv2dGradInput: case Op::Conv2dGradWeight: case Op::MaxPool2dGrad: case Op::AvgPool2dGrad: case Op::Fused:
-    case Op::Gather: case Op::GatherGrad:
+    case Op::Gather: case Op::GatherGrad: case Op::LayerNorm: case Op::BatchNorm: case Op::Dropout:
       break;
   }
   internal_error("codegen", "cpu codegen: " + std::string(op_name(n.op)) + " is not elementwise");

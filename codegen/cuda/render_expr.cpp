@@ -123,7 +123,8 @@ std::string ew_expr(const Node& n, DType in, DType out, const std::vector<std::s
     case Op::Transpose: case Op::BroadcastTo: case Op::Slice: case Op::Concat: case Op::Pad: case Op::Matmul:
     case Op::Conv2d: case Op::MaxPool2d: case Op::AvgPool2d: case Op::Softmax: case Op::LogSoftmax:
     case Op::OneHot: case Op::Constant: case Op::Conv2dGradInput: case Op::Conv2dGradWeight:
-    case Op::MaxPool2dGrad: case Op::AvgPool2dGrad: case Op::Gather: case Op::GatherGrad: case Op::Fused:
+    case Op::MaxPool2dGrad: case Op::AvgPool2dGrad: case Op::Gather: case Op::GatherGrad: case Op::LayerNorm:
+    case Op::BatchNorm: case Op::Dropout: case Op::Fused:
       break;
   }
   internal_error("ew", "cuda render: " + std::string(op_name(n.op)) + " is not elementwise");

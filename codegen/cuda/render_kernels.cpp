@@ -5,11 +5,14 @@
 // interpreter's (given the same math functions and no FMA contraction).
 #include "codegen/cuda/render_internal.h"
 #include "ir/error.h"
+#include "ir/philox.h"
 
 namespace kiln::cuda::detail {
 
 void render_reduce(Emitter& out, const Graph& g, const Node& n, const std::string& x, const std::string& y);
 void render_softmax(Emitter& out, const Graph& g, const Node& n, const std::string& x, const std::string& y);
+void render_layer_norm(Emitter& out, const Graph& g, const Node& n, const std::vector<std::string>& in,
+                       const std::string& y);
 
 namespace {
 
@@ -305,6 +308,39 @@ void render_op(Emitter& out, const Graph& g, const Node& n, const std::function<
            " Y[(b * " + str(d) + " + j) * " + str(inner) + " + c] += X[(b * " + str(count) + " + k) * " + str(inner) +
            " + c];\n    }\n";
       return out.elementwise(outer * inner, std::max(numel, it(0).numel()), decls, s);
+    }
+    case Op::LayerNorm: {
+      std::vector<std::string> ins;
+      for (size_t k = 0; k < n.operands.size(); ++k) ins.push_back(in(k));
+      return render_layer_norm(out, g, n, ins, y);
+    }
+    case Op::BatchNorm: {
+      int64_t inner = 1;
+      for (size_t d = 2; d < rt.shape.size(); ++d) inner *= rt.shape[d];
+      std::string eps = literal(Tensor::scalar(DType::f64, attr_float(n.attrs, "epsilon")).cast(rt.dtype), 0);
+      std::string decls = "  " + T + "* X = " + in(0) + "; " + T + "* S = " + in(1) + "; " + T + "* B = " + in(2) + "; " +
+                          T + "* M = " + in(3) + "; " + T + "* V = " + in(4) + "; " + T + "* Y = " + y + ";\n";
+      std::string s = "    i64 c = (i64)i / " + str(inner) + " % " + str(rt.shape[1]) + ";\n";
+      s += "    Y[i] = (X[i] - M[c]) * ((" + T + ")1 / " + fn("sqrt", rt.dtype) + "(V[c] + " + eps + ")) * S[c] + B[c];\n";
+      return out.elementwise(numel, numel, decls, s);
+    }
+    case Op::Dropout: {
+      // Philox4x32-10 (ir/philox.h) per element: key (seed lo, hi), counter (i, stream,
+      // counter lo, hi); the element is kept when the first word is at least the threshold.
+      const double ratio = attr_float(n.attrs, "ratio");
+      auto u32 = [](uint32_t v) { return std::to_string(v) + "u"; };
+      std::string decls = "  " + T + "* X = " + in(0) + "; i64 seed = *(i64*)" + in(1) + ", ctr = *(i64*)" + in(2) +
+                          "; " + T + "* Y = " + y + ";\n";
+      std::string s = "    u32 c0 = (u32)(u64)i, c1 = " + u32(static_cast<uint32_t>(attr_int(n.attrs, "stream"))) +
+                      ", c2 = (u32)(u64)ctr, c3 = (u32)((u64)ctr >> 32);\n";
+      s += "    u32 k0 = (u32)(u64)seed, k1 = (u32)((u64)seed >> 32);\n";
+      s += "    for (int r = 0; r < " + std::to_string(philox::kRounds) + "; ++r) {\n";
+      s += "      if (r > 0) { k0 += " + u32(philox::kW0) + "; k1 += " + u32(philox::kW1) + "; }\n";
+      s += "      u64 p0 = (u64)" + u32(philox::kM0) + " * c0, p1 = (u64)" + u32(philox::kM1) + " * c2;\n";
+      s += "      c0 = (u32)(p1 >> 32) ^ c1 ^ k0; c1 = (u32)p1; c2 = (u32)(p0 >> 32) ^ c3 ^ k1; c3 = (u32)p0;\n    }\n";
+      s += "    Y[i] = c0 >= " + u32(philox::dropout_threshold(ratio)) + " ? X[i] * " +
+           literal(Tensor::scalar(DType::f64, 1 / (1 - ratio)).cast(rt.dtype), 0) + " : (" + T + ")0;\n";
+      return out.elementwise(numel, numel, decls, s);
     }
     case Op::Conv2d: {
       std::string bias = n.operands.size() > 2 ? in(2) : "";

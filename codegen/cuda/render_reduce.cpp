@@ -361,4 +361,38 @@ void render_softmax(Emitter& out, const Graph& g, const Node& n, const std::stri
   rk.emit(out, T + "* X = " + x + "; " + T + "* Y = " + y + ";\n", body, false);
 }
 
+// layer_norm: per row, the mean and then the variance in the summation order (as the
+// interpreter adds them), then (x - mean) * inv * scale + bias for every element.
+void render_layer_norm(Emitter& out, const Graph& g, const Node& n, const std::vector<std::string>& in,
+                       const std::string& y) {
+  const TensorType& xt = g.type(n.operands[0]);
+  DType t = xt.dtype;
+  std::string T = ctype(t);
+  const int64_t rank = xt.rank(), a = attr_int(n.attrs, "axis"), axis = a < 0 ? a + rank : a;
+  std::vector<bool> reduced(xt.shape.size(), false);
+  int64_t len = 1;
+  for (int64_t d = axis; d < rank; ++d) {
+    reduced[static_cast<size_t>(d)] = true;
+    len *= xt.shape[static_cast<size_t>(d)];
+  }
+  if (len == 0) return;
+  RowKernel rk = rows_of(t, xt.shape, reduced, xt.numel());
+  std::string count = "(" + T + ")" + std::to_string(len);
+  std::string body = "    " + T + " mean, inv;\n";
+  body += "    {\n" + rk.thread_fold(Fold::FloatSum, "X", "", 6) + rk.block_tree(Fold::FloatSum, 6) + "      mean = acc / " +
+          count + ";\n    }\n";
+  body += "    {\n" + rk.thread_fold(Fold::FloatSum, "X", "($x - mean) * ($x - mean)", 6) + rk.block_tree(Fold::FloatSum, 6) +
+          "      inv = (" + T + ")1 / " + fn("sqrt", t) + "(acc / " + count + " + " +
+          literal(Tensor::scalar(DType::f64, attr_float(n.attrs, "epsilon")).cast(t), 0) + ");\n    }\n";
+  std::string lo = rk.per_row_thread() ? "0" : "threadIdx.x";
+  std::string step = rk.per_row_thread() ? "1" : std::to_string(rk.threads());
+  body += "    for (" + rk.itype() + " k = " + lo + "; k < " + std::to_string(len) + "; k += " + step + ") {\n";
+  body += rk.elem_offset(6);  // ko0 == k: the row is x's trailing dims
+  body += "      Y[rb0 + ko0] = (X[rb0 + ko0] - mean) * inv * S[ko0]" + std::string(in.size() > 2 ? " + B[ko0]" : "") +
+          ";\n    }\n";
+  std::string decls = T + "* X = " + in[0] + "; " + T + "* S = " + in[1] + "; " + T + "* Y = " + y + ";";
+  if (in.size() > 2) decls += " " + T + "* B = " + in[2] + ";";
+  rk.emit(out, decls + "\n", body, false);
+}
+
 }  // namespace kiln::cuda::detail

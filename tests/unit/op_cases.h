@@ -286,6 +286,39 @@ inline std::vector<OpCase> op_cases(Op op) {
           }
       break;
     }
+    case Op::LayerNorm:
+      // Rows of 3, 30 and 120 (the last in two summation blocks), with and without a bias.
+      for (DType dt : floats)
+        for (const auto& [shape, axis] : std::vector<std::pair<Shape, int64_t>>{{{4, 10, 3}, -1}, {{4, 10, 3}, 1},
+                                                                                {{2, 120}, 1}, {{5}, 0}}) {
+          Shape row(shape.begin() + (axis < 0 ? axis + static_cast<int64_t>(shape.size()) : axis), shape.end());
+          add(dt, {{shape, {-5, 5}}, {row, {-2, 2}}, {row, {-1, 1}}}, op, {{"axis", axis}}, tol(dt) * 10, 1e-6);
+          add(dt, {{shape, {-5, 5}}, {row, {-2, 2}}}, op, {{"axis", axis}, {"epsilon", 0.5}}, tol(dt) * 10, 1e-6);
+        }
+      break;
+    case Op::BatchNorm:
+      for (DType dt : floats)
+        for (const Shape& shape : {Shape{3, 4, 5, 2}, Shape{6, 4}, Shape{2, 4, 7}}) {
+          std::pair<Shape, std::pair<double, double>> per_channel{{4}, {-2, 2}}, var{{4}, {0.1, 3}};
+          add(dt, {{shape, {-5, 5}}, per_channel, per_channel, per_channel, var}, op, {}, tol(dt) * 10, 1e-6);
+        }
+      break;
+    case Op::Dropout:
+      // The mask is exact: every backend computes Philox's words and x * scale as the interpreter does.
+      for (DType dt : floats)
+        for (double ratio : {0.0, 0.1, 0.5, 0.9})
+          for (int64_t stream : {0, 7}) {
+            OpCase c;
+            ValueId x = c.g.add_input("x", {dt, {5, 37}});
+            ValueId seed = c.g.add_input("seed", {DType::i64, {}});
+            ValueId counter = c.g.add_input("counter", {DType::i64, {}});
+            c.g.add_output("out", c.g.add_node(Op::Dropout, {x, seed, counter}, {{"ratio", ratio}, {"stream", stream}}));
+            c.inputs["x"] = random_tensor(dt, {5, 37}, -5, 5, rng);
+            c.inputs["seed"] = Tensor::scalar(DType::i64, static_cast<double>(0x123456789abcdLL + stream));
+            c.inputs["counter"] = Tensor::scalar(DType::i64, static_cast<double>(0x1000000003LL * (stream + 1)));
+            cases.push_back(std::move(c));
+          }
+      break;
     case Op::OneHot:
       for (DType idx : {DType::i32, DType::i64})
         for (DType dt : {DType::f32, DType::i32, DType::boolean}) {

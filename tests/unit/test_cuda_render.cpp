@@ -143,6 +143,14 @@ Graph every_op_graph(std::set<Op>& covered) {
   ValueId rows = node(Op::Gather, {table, xi}, {{"axis", int64_t{0}}});
   node(Op::GatherGrad, {rows, xi}, {{"size", int64_t{5}}});
   node(Op::Gather, {xi, xi}, {{"axis", int64_t{-1}}});
+  ValueId row = g.add_input("row", {DType::f32, {6}});
+  node(Op::LayerNorm, {table, row, row}, {{"axis", int64_t{-1}}});
+  ValueId wide = g.add_input("wide", {DType::f32, {3, 300}});
+  node(Op::LayerNorm, {wide, g.add_input("wscale", {DType::f32, {300}})}, {{"axis", int64_t{1}}});
+  ValueId ch = g.add_input("ch", {DType::f32, {4}});
+  node(Op::BatchNorm, {img, ch, ch, ch, ch}, {{"epsilon", 1e-3}});
+  ValueId seed = g.add_input("seed", {DType::i64, {}});
+  node(Op::Dropout, {img, seed, seed}, {{"ratio", 0.25}, {"stream", int64_t{2}}});
   return g;
 }
 

@@ -131,7 +131,8 @@ TEST_CASE("every op in ops.def has a builder", "[frontend]") {
       conv2d_grad_input(dy, k, {4, 4}, {.padding = {1, 1}}),
       conv2d_grad_weight(img, dy, {3, 3}, {.padding = {1, 1}}),
       max_pool2d_grad(img, dpool, {2, 2}), avg_pool2d_grad(dpool, {4, 4}, {2, 2}),
-      gather(x, idx), gather_grad(x, idx, 4)};
+      gather(x, idx), gather_grad(x, idx, 4), layer_norm(x, kb), batch_norm(x, kb, kb, kb, kb),
+      dropout(x, t.input("seed", {DType::i64, {}}), t.input("counter", {DType::i64, {}}), 0.5)};
   std::set<Op> seen;
   for (const Node& n : t.graph().nodes()) seen.insert(n.op);
   for (Op op : all_ops()) {

@@ -535,6 +535,51 @@ OpCases cases_for(Op op) {
         });
       return c;
     }
+    case Op::LayerNorm: {
+      OpCases c{Marker::Differentiable, {}};
+      for (int64_t axis : {-1, 1})
+        for (bool bias : {true, false})
+          c.cases.push_back([axis, bias] {
+            B b("layer_norm [2,3,4] axis " + std::to_string(axis) + (bias ? " with bias" : ""));
+            Sym x = b.wrt("x", {2, 3, 4});
+            Shape row = axis == 1 ? Shape{3, 4} : Shape{4};
+            std::vector<Sym> ops{x, b.wrt("scale", row)};
+            if (bias) ops.push_back(b.wrt("bias", row));
+            return b.weighted(b.tracer().apply(Op::LayerNorm, ops, {{"axis", axis}, {"epsilon", 0.1}}));
+          });
+      return c;
+    }
+    case Op::BatchNorm: {
+      OpCases c{Marker::Differentiable, {}};
+      c.cases.push_back([] {  // inference: every operand, the statistics included
+        B b("batch_norm [3,2,2,2] given statistics");
+        return b.weighted(b.tracer().apply(Op::BatchNorm, {b.wrt("x", {3, 2, 2, 2}), b.wrt("scale", {2}), b.wrt("bias", {2}),
+                                                           b.wrt("mean", {2}), b.wrt("var", {2}, Gen::Positive)},
+                                           {{"epsilon", 0.01}}));
+      });
+      c.cases.push_back([] {  // training: the batch's statistics, differentiated through
+        B b("batch_norm [4,3,2] batch statistics");
+        Sym x = b.wrt("x", {4, 3, 2});
+        Sym m = mean(x, {0, 2});
+        Sym d = x - reshape(m, {3, 1});
+        Sym v = mean(d * d, {0, 2});
+        return b.weighted(b.tracer().apply(Op::BatchNorm, {x, b.wrt("scale", {3}), b.wrt("bias", {3}), m, v},
+                                           {{"epsilon", 0.01}}));
+      });
+      return c;
+    }
+    case Op::Dropout: {
+      OpCases c{Marker::Differentiable, {}};
+      for (double ratio : {0.0, 0.5})
+        c.cases.push_back([ratio] {
+          B b("dropout ratio " + std::to_string(ratio));
+          Sym seed = b.input("seed", Tensor::scalar(DType::i64, 1234));
+          Sym counter = b.input("counter", Tensor::scalar(DType::i64, 5));
+          return b.weighted(b.tracer().apply(Op::Dropout, {b.wrt("x", {4, 6}), seed, counter},
+                                             {{"ratio", ratio}, {"stream", int64_t{3}}}));
+        });
+      return c;
+    }
     case Op::OneHot: {
       OpCases c{Marker::NonDifferentiable, {}};
       c.cases.push_back([] {  // an encoding of labels weighting x
@@ -675,8 +720,8 @@ TEST_CASE("gradcheck: the op table has cases for every op", "[gradcheck]") {
     total += oc.cases.size();
     if (oc.marker == Marker::Differentiable) ++differentiable;
   }
-  // 51 ops less 6 compares, argmax, one_hot, constant, the 5 backward-only ops and fused.
-  CHECK(differentiable == 36);
+  // 54 ops less 6 compares, argmax, one_hot, constant, the 5 backward-only ops and fused.
+  CHECK(differentiable == 39);
   CHECK(total > 150);
 }
 

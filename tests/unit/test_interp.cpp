@@ -12,6 +12,7 @@
 #include <random>
 
 #include "ir/interp.h"
+#include "ir/philox.h"
 
 using namespace kiln;
 using Catch::Matchers::ContainsSubstring;
@@ -123,6 +124,36 @@ void case_gather_grad() {
   // Index 1 twice: its rows add; index 5 is out of range and adds nothing.
   expect(run(Op::GatherGrad, {f32({4, 2}, {1, 2, 3, 4, 5, 6, 7, 8}), i32({4}, {1, 0, 1, 5})}, {{"size", int64_t{3}}}),
          DType::f32, {3, 2}, {3, 4, 6, 8, 0, 0});
+}
+
+void case_layer_norm() {
+  // Row [1,2,3]: mean 2, variance 2/3; row [4,4,4]: variance 0, so only epsilon keeps it finite.
+  Tensor x = f32({2, 3}, {1, 2, 3, 4, 4, 4});
+  const double n = -1.2247356859083902;  // (1 - 2) / sqrt(2/3 + 1e-5)
+  expect(run(Op::LayerNorm, {x, f32({3}, {1, 2, -1}), f32({3}, {0, 1, 0})}), DType::f32, {2, 3}, {n, 1, n, 0, 1, 0}, kF32);
+  expect(run(Op::LayerNorm, {x, f32({2, 3}, {1, 1, 1, 1, 1, 1})}, {{"axis", int64_t{0}}, {"epsilon", 0.0}}), DType::f32,
+         {2, 3}, {-1.7320508075688774, -0.8660254037844387, 0, 0.8660254037844387, 0.8660254037844387, 0.8660254037844387},
+         kF32);
+}
+
+void case_batch_norm() {
+  // [N=2, C=2]: channel 0 has mean 1, variance 4 (inv 0.5), scale 2; channel 1 mean 2,
+  // variance 0.25 (inv 2), bias 1.
+  expect(run(Op::BatchNorm, {f32({2, 2}, {1, 2, 3, 4}), f32({2}, {2, 1}), f32({2}, {0, 1}), f32({2}, {1, 2}),
+                             f32({2}, {4, 0.25})},
+             {{"epsilon", 0.0}}),
+         DType::f32, {2, 2}, {0, 1, 2, 5}, kF32);
+}
+
+void case_dropout() {
+  // Element 0 with seed 0, counter 0, stream 0 draws Philox4x32-10's known first word for
+  // the zero counter and key, 0x6627e8d5: dropped at ratio 0.4 (threshold 0x66666666), kept
+  // (scaled by 1 / (1 - ratio)) at 0.39 (threshold 0x63d70a3d).
+  Tensor zero = i64({}, {0});
+  Tensor x = f64({1}, {3});
+  expect(run(Op::Dropout, {x, zero, zero}, {{"ratio", 0.4}}), DType::f64, {1}, {0});
+  expect(run(Op::Dropout, {x, zero, zero}, {{"ratio", 0.39}}), DType::f64, {1}, {3 / (1 - 0.39)});
+  expect(run(Op::Dropout, {x, zero, zero}, {{"ratio", 0.0}}), DType::f64, {1}, {3});
 }
 
 void case_sigmoid() {
@@ -655,6 +686,9 @@ void run_case(Op op) {
     case Op::Erf: return case_erf();
     case Op::Gather: return case_gather();
     case Op::GatherGrad: return case_gather_grad();
+    case Op::LayerNorm: return case_layer_norm();
+    case Op::BatchNorm: return case_batch_norm();
+    case Op::Dropout: return case_dropout();
     case Op::Relu: return case_relu();
     case Op::Add: return case_add();
     case Op::Sub: return case_sub();
@@ -905,4 +939,33 @@ TEST_CASE("interp: interpret rejects bad inputs with a clear message", "[interp]
     CHECK_THROWS_MATCHES(interpret(g, in), Error,
                          Catch::Matchers::Message("input '%w': expected f32[3,2], got f64[3,2]"));
   }
+}
+
+TEST_CASE("interp: Philox4x32-10 gives Random123's known answers; dropout keeps 1 - ratio", "[interp]") {
+  using philox::philox4x32;
+  CHECK(philox4x32({0, 0, 0, 0}, {0, 0}) == std::array<uint32_t, 4>{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8});
+  CHECK(philox4x32({~0u, ~0u, ~0u, ~0u}, {~0u, ~0u}) ==
+        std::array<uint32_t, 4>{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd});
+  CHECK(philox4x32({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}) ==
+        std::array<uint32_t, 4>{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1});
+  // 100000 ones at ratio 0.3: each kept one is 1/0.7, and about 70% are kept; another
+  // counter (the next step) or stream (another layer) gives another mask.
+  Tensor ones(DType::f32, {100000});
+  for (int64_t i = 0; i < ones.numel(); ++i) ones.set(i, 1);
+  auto mask = [&](int64_t counter, int64_t stream) {
+    return run(Op::Dropout, {ones, i64({}, {42}), i64({}, {static_cast<double>(counter)})}, {{"ratio", 0.3}, {"stream", stream}});
+  };
+  Tensor a = mask(0, 0), b = mask(1, 0), c = mask(0, 1);
+  int64_t kept = 0, same_b = 0, same_c = 0;
+  const float scale = static_cast<float>(1 / 0.7);
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    float v = a.data<float>()[i];
+    REQUIRE((v == 0 || v == scale));
+    kept += v != 0;
+    same_b += v == b.data<float>()[i];
+    same_c += v == c.data<float>()[i];
+  }
+  CHECK(std::abs(kept / 1e5 - 0.7) < 0.01);
+  CHECK(std::abs(same_b / 1e5 - 0.58) < 0.01);  // independent masks agree 0.7^2 + 0.3^2 of the time
+  CHECK(std::abs(same_c / 1e5 - 0.58) < 0.01);
 }

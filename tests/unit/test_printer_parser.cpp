@@ -157,6 +157,26 @@ Graph graph_for(Op op, bool alt) {
                                    {"dilation", ints({1, 2})}, {"groups", int64_t{2}}});
       break;
     }
+    case Op::LayerNorm: {
+      ValueId x = g.add_input("x", f32({2, 3, 4}));
+      std::vector<ValueId> ops{x, g.add_input("scale", f32(alt ? Shape{3, 4} : Shape{4}), true)};
+      if (!alt) ops.push_back(g.add_input("bias", f32({4}), true));
+      r = g.add_node(op, ops, alt ? AttrMap{{"axis", int64_t{1}}, {"epsilon", 1e-3}} : AttrMap{});
+      break;
+    }
+    case Op::BatchNorm: {
+      std::vector<ValueId> ops{g.add_input("x", f32({2, 3, 4, 4}))};
+      for (const char* p : {"scale", "bias", "mean", "var"}) ops.push_back(g.add_input(p, f32({3}), true));
+      r = g.add_node(op, ops, alt ? AttrMap{{"epsilon", 0.125}} : AttrMap{});
+      break;
+    }
+    case Op::Dropout: {
+      ValueId x = g.add_input("x", f32({2, 3}));
+      ValueId seed = g.add_input("seed", TensorType{DType::i64, {}}, true);
+      ValueId counter = g.add_input("counter", TensorType{DType::i64, {}}, true);
+      r = g.add_node(op, {x, seed, counter}, {{"ratio", alt ? 0.25 : 0.5}, {"stream", int64_t{alt ? 3 : 0}}});
+      break;
+    }
     case Op::Gather: {
       ValueId x = g.add_input("table", alt ? TensorType{DType::i64, {5}} : f32({10, 4}));
       ValueId i = g.add_input("ids", alt ? TensorType{DType::i64, {}} : TensorType{DType::i32, {2, 3}});

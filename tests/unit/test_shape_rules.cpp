@@ -88,6 +88,16 @@ Case case_for(Op op) {
               {{"input_size", Ints{9, 9}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}, {"groups", int64_t{2}}},
               f32({2, 4, 9, 9}), {f32({1, 4, 4, 4}), f32({4, 2, 3, 3})}, {{"input_size", Ints{5, 5}}},
               "dy is [1,4,4,4] but a conv2d of input [1,2,5,5] gives [1,4,3,3]"};
+    case Op::LayerNorm:
+      return {{f32({2, 5, 3}), f32({5, 3}), f32({5, 3})}, {{"axis", int64_t{1}}}, f32({2, 5, 3}),
+              {f32({2, 5, 3}), f32({3})}, {{"axis", int64_t{1}}}, "scale must be [5,3] (x's dims from axis 1)"};
+    case Op::BatchNorm:
+      return {{f32({2, 4, 3, 3}), f32({4}), f32({4}), f32({4}), f32({4})}, {}, f32({2, 4, 3, 3}),
+              {f32({2, 4, 3, 3}), f32({4}), f32({4}), f32({3}), f32({4})}, {}, "mean must be [4] (one per channel)"};
+    case Op::Dropout:
+      return {{f32({2, 3}), TensorType{DType::i64, {}}, TensorType{DType::i64, {}}}, {{"ratio", 0.5}}, f32({2, 3}),
+              {f32({2, 3}), TensorType{DType::i32, {}}, TensorType{DType::i64, {}}}, {{"ratio", 0.5}},
+              "seed must be an i64 scalar (i64[]), not i32[]"};
     case Op::Gather:
       return {{f32({2, 10, 3}), i32({4, 5})}, {{"axis", int64_t{1}}}, f32({2, 4, 5, 3}), {f32({2, 10}), f32({4})}, {},
               "indices must be i32 or i64, not f32"};
