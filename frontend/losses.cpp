@@ -46,10 +46,19 @@ Graph with_classifier_loss(const Graph& src, const std::string& what) {
   std::vector<const GraphInput*> inputs;
   for (const GraphInput& in : src.inputs())
     if (!in.is_state) inputs.push_back(&in);
-  if (inputs.size() != 1 || src.outputs().size() != 1)
+  // Outputs past the first that are state updates ("X.next" for a state input X: batch
+  // norm's running statistics, dropout's counter) are carried over.
+  auto is_update = [&](const GraphOutput& o) {
+    if (!o.name.ends_with(".next")) return false;
+    ValueId in = src.find(o.name.substr(0, o.name.size() - 5));
+    return in.valid() && src.is_state(in);
+  };
+  size_t model_outputs = 0;
+  for (size_t i = 0; i < src.outputs().size(); ++i) model_outputs += i == 0 || !is_update(src.outputs()[i]);
+  if (inputs.size() != 1 || model_outputs != 1)
     throw Error(what + ": a classifier to train has one input (the examples) and one output (the logits); @" +
                 src.name() + " has " + std::to_string(inputs.size()) + " input(s) and " +
-                std::to_string(src.outputs().size()) + " output(s)");
+                std::to_string(model_outputs) + " output(s)");
   const TensorType& lt = src.type(src.outputs()[0].value);
   const int64_t n = src.type(inputs[0]->value).rank() > 0 ? src.type(inputs[0]->value).shape[0] : -1;
   if (lt.rank() != 2 || !is_float(lt.dtype) || lt.shape[0] != n)
@@ -84,6 +93,7 @@ Graph with_classifier_loss(const Graph& src, const std::string& what) {
   ValueId accuracy = add(Op::Mean, {add(Op::Cast, {hits}, {{"dtype", DType::f32}})}, {{"axes", all}}, "accuracy");
   g.add_output("loss", loss);
   g.add_output("accuracy", accuracy);
+  for (size_t i = 1; i < src.outputs().size(); ++i) g.add_output(src.outputs()[i].name, at(src.outputs()[i].value));
   return g;
 }
 

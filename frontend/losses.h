@@ -27,7 +27,9 @@ namespace kiln {
 // A classifier graph (one non-state input of examples [N,...], one output of float logits
 // [N,C]; an imported ONNX model, say) made trainable: its input renamed %x, labels %y:
 // i32[N] added, and outputs "loss" (softmax cross-entropy averaged over the batch, as
-// nn::cross_entropy) and "accuracy" (as nn::accuracy). State inputs and notes are kept.
+// nn::cross_entropy) and "accuracy" (as nn::accuracy). State inputs and notes are kept, and
+// so are outputs after the logits that update state ("X.next" for a state input X: batch
+// norm's running statistics, dropout's counter), after loss and accuracy.
 // kiln::Error naming `what` when the graph is not of that form.
 Graph with_classifier_loss(const Graph& classifier, const std::string& what);
 

@@ -62,6 +62,78 @@ Sym Conv2d::operator()(Sym x, std::source_location loc) const {
   return bias.valid() ? conv2d(x, weight, bias, options, loc) : conv2d(x, weight, options, loc);
 }
 
+namespace {
+Tensor filled(Shape shape, double v, DType dtype) {
+  Tensor t(dtype, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, v);
+  return t;
+}
+
+// The name of a module's output: "SCOPE.leaf", or "leaf" in a root scope.
+std::string scoped(const std::string& scope, const std::string& leaf) { return scope.empty() ? leaf : scope + "." + leaf; }
+}  // namespace
+
+BatchNorm::BatchNorm(const Scope& s, int64_t channels, bool training, double momentum, double eps)
+    : scope(s.path()), training(training), momentum(momentum), eps(eps) {
+  want_positive("BatchNorm", "channels", channels);
+  if (!(momentum >= 0 && momentum <= 1)) throw Error("BatchNorm: momentum must be in [0, 1], got " + std::to_string(momentum));
+  if (!(eps >= 0)) throw Error("BatchNorm: eps must be non-negative");
+  weight = s.parameter("weight", filled({channels}, 1, s.dtype()));
+  bias = s.parameter("bias", zeros({channels}, s.dtype()));
+  running_mean = s.parameter("running_mean", zeros({channels}, s.dtype()));
+  running_var = s.parameter("running_var", filled({channels}, 1, s.dtype()));
+}
+
+Sym BatchNorm::operator()(Sym x, std::source_location loc) const {
+  if (!training) return batch_norm(x, weight, bias, running_mean, running_var, eps, loc);
+  const TensorType xt = x.tracer().graph().type(x.value());
+  if (xt.rank() < 2) return batch_norm(x, weight, bias, running_mean, running_var, eps, loc);  // the op's error
+  std::vector<int64_t> others{0};
+  Shape col(static_cast<size_t>(xt.rank() - 1), 1);  // [C,1,...] against [N,C,...]
+  col[0] = xt.shape[1];
+  int64_t count = xt.shape[0];
+  for (int64_t d = 2; d < xt.rank(); ++d) {
+    others.push_back(d);
+    count *= xt.shape[static_cast<size_t>(d)];
+  }
+  Sym m = mean(x, others, false, loc);
+  Sym centered = x - reshape(m, col, loc);
+  Sym var = mean(centered * centered, others, false, loc);
+  Sym y = batch_norm(x, weight, bias, m, var, eps, loc);
+  // PyTorch's running variance takes the unbiased batch variance.
+  const double unbias = count > 1 ? static_cast<double>(count) / static_cast<double>(count - 1) : 1.0;
+  Tracer& t = x.tracer();
+  t.output(scoped(scope, "running_mean.next"), running_mean * (1 - momentum) + m * momentum, loc);
+  t.output(scoped(scope, "running_var.next"), running_var * (1 - momentum) + var * (momentum * unbias), loc);
+  return y;
+}
+
+LayerNorm::LayerNorm(const Scope& s, Shape shape, double eps) : scope(s.path()), shape(shape), eps(eps) {
+  if (shape.empty()) throw Error("LayerNorm: the normalized shape must have at least one dim");
+  for (int64_t d : shape) want_positive("LayerNorm", "each normalized dim", d);
+  weight = s.parameter("weight", filled(shape, 1, s.dtype()));
+  bias = s.parameter("bias", zeros(shape, s.dtype()));
+}
+
+Sym LayerNorm::operator()(Sym x, std::source_location loc) const {
+  return layer_norm(x, weight, bias, -static_cast<int64_t>(shape.size()), eps, loc);
+}
+
+Dropout::Dropout(const Scope& s, double p, bool training) : scope(s.path()), p(p), training(training) {
+  if (!(p >= 0 && p < 1)) throw Error("Dropout: p must be in [0, 1), got " + std::to_string(p));
+  if (!training) return;
+  Tensor key(DType::i64, {});
+  key.set_int(0, static_cast<int64_t>(s.rng("seed").next_u64() >> 1));
+  seed = s.parameter("seed", key);
+  counter = s.parameter("counter", Tensor(DType::i64, {}));
+}
+
+Sym Dropout::operator()(Sym x, std::source_location loc) const {
+  if (!training) return x;
+  x.tracer().output(scoped(scope, "counter.next"), counter + 1, loc);
+  return dropout(x, seed, counter, p, 0, loc);
+}
+
 MaxPool2d::MaxPool2d(int64_t kernel, int64_t stride, int64_t padding)
     : kernel(kernel), stride(stride ? stride : kernel), padding(padding) {}
 

@@ -110,6 +110,57 @@ class Flatten {
   int64_t start_axis;
 };
 
+// Batch normalization over the channels (dim 1) of [N,C,...] (PyTorch's BatchNorm1d/2d):
+// parameters "weight" (ones) and "bias" (zeros), and buffers "running_mean" (zeros) and
+// "running_var" (ones), all [C] state. Training (the default) normalizes with the batch's
+// mean and biased variance and outputs the buffers' next values, "SCOPE.running_mean.next"
+// = (1 - momentum) * running + momentum * batch mean, the variance's with the unbiased
+// batch variance, as PyTorch: the training step then carries them as state the model
+// updates itself. Inference (training = false) normalizes with the buffers. Apply a
+// training module once per trace (its outputs are named after its scope).
+class BatchNorm {
+ public:
+  BatchNorm(const Scope& scope, int64_t channels, bool training = true, double momentum = 0.1, double eps = 1e-5);
+  Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const;
+  std::string name() const { return scope.empty() ? "batch_norm" : scope; }
+
+  Sym weight, bias, running_mean, running_var;
+  std::string scope;
+  bool training;
+  double momentum, eps;
+};
+
+// Layer normalization over x's trailing dims `shape` (PyTorch's LayerNorm): parameters
+// "weight" (ones) and "bias" (zeros) of that shape.
+class LayerNorm {
+ public:
+  LayerNorm(const Scope& scope, Shape shape, double eps = 1e-5);
+  Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const;
+  std::string name() const { return scope.empty() ? "layer_norm" : scope; }
+
+  Sym weight, bias;
+  std::string scope;
+  Shape shape;
+  double eps;
+};
+
+// Dropout (PyTorch's): in training (the default) each element is zeroed with probability
+// p and the rest scaled by 1 / (1 - p), from Philox keyed by i64 state "SCOPE.seed" (drawn
+// from the scope's seed and name) and "SCOPE.counter" (0), and outputs "SCOPE.counter.next"
+// = counter + 1: every step a fresh mask, each a pure function of the state, so a run
+// replays bitwise. Inference: the identity. Apply a training module once per trace.
+class Dropout {
+ public:
+  Dropout(const Scope& scope, double p = 0.5, bool training = true);
+  Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const;
+  std::string name() const { return scope.empty() ? "dropout" : scope; }
+
+  Sym seed, counter;  // empty when not training
+  std::string scope;
+  double p;
+  bool training;
+};
+
 struct ReLU {
   Sym operator()(Sym x, std::source_location loc = std::source_location::current()) const {
     return relu(x, loc);

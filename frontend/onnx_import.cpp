@@ -223,6 +223,67 @@ std::vector<std::string> Ctx::unread_attrs() const {
   return out;
 }
 
+void Ctx::update_state(const Val& state, Val next, const char* what) {
+  const bool is_state = state.id.valid() && g_.value(state.id).node < 0 && [&] {
+    for (const GraphInput& in : g_.inputs())
+      if (in.value == state.id) return in.is_state;
+    return false;
+  }();
+  if (!is_state)
+    throw Unsupported(std::string("training needs ") + what + " to be an initializer (state) to update" +
+                      (options_.constant_weights ? ", not a constant (--constant-weights)" : ""));
+  updates_.emplace_back(g_.value(state.id).name + ".next", std::move(next));
+}
+
+std::pair<Val, Val> Ctx::dropout_state() {
+  if (dropout_) return *dropout_;
+  auto add = [&](const std::string& name, int64_t value) {
+    for (const Value& v : g_.values())
+      if (v.name == name) throw Unsupported("the model already has a value named '" + name + "' (dropout's state)");
+    Tensor t(DType::i64, {});
+    t.set_int(0, value);
+    Val v;
+    v.type = t.type();
+    v.id = g_.add_input(name, v.type, /*is_state=*/true);
+    if (state_) state_->emplace(name, std::move(t));
+    return v;
+  };
+  Val seed = add("dropout.seed", options_.dropout_seed), counter = add("dropout.counter", 0);
+  updates_.emplace_back("dropout.counter.next", node(Op::Add, {counter, scalar(DType::i64, 1)}));
+  dropout_ = {seed, counter};
+  return *dropout_;
+}
+
+bool Ctx::input_shared(int i) const {
+  std::string name = node_->input(i);
+  for (int hops = 0; hops < 1000; ++hops) {  // Identity chains are acyclic in a checked graph
+    auto it = identity_of_.find(name);
+    if (it == identity_of_.end()) break;
+    name = it->second;
+  }
+  auto it = reads_.find(name);
+  return it != reads_.end() && it->second > 1;
+}
+
+Val Ctx::own_state(int i, const std::string& leaf) {
+  Val from = in(i);
+  const std::optional<Tensor>& init = from.hint ? from.hint : from.known;
+  if (!init) throw Unsupported("input " + std::to_string(i) + " is computed at run time; it must be an initializer");
+  std::string base = node_->name().empty() ? node_->output(0) : node_->name();
+  for (char& ch : base)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.')) ch = '_';
+  if (base.empty() || !(std::isalpha(static_cast<unsigned char>(base[0])) || base[0] == '_')) base = "_" + base;
+  base += "." + leaf;
+  std::string name = base;
+  for (int k = 2; g_.find(name).valid(); ++k) name = base + "_" + std::to_string(k);
+  Val v;
+  v.type = init->type();
+  v.hint = *init;
+  v.id = g_.add_input(name, v.type, /*is_state=*/true);
+  if (state_) state_->emplace(name, *init);
+  return v;
+}
+
 int Ctx::num_outputs() const { return node_->output_size(); }
 bool Ctx::output_used(int i) const { return i < node_->output_size() && !node_->output(i).empty(); }
 
@@ -475,7 +536,7 @@ OnnxModel import_model(onnx::ModelProto model, const std::string& what, const On
   Problems problems;
   std::map<std::string, Val> env;
   std::set<std::string> poisoned;
-  Ctx ctx(g, opset);
+  Ctx ctx(g, opset, opt, &out.state);
 
   std::set<std::string> initializer_names;
   for (const onnx::TensorProto& t : gp.initializer()) initializer_names.insert(t.name());
@@ -510,6 +571,7 @@ OnnxModel import_model(onnx::ModelProto model, const std::string& what, const On
       if (is_float(t.dtype()) && !opt.constant_weights) {
         std::string name = kiln_name(tp.name(), used_names);
         v.id = g.add_input(name, t.type(), /*is_state=*/true);
+        v.hint = t;  // for a node that needs it at import (Dropout's ratio, Clip's bounds)
         out.state.emplace(name, std::move(t));
       } else {
         v.known = std::move(t);
@@ -521,6 +583,26 @@ OnnxModel import_model(onnx::ModelProto model, const std::string& what, const On
     }
   }
 
+  {  // How often each value is read, through Identity (Ctx::input_shared).
+    std::map<std::string, int> reads;
+    std::map<std::string, std::string> identity_of;
+    for (const onnx::NodeProto& n : gp.node()) {
+      if (n.op_type() == "Identity" && n.input_size() == 1 && n.output_size() == 1 && (n.domain().empty() || n.domain() == "ai.onnx")) {
+        identity_of[n.output(0)] = n.input(0);
+        continue;
+      }
+    }
+    auto root = [&](std::string name) {
+      for (int hops = 0; hops < 1000 && identity_of.count(name); ++hops) name = identity_of.at(name);
+      return name;
+    };
+    for (const onnx::NodeProto& n : gp.node())
+      if (!identity_of.count(n.output_size() ? n.output(0) : std::string()))
+        for (const std::string& in : n.input())
+          if (!in.empty()) ++reads[root(in)];
+    for (const onnx::ValueInfoProto& vi : gp.output()) ++reads[root(vi.name())];
+    ctx.set_reads(std::move(reads), std::move(identity_of));
+  }
   const auto& table = onnx_import::op_table();
   for (int i = 0; i < gp.node_size(); ++i) {
     const onnx::NodeProto& n = gp.node(i);
@@ -582,6 +664,10 @@ OnnxModel import_model(onnx::ModelProto model, const std::string& what, const On
         problems.details.push_back(fmt::format("graph output '{}' imports as {} but the model declares {}", vi.name(),
                                                g.type(v).str(), dtype_name(*dt)));
     }
+  }
+  // The state the model updates itself (training), after the model's own outputs.
+  for (auto& [name, v] : ctx.state_updates()) {
+    if (!out.graph.find_output(name).valid()) g.add_output(name, ctx.materialize(v));
   }
   if (!problems.empty()) throw Error(problems.message(what));
   verify(g);

@@ -27,6 +27,14 @@ struct OnnxImportOptions {
   // batch size. Default 1. Any other symbolic dimension is an error naming it.
   std::optional<int64_t> batch;
   bool constant_weights = false;  // every initializer a constant, none state
+  // Import for training (`kiln train` does): BatchNormalization normalizes with the batch's
+  // statistics and updates its running mean and variance (their initializers' state) by
+  // ONNX's rule, as outputs "NAME.next"; Dropout drops, from Philox keyed by the i64 state
+  // "dropout.seed" and "dropout.counter" (updated to counter + 1 each step). Nodes that
+  // ask for their training mode themselves (BatchNormalization training_mode=1, Dropout's
+  // training_mode input true) get it either way.
+  bool training = false;
+  int64_t dropout_seed = 0;  // the initial value of "dropout.seed"
   // Values of graph inputs known at import time. An input listed here that a node needs
   // as a constant (Reshape's shape, Slice's starts, ...) is read from here; an input
   // that only such nodes use is not an input of the imported graph. Others stay inputs.

@@ -28,14 +28,16 @@ struct Unsupported : std::runtime_error {
 struct Val {
   ValueId id;                   // invalid until it is needed at run time
   std::optional<Tensor> known;  // a constant's value
-  std::optional<Tensor> hint;   // a graph input's value given in OnnxImportOptions::input_values
+  std::optional<Tensor> hint;   // a graph input's value given in OnnxImportOptions::input_values, or a
+                                // float initializer's initial value (it is state)
   std::string input;            // that graph input's Kiln name (added when first needed)
   TensorType type;
 };
 
 class Ctx {
  public:
-  Ctx(Graph& g, int64_t opset) : g_(g), opset_(opset) {}
+  Ctx(Graph& g, int64_t opset, const OnnxImportOptions& options = {}, TensorMap* state = nullptr)
+      : g_(g), opset_(opset), options_(options), state_(state) {}
 
   int64_t opset() const { return opset_; }
   Graph& graph() { return g_; }
@@ -66,6 +68,32 @@ class Ctx {
   bool output_used(int i) const;  // given and not empty (a consumer may still not exist)
   void set_output(int i, Val v);
 
+  // --- training (OnnxImportOptions::training) ---
+  bool training() const { return options_.training; }
+  // Makes `next` the new value of `state`, a state input (an initializer): the graph
+  // outputs it as "NAME.next" (a buffer the model updates itself). Unsupported when state
+  // is not a state input (a constant under constant_weights, a computed value).
+  void update_state(const Val& state, Val next, const char* what);
+  // The i64 scalar state inputs "dropout.seed" (OnnxImportOptions::dropout_seed) and
+  // "dropout.counter" (0, with its update counter + 1), added on first use, and a new
+  // Philox stream number per call (one per Dropout node).
+  std::pair<Val, Val> dropout_state();
+  int64_t next_dropout_stream() { return dropout_streams_++; }
+  // The state updates in the order made, for the driver to output after the model's outputs.
+  std::vector<std::pair<std::string, Val>>& state_updates() { return updates_; }
+  // --- initializers read by several nodes ---
+  // How often each ONNX value is read (through Identity chains, graph outputs included).
+  void set_reads(std::map<std::string, int> reads, std::map<std::string, std::string> identity_of) {
+    reads_ = std::move(reads);
+    identity_of_ = std::move(identity_of);
+  }
+  // True when input i's value (followed through Identity nodes) is read elsewhere too: an
+  // exporter merges equal initializers (PyTorch: a fresh batch norm's running mean and
+  // bias, both zeros).
+  bool input_shared(int i) const;
+  // A state input of its own for input i, named after the node ("NODE.leaf"), starting at
+  // input i's initial value: for state this node updates that others read unchanged.
+  Val own_state(int i, const std::string& leaf);
   // --- building ---
   // Appends `op` (or, when every operand is known and the result small, computes it now).
   Val node(Op op, std::vector<Val> operands, AttrMap attrs = {});
@@ -82,6 +110,13 @@ class Ctx {
 
   Graph& g_;
   int64_t opset_;
+  OnnxImportOptions options_;
+  TensorMap* state_;
+  std::vector<std::pair<std::string, Val>> updates_;
+  std::optional<std::pair<Val, Val>> dropout_;
+  std::map<std::string, int> reads_;
+  std::map<std::string, std::string> identity_of_;
+  int64_t dropout_streams_ = 0;
   const onnx::NodeProto* node_ = nullptr;
   std::map<std::string, Val>* env_ = nullptr;
   std::set<std::string> read_;

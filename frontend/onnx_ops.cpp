@@ -671,22 +671,59 @@ Normalized normalize(Ctx& c, const Val& x, const std::vector<int64_t>& axes, dou
   return {bin(c, Op::Mul, centered, inv_std), mean, inv_std};
 }
 
+// BatchNormalization as Kiln's batch_norm. Training (training_mode=1, or an import for
+// training): the batch's mean and biased variance over all dims but the channel, and the
+// running statistics updated by ONNX's rule, running * momentum + batch * (1 - momentum).
 void batch_norm(Ctx& c) {
   Val x = c.in(0);
   want_float(x, "the input");
   double eps = c.attr_float("epsilon", 1e-5);
-  c.ignore_attr("momentum");  // only the training mode's running statistics use it
-  if (c.attr_int("training_mode", 0) != 0) throw Unsupported("training_mode=1 (the batch statistics)");
+  double momentum = c.attr_float("momentum", 0.9);
+  const bool node_training = c.attr_int("training_mode", 0) != 0;
   if (c.attr_int("spatial", 1) != 1) throw Unsupported("spatial=0");
-  c.attr_int("is_test", 1);
+  c.ignore_attr("is_test");  // opset < 7: exporters set it for inference models
   c.ignore_attr("consumed_inputs");
-  for (int i = 1; i < c.num_outputs(); ++i)
-    if (c.output_used(i)) throw Unsupported("the running-statistics outputs (training mode)");
-  int64_t r = x.type.rank();
-  Val mean = channel(c, c.in(3), r), var = channel(c, c.in(4), r);
-  Val scale = bin(c, Op::Mul, channel(c, c.in(1), r), un(c, Op::Rsqrt, bin(c, Op::Add, var, lit(c, var, eps))));
-  Val y = bin(c, Op::Add, bin(c, Op::Mul, bin(c, Op::Sub, x, mean), scale), channel(c, c.in(2), r));
-  c.set_output(0, y);
+  const bool training = node_training || c.training();
+  if (!training)
+    for (int i = 1; i < c.num_outputs(); ++i)
+      if (c.output_used(i)) throw Unsupported("the running-statistics outputs in inference mode");
+  const int64_t r = x.type.rank();
+  if (r < 2) throw Unsupported("an input of rank " + std::to_string(r) + " (BatchNormalization needs [N,C,...])");
+  std::vector<Val> params;
+  for (int i = 1; i < 5; ++i) {
+    Val p = c.in(i);
+    if (p.type.shape != Shape{x.type.shape[1]} || p.type.dtype != x.type.dtype)
+      throw Unsupported("a parameter of type " + p.type.str() + " (want " + std::string(dtype_name(x.type.dtype)) +
+                        "[" + std::to_string(x.type.shape[1]) + "])");
+    params.push_back(std::move(p));
+  }
+  // Running statistics merged with another initializer by the exporter (a fresh PyTorch
+  // model's zeros and ones) get state of their own: training updates them alone. The same
+  // in both modes, so an inference import and a training import name the same state.
+  if (c.input_shared(3)) params[2] = c.own_state(3, "running_mean");
+  if (c.input_shared(4)) params[3] = c.own_state(4, "running_var");
+  AttrMap bn{{"epsilon", eps}};
+  if (!training) {
+    c.set_output(0, c.node(Op::BatchNorm, {x, params[0], params[1], params[2], params[3]}, bn));
+    return;
+  }
+  std::vector<int64_t> others{0};
+  for (int64_t d = 2; d < r; ++d) others.push_back(d);
+  AttrMap over{{"axes", others}, {"keepdims", false}};
+  Val mean = c.node(Op::Mean, {x}, over);
+  Val centered = bin(c, Op::Sub, x, channel(c, mean, r));
+  Val var = c.node(Op::Mean, {bin(c, Op::Mul, centered, centered)}, over);
+  c.set_output(0, c.node(Op::BatchNorm, {x, params[0], params[1], mean, var}, bn));
+  auto running = [&](const Val& old, const Val& batch) {
+    return bin(c, Op::Add, bin(c, Op::Mul, old, lit(c, x, momentum)), bin(c, Op::Mul, batch, lit(c, x, 1 - momentum)));
+  };
+  Val next_mean = running(params[2], mean), next_var = running(params[3], var);
+  if (c.training()) {
+    c.update_state(params[2], next_mean, "the running mean");
+    c.update_state(params[3], next_var, "the running variance");
+  }
+  c.set_output(1, next_mean);
+  c.set_output(2, next_var);
 }
 
 void instance_norm(Ctx& c) {
@@ -698,13 +735,25 @@ void instance_norm(Ctx& c) {
   c.set_output(0, y);
 }
 
+// LayerNormalization: Kiln's layer_norm when the scale and bias have the row's shape and
+// only Y is used; else (a broadcast scale, or the Mean and InvStdDev outputs) as arithmetic.
 void layer_norm(Ctx& c) {
   Val x = c.in(0);
   want_float(x, "the input");
   int64_t r = x.type.rank();
   int64_t axis = norm_axis(c.attr_int("axis", -1), r);
   if (c.attr_int("stash_type", 1) != 1) throw Unsupported("stash_type other than 1 (float)");
-  Normalized n = normalize(c, x, iota(axis, r), c.attr_float("epsilon", 1e-5));
+  const double eps = c.attr_float("epsilon", 1e-5);
+  const Shape row(x.type.shape.begin() + axis, x.type.shape.end());
+  const bool exact = c.in(1).type.shape == row && (!c.has_input(2) || c.in(2).type.shape == row) &&
+                     !c.output_used(1) && !c.output_used(2);
+  if (exact) {
+    std::vector<Val> ops{x, c.in(1)};
+    if (c.has_input(2)) ops.push_back(c.in(2));
+    c.set_output(0, c.node(Op::LayerNorm, ops, {{"axis", axis}, {"epsilon", eps}}));
+    return;
+  }
+  Normalized n = normalize(c, x, iota(axis, r), eps);
   Val y = bin(c, Op::Mul, n.y, c.in(1));
   if (c.has_input(2)) y = bin(c, Op::Add, y, c.in(2));
   c.set_output(0, y);
@@ -759,18 +808,39 @@ void softmax_cross_entropy(Ctx& c) {
   c.set_output(1, log_p);
 }
 
+// Dropout: the identity for inference; in training (the training_mode input true, is_test=0
+// before opset 7, or an import for training) Kiln's dropout, its mask where it keeps.
 void dropout(Ctx& c) {
-  c.ignore_attr("ratio");  // inference: dropout is the identity
-  c.ignore_attr("seed");
-  if (c.attr_int("is_test", 1) == 0) throw Unsupported("is_test=0 (training-mode dropout)");
+  c.ignore_attr("seed");  // Kiln's generator is Philox keyed by the state "dropout.seed"
+  double ratio = 0.5;
+  if (c.opset() < 12) ratio = c.attr_float("ratio", 0.5);
+  else if (c.has_input(1)) {
+    const Tensor& t = c.in_const(1, "ratio");
+    if (t.numel() != 1 || !is_float(t.dtype())) throw Unsupported("a ratio that is not one float");
+    ratio = t.get(0);
+  }
+  bool training = c.training() || c.attr_int("is_test", 1) == 0;
   if (c.has_input(2)) {
     const Tensor& t = c.in_const(2, "training_mode");
-    if (t.numel() != 1 || t.get_int(0) != 0) throw Unsupported("training_mode=true (training-mode dropout)");
+    if (t.numel() != 1) throw Unsupported("a training_mode that is not one bool");
+    training = training || t.get_int(0) != 0;
   }
   Val x = c.in(0);
-  c.set_output(0, x);
-  if (c.output_used(1))
-    c.set_output(1, c.constant(Tensor::splat(Tensor::scalar(DType::boolean, 1), x.type.shape)));
+  if (!training || ratio == 0) {
+    c.set_output(0, x);
+    if (c.output_used(1))
+      c.set_output(1, c.constant(Tensor::splat(Tensor::scalar(DType::boolean, 1), x.type.shape)));
+    return;
+  }
+  want_float(x, "the input");
+  if (!(ratio >= 0 && ratio < 1)) throw Error("ratio " + std::to_string(ratio) + " is not in [0, 1)");
+  auto [seed, counter] = c.dropout_state();
+  AttrMap a{{"ratio", ratio}, {"stream", c.next_dropout_stream()}};
+  c.set_output(0, c.node(Op::Dropout, {x, seed, counter}, a));
+  if (c.output_used(1)) {  // kept where dropout of ones is not zero
+    Val ones = c.constant(Tensor::splat(Tensor::scalar(x.type.dtype, 1), x.type.shape));
+    c.set_output(1, bin(c, Op::Ne, c.node(Op::Dropout, {ones, seed, counter}, a), lit(c, x, 0)));
+  }
 }
 
 // --- shapes ----------------------------------------------------------------------------------

@@ -261,7 +261,7 @@ Sym gather_grad(Sym dy, Sym indices, int64_t size, int64_t axis = 0,
 // (scale and bias have exactly those dims).
 Sym layer_norm(Sym x, Sym scale, std::optional<Sym> bias = std::nullopt, int64_t axis = -1, double epsilon = 1e-5,
                std::source_location loc = std::source_location::current());
-// x: [N,C,...] normalized per channel with the given statistics (all [C]); nn::BatchNorm2d
+// x: [N,C,...] normalized per channel with the given statistics (all [C]); nn::BatchNorm
 // computes the batch's own when training.
 Sym batch_norm(Sym x, Sym scale, Sym bias, Sym mean, Sym var, double epsilon = 1e-5,
                std::source_location loc = std::source_location::current());

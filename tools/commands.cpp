@@ -17,13 +17,14 @@ void need_file(const char* cmd, const std::string& file) {
     throw Error(fmt::format("{} needs a FILE.kir or FILE.onnx argument (see 'kiln {} --help')", cmd, cmd));
 }
 
-ModelFile load_model_file(const std::string& file, std::optional<int64_t> batch) {
+ModelFile load_model_file(const std::string& file, std::optional<int64_t> batch, bool training) {
   if (!is_onnx_path(file)) {
     if (batch) throw Error(fmt::format("{}: --batch is for .onnx models (a .kir graph has its shapes)", file));
     return {parse_file(file), {}};
   }
   OnnxImportOptions options;
   options.batch = batch;
+  options.training = training;
   OnnxModel m = import_onnx(file, options);
   print_warnings(m.warnings);
   return {std::move(m.graph), std::move(m.state)};

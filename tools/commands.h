@@ -24,7 +24,7 @@ struct ModelFile {
   Graph graph;
   TensorMap state;
 };
-ModelFile load_model_file(const std::string& file, std::optional<int64_t> batch = std::nullopt);
+ModelFile load_model_file(const std::string& file, std::optional<int64_t> batch = std::nullopt, bool training = false);
 Graph load_graph(const std::string& file);  // load_model_file(file).graph
 // "kiln: warning: ..." on stderr for each.
 void print_warnings(const std::vector<std::string>& warnings);

@@ -72,8 +72,10 @@ ModelWithParams kir_model(const std::string& file, uint64_t seed) {
 // An imported ONNX classifier as a model kiln train takes (kiln::with_classifier_loss),
 // its parameters the initializers.
 ModelWithParams onnx_model(const std::string& file, int64_t batch) {
-  ModelFile f = load_model_file(file, batch);
+  // Trained as imported for training (batch statistics, dropout), evaluated as imported for inference.
+  ModelFile f = load_model_file(file, batch, /*training=*/true);
   ModelWithParams m{with_classifier_loss(f.graph, file), std::move(f.state), ImageLayout::flat};
+  m.eval_model = with_classifier_loss(load_model_file(file, batch).graph, file);
   const TensorType& x = m.model.type(m.model.find("x"));
   if (x.rank() == 4) m.layout = ImageLayout::nchw;
   else if (x.rank() != 2)
@@ -276,6 +278,7 @@ int run_train(const TrainArgs& a) {
   if (a.test_limit) test = test.first(*a.test_limit);
   load_init_weights(a, model.m);
 
+  if (model.m.eval_model) o.eval_model = model.m.eval_model;
   Trainer trainer(model.m.model, model.m.params, o);
   if (a.resume) {
     std::optional<std::string> from = trainer.resume();

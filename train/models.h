@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ struct ModelWithParams {
   Graph model;
   TensorMap params;  // initial values of the state inputs
   ImageLayout layout = ImageLayout::flat;  // how the model wants its images
+  // The model to evaluate, when training changes it (an imported model's dropout and batch
+  // norm); empty: `model`.
+  std::optional<Graph> eval_model{};
 };
 
 std::vector<std::string> builtin_model_names();  // {"mlp", "lenet"}

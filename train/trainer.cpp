@@ -96,7 +96,8 @@ Trainer::Trainer(const Graph& model, const TensorMap& params, TrainerOptions opt
   train_->set_state(params);
   train_->set_state(step_.initial_state());
   lr_dtype_ = step_.initial_values.at("lr").dtype();
-  eval_ = compile(at_batch(model, options_.batch), options_.compile, train_->state_store());
+  eval_ = compile(at_batch(options_.eval_model ? *options_.eval_model : model, options_.batch), options_.compile,
+                  train_->state_store());
 }
 
 double Trainer::lr_for(int64_t global_step, int64_t steps_per_epoch) const {

@@ -49,6 +49,10 @@ struct TrainerOptions {
   std::string loss = "loss";
   std::string accuracy = "accuracy";  // reported when the model has this output
   CompileOptions compile{};           // target, ...
+  // The model evaluate() runs, when it is not the trained one: the same model traced or
+  // imported for inference (dropout off, batch norm on its running statistics), with the
+  // same state names. Empty: the trained model.
+  std::optional<Graph> eval_model{};
   // The run's length in epochs, for schedules that need it (cosine); 0: fit() sets it from
   // its argument (then a run of 2 epochs resumed to 4 has other rates than a run of 4: set
   // it to the planned length). 0 with a cosine schedule and no fit(): the rate stays at lr.

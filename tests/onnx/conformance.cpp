@@ -116,6 +116,15 @@ Result run_test(const fs::path& dir, bool jit, double rtol, double atol) {
       r.why = shapes ? std::string(e.what()) : first_line(e.what());
       return r;
     }
+    // A training-mode Dropout's expected output is one draw of NumPy's generator; Kiln's
+    // masks come from Philox (tests/unit: known answers, keep rate, independence), so no
+    // element-wise comparison can hold.
+    for (const kiln::Node& n : m.graph.nodes())
+      if (n.op == kiln::Op::Dropout) {
+        r.status = Status::Unsupported;
+        r.why = "random: the expected output is a draw of NumPy's generator, Kiln's dropout draws from Philox";
+        return r;
+      }
     kiln::TensorMap args = m.state;
     for (size_t i = 0; i < m.inputs.size(); ++i)
       if (m.graph.find(m.inputs[i].second).valid() && !m.graph.is_state(m.graph.find(m.inputs[i].second)))

@@ -6,6 +6,8 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <cmath>
+
 #include "codegen/executable.h"
 #include "frontend/losses.h"
 #include "frontend/onnx_import.h"
@@ -255,4 +257,113 @@ TEST_CASE("onnx: values Kiln needs at import come from constants and shape arith
   g->mutable_output(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim();
   CHECK_THAT(import_error(bytes(m)), ContainsSubstring("Kiln imports output 'y' as f32[2,12] but ONNX's shape "
                                                        "inference gives it 3 dimensions"));
+}
+
+namespace {
+
+void add_initializer(onnx::GraphProto* g, const std::string& name, Shape shape, const std::vector<float>& values) {
+  onnx::TensorProto* t = g->add_initializer();
+  t->set_name(name);
+  t->set_data_type(onnx::TensorProto::FLOAT);
+  for (int64_t d : shape) t->add_dims(d);
+  for (float v : values) t->add_float_data(v);
+}
+
+// x [4,3] -> BatchNormalization (initializers s, b, mean, var) -> Dropout(ratio 0.5) -> y.
+onnx::ModelProto bn_dropout() {
+  onnx::ModelProto m = one_node("BatchNormalization", {4, 3}, 15);
+  onnx::GraphProto* g = m.mutable_graph();
+  onnx::NodeProto* bn = g->mutable_node(0);
+  bn->set_output(0, "h");
+  for (const char* p : {"s", "b", "mean", "var"}) bn->add_input(p);
+  add_initializer(g, "s", {3}, {1, 2, 0.5});
+  add_initializer(g, "b", {3}, {0, 1, -1});
+  add_initializer(g, "mean", {3}, {0.5, -1, 2});
+  add_initializer(g, "var", {3}, {1, 4, 0.25});
+  add_initializer(g, "ratio", {}, {0.5});
+  onnx::NodeProto* d = g->add_node();
+  d->set_op_type("Dropout");
+  d->add_input("h");
+  d->add_input("ratio");
+  d->add_output("y");
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("onnx: imported for training, batch norm uses the batch and updates its running statistics; dropout draws",
+          "[onnx]") {
+  const std::string model = bytes(bn_dropout());
+  const Tensor x = Tensor::from(DType::f32, {4, 3}, std::vector<float>{1, 2, 3, -1, 0, 5, 2, 2, 4, 0, -4, 0});
+
+  // Inference: running statistics, dropout the identity.
+  OnnxModel inf = import_onnx_bytes(model, "m.onnx");
+  REQUIRE(inf.graph.outputs().size() == 1);
+  TensorMap args = inf.state;
+  args.emplace("x0", x);
+  Tensor y = interpret(inf.graph, args).at("y");
+  CHECK(std::abs(y.get(0) - (1 - 0.5) / std::sqrt(1 + 1e-5)) < 1e-6);  // (x - mean) / sqrt(var + eps) * s + b
+
+  OnnxImportOptions opt;
+  opt.training = true;
+  opt.dropout_seed = 7;
+  OnnxModel tr = import_onnx_bytes(model, "m.onnx", opt);
+  std::vector<std::string> outs;
+  for (const GraphOutput& o : tr.graph.outputs()) outs.push_back(o.name);
+  CHECK(outs == std::vector<std::string>{"y", "mean.next", "var.next", "dropout.counter.next"});
+  CHECK(tr.state.at("dropout.seed").get_int(0) == 7);
+  CHECK(tr.state.at("dropout.counter").get_int(0) == 0);
+  TensorMap targs = tr.state;
+  targs.emplace("x0", x);
+  TensorMap ref = interpret(tr.graph, targs);
+  // Channel 0 holds 1, -1, 2, 0: batch mean 0.5, biased variance 1.25; ONNX's update is
+  // running * 0.9 + batch * 0.1.
+  CHECK(std::abs(ref.at("mean.next").get(0) - (0.5 * 0.9 + 0.5 * 0.1)) < 1e-6);
+  CHECK(std::abs(ref.at("var.next").get(0) - (1 * 0.9 + 1.25 * 0.1)) < 1e-6);
+  CHECK(ref.at("dropout.counter.next").get_int(0) == 1);
+  // Each y is 0 or the batch-normalized value doubled (ratio 0.5).
+  int dropped = 0;
+  for (int64_t i = 0; i < 12; i += 3) {
+    double want = 2 * (x.get(i) - 0.5) / std::sqrt(1.25 + 1e-5);
+    double got = ref.at("y").get(i);
+    dropped += got == 0;
+    CHECK((got == 0 || std::abs(got - want) < 1e-5));
+  }
+  // The compiled graph draws the same mask and computes the same values, bit for bit.
+  auto exe = compile(tr.graph);
+  TensorMap state = tr.state;
+  TensorMap got = testing::run_step(*exe, state, {{"x0", x}});
+  CHECK(all_close(got.at("y"), ref.at("y"), 0, 0));
+  CHECK(state.at("dropout.counter").get_int(0) == 1);
+  CHECK(all_close(state.at("mean"), ref.at("mean.next"), 0, 0));
+  // The next step (counter 1) draws another mask over the same batch.
+  TensorMap second = testing::run_step(*exe, state, {{"x0", x}});
+  CHECK(!all_close(second.at("y"), got.at("y"), 0, 0));
+  (void)dropped;
+}
+
+TEST_CASE("onnx: running statistics merged with another initializer get state of their own", "[onnx]") {
+  // PyTorch exports a fresh batch norm's running mean (zeros) as an Identity of its bias
+  // (zeros too): training must update a statistic of its own and keep training the bias.
+  onnx::ModelProto m = bn_dropout();
+  onnx::GraphProto* g = m.mutable_graph();
+  g->mutable_node(0)->set_input(3, "mean_alias");
+  onnx::NodeProto* id = g->add_node();
+  id->set_op_type("Identity");
+  id->add_input("b");
+  id->add_output("mean_alias");
+  g->mutable_node()->SwapElements(0, 2);  // the Identity first
+  g->mutable_node()->SwapElements(1, 2);
+  g->mutable_node(1)->set_name("bn1");
+  for (bool training : {false, true}) {
+    OnnxImportOptions opt;
+    opt.training = training;
+    OnnxModel r = import_onnx_bytes(bytes(m), "m.onnx", opt);
+    CAPTURE(training);
+    REQUIRE(r.state.count("bn1.running_mean") == 1);
+    CHECK(all_close(r.state.at("bn1.running_mean"), r.state.at("b"), 0, 0));  // starts at b's values
+    CHECK(r.graph.find_output("bn1.running_mean.next").valid() == training);
+    CHECK(!r.graph.find_output("b.next").valid());
+    CHECK(r.graph.find_output("var.next").valid() == training);  // var is read once: updated in place
+  }
 }
