@@ -392,8 +392,8 @@ void check_window(const std::vector<int64_t>& kernel, const std::vector<int64_t>
 Window window(Ctx& c, const TensorType& x, std::vector<int64_t> kernel, bool has_dilations) {
   Window w;
   w.dims = x.rank() - 2;
-  if (w.dims != 1 && w.dims != 2)
-    throw Unsupported(fmt::format("{}-D spatial input {} (Kiln has 1-D and 2-D)", w.dims, x.str()));
+  if (w.dims < 1 || w.dims > 3)
+    throw Unsupported(fmt::format("{}-D spatial input {} (Kiln has 1-D, 2-D and 3-D)", w.dims, x.str()));
   if (static_cast<int64_t>(kernel.size()) != w.dims)
     throw Unsupported(fmt::format("kernel_shape {} does not match the input {}", shape_str(kernel), x.str()));
   w.kernel = kernel;
@@ -472,11 +472,122 @@ std::vector<int64_t> conv_kernel(Ctx& c, const Val& x, const Val& wt) {
   return k;
 }
 
+// --- 3-D windows as 2-D ones over depth slices ---------------------------------------------
+// A 3-D convolution or pool is, for each depth tap kd, the 2-D one over the input's depth
+// slices kd * dilation + od * stride (od = 0..OD-1), with the depths folded into the batch
+// ([N,C,D,H,W] -> [N*OD,C,H,W]); the taps' results are added (convolution) or combined
+// (pools), and the depths unfolded again.
+
+// The depth window after explicit depth padding: x padded by `value`, and OD.
+struct Depth {
+  Val x;
+  int64_t out = 0;
+};
+
+Depth pad_depth(Ctx& c, Val x, const Window& w, double value) {
+  if (w.begin[0] || w.end[0]) {
+    std::vector<int64_t> lo(5, 0), hi(5, 0);
+    lo[2] = w.begin[0];
+    hi[2] = w.end[0];
+    x = c.node(Op::Pad, {std::move(x)}, {{"low", lo}, {"high", hi}, {"value", value}});
+  }
+  const int64_t eff = (w.kernel[0] - 1) * w.dilations[0] + 1, d = x.type.shape[2];
+  if (d < eff) throw Error(fmt::format("the kernel's depth {} is larger than the padded input's {}", eff, d));
+  return {x, (d - eff) / w.strides[0] + 1};
+}
+
+// The depth slices of tap kd folded into the batch: [N*OD, C, H, W].
+Val depth_tap(Ctx& c, const Depth& d, const Window& w, int64_t kd) {
+  const Shape& s = d.x.type.shape;
+  std::vector<int64_t> st{0, 0, kd * w.dilations[0], 0, 0};
+  std::vector<int64_t> sp{s[0], s[1], st[2] + (d.out - 1) * w.strides[0] + 1, s[3], s[4]};
+  std::vector<int64_t> se{1, 1, w.strides[0], 1, 1};
+  Val slices = c.node(Op::Slice, {d.x}, {{"start", st}, {"stop", sp}, {"step", se}});
+  return reshape(c, transpose(c, slices, {0, 2, 1, 3, 4}), {s[0] * d.out, s[1], s[3], s[4]});
+}
+
+// [N*OD, C, OH, OW] back to [N, C, OD, OH, OW].
+Val unfold_depth(Ctx& c, const Val& y, int64_t n, int64_t od) {
+  const Shape& s = y.type.shape;
+  return transpose(c, reshape(c, y, {n, od, s[1], s[2], s[3]}), {0, 2, 1, 3, 4});
+}
+
+// The height/width part of a 3-D window.
+Window plane(const Window& w) {
+  auto hw = [](const std::vector<int64_t>& v) { return std::vector<int64_t>(v.begin() + 1, v.end()); };
+  Window p;
+  p.dims = 2;
+  p.kernel = hw(w.kernel), p.strides = hw(w.strides), p.dilations = hw(w.dilations), p.begin = hw(w.begin),
+  p.end = hw(w.end);
+  return p;
+}
+
+void conv3d(Ctx& c, const Val& x0, const Val& wt, const Window& w, int64_t groups) {
+  const Window p = plane(w);
+  const Depth d = pad_depth(c, x0, w, 0.0);
+  const Shape& ws = wt.type.shape;
+  AttrMap a{{"stride", p.strides}, {"padding", symmetric(p) ? p.begin : std::vector<int64_t>{0, 0}},
+            {"dilation", p.dilations}, {"groups", groups}};
+  Val y;
+  for (int64_t kd = 0; kd < w.kernel[0]; ++kd) {
+    Val xs = depth_tap(c, d, w, kd);
+    if (!symmetric(p)) xs = pad_spatial(c, xs, p, 0.0);
+    Val wk = c.node(Op::Slice, {wt}, {{"start", std::vector<int64_t>{0, 0, kd, 0, 0}},
+                                      {"stop", std::vector<int64_t>{ws[0], ws[1], kd + 1, ws[3], ws[4]}},
+                                      {"step", std::vector<int64_t>{1, 1, 1, 1, 1}}});
+    Val t = c.node(Op::Conv2d, {xs, reshape(c, wk, {ws[0], ws[1], ws[3], ws[4]})}, a);
+    y = kd == 0 ? t : bin(c, Op::Add, y, t);
+  }
+  y = unfold_depth(c, y, x0.type.shape[0], d.out);
+  if (c.has_input(2)) y = bin(c, Op::Add, y, reshape(c, c.in(2), {ws[0], 1, 1, 1}));
+  c.set_output(0, y);
+}
+
+template <bool is_max>
+void pool3d(Ctx& c, const Val& x0, const Window& w, bool include_pad) {
+  if (w.dilations != std::vector<int64_t>{1, 1, 1}) throw Unsupported("a dilated 3-D pool");
+  for (int64_t k = 0; k < 3; ++k)
+    if (2 * w.begin[k] > w.kernel[k] || 2 * w.end[k] > w.kernel[k])
+      throw Unsupported("3-D pads of more than half the window");
+  const Window p = plane(w);
+  const double fill = is_max ? -std::numeric_limits<double>::infinity() : 0.0;
+  const Depth d = pad_depth(c, x0, w, fill);
+  AttrMap a{{"kernel", p.kernel}, {"stride", p.strides}};
+  const bool plain = symmetric(p) && !(include_pad && (p.begin[0] || p.begin[1]));
+  if (plain) a["padding"] = p.begin;
+  if (!is_max) a["count_include_pad"] = include_pad;
+  if (!is_max && !include_pad && !symmetric(p)) throw Unsupported("asymmetric 3-D pads with count_include_pad=0");
+  Val y;
+  for (int64_t kd = 0; kd < w.kernel[0]; ++kd) {
+    Val xs = depth_tap(c, d, w, kd);
+    if (!plain) xs = pad_spatial(c, xs, p, fill);
+    Val t = c.node(is_max ? Op::MaxPool2d : Op::AvgPool2d, {xs}, a);
+    y = kd == 0 ? t : bin(c, is_max ? Op::Maximum : Op::Add, y, t);
+  }
+  y = unfold_depth(c, y, x0.type.shape[0], d.out);
+  if (!is_max) {
+    // Each depth window's count: every tap with count_include_pad, else the taps inside the
+    // unpadded input (a padded depth slice averages to 0).
+    Tensor count(x0.type.dtype, {1, 1, d.out, 1, 1});
+    for (int64_t od = 0; od < d.out; ++od) {
+      int64_t n = 0;
+      for (int64_t kd = 0; kd < w.kernel[0]; ++kd) {
+        int64_t at = od * w.strides[0] + kd - w.begin[0];
+        n += include_pad || (at >= 0 && at < x0.type.shape[2]);
+      }
+      count.set(od, static_cast<double>(std::max<int64_t>(n, 1)));
+    }
+    y = bin(c, Op::Div, y, c.constant(std::move(count)));
+  }
+  c.set_output(0, y);
+}
+
 void conv(Ctx& c) {
   Val x = c.in(0), wt = c.in(1);
   std::vector<int64_t> k = conv_kernel(c, x, wt);
   Window w = window(c, x.type, k, true);
   int64_t groups = c.attr_int("group", 1);
+  if (w.dims == 3) return conv3d(c, x, wt, w, groups);
   x = lift_1d(c, x, w);
   if (w.dims == 1) wt = reshape(c, wt, {wt.type.shape[0], wt.type.shape[1], 1, wt.type.shape[2]});
   std::vector<int64_t> padding{0, 0};
@@ -583,6 +694,13 @@ void pool(Ctx& c) {
     if (c.output_used(1)) throw Unsupported("the Indices output");
   }
   bool include_pad = !is_max && c.attr_int("count_include_pad", 0) != 0;
+  if (w.dims == 3) {
+    if (ceil)
+      for (int64_t d = 0; d < 3; ++d)
+        if ((x.type.shape[2 + d] + w.begin[d] + w.end[d] - ((w.kernel[d] - 1) * w.dilations[d] + 1)) % w.strides[d])
+          throw Unsupported("ceil_mode=1 where it adds a partial 3-D window");
+    return pool3d<is_max>(c, x, w, include_pad);
+  }
   x = lift_1d(c, x, w);
   const bool dilated = w.dilations != std::vector<int64_t>{1, 1};
   std::vector<int64_t> extra = ceil ? ceil_extra(w, x.type) : std::vector<int64_t>{0, 0};
