@@ -16,6 +16,7 @@ target_link_libraries(kiln_compiler INTERFACE kiln_train kiln_codegen kiln_front
 set_target_properties(kiln_compiler PROPERTIES EXPORT_NAME kiln)
 add_library(Kiln::kiln ALIAS kiln_compiler)
 add_library(Kiln::runtime ALIAS kiln_runtime)
+add_library(Kiln::onnx ALIAS kiln_onnx)  # ONNX import (frontend/onnx_import.h): libonnx, protobuf
 add_executable(Kiln::kiln_cli ALIAS kiln)
 
 # An installed Kiln links the shared libLLVM (below); an LLVM built without one still builds
@@ -26,7 +27,7 @@ if(NOT TARGET LLVM)
 endif()
 
 set(KILN_PACKAGE_LIBS kiln_ir kiln_passes kiln_frontend kiln_codegen_core kiln_codegen_cpu kiln_codegen_cuda
-    kiln_codegen kiln_runtime kiln_train)
+    kiln_codegen kiln_runtime kiln_train kiln_onnx)
 foreach(lib IN LISTS KILN_PACKAGE_LIBS)
   string(REGEX REPLACE "^kiln_" "" name ${lib})
   set_target_properties(${lib} PROPERTIES EXPORT_NAME ${name})

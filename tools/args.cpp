@@ -188,7 +188,7 @@ void Parser::check_leftovers(const CLI::App* cmd) const {
       throw Error(fmt::format("{}unknown option '{}'{}", cmd ? name + ": " : "", a.substr(0, a.find('=')), see));
     if (!cmd) throw Error(fmt::format("unknown command '{}'{}", a, see));
     throw Error(cmd->get_option_no_throw("FILE")
-                    ? fmt::format("{} takes one FILE.kir argument, got also '{}'{}", name, a, see)
+                    ? fmt::format("{} takes one FILE argument, got also '{}'{}", name, a, see)
                     : fmt::format("{} takes no arguments, got '{}'{}", name, a, see));
   }
 }

@@ -19,7 +19,8 @@ rm -rf "$work" && mkdir -p "$work"
 step "install into $prefix"
 "$CMAKE" --install "$build" --prefix "$prefix" >"$work/install.log" || { cat "$work/install.log"; exit 1; }
 lib=$(cd "$prefix" && dirname "$(find . -name libkiln_runtime.a | head -1)")  # lib, lib64, lib/<triple>
-for f in bin/kiln $lib/libkiln_runtime.a $lib/libkiln_codegen_cpu.a $lib/libkiln_train.a include/kiln/train/trainer.h \
+for f in bin/kiln $lib/libkiln_runtime.a $lib/libkiln_codegen_cpu.a $lib/libkiln_train.a $lib/libkiln_onnx.a \
+         include/kiln/train/trainer.h include/kiln/frontend/onnx_import.h \
          include/kiln/frontend/nn.h include/kiln/ir/ops.def \
          include/kiln/runtime/abi.def $lib/cmake/Kiln/KilnConfig.cmake $lib/cmake/Kiln/KilnConfigVersion.cmake \
          $lib/cmake/Kiln/KilnAddModel.cmake $lib/pkgconfig/kiln.pc $lib/pkgconfig/kiln-runtime.pc; do
@@ -49,6 +50,7 @@ if command -v ccache >/dev/null; then launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccac
 step "run the consumer's programs"
 "$work/consumer/models_c" "$work/saved.weights"
 "$work/consumer/trace_cpp"
+"$work/consumer/import_onnx" "$src/../data/onnx/mlp.onnx"
 
 step "the C program links no LLVM"
 if ldd "$work/consumer/models_c" | grep -i llvm; then fail "models_c loads LLVM (above)"; fi

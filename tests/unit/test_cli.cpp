@@ -216,7 +216,7 @@ TEST_CASE("kiln reports usage errors in one line with exit status 1", "[cli]") {
   const std::string a = (dir / "a.kir").string();
   expect("--bogus", "unknown option '--bogus' (see 'kiln --help')");
   expect("dump " + a + " --bogus=1", "dump: unknown option '--bogus' (see 'kiln dump --help')");
-  expect("dump " + a + " " + a, "dump takes one FILE.kir argument, got also '" + a + "' (see 'kiln dump --help')");
+  expect("dump " + a + " " + a, "dump takes one FILE argument, got also '" + a + "' (see 'kiln dump --help')");
   expect("dump", "dump needs a FILE.kir or FILE.onnx argument (see 'kiln dump --help')");
   expect("dump " + a + " --emit", "--emit needs a value (see 'kiln dump --help')");
   expect("info x", "info takes no arguments, got 'x' (see 'kiln info --help')");
