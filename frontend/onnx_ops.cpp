@@ -716,24 +716,39 @@ void pool(Ctx& c) {
     x = pad_spatial(c, x, w, -std::numeric_limits<double>::infinity(), extra);
     if (!dilated) {
       y = c.node(Op::MaxPool2d, {x}, a);
-    } else {  // the maximum of the window's taps, each a strided slice
-      constexpr int64_t kMaxTaps = 64;  // beyond, the elementwise chain takes LLVM seconds to compile
-      if (w.kernel[0] * w.kernel[1] > kMaxTaps)
-        throw Unsupported(fmt::format("a dilated window of {} cells (Kiln's max_pool2d has no dilation; up to {} "
-                                      "are imported as slices)",
-                                      w.kernel[0] * w.kernel[1], kMaxTaps));
+    } else {
       std::vector<int64_t> out(2);
       for (int d = 0; d < 2; ++d)
         out[d] = (x.type.shape[2 + d] - ((w.kernel[d] - 1) * w.dilations[d] + 1)) / w.strides[d] + 1;
-      for (int64_t i = 0; i < w.kernel[0]; ++i)
-        for (int64_t j = 0; j < w.kernel[1]; ++j) {
-          std::vector<int64_t> st{0, 0, i * w.dilations[0], j * w.dilations[1]};
-          std::vector<int64_t> sp{x.type.shape[0], x.type.shape[1], st[2] + (out[0] - 1) * w.strides[0] + 1,
-                                  st[3] + (out[1] - 1) * w.strides[1] + 1};
-          std::vector<int64_t> se{1, 1, w.strides[0], w.strides[1]};
-          Val tap = c.node(Op::Slice, {x}, {{"start", st}, {"stop", sp}, {"step", se}});
-          y = i == 0 && j == 0 ? tap : bin(c, Op::Maximum, y, tap);
-        }
+      constexpr int64_t kMaxTaps = 64;  // beyond, an elementwise chain takes LLVM seconds to compile
+      if (w.kernel[0] * w.kernel[1] <= kMaxTaps) {  // the maximum of the window's taps, each a strided slice
+        for (int64_t i = 0; i < w.kernel[0]; ++i)
+          for (int64_t j = 0; j < w.kernel[1]; ++j) {
+            std::vector<int64_t> st{0, 0, i * w.dilations[0], j * w.dilations[1]};
+            std::vector<int64_t> sp{x.type.shape[0], x.type.shape[1], st[2] + (out[0] - 1) * w.strides[0] + 1,
+                                    st[3] + (out[1] - 1) * w.strides[1] + 1};
+            std::vector<int64_t> se{1, 1, w.strides[0], w.strides[1]};
+            Val tap = c.node(Op::Slice, {x}, {{"start", st}, {"stop", sp}, {"step", se}});
+            y = i == 0 && j == 0 ? tap : bin(c, Op::Maximum, y, tap);
+          }
+      } else {
+        // Larger windows: every window's cells gathered ([N,C,OH,KH,OW,KW], rows then
+        // columns by index tables oh * stride + k * dilation), then one max over the taps.
+        const int64_t cells = x.type.shape[0] * x.type.shape[1] * out[0] * w.kernel[0] * out[1] * w.kernel[1];
+        constexpr int64_t kMaxCells = int64_t{1} << 28;
+        if (cells > kMaxCells)
+          throw Unsupported(fmt::format("a dilated max-pool whose windows hold {} cells in all (up to {} are "
+                                        "gathered)", cells, kMaxCells));
+        auto table = [&](int d) {
+          Tensor t(DType::i64, {out[d], w.kernel[d]});
+          for (int64_t o = 0; o < out[d]; ++o)
+            for (int64_t k = 0; k < w.kernel[d]; ++k) t.set_int(o * w.kernel[d] + k, o * w.strides[d] + k * w.dilations[d]);
+          return c.constant(std::move(t));
+        };
+        Val rows = c.node(Op::Gather, {x, table(0)}, {{"axis", int64_t{2}}});      // [N,C,OH,KH,W]
+        Val cells_ = c.node(Op::Gather, {rows, table(1)}, {{"axis", int64_t{4}}});  // [N,C,OH,KH,OW,KW]
+        y = c.node(Op::Max, {cells_}, {{"axes", std::vector<int64_t>{3, 5}}, {"keepdims", false}});
+      }
     }
   } else if (include_pad && extra == std::vector<int64_t>{0, 0} && !dilated) {  // padded zeros count
     a.emplace("count_include_pad", true);

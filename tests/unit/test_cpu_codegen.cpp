@@ -205,6 +205,11 @@ Graph parallel_graph(int64_t rows, int64_t cols) {
   g.add_output("softmax", g.add_node(Op::Softmax, {x}, {{"axis", int64_t{1}}}));
   g.add_output("argmax", g.add_node(Op::Argmax, {y}, {{"axis", int64_t{1}}}));
   g.add_output("transpose", g.add_node(Op::Transpose, {x}, {{"perm", Ints{1, 0}}}));
+  ValueId seed = g.add_input("seed", {DType::i64, {}});
+  g.add_output("dropout", g.add_node(Op::Dropout, {x, seed, seed}, {{"ratio", 0.3}}));
+  g.add_output("layer_norm", g.add_node(Op::LayerNorm, {x, b, b}));
+  ValueId var = g.add_node(Op::Add, {g.add_node(Op::Mul, {b, b}), half});
+  g.add_output("batch_norm", g.add_node(Op::BatchNorm, {x, b, b, b, var}));
   return g;
 }
 
@@ -212,7 +217,8 @@ TensorMap parallel_inputs(int64_t rows, int64_t cols) {
   std::mt19937_64 rng(5);
   return {{"x", random_tensor(DType::f32, {rows, cols}, -2, 2, rng)},
           {"y", random_tensor(DType::f32, {rows, cols}, -2, 2, rng)},
-          {"b", random_tensor(DType::f32, {cols}, -1, 1, rng)}};
+          {"b", random_tensor(DType::f32, {cols}, -1, 1, rng)},
+          {"seed", Tensor::scalar(DType::i64, 1234567)}};
 }
 
 }  // namespace
@@ -230,7 +236,7 @@ TEST_CASE("cpu codegen: parallel loops give the serial results bitwise", "[cpu][
     CHECK_THAT(c->emit("llvm"), ContainsSubstring("kiln_rt_parallel_for"));
     TensorMap a = c->evaluate(in), b2 = c->evaluate(in);
     // Elementwise results and in-order reductions equal the interpreter's bitwise.
-    for (const char* k : {"chain", "sum", "argmax", "transpose"}) {
+    for (const char* k : {"chain", "sum", "argmax", "transpose", "dropout", "layer_norm", "batch_norm"}) {
       CAPTURE(k);
       CHECK(a.at(k) == want.at(k));
     }
