@@ -166,6 +166,25 @@ const onnx::AttributeProto* Ctx::find_attr(const std::string& name) const {
 bool Ctx::has_attr(const std::string& name) const { return find_attr(name) != nullptr; }
 
 namespace {
+// An ONNX name as a Kiln value name: other characters become '_', and a leading '_' is
+// added where the name does not start with a letter or '_' ("0.weight" -> "_0.weight").
+std::string sanitized(const std::string& onnx_name) {
+  std::string s;
+  for (char c : onnx_name) s += std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ? c : '_';
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) s = "_" + s;
+  return s;
+}
+
+// The value an Identity chain starts from (`name` itself when no Identity makes it).
+std::string identity_root(const std::map<std::string, std::string>& identity_of, std::string name) {
+  for (int hops = 0; hops < 1000; ++hops) {  // Identity chains are acyclic in a checked graph
+    auto it = identity_of.find(name);
+    if (it == identity_of.end()) break;
+    name = it->second;
+  }
+  return name;
+}
+
 void want_attr_type(const onnx::AttributeProto& a, onnx::AttributeProto::AttributeType t) {
   if (a.type() != t && a.type() != onnx::AttributeProto::UNDEFINED)
     throw Error(fmt::format("attribute {} is a {}, expected a {}", a.name(),
@@ -224,12 +243,7 @@ std::vector<std::string> Ctx::unread_attrs() const {
 }
 
 void Ctx::update_state(const Val& state, Val next, const char* what) {
-  const bool is_state = state.id.valid() && g_.value(state.id).node < 0 && [&] {
-    for (const GraphInput& in : g_.inputs())
-      if (in.value == state.id) return in.is_state;
-    return false;
-  }();
-  if (!is_state)
+  if (!state.id.valid() || !g_.is_state(state.id))
     throw Unsupported(std::string("training needs ") + what + " to be an initializer (state) to update" +
                       (options_.constant_weights ? ", not a constant (--constant-weights)" : ""));
   updates_.emplace_back(g_.value(state.id).name + ".next", std::move(next));
@@ -255,13 +269,7 @@ std::pair<Val, Val> Ctx::dropout_state() {
 }
 
 bool Ctx::input_shared(int i) const {
-  std::string name = node_->input(i);
-  for (int hops = 0; hops < 1000; ++hops) {  // Identity chains are acyclic in a checked graph
-    auto it = identity_of_.find(name);
-    if (it == identity_of_.end()) break;
-    name = it->second;
-  }
-  auto it = reads_.find(name);
+  auto it = reads_.find(identity_root(identity_of_, node_->input(i)));
   return it != reads_.end() && it->second > 1;
 }
 
@@ -269,11 +277,7 @@ Val Ctx::own_state(int i, const std::string& leaf) {
   Val from = in(i);
   const std::optional<Tensor>& init = from.hint ? from.hint : from.known;
   if (!init) throw Unsupported("input " + std::to_string(i) + " is computed at run time; it must be an initializer");
-  std::string base = node_->name().empty() ? node_->output(0) : node_->name();
-  for (char& ch : base)
-    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.')) ch = '_';
-  if (base.empty() || !(std::isalpha(static_cast<unsigned char>(base[0])) || base[0] == '_')) base = "_" + base;
-  base += "." + leaf;
+  const std::string base = sanitized(node_->name().empty() ? node_->output(0) : node_->name()) + "." + leaf;
   std::string name = base;
   for (int k = 2; g_.find(name).valid(); ++k) name = base + "_" + std::to_string(k);
   Val v;
@@ -359,9 +363,7 @@ using onnx_import::Val;
 // Kiln spells value names [A-Za-z_][A-Za-z0-9_.]*; ONNX allows anything. Other characters
 // become '_', a leading digit gets a '_' before it, and clashes get _2, _3, ...
 std::string kiln_name(const std::string& onnx_name, std::set<std::string>& used) {
-  std::string s;
-  for (char c : onnx_name) s += std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ? c : '_';
-  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) s = "_" + s;
+  const std::string s = onnx_import::sanitized(onnx_name);
   std::string name = s;
   for (int k = 2; used.count(name); ++k) name = s + "_" + std::to_string(k);
   used.insert(name);
@@ -586,21 +588,17 @@ OnnxModel import_model(onnx::ModelProto model, const std::string& what, const On
   {  // How often each value is read, through Identity (Ctx::input_shared).
     std::map<std::string, int> reads;
     std::map<std::string, std::string> identity_of;
-    for (const onnx::NodeProto& n : gp.node()) {
-      if (n.op_type() == "Identity" && n.input_size() == 1 && n.output_size() == 1 && (n.domain().empty() || n.domain() == "ai.onnx")) {
-        identity_of[n.output(0)] = n.input(0);
-        continue;
-      }
-    }
-    auto root = [&](std::string name) {
-      for (int hops = 0; hops < 1000 && identity_of.count(name); ++hops) name = identity_of.at(name);
-      return name;
+    auto is_identity = [](const onnx::NodeProto& n) {
+      return n.op_type() == "Identity" && n.input_size() == 1 && n.output_size() == 1 &&
+             (n.domain().empty() || n.domain() == "ai.onnx");
     };
     for (const onnx::NodeProto& n : gp.node())
-      if (!identity_of.count(n.output_size() ? n.output(0) : std::string()))
+      if (is_identity(n)) identity_of[n.output(0)] = n.input(0);
+    for (const onnx::NodeProto& n : gp.node())
+      if (!is_identity(n))
         for (const std::string& in : n.input())
-          if (!in.empty()) ++reads[root(in)];
-    for (const onnx::ValueInfoProto& vi : gp.output()) ++reads[root(vi.name())];
+          if (!in.empty()) ++reads[onnx_import::identity_root(identity_of, in)];
+    for (const onnx::ValueInfoProto& vi : gp.output()) ++reads[onnx_import::identity_root(identity_of, vi.name())];
     ctx.set_reads(std::move(reads), std::move(identity_of));
   }
   const auto& table = onnx_import::op_table();
