@@ -94,7 +94,9 @@ std::vector<ValueId> append_gradients(Graph& g, ValueId loss, const std::vector<
     const Node& n = g.nodes()[i];
     if (op_info(n.op).has(kNonDifferentiable)) continue;
     bool any = std::any_of(n.operands.begin(), n.operands.end(), [&](ValueId v) { return depends[v.id]; });
-    for (ValueId r : n.results) depends[r.id] = any && is_float(g.type(r).dtype);
+    // A value asked for (wrt) stays marked even when its own operands do not depend on any:
+    // the gradient with respect to an intermediate value is the one through its readers.
+    for (ValueId r : n.results) depends[r.id] = depends[r.id] || (any && is_float(g.type(r).dtype));
   }
 
   std::vector<std::string> names = value_names(g);  // stable: only nodes are appended

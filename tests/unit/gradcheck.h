@@ -35,6 +35,9 @@ struct GradCheckOptions {
   // listed (or with a count >= their size) have every element checked.
   std::map<std::string, int64_t> samples;
   uint64_t seed = 1;  // for the sampling
+  // wrt name -> the input whose elements are perturbed for its numeric side (default: the
+  // same name). For a wrt value inside the graph that is an exact copy of an input.
+  std::map<std::string, std::string> perturb;
 };
 
 // One checked element.
@@ -116,8 +119,10 @@ inline GradCheckResult check_gradients(const Graph& g, const std::string& loss,
   }
   double worst_ratio = -1;
   for (const std::string& name : wrt) {
-    auto xi = x.find(name);
-    if (xi == x.end()) throw Error("gradcheck: '" + name + "' is not among the inputs");
+    auto pi = opt.perturb.find(name);
+    const std::string& perturbed = pi != opt.perturb.end() ? pi->second : name;
+    auto xi = x.find(perturbed);
+    if (xi == x.end()) throw Error("gradcheck: '" + perturbed + "' is not among the inputs");
     Tensor& xt = xi->second;
     auto ai = analytic.find("grad." + name);
     if (ai == analytic.end()) throw Error("gradcheck: grad() gave no output 'grad." + name + "'");

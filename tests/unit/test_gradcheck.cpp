@@ -678,6 +678,40 @@ void run_check(const CheckCase& c, const GradCheckOptions& opt = {}) {
   CHECK(r.ok());
 }
 
+// The case with every wrt input X made an intermediate value: input X.in, node
+// X = mul(X.in, 1), then the case's nodes. Its gradients are asked with respect to the
+// intermediates alone (none of their operands is differentiated), and the numeric side
+// perturbs X.in.
+void run_check_intermediate(const CheckCase& c) {
+  const Graph& g = c.graph;
+  Graph h(g.name());
+  std::vector<ValueId> map(g.values().size());
+  TensorMap inputs;
+  GradCheckOptions opt;
+  for (const GraphInput& gi : g.inputs()) {
+    const Value& v = g.value(gi.value);
+    bool is_wrt = std::find(c.wrt.begin(), c.wrt.end(), v.name) != c.wrt.end();
+    std::string in = is_wrt ? v.name + ".in" : v.name;
+    ValueId nv = h.add_input(in, v.type, gi.is_state);
+    inputs[in] = c.inputs.at(v.name);
+    if (is_wrt) {
+      ValueId one = h.add_constant(Tensor::scalar(v.type.dtype, 1.0));
+      nv = h.add_node(Op::Mul, {nv, one}, {}, v.name);
+      opt.perturb[v.name] = in;
+    }
+    map[gi.value.id] = nv;
+  }
+  for (const Node& n : g.nodes()) {
+    std::vector<ValueId> ops;
+    for (ValueId o : n.operands) ops.push_back(map[o.id]);
+    REQUIRE(n.results.size() == 1);
+    map[n.result().id] = h.add_node_at(n.op, ops, n.attrs, g.value(n.result()).name, n.location);
+  }
+  for (const GraphOutput& o : g.outputs()) h.add_output(o.name, map[o.value.id]);
+  verify(h);
+  run_check({c.name + " (wrt intermediates)", std::move(h), std::move(inputs), c.wrt}, opt);
+}
+
 }  // namespace
 
 TEST_CASE("gradcheck: every op in ops.def", "[gradcheck]") {
@@ -707,6 +741,7 @@ TEST_CASE("gradcheck: every op in ops.def", "[gradcheck]") {
                                                                 " graphs cannot be differentiated")));
         } else {
           run_check(c);
+          run_check_intermediate(c);
         }
       }
     }
