@@ -195,7 +195,8 @@ CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
       "Checkpoints (--checkpoint DIR) are safetensors files DIR/ckpt-STEP.safetensors, written atomically after "
       "every epoch (and every --checkpoint-every steps); --resume continues from the latest one and ends with "
       "the weights an uninterrupted run gets, bit for bit (same thread count). A resumed run trains on with "
-      "the --lr, --momentum and --weight-decay it is given (the checkpoints record them). A run holds a lock "
+      "the --lr, --momentum and --weight-decay it is given (the checkpoints record them); turning momentum or "
+      "weight decay on or off makes another training step, which the checkpoint is refused for. A run holds a lock "
       "on DIR (DIR/.lock): a second run on the folder fails at once, naming the first's pid.\n"
       "Divergence stops the run: a step whose loss is NaN or infinite, or weights that are, end it with an "
       "error naming the step (exit status 1) before any checkpoint of them is written; --allow-nonfinite "
@@ -346,8 +347,11 @@ int run_train(const TrainArgs& a) {
     done = trainer.fit(train, test, epochs, callbacks);
   } catch (const NonFiniteError& e) {
     progress.interrupt();
+    // No checkpoint of the diverged state was written: the latest is a good one.
+    std::optional<std::string> latest;
+    if (!a.checkpoint.empty()) latest = CheckpointDir(a.checkpoint, o.checkpoint_keep).latest();
     throw Error(fmt::format("{}; lower --lr{}, or give --allow-nonfinite to train on regardless", e.what(),
-                            a.checkpoint.empty() ? "" : fmt::format(" and --resume from {}", a.checkpoint)));
+                            latest ? fmt::format(" and --resume (from {})", *latest) : ""));
   }
   if (!a.quiet) {
     double seconds = 0;

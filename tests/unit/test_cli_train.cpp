@@ -421,7 +421,8 @@ TEST_CASE("kiln train --resume of a good run with a diverging rate keeps a finit
   INFO(stopped.output);
   CHECK(stopped.status == 1);
   CHECK_THAT(stopped.output, ContainsSubstring("training diverged: "));
-  CHECK_THAT(stopped.output, ContainsSubstring("lower --lr and --resume from c, or give --allow-nonfinite"));
+  CHECK_THAT(stopped.output, ContainsSubstring("lower --lr and --resume (from c/ckpt-00000000"));
+  CHECK_THAT(stopped.output, ContainsSubstring(".safetensors), or give --allow-nonfinite to train on regardless\n"));
   for (bool finite : all_finite("c")) CHECK(finite);
   // Trained on: the rotation keeps the newest finite checkpoint beside the last 2.
   RunResult on = kiln_in(dir, run + " --epochs 3 --resume --lr 1e30 --allow-nonfinite");
