@@ -404,6 +404,7 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
   for (const auto& [name, value] : hyper_parameters(optimizer, options.keep_zero_terms)) {
     hyper_inputs.push_back(g.add_input(name, {DType::f64, {}}, true));
     result.initial_values.emplace(name, Tensor::scalar(DType::f64, value));
+    result.hyper_parameters.push_back(name);
   }
 
   // The backward pass.

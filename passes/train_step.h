@@ -82,6 +82,9 @@ struct TrainStep {
   // for them; initial_state() fills them out for running.
   TensorMap initial_values;
   TensorMap initial_state() const;
+  // The names of the hyper-parameter state scalars besides "lr" ("momentum", "beta1",
+  // "weight_decay", ...: those the step was built with), in input order.
+  std::vector<std::string> hyper_parameters;
   std::vector<std::string> warnings;  // from autodiff (parameters the loss ignores)
   // How many of graph's nodes each phase added: the model's (forward and loss), autodiff's
   // and the optimizer's, in that order.

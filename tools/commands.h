@@ -73,7 +73,7 @@ struct TrainArgs {
   std::optional<int> epochs, schedule_epochs, batch, warmup, seed, data_seed, train_limit, test_limit, eval_batch, keep,
       checkpoint_every, metrics_every;
   std::optional<double> lr, momentum, weight_decay;
-  bool drop_last = false, resume = false, quiet = false;
+  bool drop_last = false, resume = false, quiet = false, allow_nonfinite = false;
 };
 CLI::App* add_train_command(cli::Parser& p, TrainArgs& a);
 int run_train(const TrainArgs& a);

@@ -148,6 +148,7 @@ void load_init_weights(const TrainArgs& a, ModelWithParams& m) {
   for (const auto& [name, t] : m.params) want.emplace(name, t.type());
   LoadStateOptions options;
   if (!a.map.empty()) options.rename = parse_rename_table(read_text(a.map), a.map);
+  options.rename_name = "--map " + a.map;
   for (auto& [name, t] : load_state(a.init_weights, want, options)) m.params[name] = std::move(t);
 }
 
@@ -193,7 +194,13 @@ CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
           defaults("mlp") + " (a .kir graph at its own batch); 3 epochs.\n"
       "Checkpoints (--checkpoint DIR) are safetensors files DIR/ckpt-STEP.safetensors, written atomically after "
       "every epoch (and every --checkpoint-every steps); --resume continues from the latest one and ends with "
-      "the weights an uninterrupted run gets, bit for bit (same thread count).\n"
+      "the weights an uninterrupted run gets, bit for bit (same thread count). A resumed run trains on with "
+      "the --lr, --momentum and --weight-decay it is given (the checkpoints record them); turning momentum or "
+      "weight decay on or off makes another training step, which the checkpoint is refused for. A run holds a lock "
+      "on DIR (DIR/.lock): a second run on the folder fails at once, naming the first's pid.\n"
+      "Divergence stops the run: a step whose loss is NaN or infinite, or weights that are, end it with an "
+      "error naming the step (exit status 1) before any checkpoint of them is written; --allow-nonfinite "
+      "trains on instead (the checkpoint folder then still keeps its newest finite checkpoint, beyond --keep).\n"
       "Data: fashion-mnist is $KILN_FASHION_MNIST_DIR or /usr/share/datasets/fashion-mnist (Debian package "
       "dataset-fashion-mnist); mnist is $KILN_MNIST_DIR or /usr/share/datasets/mnist; DIR holds the four IDX "
       "files train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte "
@@ -204,7 +211,8 @@ CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
   p.add_count(cmd, "--batch", a.batch, "training batch size (default: the model's)");
   p.add_choice(cmd, "--optimizer", {"sgd", "adam", "adamw"}, a.optimizer, "the optimizer (default: the model's)");
   p.add_real(cmd, "--lr", cli::Range::positive, a.lr, "learning rate (default: the model's)");
-  p.add_real(cmd, "--momentum", cli::Range::non_negative, a.momentum, "sgd momentum");
+  p.add_real(cmd, "--momentum", cli::Range::non_negative, a.momentum,
+             "sgd momentum; it converges in [0, 1) (1 or more is warned about)");
   p.add_real(cmd, "--weight-decay", cli::Range::non_negative, a.weight_decay,
              "L2 for sgd/adam, decoupled for adamw (default 0, adamw 0.01)");
   p.add_text(cmd, "--schedule", "constant|step:E[:G]|cosine[:MIN]", a.schedule,
@@ -228,10 +236,14 @@ CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
   p.add_text(cmd, "--init-weights", "FILE.safetensors", a.init_weights,
              "start from these parameters (e.g. a PyTorch state_dict saved with safetensors)");
   p.add_text(cmd, "--map", "TABLE_FILE", a.map,
-             "for --init-weights: lines KILN_NAME=FILE_NAME[:T] (:T transposes a 2-D tensor)");
+             "for --init-weights: lines KILN_NAME=FILE_NAME[:T] (:T transposes a 2-D tensor); every KILN_NAME "
+             "must be one of the model's");
   p.add_text(cmd, "--metrics", "FILE.csv", a.metrics, "write one row of metrics per epoch to FILE.csv");
-  p.add_count(cmd, "--metrics-every", a.metrics_every, "with --metrics, also a row every this many steps");
+  p.add_count(cmd, "--metrics-every", a.metrics_every,
+              "with --metrics, also a row every this many steps; with --plot, a point of the train curves");
   p.add_text(cmd, "--plot", "FILE.svg", a.plot, "draw the loss and accuracy curves to FILE.svg after every epoch");
+  p.add_flag(cmd, "--allow-nonfinite", a.allow_nonfinite,
+             "train on when the loss or the weights become NaN or infinite (default: stop with an error)");
   p.add_flag(cmd, "--quiet", a.quiet, "print nothing but errors");
   return cmd;
 }
@@ -243,16 +255,22 @@ int run_train(const TrainArgs& a) {
   for (const auto& [flag, given] : {std::pair<const char*, bool>{"--keep", a.keep.has_value()},
                                     {"--checkpoint-every", a.checkpoint_every.has_value()}})
     if (given && a.checkpoint.empty()) throw Error(fmt::format("{} needs --checkpoint DIR", flag));
-  if (a.metrics_every && a.metrics.empty()) throw Error("--metrics-every needs --metrics FILE.csv");
+  if (a.metrics_every && a.metrics.empty() && a.plot.empty())
+    throw Error("--metrics-every needs --metrics FILE.csv or --plot FILE.svg");
   for (const auto& [flag, v] : {std::pair<const char*, std::optional<int>>{"--epochs", a.epochs},
                                 {"--schedule-epochs", a.schedule_epochs},
                                 {"--batch", a.batch}, {"--eval-batch", a.eval_batch}, {"--keep", a.keep},
                                 {"--train-limit", a.train_limit}, {"--test-limit", a.test_limit}})
     if (v && *v == 0) throw Error(fmt::format("{} must be at least 1", flag));
 
+  // The folder is this run's from here on: checked, then written, under its lock.
+  std::shared_ptr<const CheckpointLock> lock;
+  if (!a.checkpoint.empty()) lock = std::make_shared<const CheckpointLock>(a.checkpoint);
   Model model = load_model(a);
+  load_init_weights(a, model.m);  // before the data: a bad file or --map fails at once
   TrainerOptions o = model.options;
   o.optimizer = optimizer_of(a, o.optimizer);
+  print_warnings(optimizer_warnings(o.optimizer));
   if (!a.schedule.empty()) o.schedule = LrSchedule::parse(a.schedule);
   o.schedule.warmup_steps = a.warmup.value_or(0);
   o.drop_last = a.drop_last;
@@ -260,6 +278,8 @@ int run_train(const TrainArgs& a) {
   o.eval_batch = a.eval_batch.value_or(o.eval_batch);
   o.compile.target = a.target.empty() ? "cpu" : a.target;
   o.checkpoint_dir = a.checkpoint;
+  o.checkpoint_lock = lock;
+  o.stop_on_nonfinite = !a.allow_nonfinite;
   o.checkpoint_every_steps = a.checkpoint_every.value_or(0);
   o.checkpoint_keep = a.keep.value_or(o.checkpoint_keep);
   const int64_t epochs = a.epochs.value_or(3);
@@ -276,7 +296,6 @@ int run_train(const TrainArgs& a) {
   TensorDataset test = TensorDataset::from(load_fashion_mnist("test", dir, model.m.layout));
   if (a.train_limit) train = train.first(*a.train_limit);
   if (a.test_limit) test = test.first(*a.test_limit);
-  load_init_weights(a, model.m);
 
   if (model.m.eval_model) o.eval_model = model.m.eval_model;
   Trainer trainer(model.m.model, model.m.params, o);
@@ -306,20 +325,34 @@ int run_train(const TrainArgs& a) {
   Progress progress(stdout, epochs, a.quiet);
   std::optional<MetricsCsv> csv;
   if (!a.metrics.empty()) csv.emplace(a.metrics, a.metrics_every.value_or(0), /*append=*/a.resume);
-  std::vector<EpochMetrics> history = trainer.history();  // a resumed run's earlier epochs too
   const std::string title = fmt::format("{} on {}", model.name, fs::path(a.data).filename().string());
+  // The plot's train curves get a point every --metrics-every steps, as the CSV gets a row.
+  StepMeans plot_means(a.metrics_every.value_or(0));
+  std::vector<StepPoint> plot_steps;
   FitCallbacks callbacks;
   callbacks.on_step = [&](const StepInfo& s) {
     progress.on_step(s);
     if (csv) csv->on_step(s);
+    if (std::optional<StepPoint> p = plot_means.on_step(s)) plot_steps.push_back(*p);
   };
   callbacks.on_epoch = [&](const EpochMetrics& m) {
     progress.on_epoch(m);
     if (csv) csv->on_epoch(m);
-    history = trainer.history();
-    if (!a.plot.empty()) write_plot(a.plot, history, title);
+    plot_means.on_epoch();
+    // The history holds a resumed run's earlier epochs too.
+    if (!a.plot.empty()) write_plot(a.plot, trainer.history(), title, plot_steps);
   };
-  std::vector<EpochMetrics> done = trainer.fit(train, test, epochs, callbacks);
+  std::vector<EpochMetrics> done;
+  try {
+    done = trainer.fit(train, test, epochs, callbacks);
+  } catch (const NonFiniteError& e) {
+    progress.interrupt();
+    // No checkpoint of the diverged state was written: the latest is a good one.
+    std::optional<std::string> latest;
+    if (!a.checkpoint.empty()) latest = CheckpointDir(a.checkpoint, o.checkpoint_keep).latest();
+    throw Error(fmt::format("{}; lower --lr{}, or give --allow-nonfinite to train on regardless", e.what(),
+                            latest ? fmt::format(" and --resume (from {})", *latest) : ""));
+  }
   if (!a.quiet) {
     double seconds = 0;
     for (const EpochMetrics& m : done) seconds += m.seconds + (m.test ? m.test->seconds : 0.0);

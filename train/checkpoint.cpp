@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -11,10 +12,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <thread>
 
 #include "ir/error.h"
 
@@ -181,6 +185,22 @@ SafetensorsFile read_state(const std::string& path) {
 
 TensorMap load_state(const std::string& path, const std::map<std::string, TensorType>& want,
                      const LoadStateOptions& options) {
+  for (const auto& [name, src] : options.rename) {
+    if (want.contains(name)) continue;
+    // A typo or another model's table: loading on would leave the tensor it meant at its
+    // initial value without a word.
+    std::string names;
+    size_t listed = 0;
+    for (const auto& [have, type] : want) {
+      if (listed == 40) {
+        names += ", ... (" + std::to_string(want.size() - listed) + " more)";
+        break;
+      }
+      names += (listed++ ? ", " : "") + have;
+    }
+    throw Error(options.rename_name + ": '" + name + "' (mapped to '" + src.name +
+                "') is not a tensor of the model; it has " + std::to_string(want.size()) + ": " + names);
+  }
   SafetensorsFile f = read_state(path);
   TensorMap out;
   for (const auto& [name, type] : want) {
@@ -249,6 +269,19 @@ std::map<std::string, SourceTensor> parse_rename_table(std::string_view text, st
   return table;
 }
 
+std::optional<std::string> first_nonfinite(const TensorMap& state) {
+  auto finite = [](const auto* p, int64_t n) {
+    return std::all_of(p, p + n, [](auto v) { return std::isfinite(v); });
+  };
+  for (const auto& [name, t] : state) {
+    const int64_t n = t.is_splat() ? 1 : t.numel();
+    if ((t.dtype() == DType::f32 && !finite(t.data<float>(), n)) ||
+        (t.dtype() == DType::f64 && !finite(t.data<double>(), n)))
+      return name;
+  }
+  return std::nullopt;
+}
+
 CheckpointDir::CheckpointDir(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {
   if (keep < 1) throw Error(dir_ + ": cannot keep " + std::to_string(keep) + " checkpoints (keep at least 1)");
   std::error_code ec;
@@ -272,13 +305,34 @@ std::string CheckpointDir::save(int64_t global_step, const TensorMap& state, con
   std::snprintf(name, sizeof name, "ckpt-%010lld.safetensors", static_cast<long long>(global_step));
   std::string path = (fs::path(dir_) / name).string();
   save_state(path, state, metadata);
+  finite_[path] = !first_nonfinite(state);
   std::vector<std::string> all = list();
+  if (all.size() <= static_cast<size_t>(keep_)) return path;
+  // The newest good checkpoint stays, however many diverged ones came after it (looked for
+  // newest first: in a healthy run that is the one just written, and nothing is read).
+  std::string last_finite;
+  for (auto it = all.rbegin(); it != all.rend() && last_finite.empty(); ++it)
+    if (all_finite(*it)) last_finite = *it;
   for (size_t i = 0; i + static_cast<size_t>(keep_) < all.size(); ++i) {
+    if (all[i] == last_finite) continue;
     std::error_code ec;
     fs::remove(all[i], ec);
     if (ec) throw Error(all[i] + ": cannot remove an old checkpoint (" + ec.message() + ")");
+    finite_.erase(all[i]);
   }
   return path;
+}
+
+bool CheckpointDir::all_finite(const std::string& path) {
+  auto known = finite_.find(path);
+  if (known != finite_.end()) return known->second;
+  bool finite = false;
+  try {
+    finite = !first_nonfinite(read_state(path).tensors);
+  } catch (const Error&) {
+    // Unreadable or corrupt: not a checkpoint to keep for.
+  }
+  return finite_[path] = finite;
 }
 
 std::vector<std::string> CheckpointDir::list() const {
@@ -299,6 +353,61 @@ std::optional<std::string> CheckpointDir::latest() const {
   std::vector<std::string> all = list();
   if (all.empty()) return std::nullopt;
   return all.back();
+}
+
+namespace {
+
+// The process id a lock file holds ("" when it holds none yet: its holder has just taken it).
+std::string lock_holder(int fd) {
+  char buf[32];
+  ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return "";
+  std::string text(buf, static_cast<size_t>(n));
+  text = trim(text.substr(0, text.find('\n')));
+  return !text.empty() && text.size() <= 10 && text.find_first_not_of("0123456789") == std::string::npos ? text : "";
+}
+
+}  // namespace
+
+CheckpointLock::CheckpointLock(std::string dir) : dir_(std::move(dir)) {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) throw Error(dir_ + ": cannot create the checkpoint folder (" + ec.message() + ")");
+  const std::string path = (fs::path(dir_) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(path + ": cannot open the checkpoint folder's lock file (" + errno_text(errno) + ")");
+  int locked;
+  do locked = ::flock(fd_, LOCK_EX | LOCK_NB);
+  while (locked != 0 && errno == EINTR);
+  if (locked != 0) {
+    const int err = errno;
+    std::string pid;
+    // The holder writes its pid right after taking the lock: wait a moment for it.
+    for (int i = 0; i < 50 && pid.empty(); ++i) {
+      if (i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      pid = lock_holder(fd_);
+    }
+    ::close(fd_);
+    fd_ = -1;
+    if (err != EWOULDBLOCK) throw Error(path + ": cannot lock the checkpoint folder (" + errno_text(err) + ")");
+    const std::string holder = pid.empty() ? "pid unknown"
+                               : pid == std::to_string(::getpid()) ? "this process, pid " + pid
+                                                                   : "pid " + pid;
+    throw Error(dir_ + ": the checkpoint folder is in use by another training run (" + holder +
+                "); two runs writing one folder overwrite each other's checkpoints: wait for that run to end, "
+                "or give another folder");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw Error(path + ": cannot write the lock file (" + errno_text(err) + ")");
+  }
+}
+
+CheckpointLock::~CheckpointLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 }  // namespace kiln

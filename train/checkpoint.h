@@ -51,20 +51,30 @@ struct LoadStateOptions {
   // Convert F64 <-> F32 where the file's dtype differs (a PyTorch float64 export); off: a
   // dtype mismatch is an error.
   bool convert_dtype = false;
+  // What errors call the rename table (its file name, for a table read from one).
+  std::string rename_name = "the rename table";
 };
 // Reads PATH and returns, for each name in `want`, its tensor, checked to have exactly that
 // type (after rename/transpose/conversion). Errors name the tensor and both types:
 // "w.safetensors: tensor 'fc1.weight' is f64[784,256] in the file, the graph needs
-// f32[784,256]", "...: no tensor 'fc2.bias' (nor 'l2.bias' it is mapped to)". All or
-// nothing: an error returns nothing.
+// f32[784,256]", "...: no tensor 'fc2.bias' (nor 'l2.bias' it is mapped to)". A rename
+// entry for a name `want` lacks (a typo, another model's table) is an error too, listing the
+// names there are. All or nothing: an error returns nothing.
 TensorMap load_state(const std::string& path, const std::map<std::string, TensorType>& want,
                      const LoadStateOptions& options = {});
 // Parses a rename table: lines (or comma-separated items) "KILN_NAME=SOURCE_NAME" with an
 // optional ":T" after the source name for transpose; '#' starts a comment.
 std::map<std::string, SourceTensor> parse_rename_table(std::string_view text, std::string_view name);
 
+// The name of the first float tensor (in name order) holding a NaN or an infinity; nullopt
+// when every float is finite.
+std::optional<std::string> first_nonfinite(const TensorMap& state);
+
 // A folder of numbered checkpoints, ckpt-<global step, 10 digits>.safetensors, of which the
-// last `keep` are kept (older ones deleted after a new one is safely written).
+// last `keep` are kept (older ones deleted after a new one is safely written). The newest
+// checkpoint whose floats are all finite is never deleted, even when it is older than the
+// last `keep`: a run that trains on after diverging (NaN or infinite weights) cannot rotate
+// out the last good checkpoint.
 class CheckpointDir {
  public:
   explicit CheckpointDir(std::string dir, int keep = 3);  // creates the folder if needed
@@ -76,8 +86,33 @@ class CheckpointDir {
   std::optional<std::string> latest() const;
 
  private:
+  // Whether every float of the checkpoint at `path` is finite (false for a file that cannot
+  // be read); remembered per path, so a file is read at most once.
+  bool all_finite(const std::string& path);
+
   std::string dir_;
   int keep_;
+  std::map<std::string, bool> finite_;
+};
+
+// An advisory lock (flock(2)) on a checkpoint folder, held by a training run for as long as
+// it writes there: the file DIR/.lock, which holds the holder's process id. Taking it fails
+// at once, with kiln::Error "DIR: the checkpoint folder is in use by another training run
+// (pid N) ...", when another lock holds it: another process's, or another CheckpointLock in
+// this process (flock locks belong to an open file, not a process). Released when destroyed
+// or when the process ends in any way (kill -9 included); the file stays. Creates the folder
+// if needed.
+class CheckpointLock {
+ public:
+  explicit CheckpointLock(std::string dir);
+  ~CheckpointLock();
+  CheckpointLock(const CheckpointLock&) = delete;
+  CheckpointLock& operator=(const CheckpointLock&) = delete;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  int fd_ = -1;
 };
 
 }  // namespace kiln

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -77,6 +78,13 @@ void Progress::on_step(const StepInfo& s) {
   std::fflush(out_);
 }
 
+void Progress::interrupt() {
+  if (!tty_ || last_draw_ < 0) return;
+  std::fputc('\n', out_);
+  std::fflush(out_);
+  last_draw_ = -1;
+}
+
 void Progress::on_epoch(const EpochMetrics& m) {
   if (quiet_) return;
   fmt::print(out_, "{}{}\n", tty_ ? "\r\x1b[K" : "", epoch_line(m, epochs_));
@@ -95,10 +103,41 @@ constexpr const char* kCsvHeader =
 
 // A number as the shortest text that reads back the same; empty when not finite.
 std::string field(double v) { return std::isfinite(v) ? fmt::format("{}", v) : std::string(); }
+// An f32 value (or a mean of them) as the shortest text that reads back as the same f32.
+std::string field_f32(double v) {
+  if (!std::isfinite(v)) return {};
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, static_cast<float>(v));
+  return std::string(buf, r.ptr);
+}
 
 }  // namespace
 
-MetricsCsv::MetricsCsv(const std::string& path, int64_t every_steps, bool append) : path_(path), every_(every_steps) {
+std::optional<StepPoint> StepMeans::on_step(const StepInfo& s) {
+  const double n = static_cast<double>(s.samples);
+  loss_sum_ += s.loss * n;
+  acc_sum_ += s.accuracy * n;
+  samples_ += s.samples;
+  step_ = s.global_step;
+  if (every_ <= 0 || s.global_step % every_ != 0) return std::nullopt;
+  const double seen = static_cast<double>(samples_);
+  return StepPoint{.epoch = s.epoch + 1,
+                   .global_step = s.global_step,
+                   .at = static_cast<double>(s.epoch) +
+                         (s.batches > 0 ? static_cast<double>(s.batch_index + 1) / static_cast<double>(s.batches) : 1.0),
+                   .loss = loss_sum_ / seen,
+                   .accuracy = acc_sum_ / seen,
+                   .lr = s.lr,
+                   .samples = samples_,
+                   .seconds = s.seconds};
+}
+
+void StepMeans::on_epoch() {
+  loss_sum_ = acc_sum_ = 0;
+  samples_ = 0;
+}
+
+MetricsCsv::MetricsCsv(const std::string& path, int64_t every_steps, bool append) : path_(path), means_(every_steps) {
   std::error_code ec;
   const bool has_rows = append && std::filesystem::file_size(path, ec) > 0 && !ec;
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
@@ -114,27 +153,22 @@ MetricsCsv::~MetricsCsv() {
 }
 
 void MetricsCsv::on_step(const StepInfo& s) {
-  const double n = static_cast<double>(s.samples);
-  loss_sum_ += s.loss * n;
-  acc_sum_ += s.accuracy * n;
-  samples_ += s.samples;
-  step_ = s.global_step;
-  if (every_ <= 0 || s.global_step % every_ != 0) return;
-  const double seen = static_cast<double>(samples_);
-  fmt::print(f_, "step,{},{},{},{},,,{},{},{},{}\n", s.epoch + 1, s.global_step, field(loss_sum_ / seen),
-             field(acc_sum_ / seen), field(s.lr), samples_, field(s.seconds),
-             field(s.seconds > 0 ? seen / s.seconds : NAN));
+  const std::optional<StepPoint> p = means_.on_step(s);
+  if (!p) return;
+  const double seen = static_cast<double>(p->samples);
+  fmt::print(f_, "step,{},{},{},{},,,{},{},{},{}\n", p->epoch, p->global_step, field_f32(p->loss),
+             field_f32(p->accuracy), field(p->lr), p->samples, field(p->seconds),
+             field(p->seconds > 0 ? seen / p->seconds : NAN));
   if (std::fflush(f_) != 0) throw Error(fmt::format("{}: cannot write ({})", path_, std::strerror(errno)));
 }
 
 void MetricsCsv::on_epoch(const EpochMetrics& m) {
-  loss_sum_ = acc_sum_ = 0;
-  samples_ = 0;
+  means_.on_epoch();
   const double test_loss = m.test ? m.test->loss : NAN, test_acc = m.test ? m.test->accuracy : NAN;
   // step: the run's steps after this epoch (the last step seen; a resumed run's count).
-  fmt::print(f_, "epoch,{},{},{},{},{},{},{},{},{},{}\n", m.epoch, step_, field(m.train_loss),
-             field(m.train_accuracy), field(test_loss), field(test_acc), field(m.lr), m.samples, field(m.seconds),
-             field(m.samples_per_second));
+  fmt::print(f_, "epoch,{},{},{},{},{},{},{},{},{},{}\n", m.epoch, means_.last_step(), field_f32(m.train_loss),
+             field_f32(m.train_accuracy), field_f32(test_loss), field_f32(test_acc), field(m.lr), m.samples,
+             field(m.seconds), field(m.samples_per_second));
   if (std::fflush(f_) != 0) throw Error(fmt::format("{}: cannot write ({})", path_, std::strerror(errno)));
 }
 
@@ -192,7 +226,13 @@ struct Series {
   const char* name;
   const char* color;
   bool dashed;
-  std::vector<double> y;  // per epoch; NaN where there is none
+  std::vector<double> x, y;  // in x order; y NaN where there is none
+  std::vector<bool> marked;  // a marker at this point (the epochs' ends)
+  void add(double at, double value, bool mark) {
+    x.push_back(at);
+    y.push_back(value);
+    marked.push_back(mark);
+  }
 };
 
 constexpr int kWidth = 960, kHeight = 420;
@@ -207,7 +247,7 @@ std::string marker(const Series& s, double x, double y) {
 
 // One panel at (left, top), size w x h for its plot area: frame, grid, ticks, labels, series.
 std::string panel(double left, double top, double w, double h, const std::string& heading, const std::string& ylabel,
-                  const std::vector<double>& xs, const Axis& xa, const std::vector<Series>& series,
+                  const Axis& xa, const std::vector<Series>& series,
                   std::optional<std::pair<double, double>> clamp) {
   std::string out;
   double lo = INFINITY, hi = -INFINITY;
@@ -261,36 +301,51 @@ std::string panel(double left, double top, double w, double h, const std::string
                            points, s.color, s.dashed ? R"( stroke-dasharray="6 4")" : "");
       points.clear();
     };
-    for (size_t i = 0; i < xs.size(); ++i) {
+    for (size_t i = 0; i < s.x.size(); ++i) {
       if (!std::isfinite(s.y[i])) {
         flush();
         continue;
       }
-      points += fmt::format("{}{:.1f},{:.1f}", points.empty() ? "" : " ", px(xs[i]), py(s.y[i]));
+      points += fmt::format("{}{:.1f},{:.1f}", points.empty() ? "" : " ", px(s.x[i]), py(s.y[i]));
     }
     flush();
-    for (size_t i = 0; i < xs.size(); ++i)
-      if (std::isfinite(s.y[i])) out += marker(s, px(xs[i]), py(s.y[i])) + "\n";
+    for (size_t i = 0; i < s.x.size(); ++i)
+      if (s.marked[i] && std::isfinite(s.y[i])) out += marker(s, px(s.x[i]), py(s.y[i])) + "\n";
   }
   return out;
 }
 
 }  // namespace
 
-std::string plot_svg(const std::vector<EpochMetrics>& epochs, const std::string& title) {
-  std::vector<double> xs;
-  Series train_loss{"train", kTrainColor, false, {}}, test_loss{"test", kTestColor, true, {}};
+std::string plot_svg(const std::vector<EpochMetrics>& epochs, const std::string& title,
+                     const std::vector<StepPoint>& steps) {
+  Series train_loss{"train", kTrainColor, false, {}, {}, {}}, test_loss{"test", kTestColor, true, {}, {}, {}};
   Series train_acc = train_loss, test_acc = test_loss;
+  // The train curves through the step points and the epochs' ends, in x order (a step point
+  // at an epoch's end comes before the epoch's own, marked, point).
+  struct Point {
+    double at;
+    bool epoch;
+    double loss, accuracy;
+  };
+  std::vector<Point> train;
+  for (const StepPoint& p : steps) train.push_back({p.at, false, p.loss, p.accuracy});
   for (const EpochMetrics& m : epochs) {
-    xs.push_back(static_cast<double>(m.epoch));
-    train_loss.y.push_back(m.train_loss);
-    train_acc.y.push_back(100.0 * m.train_accuracy);
-    test_loss.y.push_back(m.test ? m.test->loss : NAN);
-    test_acc.y.push_back(m.test ? 100.0 * m.test->accuracy : NAN);
+    const double at = static_cast<double>(m.epoch);
+    train.push_back({at, true, m.train_loss, m.train_accuracy});
+    test_loss.add(at, m.test ? m.test->loss : NAN, true);
+    test_acc.add(at, m.test ? 100.0 * m.test->accuracy : NAN, true);
+  }
+  std::stable_sort(train.begin(), train.end(),
+                   [](const Point& a, const Point& b) { return a.at < b.at || (a.at == b.at && !a.epoch && b.epoch); });
+  for (const Point& p : train) {
+    train_loss.add(p.at, p.loss, p.epoch);
+    train_acc.add(p.at, 100.0 * p.accuracy, p.epoch);
   }
   // Epochs on the x axis: whole numbers; one epoch gets a band around it.
-  double first = xs.empty() ? 1 : *std::min_element(xs.begin(), xs.end());
-  double last = xs.empty() ? 1 : *std::max_element(xs.begin(), xs.end());
+  const std::vector<double>& xs = train_loss.x;
+  double first = xs.empty() ? 1 : std::floor(*std::min_element(xs.begin(), xs.end()));
+  double last = xs.empty() ? 1 : std::ceil(*std::max_element(xs.begin(), xs.end()));
   Axis xa = first < last ? nice_axis(first, last, 1.0) : nice_axis(first - 1, first + 1, 1.0);
   xa.decimals = 0;
 
@@ -306,8 +361,8 @@ std::string plot_svg(const std::vector<EpochMetrics>& epochs, const std::string&
       "\n",
       kWidth, kHeight, kWidth / 2, xml_escape(title));
   const double top = 90, w = 370, h = 250;
-  svg += panel(90, top, w, h, "loss", "loss", xs, xa, {train_loss, test_loss}, std::nullopt);
-  svg += panel(570, top, w, h, "accuracy", "accuracy (%)", xs, xa, {train_acc, test_acc},
+  svg += panel(90, top, w, h, "loss", "loss", xa, {train_loss, test_loss}, std::nullopt);
+  svg += panel(570, top, w, h, "accuracy", "accuracy (%)", xa, {train_acc, test_acc},
                std::make_pair(0.0, 100.0));
   // The legend, under the title, for both panels.
   const double ly = 52;
@@ -326,8 +381,9 @@ std::string plot_svg(const std::vector<EpochMetrics>& epochs, const std::string&
   return svg;
 }
 
-void write_plot(const std::string& path, const std::vector<EpochMetrics>& epochs, const std::string& title) {
-  write_file_atomic(path, plot_svg(epochs, title));
+void write_plot(const std::string& path, const std::vector<EpochMetrics>& epochs, const std::string& title,
+                const std::vector<StepPoint>& steps) {
+  write_file_atomic(path, plot_svg(epochs, title, steps));
 }
 
 }  // namespace kiln

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,9 @@ class Progress {
   Progress(std::FILE* out, int64_t epochs, bool quiet = false);
   void on_step(const StepInfo& s);
   void on_epoch(const EpochMetrics& m);
+  // Ends a bar line left half-drawn (training stopped mid-epoch), so that what is printed
+  // next starts on a line of its own.
+  void interrupt();
   static std::string epoch_line(const EpochMetrics& m, int64_t epochs);  // the permanent line
   // `seen`: examples trained in the epoch so far, this step's included (-1: steps done times
   // this step's batch, exact but for a last partial batch).
@@ -32,12 +36,42 @@ class Progress {
   int64_t seen_ = 0;  // examples trained in the epoch so far
 };
 
+// The training curve within epochs: the running means of the epoch so far, every N steps
+// (the metrics CSV's step rows and the plot's points between epochs).
+struct StepPoint {
+  int64_t epoch = 0;        // 1-based: the epoch the step is in
+  int64_t global_step = 0;  // the step's (steps done, this one included)
+  double at = 0;            // in epochs: epoch - 1 + the epoch's batches done / its batches
+  double loss = 0, accuracy = 0;  // example-weighted means over the epoch's steps so far
+  double lr = 0;            // the step's rate
+  int64_t samples = 0;      // examples in those steps
+  double seconds = 0;       // since the epoch started
+};
+
+class StepMeans {
+ public:
+  explicit StepMeans(int64_t every_steps) : every_(every_steps) {}
+  // Adds the step to the running sums; its point when every_steps > 0 divides its global step.
+  std::optional<StepPoint> on_step(const StepInfo& s);
+  void on_epoch();  // the next step starts an epoch: the sums start again
+  int64_t last_step() const { return step_; }  // the last step's global_step
+
+ private:
+  int64_t every_ = 0;
+  double loss_sum_ = 0, acc_sum_ = 0;
+  int64_t samples_ = 0;
+  int64_t step_ = 0;
+};
+
 // CSV: a header line, then one row per epoch
 //   kind,epoch,step,train_loss,train_accuracy,test_loss,test_accuracy,lr,samples,seconds,samples_per_second
-// with kind "epoch"; with every_steps > 0 also rows of kind "step" (the running means of the
-// epoch so far) every that many steps. Each row is flushed as it is written (a crashed run
-// keeps its rows); empty fields for what a row does not have. kiln::Error "PATH: ..." when
-// the file cannot be written.
+// with kind "epoch"; with every_steps > 0 also rows of kind "step" (StepMeans: the running
+// means of the epoch so far) every that many steps. Losses and accuracies are f32 values and
+// their means: they are written as the shortest text that reads back as the same f32
+// ("0.8213", not "0.8212999999523163"); the rate, seconds and speed as the shortest that
+// reads back as the same double. Each row is flushed as it is written (a crashed run keeps
+// its rows); empty fields for what a row does not have. kiln::Error "PATH: ..." when the
+// file cannot be written.
 class MetricsCsv {
  public:
   MetricsCsv(const std::string& path, int64_t every_steps = 0, bool append = false);
@@ -48,16 +82,17 @@ class MetricsCsv {
  private:
   std::FILE* f_ = nullptr;
   std::string path_;
-  int64_t every_ = 0;
-  double loss_sum_ = 0, acc_sum_ = 0;
-  int64_t samples_ = 0;
-  int64_t step_ = 0;  // the last step's global_step
+  StepMeans means_;
 };
 
 // A standalone SVG (no scripts, no external fonts) with two panels side by side: loss
 // (train and test) and accuracy in % (train and test) against the epoch, with axes, ticks,
-// labels, a title and a legend. Written atomically; kiln::Error when it cannot be.
-std::string plot_svg(const std::vector<EpochMetrics>& epochs, const std::string& title);
-void write_plot(const std::string& path, const std::vector<EpochMetrics>& epochs, const std::string& title);
+// labels, a title and a legend. `steps` (StepMeans' points, e.g. every --metrics-every
+// steps) put the train curves' points between the epochs too: the lines go through them,
+// the markers stay at the epochs' ends. Written atomically; kiln::Error when it cannot be.
+std::string plot_svg(const std::vector<EpochMetrics>& epochs, const std::string& title,
+                     const std::vector<StepPoint>& steps = {});
+void write_plot(const std::string& path, const std::vector<EpochMetrics>& epochs, const std::string& title,
+                const std::vector<StepPoint>& steps = {});
 
 }  // namespace kiln

@@ -5,6 +5,8 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <limits>
 #include <span>
 #include <nlohmann/json.hpp>
 
@@ -60,7 +62,57 @@ Graph at_batch(const Graph& model, int64_t batch) {
   return traced && *traced != batch && batch >= 1 ? rebatch(model, batch) : model;
 }
 
+// The lock on options.checkpoint_dir: the one given, or a new one (none without a folder).
+std::shared_ptr<const CheckpointLock> lock_for(const TrainerOptions& options) {
+  if (options.checkpoint_dir.empty()) return nullptr;
+  if (!options.checkpoint_lock) return std::make_shared<const CheckpointLock>(options.checkpoint_dir);
+  std::error_code ec;
+  if (!std::filesystem::equivalent(options.checkpoint_lock->dir(), options.checkpoint_dir, ec))
+    throw Error("trainer: checkpoint_lock is a lock on " + options.checkpoint_lock->dir() + ", not on checkpoint_dir " +
+                options.checkpoint_dir);
+  return options.checkpoint_lock;
+}
+
+// Sets the hyper-parameter `name` (a state scalar of the step) of `optimizer`; false when it
+// has none of that name.
+bool set_hyper_parameter(Optimizer& optimizer, const std::string& name, double value) {
+  return std::visit(
+      [&](auto& o) {
+        double* field = nullptr;
+        if (name == "weight_decay") field = &o.weight_decay;
+        if constexpr (std::is_same_v<std::decay_t<decltype(o)>, SGD>) {
+          if (name == "momentum") field = &o.momentum;
+          if (name == "dampening") field = &o.dampening;
+        } else {
+          if (name == "beta1") field = &o.beta1;
+          if (name == "beta2") field = &o.beta2;
+          if (name == "eps") field = &o.eps;
+        }
+        if (field) *field = value;
+        return field != nullptr;
+      },
+      optimizer);
+}
+
+// "step 12 (epoch 2, batch 3 of 10)"; batches 0: "step 12 (epoch 2)".
+std::string step_text(int64_t step, int64_t epoch, int64_t batch, int64_t batches) {
+  return "step " + std::to_string(step) + " (epoch " + std::to_string(epoch) +
+         (batches > 0 ? ", batch " + std::to_string(batch + 1) + " of " + std::to_string(batches) : "") + ")";
+}
+
 }  // namespace
+
+std::vector<std::string> optimizer_warnings(const Optimizer& optimizer) {
+  std::vector<std::string> out;
+  if (const SGD* s = std::get_if<SGD>(&optimizer); s && s->momentum >= 1.0) {
+    char buf[64];
+    auto r = std::to_chars(buf, buf + sizeof buf, s->momentum);
+    out.push_back("sgd momentum " + std::string(buf, r.ptr) +
+                  " is 1 or more: the momentum buffer then never forgets a gradient and the updates grow "
+                  "without bound; momentum converges in [0, 1) (0.9 is usual)");
+  }
+  return out;
+}
 
 std::string optimizer_json(const Optimizer& optimizer) {
   nlohmann::ordered_json j;
@@ -81,6 +133,7 @@ std::string optimizer_json(const Optimizer& optimizer) {
 
 Trainer::Trainer(const Graph& model, const TensorMap& params, TrainerOptions options)
     : options_(std::move(options)),
+      lock_(lock_for(options_)),
       step_(make_train_step(at_batch(model, options_.batch), options_.optimizer, {.loss = options_.loss})),
       hash_(hash_hex(print(step_.graph))),
       base_lr_(std::visit([](const auto& o) { return o.lr; }, options_.optimizer)) {
@@ -98,6 +151,8 @@ Trainer::Trainer(const Graph& model, const TensorMap& params, TrainerOptions opt
   lr_dtype_ = step_.initial_values.at("lr").dtype();
   eval_ = compile(at_batch(options_.eval_model ? *options_.eval_model : model, options_.batch), options_.compile,
                   train_->state_store());
+  if (!options_.checkpoint_dir.empty())
+    checkpoints_ = std::make_shared<CheckpointDir>(options_.checkpoint_dir, options_.checkpoint_keep);
 }
 
 double Trainer::lr_for(int64_t global_step, int64_t steps_per_epoch) const {
@@ -112,8 +167,29 @@ TensorMap Trainer::run_step(const TensorMap& batch, double lr) {
   return train_->run(batch);
 }
 
+void Trainer::check_loss(double loss, int64_t batch, int64_t batches) const {
+  if (!options_.stop_on_nonfinite || std::isfinite(loss)) return;
+  throw NonFiniteError("training diverged: the loss is " + std::string(std::isnan(loss) ? "NaN" : "infinite") +
+                           " at " + step_text(global_step_ + 1, epoch_ + 1, batch, batches) +
+                           "; stopped there (a learning rate too high?)",
+                       global_step_ + 1, epoch_ + 1);
+}
+
+void Trainer::check_state(const TensorMap& state, const char* when) const {
+  if (!options_.stop_on_nonfinite) return;
+  if (std::optional<std::string> bad = first_nonfinite(state))
+    throw NonFiniteError("training diverged: after step " + std::to_string(global_step_) + " (epoch " +
+                             std::to_string(epoch_ + (position_ > 0 ? 1 : 0)) + ") the state '" + *bad +
+                             "' holds a NaN or an infinity; stopped " + when + " (a learning rate too high?)",
+                         global_step_, epoch_ + (position_ > 0 ? 1 : 0));
+}
+
 TensorMap Trainer::train_batch(const TensorMap& batch) {
+  if (global_step_ == std::numeric_limits<int64_t>::max())
+    throw Error("train_batch: the trainer has taken " + std::to_string(global_step_) +
+                " steps, the most it can count (loaded from a corrupt checkpoint?)");
   TensorMap out = run_step(batch, lr_for(global_step_, steps_per_epoch_));
+  if (auto loss = out.find(options_.loss); loss != out.end()) check_loss(loss->second.get(0), 0, 0);
   ++global_step_;
   return out;
 }
@@ -133,8 +209,15 @@ EpochMetrics Trainer::run_epoch(const TensorDataset& data, const std::function<v
   if (position_ > plan.count())
     throw Error("train_epoch: the trainer is at batch " + std::to_string(position_) + " of its epoch but this data has " +
                 std::to_string(plan.count()) + " batches (resumed with other training data?)");
+  // Counters that cannot go past their limits (a corrupt checkpoint's): refused before any
+  // step, not overflowed.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  if (epoch_ == kMax || global_step_ > kMax - (plan.count() - position_))
+    throw Error("train_epoch: the trainer is at epoch " + std::to_string(epoch_) + ", step " +
+                std::to_string(global_step_) + ": another epoch of " + std::to_string(plan.count()) +
+                " steps would count past " + std::to_string(kMax) + " (loaded from a corrupt checkpoint?)");
   steps_per_epoch_ = plan.count();
-  total_steps_ = options_.epochs * plan.count();
+  if (__builtin_mul_overflow(options_.epochs, plan.count(), &total_steps_)) total_steps_ = kMax;
   const std::vector<int64_t> order = epoch_order(data.size(), options_.data_seed, epoch_, options_.shuffle);
   const std::span<const int64_t> rows(order);
   if (position_ == 0) sums_ = {};
@@ -149,6 +232,7 @@ EpochMetrics Trainer::run_epoch(const TensorDataset& data, const std::function<v
     lr = lr_for(global_step_, steps_per_epoch_);
     const TensorMap out = run_step(batch, lr);
     const double loss = out.find(options_.loss)->second.get(0);
+    check_loss(loss, i, plan.count());
     const double accuracy = has_accuracy_ ? out.find(options_.accuracy)->second.get(0) : std::nan("");
     sums_.loss += loss * static_cast<double>(size);
     if (has_accuracy_) sums_.accuracy += accuracy * static_cast<double>(size);
@@ -173,6 +257,8 @@ EpochMetrics Trainer::run_epoch(const TensorDataset& data, const std::function<v
     }
   }
   sums_.seconds = start.seconds + seconds_since(t0);
+  // The last step's loss was computed before its update: the weights it left are checked.
+  check_state(state(), "at the end of the epoch");
   EpochMetrics m;
   m.steps = sums_.steps;
   m.samples = sums_.samples;
@@ -233,6 +319,8 @@ TensorMap Trainer::state() const { return train_->state(); }
 void Trainer::set_state(const TensorMap& state) {
   train_->set_state(state);
   written_lr_ = -1;
+  for (const std::string& name : step_.hyper_parameters)
+    if (auto it = state.find(name); it != state.end()) set_hyper_parameter(options_.optimizer, name, it->second.get(0));
 }
 
 namespace {
@@ -314,7 +402,9 @@ Metadata Trainer::checkpoint_metadata() const {
 void Trainer::save_checkpoint(const std::string& path) const { save_state(path, state(), checkpoint_metadata()); }
 
 void Trainer::save_to_dir() const {
-  CheckpointDir(options_.checkpoint_dir, options_.checkpoint_keep).save(global_step_, state(), checkpoint_metadata());
+  const TensorMap s = state();
+  check_state(s, "before writing its checkpoint");
+  checkpoints_->save(global_step_, s, checkpoint_metadata());
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
@@ -324,15 +414,27 @@ void Trainer::load_checkpoint(const std::string& path) {
   const auto batch = meta_number<int64_t>(m, "kiln.batch", path);
   if (hash != hash_ || batch != options_.batch) {
     auto graph = m.count("kiln.graph") ? m.at("kiln.graph") : std::string("?");
+    // An optimizer whose structure differs (momentum or weight decay turned on or off, ...)
+    // makes another step of the same model: say which, since that is the likely cause.
+    const std::string optimizer = optimizer_json(options_.optimizer);
+    std::string optimizers;
+    if (m.count("kiln.optimizer") && m.at("kiln.optimizer") != optimizer)
+      optimizers = "; its optimizer was " + m.at("kiln.optimizer") + ", this trainer's is " + optimizer +
+                   " (a momentum, weight decay or dampening turned on or off, nesterov, or another optimizer "
+                   "changes the step)";
     throw Error(path + ": a checkpoint of another training step: the file's is '" + graph + "' at batch " +
                 std::to_string(batch) + " (graph hash " + hash.substr(0, 12) + "), this trainer's is '" +
                 step_.graph.name() + "' at batch " + std::to_string(options_.batch) + " (graph hash " +
-                hash_.substr(0, 12) + "); resume with the model, optimizer and batch size it was written with");
+                hash_.substr(0, 12) + ")" + optimizers +
+                "; resume with the model, optimizer and batch size it was written with");
   }
   std::map<std::string, TensorType> want;
   for (const GraphInput& in : step_.graph.inputs())
     if (in.is_state) want.emplace(step_.graph.value(in.value).name, step_.graph.type(in.value));
-  const TensorMap state = load_state(path, want);
+  TensorMap state = load_state(path, want);
+  // This trainer's hyper-parameters, not the file's, are the ones training goes on with (and
+  // that its checkpoints record).
+  for (const std::string& name : step_.hyper_parameters) state.erase(name);
   Sums sums;
   try {
     auto j = nlohmann::json::parse(meta(m, "kiln.epoch_sums", path));
@@ -366,7 +468,7 @@ void Trainer::load_checkpoint(const std::string& path) {
 
 std::optional<std::string> Trainer::resume() {
   if (options_.checkpoint_dir.empty()) throw Error("trainer: resume() needs options().checkpoint_dir");
-  std::optional<std::string> latest = CheckpointDir(options_.checkpoint_dir, options_.checkpoint_keep).latest();
+  std::optional<std::string> latest = checkpoints_->latest();
   if (latest) load_checkpoint(*latest);
   return latest;
 }

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "codegen/executable.h"
+#include "ir/error.h"
 #include "passes/train_step.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
@@ -61,9 +62,30 @@ struct TrainerOptions {
   // every epoch and, when checkpoint_every_steps > 0, every that many steps inside an epoch,
   // keeping the last checkpoint_keep. A run killed at any moment resumes from the latest
   // (resume()) and ends with bitwise the weights of an uninterrupted run.
+  // The trainer holds a CheckpointLock on checkpoint_dir from its construction to its end,
+  // so that a second trainer (another process's, or another in this one) on the folder fails
+  // at once (kiln::Error naming the holder's pid) instead of overwriting this one's
+  // checkpoints. A caller that checked the folder under its own lock passes it here (a second
+  // lock on the folder would fail); empty: the trainer takes one.
   std::string checkpoint_dir{};
   int64_t checkpoint_every_steps = 0;
   int checkpoint_keep = 3;
+  std::shared_ptr<const CheckpointLock> checkpoint_lock{};
+  // Divergence: a step whose loss is NaN or infinite stops training with a NonFiniteError
+  // naming the step, and so do weights (any float state) that are not finite at the end of
+  // an epoch or when a checkpoint is due, so that no checkpoint of a diverged run is written.
+  // Off: training goes on whatever the numbers (the checkpoint folder still never deletes
+  // its newest finite checkpoint; CheckpointDir).
+  bool stop_on_nonfinite = true;
+};
+
+// Training diverged (TrainerOptions::stop_on_nonfinite): the message names the step.
+class NonFiniteError : public Error {
+ public:
+  NonFiniteError(const std::string& message, int64_t step, int64_t epoch)
+      : Error(message), step(step), epoch(epoch) {}
+  int64_t step;   // the step (1-based, global_step() counts it) whose loss or result was not finite
+  int64_t epoch;  // 1-based
 };
 
 // One step, as callbacks see it.
@@ -137,6 +159,9 @@ class Trainer {
                                 const FitCallbacks& callbacks = {});
 
   TensorMap state() const;               // every state tensor (copies)
+  // Sets these state tensors. A hyper-parameter scalar among them ("momentum", "beta1",
+  // "weight_decay", ...; not "lr", which the schedule writes before each step) changes
+  // options().optimizer too, so that checkpoints record the values used.
   void set_state(const TensorMap& state);
 
   // The whole state and, in the metadata: "kiln.graph_hash", "kiln.graph" (its name),
@@ -151,7 +176,11 @@ class Trainer {
   void save_checkpoint(const std::string& path) const;
   // Restores state, epoch and step from a checkpoint of this same graph; refuses (kiln::Error
   // naming the file and what differs) another graph, a missing/mistyped tensor, a corrupt file.
-  // Training on gives bitwise the weights an uninterrupted run gets (same thread count).
+  // Training on gives bitwise the weights an uninterrupted run gets (same thread count). The
+  // hyper-parameters stay this trainer's (options().optimizer: its learning rate, momentum,
+  // weight decay, betas, eps), not the file's: a run resumed with another momentum trains on
+  // with it. Changing one between zero and non-zero (or nesterov, or the optimizer) changes
+  // the training step itself, and such a checkpoint is refused as another graph's.
   void load_checkpoint(const std::string& path);
   // Loads the latest checkpoint of options().checkpoint_dir, if it has one; returns its path
   // (nullopt: nothing to resume, the trainer is unchanged).
@@ -166,11 +195,18 @@ class Trainer {
   };
   double lr_for(int64_t global_step, int64_t steps_per_epoch) const;
   TensorMap run_step(const TensorMap& batch, double lr);  // writes lr (if it changed), one step
+  // Throws NonFiniteError (with stop_on_nonfinite) for the loss of step global_step_ + 1,
+  // batch `batch` (0-based) of `batches` in the epoch (0: unknown, a train_batch call).
+  void check_loss(double loss, int64_t batch, int64_t batches) const;
+  // Throws NonFiniteError (with stop_on_nonfinite) when a float of `state` is not finite.
+  void check_state(const TensorMap& state, const char* when) const;
   void save_to_dir() const;
   // train_epoch() without its end-of-epoch checkpoint (fit() writes that after evaluating).
   EpochMetrics run_epoch(const TensorDataset& data, const std::function<void(const StepInfo&)>& on_step);
 
   TrainerOptions options_;
+  std::shared_ptr<const CheckpointLock> lock_;  // on options_.checkpoint_dir, taken first
+  std::shared_ptr<CheckpointDir> checkpoints_;  // options_.checkpoint_dir
   TrainStep step_;
   std::string hash_;
   double base_lr_ = 0;
@@ -188,5 +224,8 @@ class Trainer {
 
 // The optimizer's name and hyper-parameters as JSON text ({"name":"adam","lr":0.001,...}).
 std::string optimizer_json(const Optimizer& optimizer);
+// Warnings about hyper-parameters that are accepted but make no sense for training: an SGD
+// momentum of 1 or more (each update then grows without bound; momentum converges in [0, 1)).
+std::vector<std::string> optimizer_warnings(const Optimizer& optimizer);
 
 }  // namespace kiln

@@ -6,8 +6,10 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <unistd.h>
@@ -284,4 +286,74 @@ TEST_CASE("checkpoint: a checkpoint folder keeps the last K and ignores temporar
   CHECK(std::filesystem::exists(own));
   CHECK(!std::filesystem::exists(dir / "c/.ckpt-0000000600.safetensors.tmp.999999999.0"));
   CHECK(again.list().size() == 2);
+}
+
+TEST_CASE("checkpoint: a rename entry for a tensor the model lacks is refused, listing the model's",
+          "[checkpoint]") {
+  TempDir dir;
+  const std::string path = dir / "s.safetensors";
+  save_state(path, small_state());
+  LoadStateOptions options;
+  options.rename = parse_rename_table("fc1.weight=fc1.weight\nfc3.weight=l3.weight:T\n", "map.txt");
+  options.rename_name = "map.txt";
+  CHECK(error_of([&] { load_state(path, types_of(small_state()), options); }) ==
+        "map.txt: 'fc3.weight' (mapped to 'l3.weight') is not a tensor of the model; it has 4: fc1.bias, "
+        "fc1.weight, lr, step");
+  options.rename.erase("fc3.weight");
+  CHECK(load_state(path, types_of(small_state()), options) == small_state());
+}
+
+TEST_CASE("checkpoint: first_nonfinite names the first float tensor with a NaN or an infinity", "[checkpoint]") {
+  TensorMap m = small_state();
+  CHECK_FALSE(first_nonfinite(m));
+  m.at("fc1.weight").set(4, INFINITY);
+  m.at("lr") = Tensor::scalar(DType::f64, NAN);
+  CHECK(first_nonfinite(m) == "fc1.weight");
+  m.at("fc1.weight").set(4, 1);
+  CHECK(first_nonfinite(m) == "lr");
+  CHECK(first_nonfinite({{"s", Tensor::splat(Tensor::scalar(DType::f32, -INFINITY), {3, 3})}}) == "s");
+}
+
+TEST_CASE("checkpoint: the folder never deletes its newest finite checkpoint, however many non-finite follow",
+          "[checkpoint][nonfinite]") {
+  TempDir dir;
+  auto state_at = [](int64_t step, bool finite) {
+    TensorMap s = small_state();
+    s.at("step") = Tensor::scalar(DType::i64, step);
+    if (!finite) s.at("fc1.bias").set(1, NAN);
+    return s;
+  };
+  auto name = [&](int64_t step) { return dir / ("c/ckpt-000000000" + std::to_string(step) + ".safetensors"); };
+  {
+    CheckpointDir ckpt(dir / "c", 2);
+    ckpt.save(1, state_at(1, true), {});
+    ckpt.save(2, state_at(2, true), {});
+    for (int64_t step = 3; step <= 6; ++step) ckpt.save(step, state_at(step, false), {});
+    CHECK(ckpt.list() == std::vector<std::string>{name(2), name(5), name(6)});
+  }
+  // Another process (a run resumed with --allow-nonfinite) reads what it did not write.
+  {
+    CheckpointDir ckpt(dir / "c", 1);
+    ckpt.save(7, state_at(7, false), {});
+    CHECK(ckpt.list() == std::vector<std::string>{name(2), name(7)});
+    // A finite checkpoint again: the rotation goes back to the last K.
+    ckpt.save(8, state_at(8, true), {});
+    CHECK(ckpt.list() == std::vector<std::string>{name(8)});
+  }
+}
+
+// Two processes: tests/unit/test_cli_train.cpp ("two kiln train runs on one folder").
+TEST_CASE("checkpoint: a second lock on a folder fails at once, naming the holder's pid; released with it",
+          "[checkpoint][lock]") {
+  TempDir dir;
+  std::optional<CheckpointLock> first;
+  first.emplace(dir / "run");  // creates the folder
+  CHECK(std::filesystem::is_directory(dir / "run"));
+  CHECK(slurp(dir / "run/.lock") == std::to_string(::getpid()) + "\n");
+  CHECK_THAT(error_of([&] { CheckpointLock second(dir / "run"); }),
+             StartsWith(dir / "run" + ": the checkpoint folder is in use by another training run (this process, pid " +
+                        std::to_string(::getpid()) + ")"));
+  CHECK(CheckpointDir(dir / "run").list().empty());  // the lock file is not a checkpoint
+  first.reset();
+  CHECK_NOTHROW(CheckpointLock(dir / "run"));
 }

@@ -75,7 +75,8 @@ TEST_CASE("kiln train --help describes every option", "[cli][train]") {
         "--weight-decay X", "--schedule constant|step:E[:G]|cosine[:MIN]", "--warmup N", "--target", "--seed N",
         "--data-seed N", "--train-limit N", "--test-limit N", "--eval-batch N", "--drop-last", "--checkpoint DIR",
         "--keep N", "--checkpoint-every N", "--resume", "--init-weights FILE.safetensors", "--map TABLE_FILE",
-        "--metrics FILE.csv", "--metrics-every N", "--plot FILE.svg", "--quiet", "KILN_MNIST_DIR", "lenet"}) {
+        "--metrics FILE.csv", "--metrics-every N", "--plot FILE.svg", "--allow-nonfinite", "--quiet",
+        "KILN_MNIST_DIR", "lenet", "[0, 1)", "DIR/.lock"}) {
     INFO(flag);
     CHECK_THAT(r.output, ContainsSubstring(flag));
   }
@@ -110,7 +111,8 @@ TEST_CASE("kiln train: usage errors are one line", "[cli][train]") {
   }
   check_error("train lenet --data fashion-mnist --resume", "--resume needs --checkpoint DIR to resume from");
   check_error("train lenet --data fashion-mnist --keep 2", "--keep needs --checkpoint DIR");
-  check_error("train lenet --data fashion-mnist --metrics-every 5", "--metrics-every needs --metrics FILE.csv");
+  check_error("train lenet --data fashion-mnist --metrics-every 5",
+              "--metrics-every needs --metrics FILE.csv or --plot FILE.svg");
   check_error("train lenet --data fashion-mnist --optimizer adam --momentum 0.9",
               "--momentum, --dampening and --nesterov are options of sgd, not adam");
   check_error("train lenet --data fashion-mnist --optimizer rmsprop", "--optimizer=rmsprop is not one of");
@@ -175,6 +177,18 @@ TEST_CASE("kiln train writes the metrics CSV and the SVG plot", "[cli][train]") 
   CHECK_THAT(svg, ContainsSubstring("<svg"));
   CHECK_THAT(svg, ContainsSubstring(">mlp on fashion-mnist</text>"));
   CHECK(svg.find("</svg>") != std::string::npos);
+  // The plot has the CSV's points: the train loss line passes through the step rows' means
+  // (steps 4, 8, 12, 16, 20) and the two epochs' ends, where its markers are.
+  const size_t at = svg.find("<polyline points=\"");
+  REQUIRE(at != std::string::npos);
+  const std::string points = svg.substr(at, svg.find('"', at + 18) - at);
+  CHECK(std::count(points.begin(), points.end(), ',') == 5 + 2);
+  size_t circles = 0;
+  for (size_t c = svg.find("<circle"); c != std::string::npos; c = svg.find("<circle", c + 1)) ++circles;
+  CHECK(circles == 2 * 2 + 1);
+  // --metrics-every goes with --plot alone too: the same picture.
+  REQUIRE(kiln_in(dir, kShort + " --epochs 2 --metrics-every 4 --plot q.svg").status == 0);
+  CHECK(read_text(dir / "q.svg") == svg);
 }
 
 TEST_CASE("kiln train --resume ends with the weights of an uninterrupted run, bit for bit", "[cli][train][resume]") {
@@ -313,4 +327,128 @@ TEST_CASE("kiln train --init-weights starts from a safetensors file, names mappe
   CHECK(unmapped.status == 1);
   CHECK_THAT(unmapped.output, StartsWith("kiln: error: w.safetensors: "));
   CHECK_THAT(unmapped.output, ContainsSubstring("fc1.weight"));
+}
+
+TEST_CASE("kiln train warns of a momentum of 1 or more and refuses --map entries the model lacks", "[cli][train]") {
+  TempDir dir;
+  RunResult r = kiln_in(dir, "train mlp --data nowhere --momentum 1.5");
+  INFO(r.output);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.output, StartsWith("kiln: warning: sgd momentum 1.5 is 1 or more: the momentum buffer then never "
+                                  "forgets a gradient and the updates grow without bound; momentum converges in "
+                                  "[0, 1) (0.9 is usual)\n"));
+  CHECK_THAT(r.output, ContainsSubstring("kiln: error: --data nowhere: no such folder"));
+  CHECK(kiln_in(dir, "train mlp --data nowhere --momentum 0.99").output.find("warning") == std::string::npos);
+
+  // The MLP's parameters, one of them under a PyTorch name; the table has a typo.
+  kiln::TensorMap w;
+  w.emplace("fc1.weight", kiln::Tensor(kiln::DType::f32, {784, 256}));
+  w.emplace("fc1.bias", kiln::Tensor(kiln::DType::f32, {256}));
+  w.emplace("l2.weight", kiln::Tensor(kiln::DType::f32, {256, 10}));
+  w.emplace("fc2.bias", kiln::Tensor(kiln::DType::f32, {10}));
+  kiln::save_state(dir / "w.safetensors", w);
+  std::ofstream(dir / "map.txt") << "fc2.weigth=l2.weight\n";
+  RunResult typo = kiln_in(dir, "train mlp --data nowhere --init-weights w.safetensors --map map.txt");
+  INFO(typo.output);
+  CHECK(typo.status == 1);
+  CHECK(typo.output == "kiln: error: --map map.txt: 'fc2.weigth' (mapped to 'l2.weight') is not a tensor of the "
+                       "model; it has 4: fc1.bias, fc1.weight, fc2.bias, fc2.weight\n");
+  std::ofstream(dir / "map.txt") << "fc2.weight=l2.weight\n";
+  CHECK_THAT(kiln_in(dir, "train mlp --data nowhere --init-weights w.safetensors --map map.txt").output,
+             StartsWith("kiln: error: --data nowhere: "));  // the weights load; then the data is missing
+}
+
+TEST_CASE("kiln train --resume trains on with a changed --momentum and --weight-decay, and records them",
+          "[cli][train][resume]") {
+  NEED_FASHION_MNIST();
+  TempDir dir;
+  REQUIRE(kiln_in(dir, kShort + " --epochs 1 --weight-decay 0.001 --checkpoint a").status == 0);
+  fs::copy(dir / "a", dir / "b");
+  fs::remove(dir / "b/.lock");
+  RunResult changed = kiln_in(dir, kShort + " --epochs 2 --momentum 0.5 --weight-decay 0.005 --checkpoint a --resume");
+  RunResult same = kiln_in(dir, kShort + " --epochs 2 --weight-decay 0.001 --checkpoint b --resume");
+  INFO(changed.output << same.output);
+  REQUIRE(changed.status == 0);
+  REQUIRE(same.status == 0);
+  kiln::SafetensorsFile a = kiln::read_state(*kiln::CheckpointDir(dir / "a").latest());
+  kiln::SafetensorsFile b = kiln::read_state(*kiln::CheckpointDir(dir / "b").latest());
+  // The state the step read, and what the metadata says, are the new values.
+  CHECK(a.tensors.at("momentum").get(0) == 0.5);
+  CHECK(a.tensors.at("weight_decay").get(0) == 0.005);
+  CHECK_THAT(a.metadata.at("kiln.optimizer"), ContainsSubstring("\"momentum\":0.5,"));
+  CHECK_THAT(a.metadata.at("kiln.optimizer"), ContainsSubstring("\"weight_decay\":0.005,"));
+  CHECK(b.tensors.at("momentum").get(0) == 0.9);
+  CHECK(!same_bits(a.tensors.at("fc1.weight"), b.tensors.at("fc1.weight")));  // and they were used
+
+  // Turning weight decay off changes the step: refused, naming both optimizers.
+  RunResult off = kiln_in(dir, kShort + " --epochs 3 --checkpoint a --resume");
+  CHECK(off.status == 1);
+  CHECK_THAT(off.output, ContainsSubstring("a checkpoint of another training step"));
+  CHECK_THAT(off.output, ContainsSubstring("\"weight_decay\":0.005"));
+}
+
+TEST_CASE("kiln train stops at the first non-finite loss, naming the step; --allow-nonfinite trains on",
+          "[cli][train][nonfinite]") {
+  NEED_FASHION_MNIST();
+  TempDir dir;
+  RunResult r = kiln_in(dir, kShort + " --epochs 1 --lr 1e30");
+  INFO(r.output);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.output, StartsWith("kiln: error: training diverged: the loss is "));
+  CHECK_THAT(r.output, ContainsSubstring(" at step "));
+  CHECK_THAT(r.output, ContainsSubstring("(epoch 1, batch "));
+  CHECK_THAT(r.output, ContainsSubstring("; lower --lr, or give --allow-nonfinite to train on regardless\n"));
+  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  RunResult on = kiln_in(dir, kShort + " --epochs 1 --lr 1e30 --allow-nonfinite");
+  INFO(on.output);
+  CHECK(on.status == 0);
+}
+
+TEST_CASE("kiln train --resume of a good run with a diverging rate keeps a finite checkpoint", "[cli][train][nonfinite]") {
+  NEED_FASHION_MNIST();
+  TempDir dir;
+  auto all_finite = [&](const std::string& folder) {
+    std::vector<bool> finite;
+    for (const std::string& path : kiln::CheckpointDir(dir / folder).list())
+      finite.push_back(!kiln::first_nonfinite(kiln::read_state(path).tensors));
+    return finite;
+  };
+  const std::string run = kShort + " --checkpoint c --keep 2 --checkpoint-every 2";
+  REQUIRE(kiln_in(dir, run + " --epochs 1").status == 0);
+  REQUIRE(all_finite("c") == std::vector<bool>{true, true});
+  // Stopped before writing a checkpoint of the diverged weights.
+  RunResult stopped = kiln_in(dir, run + " --epochs 3 --resume --lr 1e30");
+  INFO(stopped.output);
+  CHECK(stopped.status == 1);
+  CHECK_THAT(stopped.output, ContainsSubstring("training diverged: "));
+  CHECK_THAT(stopped.output, ContainsSubstring("lower --lr and --resume (from c/ckpt-00000000"));
+  CHECK_THAT(stopped.output, ContainsSubstring(".safetensors), or give --allow-nonfinite to train on regardless\n"));
+  for (bool finite : all_finite("c")) CHECK(finite);
+  // Trained on: the rotation keeps the newest finite checkpoint beside the last 2.
+  RunResult on = kiln_in(dir, run + " --epochs 3 --resume --lr 1e30 --allow-nonfinite");
+  INFO(on.output);
+  CHECK(on.status == 0);
+  CHECK(all_finite("c") == std::vector<bool>{true, false, false});
+}
+
+TEST_CASE("two kiln train runs on one folder: the second fails at once, naming the first's pid",
+          "[cli][train][lock]") {
+  NEED_FASHION_MNIST();
+  TempDir dir;
+  // The first run trains long enough; the second starts once the first holds the folder.
+  const std::string script =
+      "cd '" + dir.path.string() + "' || exit 1; " + KILN_BINARY + " " + kShort +
+      " --epochs 1000 --checkpoint c & pid=$!; for i in $(seq 600); do [ \"$(cat c/.lock 2>/dev/null)\" = \"$pid\" ] "
+      "&& break; sleep 0.05; done; " + KILN_BINARY + " " + kShort + " --epochs 1 --checkpoint c --resume; "
+      "echo second=$?; echo first=$pid; kill $pid; wait $pid";
+  RunResult r = run_shell(script);
+  INFO(r.output);
+  const size_t at = r.output.find("first=");
+  REQUIRE(at != std::string::npos);
+  const std::string pid = r.output.substr(at + 6, r.output.find('\n', at) - at - 6);
+  CHECK_THAT(r.output, ContainsSubstring("kiln: error: c: the checkpoint folder is in use by another training run (pid " +
+                                         pid + "); two runs writing one folder overwrite each other's checkpoints"));
+  CHECK_THAT(r.output, ContainsSubstring("second=1\n"));
+  // Once the first has ended, the folder is free.
+  CHECK_NOTHROW(kiln::CheckpointLock(dir / "c"));
 }

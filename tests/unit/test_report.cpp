@@ -325,3 +325,56 @@ TEST_CASE("the SVG plot renders with rsvg-convert to a picture with both curves"
   CHECK(pixels_near(png, 0xd95f02) > 200);           // the test curves
   CHECK(pixels_near(png, 0x000000, 160) > 2000);     // text and axes
 }
+
+TEST_CASE("the metrics CSV writes f32 metrics as the shortest text of the f32", "[report]") {
+  TempDir dir;
+  const std::string path = dir / "m.csv";
+  // What the trainer reports: f32 values, and example-weighted means of them in double.
+  const double accuracy = static_cast<double>(0.8213f), loss = static_cast<double>(0.4123f);
+  {
+    kiln::MetricsCsv csv(path, /*every_steps=*/1);
+    csv.on_step({.epoch = 0, .batch_index = 0, .batches = 1, .global_step = 1, .samples = 10, .loss = loss,
+                 .accuracy = accuracy, .lr = 0.05, .seconds = 2});
+    csv.on_epoch(epoch(1, loss, accuracy, kiln::EvalMetrics{.loss = loss, .accuracy = (7.0 * 0.8f + 3.0 * 0.9f) / 10.0}));
+  }
+  const std::string text = read_text(path);
+  CHECK_THAT(text, ContainsSubstring("\nstep,1,1,0.4123,0.8213,,,0.05,10,2,5\n"));
+  CHECK_THAT(text, ContainsSubstring("\nepoch,1,1,0.4123,0.8213,0.4123,0.83,0.05,60000,5.5,10909.1\n"));
+  CHECK(text.find("0.8212999") == std::string::npos);
+}
+
+TEST_CASE("the plot's train curves go through the step points; the markers stay at the epochs", "[report]") {
+  // Every 2 steps of 4 an epoch: the running means at 0.5 and 1 epoch, 1.5 and 2.
+  kiln::StepMeans means(2);
+  std::vector<kiln::StepPoint> points;
+  for (int64_t e = 0; e < 2; ++e) {
+    for (int64_t i = 0; i < 4; ++i) {
+      kiln::StepInfo s{.epoch = e, .batch_index = i, .batches = 4, .global_step = e * 4 + i + 1, .samples = 8,
+                       .loss = 1.0 - 0.1 * double(e * 4 + i), .accuracy = 0.5, .lr = 0.1, .seconds = 1};
+      if (std::optional<kiln::StepPoint> p = means.on_step(s)) points.push_back(*p);
+    }
+    means.on_epoch();
+  }
+  REQUIRE(points.size() == 4);
+  CHECK(points[0].at == 0.5);
+  CHECK(points[0].loss == (1.0 + 0.9) / 2);
+  CHECK(points[1].at == 1.0);
+  CHECK(points[2].at == 1.5);
+  CHECK(points[2].epoch == 2);
+  CHECK(points[2].loss == (0.6 + 0.5) / 2);  // the sums start again with each epoch
+  CHECK(points[3].global_step == 8);
+
+  const std::vector<kiln::EpochMetrics> epochs = {epoch(1, 0.85, 0.5, kiln::EvalMetrics{.loss = 0.7, .accuracy = 0.6}),
+                                                  epoch(2, 0.45, 0.5, kiln::EvalMetrics{.loss = 0.5, .accuracy = 0.7})};
+  const std::string svg = kiln::plot_svg(epochs, "t", points);
+  check_well_formed(svg);
+  // The first polyline is the train loss: 4 step points and 2 epoch points.
+  const size_t at = svg.find("<polyline points=\"");
+  REQUIRE(at != std::string::npos);
+  const std::string pts = svg.substr(at, svg.find('"', at + 18) - at);
+  CHECK(count(pts, ",") == 6);
+  CHECK(count(svg, "<circle") == 2 * 2 + 1);      // train markers at the epochs only, and the legend's
+  CHECK(count(svg, "<rect x=") == 2 * 2 + 1 + 2); // test markers, the legend's, the two frames
+  CHECK(svg != kiln::plot_svg(epochs, "t"));
+  check_well_formed(kiln::plot_svg({}, "steps only", points));
+}

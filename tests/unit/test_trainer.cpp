@@ -3,9 +3,12 @@
 #include <catch2/catch_approx.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 
 #include "codegen/cuda/emu/emu.h"
 #include "error_of.h"
@@ -18,6 +21,7 @@
 
 using namespace kiln;
 using Catch::Matchers::ContainsSubstring;
+using Catch::Matchers::StartsWith;
 using kiln::testing::error_of;
 
 namespace {
@@ -402,4 +406,225 @@ TEST_CASE("the Trainer on cuda-emu: partial batches and evaluation chunks on sib
     INFO(name);
     for (int64_t k = 0; k < t.numel(); ++k) CHECK(state[1].at(name).get(k) == Catch::Approx(t.get(k)).margin(1e-5).epsilon(1e-4));
   }
+}
+
+namespace {
+
+double scalar_of(const TensorMap& state, const std::string& name) { return state.at(name).get(0); }
+
+// The first step (1-based) whose loss is not finite when training `m` on `d` with `o`,
+// trained on regardless; 0 when every loss is finite.
+int64_t first_nonfinite_step(const ModelWithParams& m, const TensorDataset& d, TrainerOptions o, int64_t epochs) {
+  o.stop_on_nonfinite = false;
+  int64_t first = 0;
+  Trainer t(m.model, m.params, o);
+  t.fit(d, {}, epochs, {.on_step = [&](const StepInfo& s) {
+          if (!std::isfinite(s.loss) && first == 0) first = s.global_step;
+        }});
+  return first;
+}
+
+}  // namespace
+
+TEST_CASE("a resumed Trainer trains on with its own momentum and weight decay, and its checkpoints record them",
+          "[trainer][resume]") {
+  ModelWithParams m = tiny(4);
+  TensorDataset d = synthetic(10);
+  kiln::testing::TempDir dir;
+  TrainerOptions before = sgd(4);
+  before.optimizer = SGD{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3};
+  {
+    Trainer first(m.model, m.params, before);
+    first.fit(d, {}, 1);
+    first.save_checkpoint(dir / "one.safetensors");
+  }
+  TrainerOptions after = before;
+  after.optimizer = SGD{.lr = 0.1, .momentum = 0.5, .weight_decay = 5e-3};
+  Trainer resumed(m.model, m.params, after);
+  resumed.load_checkpoint(dir / "one.safetensors");
+  // The state the step reads holds the new values, not the checkpoint's.
+  CHECK(scalar_of(resumed.state(), "momentum") == 0.5);
+  CHECK(scalar_of(resumed.state(), "weight_decay") == 5e-3);
+  const std::string recorded = resumed.checkpoint_metadata().at("kiln.optimizer");
+  CHECK_THAT(recorded, ContainsSubstring("\"momentum\":0.5"));
+  CHECK_THAT(recorded, ContainsSubstring("\"weight_decay\":0.005"));
+
+  // Training on uses them: the weights differ from those of going on with the old values.
+  Trainer old(m.model, m.params, before);
+  old.load_checkpoint(dir / "one.safetensors");
+  old.fit(d, {}, 2);
+  resumed.fit(d, {}, 2);
+  CHECK_FALSE(old.state().at("fc1.weight") == resumed.state().at("fc1.weight"));
+
+  // set_state of a hyper-parameter changes what the checkpoints record.
+  resumed.set_state({{"momentum", Tensor::scalar(DType::f64, 0.25)}});
+  CHECK(std::get<SGD>(resumed.options().optimizer).momentum == 0.25);
+  CHECK_THAT(resumed.checkpoint_metadata().at("kiln.optimizer"), ContainsSubstring("\"momentum\":0.25"));
+
+  // Adam's betas and eps are state scalars too.
+  TrainerOptions adam = resumable(4);
+  {
+    Trainer a(m.model, m.params, adam);
+    a.fit(d, {}, 1);
+    a.save_checkpoint(dir / "adam.safetensors");
+  }
+  adam.optimizer = Adam{.lr = 0.01, .beta1 = 0.8, .eps = 1e-6};
+  Trainer b(m.model, m.params, adam);
+  b.load_checkpoint(dir / "adam.safetensors");
+  CHECK(scalar_of(b.state(), "beta1") == 0.8);
+  CHECK(scalar_of(b.state(), "eps") == 1e-6);
+
+  // Turning momentum off makes another step: refused, saying which optimizers differ.
+  TrainerOptions off = before;
+  off.optimizer = SGD{.lr = 0.1, .weight_decay = 1e-3};
+  const std::string e = error_of([&] { Trainer(m.model, m.params, off).load_checkpoint(dir / "one.safetensors"); });
+  CHECK_THAT(e, ContainsSubstring("another training step"));
+  CHECK_THAT(e, ContainsSubstring("its optimizer was {\"name\":\"sgd\",\"lr\":0.1,\"momentum\":0.9"));
+  CHECK_THAT(e, ContainsSubstring("this trainer's is {\"name\":\"sgd\",\"lr\":0.1,\"momentum\":0.0"));
+}
+
+TEST_CASE("optimizer_warnings warns of a momentum of 1 or more", "[trainer]") {
+  CHECK(optimizer_warnings(SGD{.momentum = 0.99}).empty());
+  CHECK(optimizer_warnings(Adam{}).empty());
+  const std::vector<std::string> w = optimizer_warnings(SGD{.momentum = 1.5});
+  REQUIRE(w.size() == 1);
+  CHECK_THAT(w[0], ContainsSubstring("sgd momentum 1.5 is 1 or more"));
+  CHECK_THAT(w[0], ContainsSubstring("[0, 1)"));
+  CHECK(optimizer_warnings(SGD{.momentum = 1}).size() == 1);
+}
+
+TEST_CASE("a diverging Trainer stops at the first non-finite loss, naming the step; the option turns it off",
+          "[trainer][nonfinite]") {
+  ModelWithParams m = tiny(4);
+  TensorDataset d = synthetic(10);  // 3 steps an epoch
+  TrainerOptions o = sgd(4);
+  o.optimizer = SGD{.lr = 1e30, .momentum = 0.9};
+  const int64_t first = first_nonfinite_step(m, d, o, 2);
+  REQUIRE(first > 0);  // it does diverge
+
+  Trainer t(m.model, m.params, o);
+  std::vector<int64_t> seen;
+  try {
+    t.fit(d, {}, 2, {.on_step = [&](const StepInfo& s) { seen.push_back(s.global_step); }});
+    FAIL("no error");
+  } catch (const NonFiniteError& e) {
+    CHECK(e.step == first);
+    CHECK(e.epoch == (first - 1) / 3 + 1);
+    CHECK_THAT(e.what(), ContainsSubstring("training diverged: the loss is "));
+    CHECK_THAT(e.what(), ContainsSubstring("at step " + std::to_string(first) + " (epoch " + std::to_string(e.epoch) +
+                                           ", batch " + std::to_string((first - 1) % 3 + 1) + " of 3)"));
+  }
+  CHECK(seen.size() == static_cast<size_t>(first - 1));  // the callbacks never see the non-finite step
+  CHECK(t.history().empty());
+
+  // train_batch checks too.
+  Trainer by_batch(m.model, m.params, o);
+  TensorMap batch = gather_rows(d, std::vector<int64_t>{0, 1, 2, 3});
+  CHECK_THROWS_AS([&] {
+    for (int i = 0; i < 10; ++i) by_batch.train_batch(batch);
+  }(), NonFiniteError);
+
+  // Off: trains on, as before.
+  o.stop_on_nonfinite = false;
+  Trainer on(m.model, m.params, o);
+  std::vector<EpochMetrics> r = on.fit(d, {}, 2);
+  CHECK(r.size() == 2);
+  CHECK_FALSE(std::isfinite(r[1].train_loss));
+}
+
+TEST_CASE("a diverging Trainer writes no checkpoint of non-finite weights, and never rotates out the last finite one",
+          "[trainer][nonfinite][resume]") {
+  ModelWithParams m = tiny(4);
+  TensorDataset d = synthetic(10);
+  kiln::testing::TempDir dir;
+  TrainerOptions good = sgd(4);
+  good.checkpoint_dir = dir / "run";
+  good.checkpoint_keep = 2;
+  good.checkpoint_every_steps = 1;
+  {
+    Trainer t(m.model, m.params, good);
+    t.fit(d, {}, 1);
+  }
+  REQUIRE(CheckpointDir(dir / "run").list().size() == 2);
+
+  // Resumed with a rate that diverges: stopped, and every checkpoint in the folder finite.
+  TrainerOptions wild = good;
+  wild.optimizer = SGD{.lr = 1e30, .momentum = 0.9};
+  {
+    Trainer t(m.model, m.params, wild);
+    REQUIRE(t.resume());
+    const std::string e = error_of([&] { t.fit(d, {}, 3); });
+    CHECK_THAT(e, StartsWith("training diverged: "));
+  }
+  for (const std::string& path : CheckpointDir(dir / "run").list()) {
+    INFO(path);
+    CHECK_FALSE(first_nonfinite(read_state(path).tensors));
+  }
+
+  // Trained on regardless (option off): checkpoints of NaN weights are written and rotated,
+  // but the last finite one stays, beyond checkpoint_keep.
+  wild.stop_on_nonfinite = false;
+  {
+    Trainer t(m.model, m.params, wild);
+    REQUIRE(t.resume());
+    t.fit(d, {}, 3);
+  }
+  const std::vector<std::string> after = CheckpointDir(dir / "run").list();
+  REQUIRE(after.size() == 3);  // the last 2, and the last good one
+  CHECK_FALSE(first_nonfinite(read_state(after[0]).tensors));
+  CHECK(first_nonfinite(read_state(after[1]).tensors));
+  CHECK(first_nonfinite(read_state(after[2]).tensors));
+}
+
+TEST_CASE("two Trainers on one checkpoint folder: the second fails at once, naming the first's pid",
+          "[trainer][lock]") {
+  ModelWithParams m = tiny(4);
+  kiln::testing::TempDir dir;
+  TrainerOptions o = sgd(4);
+  o.checkpoint_dir = dir / "run";
+  {
+    Trainer first(m.model, m.params, o);
+    const std::string e = error_of([&] { Trainer second(m.model, m.params, o); });
+    CHECK(e == dir / "run" + ": the checkpoint folder is in use by another training run (this process, pid " +
+                   std::to_string(::getpid()) +
+                   "); two runs writing one folder overwrite each other's checkpoints: wait for that run to end, "
+                   "or give another folder");
+    // Another folder is free.
+    TrainerOptions other = o;
+    other.checkpoint_dir = dir / "other";
+    CHECK_NOTHROW(Trainer(m.model, m.params, other));
+  }
+  // Released with its trainer.
+  CHECK_NOTHROW(Trainer(m.model, m.params, o));
+  // A caller holding the lock passes it on; a lock on another folder is refused.
+  auto lock = std::make_shared<const CheckpointLock>(dir / "run");
+  CHECK_THROWS_AS(Trainer(m.model, m.params, o), Error);
+  o.checkpoint_lock = lock;
+  CHECK_NOTHROW(Trainer(m.model, m.params, o));
+  o.checkpoint_dir = dir / "other";
+  CHECK_THAT(error_of([&] { Trainer(m.model, m.params, o); }), ContainsSubstring("checkpoint_lock is a lock on"));
+}
+
+TEST_CASE("a checkpoint whose step count is at its limit is refused before counting past it", "[trainer][resume]") {
+  ModelWithParams m = tiny(4);
+  TensorDataset d = synthetic(10);
+  kiln::testing::TempDir dir;
+  Trainer t(m.model, m.params, sgd(4));
+  t.train_epoch(d);
+  Metadata meta = t.checkpoint_metadata();
+  meta["kiln.global_step"] = std::to_string(std::numeric_limits<int64_t>::max());
+  save_state(dir / "max.safetensors", t.state(), meta);
+  Trainer loaded(m.model, m.params, sgd(4));
+  loaded.load_checkpoint(dir / "max.safetensors");
+  CHECK(loaded.global_step() == std::numeric_limits<int64_t>::max());
+  CHECK_THAT(error_of([&] { loaded.train_epoch(d); }),
+             ContainsSubstring("another epoch of 3 steps would count past 9223372036854775807"));
+  CHECK_THAT(error_of([&] { loaded.train_batch(gather_rows(d, std::vector<int64_t>{0, 1, 2, 3})); }),
+             ContainsSubstring("the most it can count"));
+  CHECK(loaded.global_step() == std::numeric_limits<int64_t>::max());
+  meta["kiln.global_step"] = std::to_string(std::numeric_limits<int64_t>::max() - 1);
+  meta["kiln.epoch"] = std::to_string(std::numeric_limits<int64_t>::max());
+  save_state(dir / "epoch.safetensors", t.state(), meta);
+  loaded.load_checkpoint(dir / "epoch.safetensors");
+  CHECK_THAT(error_of([&] { loaded.train_epoch(d); }), ContainsSubstring("would count past"));
 }
