@@ -9,6 +9,7 @@
 #include "frontend/onnx_import.h"
 #include "ir/parser.h"
 #include "ir/npy.h"
+#include "train/trainer.h"
 
 namespace kiln::tool {
 
@@ -117,6 +118,7 @@ Optimizer make_optimizer(const TrainOptions& t, const Optimizer& base) {
 
 TrainStep build_train_step(const Graph& model, const TrainOptions& t) {
   const Optimizer opt = make_optimizer(t);
+  print_warnings(optimizer_warnings(opt));  // momentum >= 1, as kiln train warns
   TrainStepOptions options;
   options.loss = t.loss.empty() ? "loss" : t.loss;
   TrainStep step = make_train_step(model, opt, options);
