@@ -1,8 +1,8 @@
 # Kiln as a package: the target names users link (Kiln::kiln, Kiln::runtime, Kiln::kiln_cli,
 # also defined in the tree so examples and kiln_add_model name the same targets there),
 # and `cmake --install`: the kiln CLI, the static libraries, the public headers under
-# include/kiln/, KilnConfig.cmake with its version file and KilnAddModel.cmake, and the
-# pkg-config files kiln.pc and kiln-runtime.pc. Included from the top-level CMakeLists.txt
+# include/kiln/, KilnConfig.cmake with its version file and KilnAddModel.cmake, the
+# pkg-config files kiln.pc and kiln-runtime.pc, and the documentation (share/doc/kiln). Included from the top-level CMakeLists.txt
 # once every library and the CLI exist. tests/package/run.sh installs a build and builds a
 # consumer project against it.
 include(GNUInstallDirs)
@@ -84,6 +84,12 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/KilnConfigVersion.c
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/KilnConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/KilnConfigVersion.cmake
               cmake/KilnAddModel.cmake
         DESTINATION ${KILN_CMAKE_DIR})
+
+# The documentation under share/doc/kiln: docs/*.md (the error messages name onnx.md
+# there), the README, the licence, the changelog and the contributors' guide.
+set(KILN_DOC_DIR ${CMAKE_INSTALL_DATAROOTDIR}/doc/kiln)
+install(DIRECTORY docs/ DESTINATION ${KILN_DOC_DIR})
+install(FILES README.md LICENSE CHANGELOG.md CONTRIBUTING.md DESTINATION ${KILN_DOC_DIR})
 
 # pkg-config: kiln-runtime for AOT objects (any build system, C included), kiln for the
 # compiler library. Relocatable: the prefix is found from the .pc file's own folder. The

@@ -410,20 +410,28 @@ Executable* Executable::sibling_for(const TensorMap& inputs, std::string_view wh
 }
 
 std::vector<const Tensor*> Executable::checked(const TensorMap& inputs, bool with_state, std::string_view where) const {
+  auto check = [&](std::optional<int64_t> at) {
+    return with_state ? check_arguments(compiled_graph(), inputs, where, at)
+                      : check_inputs(compiled_graph(), inputs, where, at);
+  };
+  const std::optional<int64_t> traced = batch_size(graph_);
+  std::optional<int64_t> given = traced ? given_batch_size(graph_, inputs) : std::nullopt;
+  if (given == traced) given.reset();
   try {
-    return with_state ? check_arguments(compiled_graph(), inputs, where) : check_inputs(compiled_graph(), inputs, where);
+    // Inputs of one other batch size that did not make a sibling: every problem but the batch
+    // size is reported, at the batch size they have. Should they all pass, the exact check
+    // below still refuses them.
+    if (given) check(given);
+    return check(std::nullopt);
   } catch (const Error& e) {
-    std::optional<int64_t> batch = batch_size(graph_);
-    bool other_batch = false;
+    bool other_batch = given.has_value();
     for (const GraphInput& gi : graph_.inputs()) {
       auto it = inputs.find(graph_.value(gi.value).name);
-      other_batch = other_batch || (!gi.is_state && batch && it != inputs.end() && it->second.rank() >= 1 &&
-                                    it->second.shape()[0] != *batch);
+      other_batch = other_batch || (!gi.is_state && traced && it != inputs.end() && it->second.rank() >= 1 &&
+                                    it->second.shape()[0] != *traced);
     }
     if (!other_batch) throw;
-    throw Error(std::string(e.what()) + " (another batch size is taken when the leading dimension of every non-state "
-                "input changes alike and nothing else does; @" + graph_.name() + " was traced at batch size " +
-                std::to_string(*batch) + ")");
+    throw Error(std::string(e.what()) + batch_rule_note(graph_, *traced, given));
   }
 }
 

@@ -163,7 +163,8 @@ class Executable {
   // The sibling for inputs of another batch size (compiled on first use), or null when the
   // inputs' leading dimensions are not one other batch size; see "Any batch size".
   Executable* sibling_for(const TensorMap& inputs, std::string_view where);
-  // check_inputs / check_arguments with the batch rule added to a shape error's message.
+  // check_inputs / check_arguments, every argument checked at once: at the inputs' own batch
+  // size when they share one other than the graph's, and the batch rule added to the message.
   std::vector<const Tensor*> checked(const TensorMap& inputs, bool with_state, std::string_view where) const;
   Tensor download(ValueId v) const;
 

@@ -388,10 +388,20 @@ struct Problems {
   std::string message(const std::string& what) const {
     int nops = 0;
     for (const auto& [t, c] : ops) nops += c.count;
+    // The first line stands alone (the CLI's one-line error); the lines after it detail it.
     std::string m = fmt::format("{}: cannot import the model:", what);
-    if (!ops.empty())
-      m += fmt::format(" {} node(s) of {} unsupported op type(s)", nops, ops.size());
+    if (!ops.empty()) {
+      constexpr size_t kNamed = 8;
+      std::string types;
+      size_t named = 0;
+      for (auto it = ops.begin(); it != ops.end() && named < kNamed; ++it, ++named)
+        types += (named ? ", " : "") + it->first;
+      if (ops.size() > kNamed) types += fmt::format(" and {} more", ops.size() - kNamed);
+      m += fmt::format(" {} node(s) of {} unsupported op type(s) ({})", nops, ops.size(), types);
+    }
     if (!details.empty()) m += fmt::format("{} {} unsupported use(s)", ops.empty() ? "" : " and", details.size());
+    m += "; the ops Kiln imports are listed in onnx.md, installed in share/doc/kiln under Kiln's prefix "
+         "(docs/onnx.md in its source)";
     for (const auto& [t, c] : ops) {
       std::string names;
       for (const std::string& n : c.nodes) names += (names.empty() ? "" : ", ") + n;
@@ -400,7 +410,6 @@ struct Problems {
     constexpr size_t kShown = 40;
     for (size_t i = 0; i < details.size() && i < kShown; ++i) m += "\n  " + details[i];
     if (details.size() > kShown) m += fmt::format("\n  ... and {} more", details.size() - kShown);
-    m += "\n(docs/onnx.md lists the ONNX ops Kiln imports)";
     return m;
   }
 };

@@ -17,23 +17,30 @@ std::string input_list(const Graph& g, std::optional<bool> state) {
   return known;
 }
 
-// The tensor given for graph input `gi`, checked against its type; `kind` is "input" or
-// "state", `held` says the state is an executable's (set by set_state).
-const Tensor* checked_input(const Graph& g, const GraphInput& gi, const TensorMap& from, const char* kind,
-                            std::string_view where, bool held) {
+// The tensor given for graph input `gi`, checked against its type (at `batch`, for a
+// non-state input, when given); `kind` is "input" or "state", `held` says the state is an
+// executable's (set by set_state). A problem is added to `problems`, and nullptr returned.
+const Tensor* checked_input(const Graph& g, const GraphInput& gi, const TensorMap& from, const char* kind, bool held,
+                            std::optional<int64_t> batch, std::vector<std::string>& problems) {
   const Value& v = g.value(gi.value);
+  const TensorType want = batch && !gi.is_state && v.type.rank() >= 1 ? batch_type(v.type, *batch) : v.type;
   auto it = from.find(v.name);
   if (it == from.end()) {
-    if (held) throw Error(std::string(where) + "state '%" + v.name + "' is not set: call set_state() first");
-    throw Error(std::string(where) + "missing " + kind + " '%" + v.name + "': expected " + v.type.str());
+    if (held) problems.push_back("state '%" + v.name + "' is not set: call set_state() first");
+    else problems.push_back(std::string("missing ") + kind + " '%" + v.name + "': expected " + want.str());
+    return nullptr;
   }
-  if (it->second.type() != v.type)
-    throw Error(std::string(where) + kind + " '%" + v.name + "': expected " + v.type.str() + ", got " +
-                it->second.type().str());
+  if (it->second.type() != want) {
+    problems.push_back(std::string(kind) + " '%" + v.name + "': expected " + want.str() + ", got " +
+                       it->second.type().str());
+    return nullptr;
+  }
   // Kernels and compiled code read every element of an argument; a splat stores one.
-  if (it->second.is_splat())
-    throw Error(std::string(where) + kind + " '%" + v.name + "' is a splat that stores one element: pass " +
-                "tensor.materialized() (for a train step's state, TrainStep::initial_state())");
+  if (it->second.is_splat()) {
+    problems.push_back(std::string(kind) + " '%" + v.name + "' is a splat that stores one element: pass " +
+                       "tensor.materialized() (for a train step's state, TrainStep::initial_state())");
+    return nullptr;
+  }
   return &it->second;
 }
 
@@ -89,17 +96,20 @@ Signature signature(const Graph& g) {
   return s;
 }
 
-std::vector<const Tensor*> check_arguments(const Graph& g, const TensorMap& inputs, std::string_view where) {
+std::vector<const Tensor*> check_arguments(const Graph& g, const TensorMap& inputs, std::string_view where,
+                                           std::optional<int64_t> batch) {
+  std::vector<std::string> problems;
   for (const auto& [name, tensor] : inputs) {
     ValueId v = g.find(name);
     if (!v.valid() || g.value(v).input < 0) {
       std::string known = input_list(g, std::nullopt);
-      throw Error(std::string(where) + "unknown input '" + name + "': graph @" + g.name() + " takes " +
-                  (known.empty() ? "no inputs" : known));
+      problems.push_back("unknown input '" + name + "': graph @" + g.name() + " takes " +
+                         (known.empty() ? "no inputs" : known));
     }
   }
   std::vector<const Tensor*> in;
-  for (const GraphInput& gi : g.inputs()) in.push_back(checked_input(g, gi, inputs, "input", where, false));
+  for (const GraphInput& gi : g.inputs()) in.push_back(checked_input(g, gi, inputs, "input", false, batch, problems));
+  if (!problems.empty()) throw Error(argument_error(where, problems));
   return in;
 }
 
@@ -107,24 +117,26 @@ namespace {
 
 // check_step_arguments without `state` (null): state inputs are left to the caller.
 std::vector<const Tensor*> check_step(const Graph& g, const TensorMap* state, const TensorMap& inputs,
-                                      std::string_view where, bool held) {
+                                      std::string_view where, bool held, std::optional<int64_t> batch) {
+  std::vector<std::string> problems;
   for (const auto& [name, tensor] : inputs) {
     ValueId v = g.find(name);
-    if (v.valid() && g.is_state(v))
-      throw Error(std::string(where) + "'%" + name + "' is " +
-                  (held ? "state held by the executable: use set_state()"
-                        : "a state input: pass it in the state, not the inputs"));
-    if (!v.valid() || g.value(v).input < 0) {
+    if (v.valid() && g.is_state(v)) {
+      problems.push_back("'%" + name + "' is " +
+                         (held ? "state held by the executable: use set_state()"
+                               : "a state input: pass it in the state, not the inputs"));
+    } else if (!v.valid() || g.value(v).input < 0) {
       std::string known = input_list(g, false);
-      throw Error(std::string(where) + "unknown input '" + name + "': the graph's non-state inputs are " +
-                  (known.empty() ? "none" : known));
+      problems.push_back("unknown input '" + name + "': the graph's non-state inputs are " +
+                         (known.empty() ? "none" : known));
     }
   }
   std::vector<const Tensor*> in;
   for (const GraphInput& gi : g.inputs())
-    in.push_back(!gi.is_state ? checked_input(g, gi, inputs, "input", where, false)
-                 : state      ? checked_input(g, gi, *state, "state", where, held)
+    in.push_back(!gi.is_state ? checked_input(g, gi, inputs, "input", false, batch, problems)
+                 : state      ? checked_input(g, gi, *state, "state", held, batch, problems)
                               : nullptr);
+  if (!problems.empty()) throw Error(argument_error(where, problems));
   return in;
 }
 
@@ -132,11 +144,42 @@ std::vector<const Tensor*> check_step(const Graph& g, const TensorMap* state, co
 
 std::vector<const Tensor*> check_step_arguments(const Graph& g, const TensorMap& state, const TensorMap& inputs,
                                                 std::string_view where, StateFrom from) {
-  return check_step(g, &state, inputs, where, from == StateFrom::Executable);
+  return check_step(g, &state, inputs, where, from == StateFrom::Executable, std::nullopt);
 }
 
-std::vector<const Tensor*> check_inputs(const Graph& g, const TensorMap& inputs, std::string_view where) {
-  return check_step(g, nullptr, inputs, where, true);
+std::vector<const Tensor*> check_inputs(const Graph& g, const TensorMap& inputs, std::string_view where,
+                                        std::optional<int64_t> batch) {
+  return check_step(g, nullptr, inputs, where, true, batch);
+}
+
+std::string argument_error(std::string_view where, const std::vector<std::string>& problems) {
+  std::string msg(where);
+  if (problems.size() != 1) msg += std::to_string(problems.size()) + " problems with the arguments: ";
+  for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+  return msg;
+}
+
+std::optional<int64_t> given_batch_size(const Graph& g, const TensorMap& inputs) {
+  std::optional<int64_t> n;
+  for (const GraphInput& gi : g.inputs()) {
+    if (gi.is_state) continue;
+    auto it = inputs.find(g.value(gi.value).name);
+    if (it == inputs.end() || it->second.rank() == 0 || (n && *n != it->second.shape()[0])) return std::nullopt;
+    n = it->second.shape()[0];
+  }
+  return n;
+}
+
+TensorType batch_type(const TensorType& t, int64_t batch) {
+  TensorType out = t;
+  if (!out.shape.empty()) out.shape[0] = batch;
+  return out;
+}
+
+std::string batch_rule_note(const Graph& g, int64_t traced, std::optional<int64_t> given) {
+  return " (another batch size is taken when the leading dimension of every non-state input changes alike and "
+         "nothing else does; @" + g.name() + " was traced at batch size " + std::to_string(traced) +
+         (given ? ", the inputs have " + std::to_string(*given) : std::string()) + ")";
 }
 
 }  // namespace kiln

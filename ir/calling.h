@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -46,12 +47,19 @@ Signature signature(const Graph& g);
 bool updates_state(const Signature& sig);
 
 // The argument checks. They return the tensor for each graph input in Graph::inputs()
-// order; errors are kiln::Error prefixed with `where` (e.g. "run @g: ").
+// order. Every argument is checked before anything is reported: one kiln::Error, prefixed
+// with `where` (e.g. "run @g: "), names every problem (argument_error).
+//
+// `batch` is for a caller that takes another batch size (an Executable, `kiln run`: see
+// "Any batch size" in codegen/executable.h): the non-state inputs are checked as of the
+// graph rebatched to `batch` (their leading dimension `batch`, the rest as the graph's), so
+// that what is reported is what is wrong besides the batch size.
 //
 // check_arguments: one map holds every input, state included (interpret, a compiled
 // graph's run): each by name, with its exact type, stored in full (not a splat), and no
 // unknown names.
-std::vector<const Tensor*> check_arguments(const Graph& g, const TensorMap& inputs, std::string_view where = "");
+std::vector<const Tensor*> check_arguments(const Graph& g, const TensorMap& inputs, std::string_view where = "",
+                                           std::optional<int64_t> batch = std::nullopt);
 
 // Where a step's state comes from; only the messages for misplaced or missing state differ.
 enum class StateFrom {
@@ -65,6 +73,23 @@ std::vector<const Tensor*> check_step_arguments(const Graph& g, const TensorMap&
                                                 std::string_view where, StateFrom from = StateFrom::Caller);
 // check_inputs: the non-state inputs of an executable that holds its state, with the checks
 // of check_step_arguments; nullptr for each state input (the executable checks those).
-std::vector<const Tensor*> check_inputs(const Graph& g, const TensorMap& inputs, std::string_view where);
+std::vector<const Tensor*> check_inputs(const Graph& g, const TensorMap& inputs, std::string_view where,
+                                        std::optional<int64_t> batch = std::nullopt);
+
+// The one message for every problem found with a call's arguments: `where` + the problem, or
+// `where` + "N problems with the arguments: A; B; C".
+std::string argument_error(std::string_view where, const std::vector<std::string>& problems);
+
+// Any batch size. given_batch_size: the leading dimension shared by the non-state inputs of
+// `g` given in `inputs`, when every one of them is there with a rank >= 1 and they agree;
+// else nullopt (whatever their dtypes or other dimensions: this is the size to check them
+// at). batch_type: a non-state input's type `t` at batch size `batch`.
+std::optional<int64_t> given_batch_size(const Graph& g, const TensorMap& inputs);
+TensorType batch_type(const TensorType& t, int64_t batch);
+// The rule, appended to an argument error when the inputs' leading dimensions are not the
+// graph's `traced` batch size: " (another batch size is taken when the leading dimension of
+// every non-state input changes alike and nothing else does; @g was traced at batch size 8,
+// the inputs have 4)"; `given` is given_batch_size's answer, when there is one.
+std::string batch_rule_note(const Graph& g, int64_t traced, std::optional<int64_t> given);
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Kiln needs, idempotently: only what is missing, and
-# `apt-get update` only when something is. Run as root (or with sudo available).
+# `apt-get update` only when something is. Installing needs root (or sudo); when every
+# package is present it runs as any user and changes nothing.
 # Catch2 v3 comes from bookworm-backports; the source is added when absent.
 set -euo pipefail
 
@@ -12,14 +13,6 @@ PACKAGES=(cmake ninja-build g++ pkg-config ccache
           libonnx-dev libprotobuf-dev libonnx-testdata)  # ONNX import and its conformance test
 BACKPORTS_PACKAGES=(libcatch2-dev)
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
-    echo "setup: not root and no sudo; install these packages by hand: ${PACKAGES[*]} ${BACKPORTS_PACKAGES[*]}" >&2
-    exit 1
-  fi
-fi
-
 is_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
 missing=()
@@ -27,6 +20,16 @@ for p in "${PACKAGES[@]}" "${BACKPORTS_PACKAGES[@]}"; do is_installed "$p" || mi
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all packages present"
   exit 0
+fi
+
+# Installing needs root: only now, so that any user can run the scripts on a machine that
+# has everything.
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "setup: not root and no sudo; install these packages by hand: ${missing[*]}" >&2
+    exit 1
+  fi
 fi
 echo "setup: installing ${missing[*]}"
 

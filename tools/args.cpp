@@ -47,6 +47,11 @@ int parse_count(const std::string& flag, const std::string& text) {
   return v;
 }
 
+namespace {
+// "; did you mean ...?" after an error's subject, or nothing.
+std::string suggestion(const std::string& did_you_mean) { return did_you_mean.empty() ? "" : "; " + did_you_mean; }
+}  // namespace
+
 // CLI11's layout, rearranged: the usage line first (scripts and tests look for it), then the
 // description, arguments, options, commands and the details; descriptions are wrapped.
 class Formatter : public CLI::Formatter {
@@ -116,8 +121,12 @@ CLI::App* Parser::add_command(const std::string& name, const std::string& summar
   return cmd;
 }
 
-void Parser::add_file(CLI::App* cmd, std::string& file) {
-  cmd->add_option("FILE", file, "the .kir graph ('-' reads standard input)")->type_name("");
+void Parser::add_file(CLI::App* cmd, std::string& file, const std::string& help) {
+  cmd->add_option("FILE", file,
+                  help.empty() ? "the model: a Kiln graph (.kir) or an ONNX model (.onnx); '-' reads a .kir graph "
+                                 "from standard input"
+                               : help)
+      ->type_name("");
 }
 
 void Parser::add_flag(CLI::App* cmd, const std::string& flag, bool& out, const std::string& help) {
@@ -157,7 +166,7 @@ void Parser::add_choice(CLI::App* cmd, const std::string& flag, std::vector<std:
     if (std::find(choices.begin(), choices.end(), text) == choices.end()) {
       std::string list;
       for (const std::string& c : choices) list += (list.empty() ? "" : ", ") + c;
-      throw Error(fmt::format("{}={} is not one of {}", flag, text, list));
+      throw Error(fmt::format("{}={} is not one of {}{}", flag, text, list, suggestion(did_you_mean(text, choices))));
     }
     out = text;
   };
@@ -184,9 +193,22 @@ void Parser::check_leftovers(const CLI::App* cmd) const {
       after_dashes = true;
       continue;
     }
-    if (!after_dashes && a.size() > 1 && a[0] == '-')
-      throw Error(fmt::format("{}unknown option '{}'{}", cmd ? name + ": " : "", a.substr(0, a.find('=')), see));
-    if (!cmd) throw Error(fmt::format("unknown command '{}'{}", a, see));
+    if (!after_dashes && a.size() > 1 && a[0] == '-') {
+      const std::string option = a.substr(0, a.find('='));
+      std::vector<std::string> options;
+      for (const CLI::Option* o : (cmd ? cmd : &app_)->get_options()) {
+        for (const std::string& l : o->get_lnames()) options.push_back("--" + l);
+        for (const std::string& s : o->get_snames()) options.push_back("-" + s);
+      }
+      throw Error(fmt::format("{}unknown option '{}'{}{}", cmd ? name + ": " : "", option,
+                              suggestion(did_you_mean(option, options)), see));
+    }
+    if (!cmd) {
+      std::vector<std::string> commands;
+      for (const CLI::App* c : app_.get_subcommands([](const CLI::App*) { return true; }))
+        commands.push_back(c->get_name());
+      throw Error(fmt::format("unknown command '{}'{}{}", a, suggestion(did_you_mean(a, commands)), see));
+    }
     throw Error(cmd->get_option_no_throw("FILE")
                     ? fmt::format("{} takes one FILE argument, got also '{}'{}", name, a, see)
                     : fmt::format("{} takes no arguments, got '{}'{}", name, a, see));

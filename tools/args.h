@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "tools/suggest.h"
+
 namespace kiln::cli {
 
 enum class Range { non_negative, positive };
@@ -32,8 +34,9 @@ class Parser {
   CLI::App* add_command(const std::string& name, const std::string& summary, const std::string& usage,
                         const std::string& details);
 
-  // The FILE.kir argument ('-' for standard input).
-  void add_file(CLI::App* cmd, std::string& file);
+  // The FILE argument: by default a .kir graph or an .onnx model ('-' for a graph on standard
+  // input); `help` describes it otherwise.
+  void add_file(CLI::App* cmd, std::string& file, const std::string& help = "");
   void add_flag(CLI::App* cmd, const std::string& flag, bool& out, const std::string& help);
   // --flag VALUE or --flag=VALUE; the last one given counts.
   void add_text(CLI::App* cmd, const std::string& flag, const std::string& type, std::string& out,

@@ -50,10 +50,15 @@ std::map<std::string, std::string> name_files(const std::string& flag, const std
   return files;
 }
 
+std::string file_type_error(const std::string& file, const char* kind, const std::string& name,
+                            const TensorType& want, const Tensor& t) {
+  if (t.type() == want) return "";
+  return fmt::format("{}: {} %{} needs {}, the file holds {}", file, kind, name, want.str(), t.type().str());
+}
+
 void check_file_type(const std::string& file, const char* kind, const std::string& name, const TensorType& want,
                      const Tensor& t) {
-  if (t.type() != want)
-    throw Error(fmt::format("{}: {} %{} needs {}, the file holds {}", file, kind, name, want.str(), t.type().str()));
+  if (std::string err = file_type_error(file, kind, name, want, t); !err.empty()) throw Error(err);
 }
 
 std::string TrainOptions::first_given() const {

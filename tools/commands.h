@@ -31,7 +31,10 @@ void print_warnings(const std::vector<std::string>& warnings);
 // `FLAG NAME=FILE` options (--input, --state) by name, without a leading '%'; kiln::Error for a
 // malformed or repeated one.
 std::map<std::string, std::string> name_files(const std::string& flag, const std::vector<std::string>& specs);
-// kiln::Error "FILE: KIND %NAME needs TYPE, the file holds TYPE" unless `t` is of type `want`.
+// "FILE: KIND %NAME needs TYPE, the file holds TYPE" unless `t` is of type `want`, else "".
+std::string file_type_error(const std::string& file, const char* kind, const std::string& name,
+                            const TensorType& want, const Tensor& t);
+// kiln::Error with file_type_error's message, if any.
 void check_file_type(const std::string& file, const char* kind, const std::string& name, const TensorType& want,
                      const Tensor& t);
 

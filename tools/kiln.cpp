@@ -42,10 +42,12 @@ using kiln::cli::Range;
 
 constexpr const char* kDescription = "kiln - a deep-learning compiler";
 constexpr const char* kFooter =
-    "FILE may be '-' for standard input. 'kiln <command> --help' describes each command.\n"
+    "FILE is a Kiln graph (.kir) or an ONNX model (.onnx), or '-' for a .kir graph on standard input.\n"
+    "'kiln <command> --help' describes each command.\n"
     "Options may come before or after FILE, as --name VALUE or --name=VALUE; '--' ends the options.\n"
     "Exit status: 0 on success, 1 on any error (a usage error too), reported on stderr as\n"
-    "one line 'kiln: error: ...' or 'FILE:LINE:COL: error: ...'.";
+    "one line 'kiln: error: ...' or 'FILE:LINE:COL: error: ...' (a few, such as an ONNX model's\n"
+    "unsupported ops, list the details on indented lines after it).";
 
 std::string element(const kiln::Tensor& t, int64_t i) {
   switch (t.dtype()) {
@@ -108,22 +110,40 @@ kiln::TensorMap read_inputs(kiln::Graph& g, const std::string& file, const std::
     inputs.emplace(name, kiln::read_npy(it->second));
   }
   if (!missing.empty()) throw Error(fmt::format("{}: no --input given for {}", file, missing));
+  const std::optional<int64_t> traced = any_batch ? kiln::batch_size(g) : std::nullopt;
   if (std::optional<int64_t> n = any_batch ? kiln::other_batch_size(g, inputs) : std::nullopt) {
     try {
       g = kiln::rebatch(g, *n);
     } catch (const Error& e) {
       throw Error(fmt::format("{}: the inputs have batch size {} but @{} was traced at {} and cannot take another: {}",
-                              file, *n, g.name(), *kiln::batch_size(g), e.what()));
+                              file, *n, g.name(), *traced, e.what()));
     }
   }
+  // Every file checked before anything is reported. Inputs of one other batch size that
+  // did not rebatch the graph are checked at their size, so that what is named is what is
+  // wrong besides the batch size.
+  // The (rebatched) graph's batch size, -1 for none or when it takes no other.
+  const int64_t batch = any_batch ? kiln::batch_size(g).value_or(-1) : -1;
+  std::optional<int64_t> given = batch >= 0 ? kiln::given_batch_size(g, inputs) : std::nullopt;
+  if (given == batch) given.reset();
+  std::vector<std::string> problems;
+  bool other_batch = given.has_value();
   for (const kiln::GraphInput& in : g.inputs()) {
     const std::string& name = g.value(in.value).name;
     if (!input_files.count(name)) continue;  // a default
-    kiln::tool::check_file_type(input_files.at(name), "input", name, g.type(in.value), inputs.at(name));
+    const kiln::Tensor& t = inputs.at(name);
+    const kiln::TensorType& type = g.type(in.value);
+    const bool batched = !in.is_state && type.rank() >= 1;
+    other_batch = other_batch || (batch >= 0 && batched && t.rank() >= 1 && t.shape()[0] != batch);
+    std::string err = kiln::tool::file_type_error(input_files.at(name), "input", name,
+                                                  given && batched ? kiln::batch_type(type, *given) : type, t);
+    if (!err.empty()) problems.push_back(err);
     input_files.erase(name);
   }
-  if (!input_files.empty())
-    throw Error(fmt::format("{}: graph @{} has no input named %{}", file, g.name(), input_files.begin()->first));
+  for (const auto& [name, path] : input_files)
+    problems.push_back(fmt::format("{}: graph @{} has no input named %{}", file, g.name(), name));
+  if (!problems.empty())
+    throw Error(kiln::argument_error("", problems) + (other_batch ? kiln::batch_rule_note(g, batch, given) : ""));
   return inputs;
 }
 
@@ -143,6 +163,10 @@ struct Dump {
   std::string file, emit = "kir", target, arch;
 };
 
+// The GPU architecture `kiln dump` emits CUDA code for without --arch: dumping runs
+// nothing, so it needs no GPU, and the output is the same on every machine.
+constexpr const char* kDumpArch = "sm_80";
+
 int run_dump(const Dump& a) {
   need_file("dump", a.file);
   kiln::Graph g = kiln::tool::load_graph(a.file);
@@ -150,7 +174,11 @@ int run_dump(const Dump& a) {
     std::fputs(kiln::print(g).c_str(), stdout);
     return 0;
   }
-  auto exe = kiln::compile(g, compile_options(a.target, a.arch));
+  // --emit=cuda|ptx are the cuda target's forms: they choose it when --target does not.
+  const bool cuda_form = a.emit == "cuda" || a.emit == "ptx";
+  kiln::CompileOptions options = compile_options(a.target.empty() && cuda_form ? "cuda" : a.target, a.arch);
+  if (kiln::resolve_target(options) == "cuda" && options.cuda_arch.empty()) options.cuda_arch = kDumpArch;
+  auto exe = kiln::compile(g, options);
   std::fputs(exe->emit(a.emit).c_str(), stdout);
   return 0;
 }
@@ -379,8 +407,9 @@ void add_target(kiln::cli::Parser& p, CLI::App* cmd, std::string& target, std::s
                "libnvrtc.so.13 and libcublas.so.13) or cuda-emu (the CUDA code emulated on the CPU, for "
                "tests); default: $KILN_TARGET, else cpu");
   p.add_text(cmd, "--arch", "sm_XX", arch,
-             "cuda: the GPU architecture to compile for (e.g. sm_90; default: the GPU's). With it, "
-             "compiling needs only NVRTC, so --emit=cuda|ptx works on a machine without a GPU");
+             "cuda: the GPU architecture to compile for (e.g. sm_90; default: the GPU's, and for 'kiln dump' "
+             "sm_80). With it, compiling needs only NVRTC, so 'kiln dump --emit=cuda|ptx' works on a machine "
+             "without a GPU");
 }
 
 int run_command_line(int argc, char** argv) {
@@ -388,33 +417,36 @@ int run_command_line(int argc, char** argv) {
 
   Dump dump;
   CLI::App* dump_cmd = p.add_command(
-      "dump", "parse and verify a graph, print its canonical form or the code it compiles to",
-      "FILE.kir [--emit=kir|kernels|llvm|asm|cuda|ptx] [--target cpu|cuda] [--arch sm_XX]",
-      "Parses FILE (or standard input for '-'), verifies it and prints its canonical text form,\n"
-      "or compiles it for --target and prints the kernel plan or the generated code.\n"
+      "dump", "read and verify a graph or an ONNX model, print its canonical form or the code it compiles to",
+      "FILE.kir|FILE.onnx [--emit=kir|kernels|llvm|asm|cuda|ptx] [--target cpu|cuda] [--arch sm_XX]",
+      "Reads FILE (a .kir graph parsed and verified, or an .onnx model imported; '-' reads a .kir\n"
+      "graph from standard input) and prints its canonical text form, or compiles it for --target\n"
+      "and prints the kernel plan or the generated code.\n"
       "Errors are reported as FILE:LINE:COL: error: ... with exit status 1.");
   p.add_file(dump_cmd, dump.file);
   p.add_choice(dump_cmd, "--emit", {"kir", "kernels", "llvm", "asm", "cuda", "ptx"}, dump.emit,
                "kir: the canonical text form (the default); kernels: the kernel plan (every target); "
                "llvm / asm: the LLVM IR after optimization / the host assembly (cpu target); "
-               "cuda / ptx: the CUDA C source / the PTX NVRTC makes of it (cuda target)");
+               "cuda / ptx: the CUDA C source / the PTX NVRTC makes of it (the cuda target, chosen by these "
+               "two when --target is not given; for --arch, default sm_80: no GPU needed)");
   add_target(p, dump_cmd, dump.target, dump.arch);
 
   std::string dot_file;
-  CLI::App* dot_cmd = p.add_command("dot", "print the graph in Graphviz dot format", "FILE.kir",
-                                    "Parses and verifies FILE, prints it as a Graphviz digraph; render it with\n"
+  CLI::App* dot_cmd = p.add_command("dot", "print the graph in Graphviz dot format", "FILE.kir|FILE.onnx",
+                                    "Reads FILE (.kir or .onnx), prints it as a Graphviz digraph; render it with\n"
                                     "  kiln dot model.kir | dot -Tsvg > model.svg   (dot is in the graphviz package)");
   p.add_file(dot_cmd, dot_file);
 
   Run run;
   CLI::App* run_cmd = p.add_command(
       "run", "run a graph on .npy inputs, print or write its outputs",
-      "FILE.kir --input NAME=FILE.npy ... [--output-dir DIR] [--interp | --profile [--repeat N]]",
+      "FILE.kir|FILE.onnx --input NAME=FILE.npy ... [--output-dir DIR] [--interp | --profile [--repeat N]]",
       "Compiles the graph for --target (default: $KILN_TARGET, else cpu) and runs it on the given\n"
       "inputs.\n"
       "Every graph input, state inputs included, needs an --input with a .npy file of exactly\n"
-      "its dtype and shape, except that the non-state inputs may all have another leading\n"
-      "dimension (batch size): the graph is then rebatched to it first (compiled or --interp).");
+      "its dtype and shape (an ONNX model's state defaults to its initializers), except that the\n"
+      "non-state inputs may all have another leading dimension (batch size): the graph is then\n"
+      "rebatched to it first (compiled or --interp). A mismatch is reported for every input at once.");
   p.add_file(run_cmd, run.file);
   p.add_list(run_cmd, "--input", "NAME=FILE.npy", run.inputs, "the value of graph input %NAME (repeatable)");
   p.add_text(run_cmd, "--output-dir", "DIR", run.output_dir,
@@ -432,7 +464,7 @@ int run_command_line(int argc, char** argv) {
   Opt opt;
   CLI::App* opt_cmd = p.add_command(
       "opt", "run passes (simplify, fuse, schedule) and print the result",
-      "FILE.kir [--passes=A,B,...] [--print-after-all] [--print-after=NAME] [--stop-after=N]\n"
+      "FILE.kir|FILE.onnx [--passes=A,B,...] [--print-after-all] [--print-after=NAME] [--stop-after=N]\n"
       "                [--verify-each | --no-verify-each] [--time-passes] [--print-plan]\n"
       "                [--bisect --input NAME=FILE.npy ... [--rtol X] [--atol X]]\n"
       "       kiln opt --list-passes",
@@ -459,7 +491,7 @@ int run_command_line(int argc, char** argv) {
 
   Grad grad;
   CLI::App* grad_cmd = p.add_command(
-      "grad", "print the graph extended with gradients of a loss", "FILE.kir --loss NAME --wrt NAME[,NAME...]",
+      "grad", "print the graph extended with gradients of a loss", "FILE.kir|FILE.onnx --loss NAME --wrt NAME[,NAME...]",
       "Prints a graph that computes everything FILE computes plus, for each --wrt value,\n"
       "an output grad.NAME = d(loss)/d(NAME). Each backward node's trailing comment names the\n"
       "forward node it differentiates. A --wrt value the loss does not depend on gets a zero\n"
@@ -472,7 +504,7 @@ int run_command_line(int argc, char** argv) {
   TrainStepArgs ts;
   CLI::App* ts_cmd = p.add_command(
       "train-step", "print the whole training step (forward, backward, optimizer update)",
-      "FILE.kir [--loss NAME] [--optimizer sgd|adam|adamw] [--lr X]\n"
+      "FILE.kir|FILE.onnx [--loss NAME] [--optimizer sgd|adam|adamw] [--lr X]\n"
       "                       [--momentum X] [--dampening X] [--nesterov] [--weight-decay X]\n"
       "                       [--beta1 X] [--beta2 X] [--eps X] [--init-state DIR [--seed S]]",
       "Prints the training-step graph of a model: FILE's state inputs are its parameters and\n"
@@ -506,8 +538,9 @@ int run_command_line(int argc, char** argv) {
       "came from. A symbolic leading (batch) dimension gets --batch; any other symbolic\n"
       "dimension is an error. A model with ops Kiln cannot import gets one error listing all\n"
       "of them. 'kiln run', 'compile', 'train', 'dump', 'opt' and the others also take MODEL.onnx\n"
-      "directly, with its initializers as the initial state. docs/onnx.md lists the ops.");
-  p.add_file(import_cmd, imp.file);
+      "directly, with its initializers as the initial state. onnx.md lists the ops (docs/\n"
+      "in the source; share/doc/kiln under the prefix Kiln is installed in).");
+  p.add_file(import_cmd, imp.file, "the ONNX model (.onnx)");
   p.add_text(import_cmd, "-o", "MODEL.kir", imp.output, "write the graph here instead of standard output");
   p.add_count(import_cmd, "--batch", imp.batch, "the value of the inputs' symbolic batch dimension (default 1)");
   p.add_flag(import_cmd, "--constant-weights", imp.constant_weights,

@@ -95,8 +95,11 @@ Model load_model(const TrainArgs& a) {
     if (a.batch) options.batch = *a.batch;
     return {a.model, builtin_model(a.model, options.batch, seed), options};
   }
-  if (!a.model.ends_with(".kir") && !fs::exists(a.model))
+  if (!a.model.ends_with(".kir") && !fs::exists(a.model)) {
+    if (std::string near = cli::did_you_mean(a.model, builtin_model_names()); !near.empty())
+      throw Error(fmt::format("unknown model '{}'; {} (built in: mlp, lenet; or a .kir or .onnx file)", a.model, near));
     builtin_model(a.model, 1);  // the "unknown model" error, which lists the built-in ones
+  }
   ModelWithParams m = kir_model(a.model, seed);
   TrainerOptions options = recommended_options("mlp");
   options.batch = a.batch ? *a.batch : batch_size(m.model).value_or(options.batch);
@@ -111,9 +114,11 @@ std::string data_dir(const std::string& data) {
     const char* env = std::getenv("KILN_MNIST_DIR");
     dir = env && *env ? env : "/usr/share/datasets/mnist";
   } else if (!fs::is_directory(data)) {
-    throw Error(fmt::format("--data {}: no such folder (give fashion-mnist, mnist or a folder holding {}, {}, {} "
+    const std::string near = cli::did_you_mean(data, {"fashion-mnist", "mnist"});
+    throw Error(fmt::format("--data {}: no such folder{} (give fashion-mnist, mnist or a folder holding {}, {}, {} "
                             "and {})",
-                            data, kIdxFiles[0], kIdxFiles[1], kIdxFiles[2], kIdxFiles[3]));
+                            data, near.empty() ? "" : "; " + near, kIdxFiles[0], kIdxFiles[1], kIdxFiles[2],
+                            kIdxFiles[3]));
   }
   for (const char* f : kIdxFiles) {
     const fs::path p = fs::path(dir) / f;

@@ -380,6 +380,17 @@ int parse_arch(const std::string& arch) {
   return sm;
 }
 
+// The GPU, asked for its architecture when none is given: a failure says that compiling
+// alone needs no GPU when the architecture is named.
+const Gpu& gpu_for_arch() {
+  try {
+    return gpu();
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (to compile without a GPU, name its architecture: --arch sm_XX, "
+                                        "CompileOptions::cuda_arch; running needs the GPU)");
+  }
+}
+
 class CudaBackend final : public Backend {
  public:
   std::string name() const override { return "cuda"; }
@@ -388,7 +399,7 @@ class CudaBackend final : public Backend {
   // GPU, NVRTC and cuBLAS.
   void check_available(const CompileOptions& options) const override {
     if (!options.cuda_arch.empty()) parse_arch(options.cuda_arch);
-    else gpu();
+    else gpu_for_arch();
     std::string why;
     if (!nvrtc_available(&why)) throw Error(why);
     if (options.cuda_arch.empty()) gpu().cublas();
@@ -398,7 +409,7 @@ class CudaBackend final : public Backend {
     std::string arch = options.cuda_arch;
     std::string driver = "none";
     if (arch.empty()) {
-      arch = gpu().arch();
+      arch = gpu_for_arch().arch();
       driver = std::to_string(gpu().driver_version());
     }
     return fmt::format("cuda {} driver {} nvrtc {} tf32 {} profile {}", arch, driver, nvrtc_version(),
@@ -408,7 +419,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<const Program> compile(std::shared_ptr<const Prepared> prepared,
                                          const CompileOptions& options) const override {
     Rendered rendered = render(*prepared);
-    std::string arch = options.cuda_arch.empty() ? gpu().arch() : options.cuda_arch;
+    std::string arch = options.cuda_arch.empty() ? gpu_for_arch().arch() : options.cuda_arch;
     int sm = parse_arch(arch);
     std::string key = cubin_key_text(rendered.source, arch, nvrtc_version());
     std::string dir = options.use_cache ? cache_directory() : "";

@@ -23,7 +23,9 @@ for f in bin/kiln $lib/libkiln_runtime.a $lib/libkiln_codegen_cpu.a $lib/libkiln
          include/kiln/train/trainer.h include/kiln/frontend/onnx_import.h \
          include/kiln/frontend/nn.h include/kiln/ir/ops.def \
          include/kiln/runtime/abi.def $lib/cmake/Kiln/KilnConfig.cmake $lib/cmake/Kiln/KilnConfigVersion.cmake \
-         $lib/cmake/Kiln/KilnAddModel.cmake $lib/pkgconfig/kiln.pc $lib/pkgconfig/kiln-runtime.pc; do
+         $lib/cmake/Kiln/KilnAddModel.cmake $lib/pkgconfig/kiln.pc $lib/pkgconfig/kiln-runtime.pc \
+         share/doc/kiln/onnx.md share/doc/kiln/aot.md share/doc/kiln/README.md share/doc/kiln/LICENSE \
+         share/doc/kiln/CHANGELOG.md share/doc/kiln/CONTRIBUTING.md; do
   [[ -e $prefix/$f ]] || fail "the install lacks $f"
 done
 [[ ! -e $prefix/include/kiln/codegen/cpu ]] || fail "the backends' own headers were installed"

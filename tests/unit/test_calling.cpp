@@ -105,7 +105,9 @@ TEST_CASE("calling: check_arguments messages", "[calling]") {
   };
   CHECK(error_of([&] { check_arguments(g, with("q", f2), "run @small: "); }) ==
         "run @small: unknown input 'q': graph @small takes %x, %w, %c");
-  CHECK(error_of([&] { check_arguments(Graph("none"), all); }) == "unknown input 'c': graph @none takes no inputs");
+  CHECK(error_of([&] { check_arguments(Graph("none"), all); }) ==
+        "3 problems with the arguments: unknown input 'c': graph @none takes no inputs; unknown input 'w': graph "
+        "@none takes no inputs; unknown input 'x': graph @none takes no inputs");
   CHECK(error_of([&] { check_arguments(g, without("w")); }) == "missing input '%w': expected f32[2]");
   CHECK(error_of([&] { check_arguments(g, with("x", Tensor(DType::f64, {2}))); }) ==
         "input '%x': expected f32[2], got f64[2]");
@@ -150,4 +152,66 @@ TEST_CASE("calling: check_step_arguments messages", "[calling]") {
   only_state.add_input("w", {DType::f32, {2}}, true);
   CHECK(error_of([&] { check_step_arguments(only_state, state, {{"z", f2}}, ""); }) ==
         "unknown input 'z': the graph's non-state inputs are none");
+}
+
+namespace {
+// A classifier's inputs at batch 4: x f32[4,3], y i32[4], and state w f32[3].
+Graph classifier() {
+  Graph g("clf");
+  ValueId x = g.add_input("x", {DType::f32, {4, 3}});
+  g.add_input("y", {DType::i32, {4}});
+  ValueId w = g.add_input("w", {DType::f32, {3}}, true);
+  g.add_output("out", g.add_node(Op::Mul, {x, w}));
+  return g;
+}
+}  // namespace
+
+TEST_CASE("calling: every argument is checked and every problem reported in one error", "[calling]") {
+  Graph g = classifier();
+  Tensor w(DType::f32, {3});
+  // A wrong shape, a wrong dtype, a missing state input and an unknown name: all four, in
+  // one message, unknown names first and then the graph's input order.
+  TensorMap bad{{"x", Tensor(DType::f32, {4, 2})}, {"y", Tensor(DType::i64, {4})}, {"q", w}};
+  CHECK(error_of([&] { check_arguments(g, bad, "run @clf: "); }) ==
+        "run @clf: 4 problems with the arguments: unknown input 'q': graph @clf takes %x, %y, %w; input '%x': "
+        "expected f32[4,3], got f32[4,2]; input '%y': expected i32[4], got i64[4]; missing input '%w': expected "
+        "f32[3]");
+  TensorMap state{{"w", Tensor(DType::f64, {3})}};
+  CHECK(error_of([&] { check_step_arguments(g, state, {{"w", w}, {"y", Tensor(DType::i64, {4})}}, ""); }) ==
+        "4 problems with the arguments: '%w' is a state input: pass it in the state, not the inputs; missing input "
+        "'%x': expected f32[4,3]; input '%y': expected i32[4], got i64[4]; state '%w': expected f32[3], got f64[3]");
+  CHECK(error_of([&] { check_inputs(g, {{"y", Tensor(DType::i32, {4})}}, ""); }) ==
+        "missing input '%x': expected f32[4,3]");
+}
+
+TEST_CASE("calling: at another batch size, what is wrong besides the batch is reported", "[calling]") {
+  Graph g = classifier();
+  Tensor w(DType::f32, {3});
+  // A batch-16 %x with an i64 %y: the problem is y's dtype, not x's batch.
+  TensorMap b16{{"x", Tensor(DType::f32, {16, 3})}, {"y", Tensor(DType::i64, {16})}, {"w", w}};
+  CHECK(given_batch_size(g, b16) == 16);
+  CHECK(error_of([&] { check_arguments(g, b16, "", 16); }) == "input '%y': expected i32[16], got i64[16]");
+  CHECK(error_of([&] { check_inputs(g, b16, "", 16); }) ==
+        "2 problems with the arguments: '%w' is state held by the executable: use set_state(); input '%y': "
+        "expected i32[16], got i64[16]");
+  CHECK(error_of([&] { check_inputs(g, {{"x", Tensor(DType::f32, {16, 3})}, {"y", Tensor(DType::i32, {16})}}, "",
+                                    16); })
+            .empty());
+  // State keeps its own shape at any batch size.
+  TensorMap w16 = b16;
+  w16["y"] = Tensor(DType::i32, {16});
+  w16["w"] = Tensor(DType::f32, {16});
+  CHECK(error_of([&] { check_arguments(g, w16, "", 16); }) == "input '%w': expected f32[3], got f32[16]");
+  CHECK(batch_type(TensorType{DType::f32, {4, 3}}, 16) == TensorType{DType::f32, {16, 3}});
+
+  // No shared leading dimension: leading dimensions that differ, a missing input, a scalar.
+  CHECK_FALSE(given_batch_size(g, {{"x", Tensor(DType::f32, {16, 3})}, {"y", Tensor(DType::i32, {8})}}));
+  CHECK_FALSE(given_batch_size(g, {{"x", Tensor(DType::f32, {16, 3})}}));
+  CHECK_FALSE(given_batch_size(g, {{"x", Tensor(DType::f32, {16, 3})}, {"y", Tensor::scalar(DType::i32, 0)}}));
+  CHECK(batch_rule_note(g, 4, 16) ==
+        " (another batch size is taken when the leading dimension of every non-state input changes alike and "
+        "nothing else does; @clf was traced at batch size 4, the inputs have 16)");
+  CHECK(batch_rule_note(g, 4, std::nullopt) ==
+        " (another batch size is taken when the leading dimension of every non-state input changes alike and "
+        "nothing else does; @clf was traced at batch size 4)");
 }

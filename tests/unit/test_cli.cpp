@@ -155,7 +155,7 @@ TEST_CASE("kiln takes --help anywhere and '--' to end the options", "[cli]") {
   const std::string a = (dir / "a.kir").string();
   auto h = run_kiln("dump " + a + " --help");
   CHECK(h.status == 0);
-  CHECK_THAT(h.output, StartsWith("usage: kiln dump FILE.kir"));
+  CHECK_THAT(h.output, StartsWith("usage: kiln dump FILE.kir|FILE.onnx"));
   auto d = run_kiln("dump -- " + a);
   CHECK(d.status == 0);
   CHECK(d.output == kAffine);
@@ -285,4 +285,155 @@ TEST_CASE("kiln fails when standard output cannot be written", "[cli]") {
     CHECK(r.status == 1);
     CHECK(r.output == "kiln: error: cannot write to standard output: No space left on device\n");
   }
+}
+
+TEST_CASE("every command's help says which files FILE may be", "[cli]") {
+  // Every command but train (MODEL: a built-in name too) takes a .onnx model as well as a
+  // .kir graph; import takes only .onnx. The usage line and FILE's description say so.
+  for (const char* cmd : {"dump", "dot", "run", "opt", "grad", "train-step", "compile", "import"}) {
+    auto h = run_kiln(std::string(cmd) + " --help");
+    INFO(h.output);
+    REQUIRE(h.status == 0);
+    const std::string usage = h.output.substr(0, h.output.find('\n'));
+    const size_t at = h.output.find("\n  FILE ");
+    REQUIRE(at != std::string::npos);
+    const std::string file = h.output.substr(at, h.output.find("\n\n", at) - at);
+    CHECK_THAT(usage, ContainsSubstring(".onnx"));
+    CHECK_THAT(file, ContainsSubstring("(.onnx)"));
+    if (std::string(cmd) == "import") {
+      CHECK_THAT(file, !ContainsSubstring(".kir"));
+    } else {
+      CHECK_THAT(file, ContainsSubstring("(.kir)"));
+    }
+  }
+  CHECK_THAT(run_kiln("--help").output, ContainsSubstring("FILE is a Kiln graph (.kir) or an ONNX model (.onnx)"));
+}
+
+TEST_CASE("kiln suggests the nearest command, option, choice, model and data set", "[cli]") {
+  auto dir = temp_dir("suggest");
+  write_file(dir / "a.kir", kAffine);
+  const std::string a = (dir / "a.kir").string();
+  expect("complie " + a, "unknown command 'complie'; did you mean 'compile'? (see 'kiln --help')");
+  expect("trian", "unknown command 'trian'; did you mean 'train'? (see 'kiln --help')");
+  expect("--verison", "unknown option '--verison'; did you mean '--version'? (see 'kiln --help')");
+  expect("run " + a + " --inptu x=x.npy", "run: unknown option '--inptu'; did you mean '--input'? (see 'kiln run --help')");
+  expect("run " + a + " -interp", "run: unknown option '-interp'; did you mean '--interp'? (see 'kiln run --help')");
+  expect("opt " + a + " --print-afterall",
+         "opt: unknown option '--print-afterall'; did you mean '--print-after-all'? (see 'kiln opt --help')");
+  expect("dump " + a + " --emit=kernel",
+         "--emit=kernel is not one of kir, kernels, llvm, asm, cuda, ptx; did you mean 'kernels'?");
+  expect("train lenett --data fashion-mnist",
+         "unknown model 'lenett'; did you mean 'lenet'? (built in: mlp, lenet; or a .kir or .onnx file)");
+  expect("train mlp --data fashon-mnist",
+         "--data fashon-mnist: no such folder; did you mean 'fashion-mnist'? (give fashion-mnist, mnist or a folder "
+         "holding train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and "
+         "t10k-labels-idx1-ubyte)");
+  expect("train mlp --data minst",
+         "--data minst: no such folder; did you mean 'mnist'? (give fashion-mnist, mnist or a folder holding "
+         "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte)");
+  // Nothing near: no suggestion.
+  expect("frobnicate", "unknown command 'frobnicate' (see 'kiln --help')");
+  expect("dump " + a + " --bogus", "dump: unknown option '--bogus' (see 'kiln dump --help')");
+  expect("compile " + a + " -x", "compile: unknown option '-x' (see 'kiln compile --help')");
+}
+
+#include "tools/suggest.h"
+
+TEST_CASE("edit_distance and did_you_mean", "[cli]") {
+  using kiln::cli::did_you_mean;
+  using kiln::cli::edit_distance;
+  CHECK(edit_distance("", "") == 0);
+  CHECK(edit_distance("abc", "") == 3);
+  CHECK(edit_distance("", "abc") == 3);
+  CHECK(edit_distance("kitten", "sitting") == 3);
+  CHECK(edit_distance("compile", "complie") == 1);  // a swap of neighbours is one edit
+  CHECK(edit_distance("ab", "ba") == 1);
+  CHECK(edit_distance("train", "train-step") == 5);
+  CHECK(did_you_mean("--lrr", {"--lr", "--loss", "--eps"}) == "did you mean '--lr'?");
+  CHECK(did_you_mean("--LR", {"--lr"}) == "did you mean '--lr'?");  // case is ignored
+  CHECK(did_you_mean("--bet1", {"--beta1", "--beta2"}) == "did you mean '--beta1'?");
+  CHECK(did_you_mean("--beta", {"--beta1", "--beta2"}) == "did you mean '--beta1' or '--beta2'?");  // a tie
+  CHECK(did_you_mean("mlp", {"mlp", "lenet"}).empty());  // the name itself is no suggestion
+  CHECK(did_you_mean("-x", {"-o", "-h"}).empty());       // one letter is not a misspelling of another
+  CHECK(did_you_mean("zzzzzz", {"mnist", "fashion-mnist"}).empty());
+  CHECK(did_you_mean("anything", {}).empty());
+}
+
+TEST_CASE("kiln run names every mismatched input at once, at the inputs' batch size", "[cli]") {
+  auto dir = temp_dir("mismatch");
+  write_file(dir / "c.kir", R"(graph @c(%x: f32[4,3], %y: i32[4]) {
+  %0 = sum(%x) {axes=[1], keepdims=false} : f32[4]
+  %1 = cast(%y) {dtype=f32} : f32[4]
+  %2 = add(%0, %1) : f32[4]
+  return out = %2
+}
+)");
+  const std::string c = (dir / "c.kir").string();
+  auto npy = [&](const std::string& name, const kiln::Tensor& t) {
+    kiln::write_npy((dir / name).string(), t);
+    return (dir / name).string();
+  };
+  const std::string x16 = npy("x16.npy", kiln::Tensor(kiln::DType::f32, {16, 3}));
+  const std::string y16 = npy("y16.npy", kiln::Tensor(kiln::DType::i64, {16}));
+  const std::string x8 = npy("x8.npy", kiln::Tensor(kiln::DType::f32, {8, 3}));
+  const std::string rule = "another batch size is taken when the leading dimension of every non-state input "
+                           "changes alike and nothing else does; @c was traced at batch size 4";
+  // A batch-16 %x with an i64 %y: y's dtype is the problem, not x's batch size.
+  for (const char* how : {"", " --interp"}) {
+    expect("run " + c + how + " --input x=" + x16 + " --input y=" + y16,
+           y16 + ": input %y needs i32[16], the file holds i64[16] (" + rule + ", the inputs have 16)");
+  }
+  // Leading dimensions that differ: both named, against the graph's types; and an unknown name.
+  expect("run " + c + " --input x=" + x8 + " --input y=" + y16 + " --input z=" + x8,
+         "3 problems with the arguments: " + x8 + ": input %x needs f32[4,3], the file holds f32[8,3]; " + y16 +
+             ": input %y needs i32[4], the file holds i64[16]; " + c + ": graph @c has no input named %z (" + rule +
+             ")");
+}
+
+TEST_CASE("kiln dump --emit=cuda|ptx needs no GPU: the cuda target at sm_80 unless --arch says otherwise",
+          "[cli][cuda]") {
+  auto dir = temp_dir("emit_cuda");
+  write_file(dir / "a.kir", kAffine);
+  const std::string a = (dir / "a.kir").string();
+  auto cu = run_kiln("dump " + a + " --emit=cuda");
+  if (cu.output.find("(libnvrtc.so.13)") != std::string::npos) SKIP("no NVRTC here: " << cu.output);
+  INFO(cu.output);
+  CHECK(cu.status == 0);
+  CHECK_THAT(cu.output, StartsWith("// Generated by Kiln"));
+  auto ptx = run_kiln("dump " + a + " --emit=ptx");
+  CHECK(ptx.status == 0);
+  CHECK_THAT(ptx.output, ContainsSubstring(".target sm_80"));
+  auto ptx90 = run_kiln("dump " + a + " --emit=ptx --target cuda --arch sm_90");
+  CHECK_THAT(ptx90.output, ContainsSubstring(".target sm_90"));
+  CHECK(run_kiln("dump " + a + " --emit=kernels --target cuda").status == 0);
+  // --target cpu still has no CUDA form; running on the cuda target needs a GPU and says
+  // how to compile without one.
+  expect("dump " + a + " --emit=cuda --target cpu", "emit: target 'cpu' has no form 'cuda' (forms: kernels, llvm, asm)");
+  auto run = run_kiln("run " + a + " --target cuda --input x=" + a);
+  if (run.output.find("no CUDA driver found") != std::string::npos)
+    CHECK_THAT(run.output, ContainsSubstring("--arch sm_XX"));
+}
+
+TEST_CASE("an ONNX model with unsupported ops fails with a first line that stands alone", "[cli][onnx]") {
+  // mlp.onnx with its Relu made a Sinh (same length: the protobuf stays valid), which Kiln
+  // does not import.
+  std::string bytes;
+  {
+    std::ifstream in(std::filesystem::path(KILN_SOURCE_DIR) / "tests/data/onnx/mlp.onnx", std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  REQUIRE(bytes.find("Relu") != std::string::npos);
+  for (size_t at = bytes.find("Relu"); at != std::string::npos; at = bytes.find("Relu", at)) bytes.replace(at, 4, "Sinh");
+  auto dir = temp_dir("onnx_unsupported");
+  const std::string m = (dir / "m.onnx").string();
+  std::ofstream(m, std::ios::binary) << bytes;
+  auto r = run_kiln("import " + m);
+  INFO(r.output);
+  CHECK(r.status == 1);
+  const std::string first = r.output.substr(0, r.output.find('\n'));
+  CHECK(first == "kiln: error: " + m + ": cannot import the model: 1 node(s) of 1 unsupported op type(s) (Sinh); the "
+                 "ops Kiln imports are listed in onnx.md, installed in share/doc/kiln under Kiln's prefix "
+                 "(docs/onnx.md in its source)");
+  CHECK_THAT(r.output, ContainsSubstring("\n  unsupported op Sinh x1"));
+  CHECK(std::filesystem::exists(std::filesystem::path(KILN_SOURCE_DIR) / "docs/onnx.md"));
 }

@@ -59,12 +59,15 @@ TEST_CASE("kiln run takes inputs of another batch size, compiled and interpreted
     CHECK_THAT(r.output, ContainsSubstring("y = f32[2,2] [4, 5, 10, 11]"));
     CHECK_THAT(r.output, ContainsSubstring("m = f32[] [7.5]"));
   }
-  // Another shape than the batch's is refused as before.
+  // Another shape than the batch's is refused, saying what is wrong at the batch size given.
   kiln::write_npy((dir.path / "x2.npy").string(), kiln::Tensor(kiln::DType::f32, {2, 4}));
   auto bad = run_kiln("run " + (dir.path / "lin.kir").string() + " --input x=" + (dir.path / "x2.npy").string() +
                       " --input w=" + (dir.path / "w.npy").string());
   CHECK(bad.status == 1);
-  CHECK_THAT(bad.output, ContainsSubstring("input %x needs f32[4,3], the file holds f32[2,4]"));
+  CHECK_THAT(bad.output, ContainsSubstring("input %x needs f32[2,3], the file holds f32[2,4] (another batch size is "
+                                           "taken when the leading dimension of every non-state input changes alike "
+                                           "and nothing else does; @lin was traced at batch size 4, the inputs have "
+                                           "2)"));
   // A graph that cannot be rebatched says why.
   std::ofstream(dir.path / "flat.kir") << "graph @flat(%x: f32[4,3]) {\n  %f = reshape(%x) {shape=[12]} : f32[12]\n"
                                             "  return f = %f\n}\n";

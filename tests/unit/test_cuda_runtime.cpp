@@ -29,6 +29,7 @@
 namespace fs = std::filesystem;
 using Catch::Matchers::ContainsSubstring;
 using Catch::Matchers::StartsWith;
+using Catch::Matchers::EndsWith;
 using kiln::testing::error_of;
 
 namespace {
@@ -89,6 +90,8 @@ TEST_CASE("the cuda backend without a driver: check_available and target_key are
   std::string e = error_of([&] { backend->check_available(o); });
   CHECK_THAT(e, StartsWith("no CUDA driver found (libkiln-no-such-driver.so.1): "));
   CHECK(e.find('\n') == std::string::npos);
+  CHECK_THAT(e, EndsWith(" (to compile without a GPU, name its architecture: --arch sm_XX, CompileOptions::cuda_arch; "
+                         "running needs the GPU)"));
   CHECK(error_of([&] { backend->target_key(o); }) == e);
 }
 

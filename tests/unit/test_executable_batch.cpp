@@ -90,12 +90,23 @@ TEST_CASE("executable: inputs that are not one other batch size are refused, say
   exe->set_state(at8.state);
   TensorMap b = testing::classifier_batch(false, 4);
   b["y"] = testing::classifier_batch(false, 2).at("y");
-  CHECK_THROWS_WITH(exe->run(b), ContainsSubstring("input '%x': expected f32[8,784], got f32[4,784] (another batch "
-                                                   "size is taken when the leading dimension of every non-state input "
-                                                   "changes alike and nothing else does; @mlp_train_step was traced "
-                                                   "at batch size 8)"));
+  // Leading dimensions that differ: every input is named, against the graph's own types.
+  CHECK_THROWS_WITH(exe->run(b), ContainsSubstring("2 problems with the arguments: input '%x': expected f32[8,784], "
+                                                   "got f32[4,784]; input '%y': expected i32[8], got i32[2] (another "
+                                                   "batch size is taken when the leading dimension of every non-state "
+                                                   "input changes alike and nothing else does; @mlp_train_step was "
+                                                   "traced at batch size 8)"));
+  // One other batch size: what is wrong besides it, at that size.
   CHECK_THROWS_WITH(exe->run({{"x", Tensor(DType::f32, {4, 783})}, {"y", Tensor(DType::i32, {4})}}),
-                    ContainsSubstring("expected f32[8,784], got f32[4,783] (another batch size"));
+                    ContainsSubstring("input '%x': expected f32[4,784], got f32[4,783] (another batch size is taken "
+                                      "when the leading dimension of every non-state input changes alike and nothing "
+                                      "else does; @mlp_train_step was traced at batch size 8, the inputs have 4)"));
+  // A batch-4 %x with an i64 %y: the problem is y's dtype, not x's batch size.
+  CHECK_THROWS_WITH(exe->run({{"x", Tensor(DType::f32, {4, 784})}, {"y", Tensor(DType::i64, {4})}}),
+                    Catch::Matchers::Equals("run @mlp_train_step: input '%y': expected i32[4], got i64[4] (another "
+                                            "batch size is taken when the leading dimension of every non-state input "
+                                            "changes alike and nothing else does; @mlp_train_step was traced at "
+                                            "batch size 8, the inputs have 4)"));
   // A mismatch that is not about the batch keeps today's message.
   CHECK_THROWS_WITH(exe->run({{"x", Tensor(DType::f32, {8, 783})}, {"y", Tensor(DType::i32, {8})}}),
                     ContainsSubstring("expected f32[8,784], got f32[8,783]") &&
