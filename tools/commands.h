@@ -10,6 +10,7 @@
 #include "ir/calling.h"
 #include "ir/graph.h"
 #include "passes/train_step.h"
+#include "runtime/file_output.h"
 #include "tools/args.h"
 
 namespace kiln::tool {
@@ -34,6 +35,10 @@ std::map<std::string, std::string> name_files(const std::string& flag, const std
 // kiln::Error "FILE: KIND %NAME needs TYPE, the file holds TYPE" unless `t` is of type `want`.
 void check_file_type(const std::string& file, const char* kind, const std::string& name, const TensorType& want,
                      const Tensor& t);
+
+// Writes every file of `files` or none (runtime/file_output.h write_files: devices and FIFOs
+// in place, never two outputs to one file); kiln::Error naming the file that failed.
+void write_all_files(const std::vector<rt::OutputBytes>& files);
 
 // How the training step is built: `kiln train-step` and `kiln compile --train`.
 struct TrainOptions {

@@ -98,19 +98,21 @@ std::string field(double v) { return std::isfinite(v) ? fmt::format("{}", v) : s
 
 }  // namespace
 
-MetricsCsv::MetricsCsv(const std::string& path, int64_t every_steps, bool append) : path_(path), every_(every_steps) {
-  std::error_code ec;
-  const bool has_rows = append && std::filesystem::file_size(path, ec) > 0 && !ec;
-  f_ = std::fopen(path.c_str(), append ? "a" : "w");
-  if (!f_) throw Error(fmt::format("{}: cannot open for writing ({})", path, std::strerror(errno)));
-  if (!has_rows) {
-    std::fputs(kCsvHeader, f_);
-    std::fflush(f_);
-  }
+MetricsCsv::MetricsCsv(const std::string& path, int64_t every_steps, bool append) : every_(every_steps) {
+  // runtime/file_output.h: a regular file is written directly, a row at a time (a reader
+  // follows the run); a device or FIFO in place, never replaced.
+  std::string why;
+  if (!out_.open(path, why, append ? rt::OutputFile::Mode::Append : rt::OutputFile::Mode::Truncate)) throw Error(why);
+  if (!out_.had_bytes() || !append) write(kCsvHeader);
 }
 
 MetricsCsv::~MetricsCsv() {
-  if (f_) std::fclose(f_);
+  std::string why;
+  if (out_.fd() >= 0) out_.commit(false, why);  // closes it: every row is written already
+}
+
+void MetricsCsv::write(const std::string& row) {
+  if (std::string why; !out_.write(row, why)) throw Error(why);
 }
 
 void MetricsCsv::on_step(const StepInfo& s) {
@@ -121,10 +123,9 @@ void MetricsCsv::on_step(const StepInfo& s) {
   step_ = s.global_step;
   if (every_ <= 0 || s.global_step % every_ != 0) return;
   const double seen = static_cast<double>(samples_);
-  fmt::print(f_, "step,{},{},{},{},,,{},{},{},{}\n", s.epoch + 1, s.global_step, field(loss_sum_ / seen),
-             field(acc_sum_ / seen), field(s.lr), samples_, field(s.seconds),
-             field(s.seconds > 0 ? seen / s.seconds : NAN));
-  if (std::fflush(f_) != 0) throw Error(fmt::format("{}: cannot write ({})", path_, std::strerror(errno)));
+  write(fmt::format("step,{},{},{},{},,,{},{},{},{}\n", s.epoch + 1, s.global_step, field(loss_sum_ / seen),
+                    field(acc_sum_ / seen), field(s.lr), samples_, field(s.seconds),
+                    field(s.seconds > 0 ? seen / s.seconds : NAN)));
 }
 
 void MetricsCsv::on_epoch(const EpochMetrics& m) {
@@ -132,10 +133,9 @@ void MetricsCsv::on_epoch(const EpochMetrics& m) {
   samples_ = 0;
   const double test_loss = m.test ? m.test->loss : NAN, test_acc = m.test ? m.test->accuracy : NAN;
   // step: the run's steps after this epoch (the last step seen; a resumed run's count).
-  fmt::print(f_, "epoch,{},{},{},{},{},{},{},{},{},{}\n", m.epoch, step_, field(m.train_loss),
-             field(m.train_accuracy), field(test_loss), field(test_acc), field(m.lr), m.samples, field(m.seconds),
-             field(m.samples_per_second));
-  if (std::fflush(f_) != 0) throw Error(fmt::format("{}: cannot write ({})", path_, std::strerror(errno)));
+  write(fmt::format("epoch,{},{},{},{},{},{},{},{},{},{}\n", m.epoch, step_, field(m.train_loss),
+                    field(m.train_accuracy), field(test_loss), field(test_acc), field(m.lr), m.samples,
+                    field(m.seconds), field(m.samples_per_second)));
 }
 
 // ---------------------------------------------------------------------------------------

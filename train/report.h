@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/file_output.h"
 #include "train/trainer.h"
 
 namespace kiln {
@@ -35,9 +36,9 @@ class Progress {
 // CSV: a header line, then one row per epoch
 //   kind,epoch,step,train_loss,train_accuracy,test_loss,test_accuracy,lr,samples,seconds,samples_per_second
 // with kind "epoch"; with every_steps > 0 also rows of kind "step" (the running means of the
-// epoch so far) every that many steps. Each row is flushed as it is written (a crashed run
-// keeps its rows); empty fields for what a row does not have. kiln::Error "PATH: ..." when
-// the file cannot be written.
+// epoch so far) every that many steps. Each row is written to the file as it comes (a crashed
+// run keeps its rows; a device or FIFO is written in place); empty fields for what a row does
+// not have. kiln::Error "cannot write 'PATH': ..." when the file cannot be written.
 class MetricsCsv {
  public:
   MetricsCsv(const std::string& path, int64_t every_steps = 0, bool append = false);
@@ -46,8 +47,8 @@ class MetricsCsv {
   void on_epoch(const EpochMetrics& m);
 
  private:
-  std::FILE* f_ = nullptr;
-  std::string path_;
+  void write(const std::string& row);
+  rt::OutputFile out_;
   int64_t every_ = 0;
   double loss_sum_ = 0, acc_sum_ = 0;
   int64_t samples_ = 0;
