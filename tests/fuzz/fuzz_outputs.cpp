@@ -40,17 +40,18 @@ namespace {
   std::abort();
 }
 
-// The private folder, made once; every input starts from it empty.
+// The private folder, made once and removed at exit; every input starts from it empty.
+// (Never destroyed: the exit handler that removes it runs after static destructors.)
 const std::string& root() {
-  static const std::string dir = [] {
+  static const std::string& dir = *new std::string([] {
     std::string templ = (fs::temp_directory_path() / "kiln_fuzz_outputs_XXXXXX").string();
     if (!::mkdtemp(templ.data())) bug("mkdtemp failed");
     std::atexit([] {
       std::error_code ec;
       fs::remove_all(root(), ec);
     });
-    return std::string(fs::canonical(templ).string());
-  }();
+    return fs::canonical(templ).string();
+  }());
   return dir;
 }
 
