@@ -1,20 +1,32 @@
 // kiln::write_object (codegen/aot.h): the checks, the backend's object, and the files,
-// written to temporary names and renamed only when all of them were written.
+// written all or nothing (runtime/file_output.h write_files).
 #include "codegen/aot.h"
-
-#include <atomic>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-
-#include <unistd.h>
 
 #include "codegen/executable.h"
 #include "ir/error.h"
+#include "runtime/aot_internal.h"
+#include "runtime/file_output.h"
 
 namespace kiln {
 
 namespace {
+
+// "dir/model.o" -> "dir/model.weights".
+std::string weights_path(const std::string& object) {
+  size_t slash = object.find_last_of('/');
+  size_t dot = object.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return object + ".weights";
+  return object.substr(0, dot) + ".weights";
+}
+
+// The files write_object writes: the object, the header (if any), the weights file (if any).
+std::vector<std::string> output_paths(const AotOptions& aot) {
+  std::vector<std::string> paths{aot.object};
+  if (!aot.header.empty()) paths.push_back(aot.header);
+  if (aot.weights == WeightsMode::File)
+    paths.push_back(aot.weights_file.empty() ? weights_path(aot.object) : aot.weights_file);
+  return paths;
+}
 
 // The checks that need no compiling: target, name, state. Returns the C prefix.
 std::string check_request(const Graph& g, const TensorMap& state, const CompileOptions& options,
@@ -38,61 +50,21 @@ std::string check_request(const Graph& g, const TensorMap& state, const CompileO
     if (it->second.type() != v.type)
       throw Error(where + "state '%" + v.name + "': expected " + v.type.str() + ", got " + it->second.type().str());
   }
+  // The runtime describes every input, output and state tensor to the program with at most
+  // kMaxRank dimensions (runtime/aot.h KilnAotTensor); NAME_create would refuse more.
+  auto check_rank = [&](const std::string& what, const TensorType& t) {
+    if (t.rank() > rt::aot::kMaxRank)
+      throw Error(where + what + " is " + t.str() + ", of rank " + std::to_string(t.rank()) +
+                  ": AOT objects take tensors of rank " + std::to_string(rt::aot::kMaxRank) +
+                  " at most (the AOT runtime's limit); reshape it to fewer dimensions");
+  };
+  for (const GraphInput& gi : g.inputs())
+    check_rank((gi.is_state ? "state '%" : "input '%") + g.value(gi.value).name + "'", g.type(gi.value));
+  for (const GraphOutput& o : g.outputs()) check_rank("output '" + o.name + "'", g.type(o.value));
+  // The output files' names, before any work: two naming one file, or a folder.
+  if (std::string why; !rt::check_output_paths(output_paths(aot), why)) throw Error(why);
   return name;
 }
-
-// "dir/model.o" -> "dir/model.weights".
-std::string weights_path(const std::string& object) {
-  size_t slash = object.find_last_of('/');
-  size_t dot = object.find_last_of('.');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return object + ".weights";
-  return object.substr(0, dot) + ".weights";
-}
-
-// Files written under temporary names next to their final ones; commit() renames them all,
-// the destructor removes whatever was not committed.
-class PendingFiles {
- public:
-  PendingFiles() = default;
-  PendingFiles(const PendingFiles&) = delete;
-  PendingFiles& operator=(const PendingFiles&) = delete;
-  ~PendingFiles() {
-    for (const auto& [tmp, path] : files_) std::remove(tmp.c_str());
-  }
-  void commit() {
-    while (!files_.empty()) {
-      const auto& [tmp, path] = files_.front();
-      if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path);
-      files_.erase(files_.begin());
-    }
-  }
-
-  // Writes `bytes` to a new temporary name for `path`; returns that name.
-  std::string write(const std::string& path, const std::string& bytes) {
-    std::string tmp = temporary(path);
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f) fail(path);
-    bool wrote = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-    int err = errno;
-    bool closed = std::fclose(f) == 0;
-    if (!wrote) fail(path, err);
-    if (!closed) fail(path);
-    return tmp;
-  }
-
- private:
-  // A fresh name for `path`, in its folder; removed unless committed.
-  std::string temporary(const std::string& path) {
-    static std::atomic<uint64_t> counter{0};
-    std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-    files_.emplace_back(tmp, path);
-    return tmp;
-  }
-  [[noreturn]] static void fail(const std::string& path, int err = errno) {
-    throw Error("cannot write '" + path + "': " + std::strerror(err));
-  }
-  std::vector<std::pair<std::string, std::string>> files_;  // temporary, final
-};
 
 AotResult write_checked(const Graph& g, const Prepared& prepared, const TensorMap& state, CompileOptions options,
                         const AotOptions& aot, const std::string& name) {
@@ -122,20 +94,21 @@ AotResult write_checked(const Graph& g, const Prepared& prepared, const TensorMa
   result.target = object.target;
   result.arena_bytes = object.arena_bytes;
 
-  PendingFiles files;
-  files.write(aot.object, object.bytes);
-  result.files.push_back(aot.object);
+  // Every file's bytes first, then all of them written together (runtime/file_output.h):
+  // all or nothing, never over a device, and never two of them to one file.
+  std::string header, weights;
+  const std::vector<std::string> paths = output_paths(aot);
+  std::vector<rt::OutputBytes> files{{paths[0], object.bytes}};
   if (!aot.header.empty()) {
-    files.write(aot.header, aot_header(g, name, object.target, object.arena_bytes, aot.weights));
-    result.files.push_back(aot.header);
+    header = aot_header(g, name, object.target, object.arena_bytes, aot.weights);
+    files.emplace_back(paths[1], header);
   }
   if (aot.weights == WeightsMode::File) {
-    std::string path = aot.weights_file.empty() ? weights_path(aot.object) : aot.weights_file;
-    // An empty file first, so that an unwritable path gets the same message as the others.
-    save_weights(files.write(path, ""), initial);
-    result.files.push_back(path);
+    weights = weights_file_bytes(initial);
+    files.emplace_back(paths.back(), weights);
   }
-  files.commit();
+  if (std::string why; !rt::write_files(files, false, why)) throw Error(why);
+  for (const rt::OutputBytes& f : files) result.files.push_back(f.first);
   return result;
 }
 

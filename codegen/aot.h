@@ -74,5 +74,8 @@ std::string aot_name_error(const std::string& name);
 // the problem (no such file, bad magic, CRC mismatch, truncated).
 void save_weights(const std::string& path, const TensorMap& tensors);
 TensorMap load_weights(const std::string& path);
+// The bytes save_weights writes, for a writer that puts them in a file of its own
+// (write_object and `kiln import --weights` write all their outputs together).
+std::string weights_file_bytes(const TensorMap& tensors);
 
 }  // namespace kiln

@@ -36,6 +36,21 @@ bool is_keyword(std::string_view s) {
   return std::find(std::begin(kKeywords), std::end(kKeywords), s) != std::end(kKeywords);
 }
 
+// The types of <stddef.h> and <stdint.h>, which the header includes: a parameter so named
+// would hide its type from the parameters after it (`const int32_t* int32_t, const
+// int32_t* b` does not compile), so such parameters get a prefix too.
+constexpr std::string_view kStandardTypes[] = {
+    "size_t",        "ptrdiff_t",      "max_align_t",    "wchar_t",        "nullptr_t",      "int8_t",
+    "int16_t",       "int32_t",        "int64_t",        "uint8_t",        "uint16_t",       "uint32_t",
+    "uint64_t",      "int_least8_t",   "int_least16_t",  "int_least32_t",  "int_least64_t",  "uint_least8_t",
+    "uint_least16_t", "uint_least32_t", "uint_least64_t", "int_fast8_t",    "int_fast16_t",   "int_fast32_t",
+    "int_fast64_t",  "uint_fast8_t",   "uint_fast16_t",  "uint_fast32_t",  "uint_fast64_t",  "intptr_t",
+    "uintptr_t",     "intmax_t",       "uintmax_t"};
+
+bool is_standard_type(std::string_view s) {
+  return std::find(std::begin(kStandardTypes), std::end(kStandardTypes), s) != std::end(kStandardTypes);
+}
+
 // The longest fixed part a NAME gets: NAME_WEIGHTS_EMBEDDED stays within the 63 significant
 // characters C99 guarantees for a macro name.
 constexpr size_t kMaxNameLength = 63 - std::string_view("_WEIGHTS_EMBEDDED").size();
@@ -131,9 +146,11 @@ std::vector<Entry> entries(const std::vector<std::pair<std::string, TensorType>>
   std::vector<Entry> result;
   for (size_t i = 0; i < tensors.size(); ++i) {
     std::string p = lower(stems[i]);
-    // Inputs keep their name unless it cannot be a parameter or could meet an output's or a
-    // prefixed input's: then "in_" (the stems are unique, so the prefixed ones are too).
-    bool plain = !std::isdigit(static_cast<unsigned char>(p[0])) && !is_keyword(p) && p != "inst" &&
+    // Inputs keep their name unless it cannot be a parameter (a keyword, a type of the
+    // headers included) or could meet an output's or a prefixed input's: then "in_" (the
+    // stems are unique, so the prefixed ones are too).
+    bool plain = !std::isdigit(static_cast<unsigned char>(p[0])) && !is_keyword(p) && !is_standard_type(p) &&
+                 p != "inst" &&
                  p.rfind("in_", 0) != 0 && p.rfind("out_", 0) != 0;
     p = out ? "out_" + p : plain ? p : "in_" + p;
     result.push_back({tensors[i].first, tensors[i].second, stems[i], p});
@@ -251,7 +268,9 @@ std::string aot_header(const Graph& g, const std::string& name, const std::strin
        " * reentrant on separate instances: nothing is shared but the runtime's one thread pool\n"
        " * (KILN_NUM_THREADS threads, default: every core) and the per-thread message of a failed\n"
        " * create.\n */\n";
-  const std::string guard = "KILN_MODEL_" + M + "_H";
+  // The name as it is (not upper case, as the macros): models mlp and MLP have distinct
+  // guards, so one program can include both headers.
+  const std::string guard = "KILN_MODEL_" + name + "_H";
   h += fmt::format("#ifndef {0}\n#define {0}\n\n#include <stddef.h>\n#include <stdint.h>\n\n", guard);
   h += "#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n";
 

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "frontend/onnx_internal.h"
+#include "ir/file_read.h"
 #include "ir/interp.h"
 
 namespace kiln {
@@ -695,13 +696,10 @@ OnnxModel import_onnx_bytes(std::string_view bytes, const std::string& what, con
 }
 
 namespace {
+// protobuf parses at most 2 GiB; a larger file is refused by its size, before reading.
 std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  std::ostringstream s;
-  s << f.rdbuf();
-  if (f.bad()) throw Error(fmt::format("{}: cannot read", path));
-  return std::move(s).str();
+  return read_regular_file(path, "ONNX", static_cast<uint64_t>(std::numeric_limits<int>::max()),
+                           "protobuf cannot parse more than 2 GiB");
 }
 }  // namespace
 

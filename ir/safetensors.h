@@ -8,8 +8,10 @@
 // recognized and refused by name ("tensor 'x': dtype BF16 is not supported; Kiln reads F32,
 // F64, I32, I64, BOOL"). The JSON is parsed with nlohmann-json.
 //
-// Reading checks everything against the bytes present before trusting it: the header length
-// against the file size (and a 100 MB cap), the JSON, every entry's fields and their types,
+// Reading checks everything against the bytes present before trusting it: a regular file
+// (read_safetensors: ir/file_read.h), the header length against the file size (and a 100 MB
+// cap), the header's nesting (flat JSON: an object of objects whose only containers are the
+// arrays shape and data_offsets; deeper is refused before parsing), the JSON, every entry's fields and their types,
 // shapes (non-negative, product overflow), data_offsets within the data and equal to
 // shape x dtype size, entries neither overlapping nor leaving holes (as the Python library
 // requires), no trailing bytes, metadata values strings. Each failure is a kiln::Error

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of tests/fuzz with clang-19 under ASan + UBSan (build-fuzz,
-# -DKILN_FUZZ=ON: only the IR, the passes, the loaders and the ONNX importer) and runs each for a bounded time
-# from its seed corpus (tests/fuzz/corpus/TARGET). A crash, a sanitizer report or a broken
-# invariant fails the script; the input that shows it is saved under build-fuzz/artifacts/.
+# -DKILN_FUZZ=ON: only the IR, the passes, the loaders, the ONNX importer and the output
+# writer) and runs each for a bounded time from its seed corpus (tests/fuzz/corpus/TARGET).
+# A crash, a sanitizer report or a broken invariant fails the script; the input that shows
+# it is saved under build-fuzz/artifacts/.
 # Usage: scripts/fuzz.sh [--seconds N] [TARGET...]   (default: 60 s each, all targets)
 # Reproduce a saved input: build-fuzz/tests/fuzz/fuzz_TARGET build-fuzz/artifacts/crash-...
 set -euo pipefail
@@ -12,11 +13,11 @@ targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
-    kir|npy|safetensors|idx|weights|onnx) targets+=("$1"); shift ;;
-    *) echo "fuzz.sh: unknown argument '$1' (use --seconds N, kir, npy, safetensors, idx, weights, onnx)" >&2; exit 2 ;;
+    kir|npy|safetensors|idx|weights|onnx|outputs) targets+=("$1"); shift ;;
+    *) echo "fuzz.sh: unknown argument '$1' (use --seconds N, kir, npy, safetensors, idx, weights, onnx, outputs)" >&2; exit 2 ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(kir npy safetensors idx weights onnx)
+[ ${#targets[@]} -gt 0 ] || targets=(kir npy safetensors idx weights onnx outputs)
 
 bash scripts/setup.sh
 build=build-fuzz

@@ -137,14 +137,21 @@ size_t write_initial_state(const Graph& model, const TrainStep& step, const std:
   if (ec) throw Error(fmt::format("{}: cannot create directory: {}", dir, ec.message()));
   TensorMap state = initial_parameters(model, seed);
   for (auto& [name, value] : step.initial_state()) state.insert_or_assign(name, std::move(value));
-  size_t written = 0;
+  std::vector<std::string> bytes;
+  bytes.reserve(step.graph.inputs().size());  // `files` points into them
+  std::vector<rt::OutputBytes> files;
   for (const GraphInput& in : step.graph.inputs()) {
     if (!in.is_state) continue;
     const std::string& name = step.graph.value(in.value).name;
-    write_npy((std::filesystem::path(dir) / (name + ".npy")).string(), state.at(name));
-    ++written;
+    files.emplace_back((std::filesystem::path(dir) / (name + ".npy")).string(),
+                       bytes.emplace_back(serialize_npy(state.at(name))));
   }
-  return written;
+  write_all_files(files);
+  return files.size();
+}
+
+void write_all_files(const std::vector<rt::OutputBytes>& files) {
+  if (std::string why; !rt::write_files(files, false, why)) throw Error(why);
 }
 
 }  // namespace kiln::tool

@@ -10,6 +10,7 @@
 #include "ir/calling.h"
 #include "ir/graph.h"
 #include "passes/train_step.h"
+#include "runtime/file_output.h"
 #include "tools/args.h"
 
 namespace kiln::tool {
@@ -37,6 +38,10 @@ std::string file_type_error(const std::string& file, const char* kind, const std
 // kiln::Error with file_type_error's message, if any.
 void check_file_type(const std::string& file, const char* kind, const std::string& name, const TensorType& want,
                      const Tensor& t);
+
+// Writes every file of `files` or none (runtime/file_output.h write_files: devices and FIFOs
+// in place, never two outputs to one file); kiln::Error naming the file that failed.
+void write_all_files(const std::vector<rt::OutputBytes>& files);
 
 // How the training step is built: `kiln train-step` and `kiln compile --train`.
 struct TrainOptions {

@@ -38,6 +38,7 @@ namespace {
 using kiln::Error;
 using kiln::tool::need_file;
 using kiln::tool::print_warnings;
+using kiln::tool::write_all_files;
 using kiln::cli::Range;
 
 constexpr const char* kDescription = "kiln - a deep-learning compiler";
@@ -270,11 +271,17 @@ int run_run(const Run& a) {
   std::error_code ec;
   std::filesystem::create_directories(a.output_dir, ec);
   if (ec) throw Error(fmt::format("{}: cannot create directory: {}", a.output_dir, ec.message()));
+  // Every output or none (runtime/file_output.h: a FIFO or device there is written in place).
+  std::vector<std::string> bytes;
+  bytes.reserve(g.outputs().size());  // `files` points into them
+  std::vector<kiln::rt::OutputBytes> files;
   for (const kiln::GraphOutput& o : g.outputs()) {
-    std::string path = (std::filesystem::path(a.output_dir) / (o.name + ".npy")).string();
-    kiln::write_npy(path, outputs.at(o.name));
-    fmt::print("wrote {} ({})\n", path, outputs.at(o.name).type().str());
+    bytes.push_back(kiln::serialize_npy(outputs.at(o.name)));
+    files.emplace_back((std::filesystem::path(a.output_dir) / (o.name + ".npy")).string(), bytes.back());
   }
+  write_all_files(files);
+  for (size_t i = 0; i < files.size(); ++i)
+    fmt::print("wrote {} ({})\n", files[i].first, outputs.at(g.outputs()[i].name).type().str());
   std::fputs(profile.c_str(), stdout);
   return 0;
 }
@@ -331,21 +338,6 @@ int run_opt(const Opt& a) {
 
 // --- import ----------------------------------------------------------------------------------
 
-// Writes `text` to `path` through a temporary file renamed over it: no half-written file.
-void write_text_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw Error(fmt::format("{}: cannot write: {}", path, std::strerror(errno)));
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  int err = errno;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    if (ok) err = errno;
-    std::remove(tmp.c_str());
-    throw Error(fmt::format("{}: cannot write: {}", path, std::strerror(err)));
-  }
-}
-
 struct Import {
   std::string file, output, state_dir, weights;
   std::optional<int> batch;
@@ -363,19 +355,23 @@ int run_import(const Import& a) {
   kiln::OnnxModel m = kiln::import_onnx(a.file, options);
   print_warnings(m.warnings);
   std::string text = kiln::print(m.graph);
-  if (a.output.empty() || a.output == "-") {
-    std::fputs(text.c_str(), stdout);
-  } else {
-    write_text_file(a.output, text);
-  }
+  const bool to_stdout = a.output.empty() || a.output == "-";
+  // The graph, the weights file and the state's .npy files: all of them or none.
+  std::vector<std::string> bytes;
+  bytes.reserve(m.state.size() + 1);  // `files` points into them
+  std::vector<kiln::rt::OutputBytes> files;
+  if (!to_stdout) files.emplace_back(a.output, text);
+  if (!a.weights.empty()) files.emplace_back(a.weights, bytes.emplace_back(kiln::weights_file_bytes(m.state)));
   if (!a.state_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(a.state_dir, ec);
     if (ec) throw Error(fmt::format("{}: cannot create directory: {}", a.state_dir, ec.message()));
     for (const auto& [name, t] : m.state)
-      kiln::write_npy((std::filesystem::path(a.state_dir) / (name + ".npy")).string(), t);
+      files.emplace_back((std::filesystem::path(a.state_dir) / (name + ".npy")).string(),
+                         bytes.emplace_back(kiln::serialize_npy(t)));
   }
-  if (!a.weights.empty()) kiln::save_weights(a.weights, m.state);
+  write_all_files(files);
+  if (to_stdout) std::fputs(text.c_str(), stdout);
   int64_t values = 0;
   for (const auto& [name, t] : m.state) values += t.numel();
   fmt::print(stderr, "kiln: imported {} (opset {}{}): {} nodes, {} parameter tensors ({} values){}\n", a.file, m.opset,

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "ir/error.h"
+#include "runtime/file_output.h"
 
 namespace kiln {
 
@@ -34,8 +35,6 @@ constexpr std::string_view kCrcPrefix = "kiln.crc32.";
 // The checksum of the other metadata entries (which hold the tensors' checksums), so that a
 // flipped byte in the header is caught too. A tensor cannot be named "__metadata__".
 constexpr std::string_view kMetadataCrcKey = "kiln.crc32.__metadata__";
-
-std::string errno_text(int err) { return std::strerror(err); }
 
 std::string crc_hex(uint32_t crc) {
   char buf[9];
@@ -64,17 +63,6 @@ uint32_t metadata_crc(const Metadata& m) {
     crc = crc_of(v.data(), v.size() + 1, crc);
   }
   return crc;
-}
-
-// Writes all of `bytes` to fd, retrying short writes and interruptions; false with errno set.
-bool write_all(int fd, std::string_view bytes) {
-  while (!bytes.empty()) {
-    ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    bytes.remove_prefix(static_cast<size_t>(n));
-  }
-  return true;
 }
 
 Tensor transposed(const Tensor& t) {
@@ -112,35 +100,11 @@ std::optional<int64_t> step_of(std::string_view name) {
 }  // namespace
 
 void write_file_atomic(const std::string& path, std::string_view bytes) {
-  fs::path target(path);
-  if (!target.has_filename()) throw Error(path + ": cannot write a file: the path names a folder");
-  fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  // Unique per process and call: two writers (threads or processes) never share a temp file.
-  static std::atomic<uint64_t> counter{0};
-  std::string tmp = (dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
-                            std::to_string(counter++)))
-                        .string();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(path + ": cannot create the temporary file " + tmp + " (" + errno_text(errno) + ")");
-  auto fail = [&](const std::string& what) {
-    int err = errno;
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw Error(path + ": " + what + " (" + errno_text(err) + ")");
-  };
-  if (!write_all(fd, bytes)) fail("write error");
-  if (::fsync(fd) != 0) fail("cannot sync the file to disk");
-  int closed = ::close(fd);
-  fd = -1;
-  if (closed != 0) fail("write error on close");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename the temporary file " + tmp + " over it");
-  // The rename is durable once the folder is synced.
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) throw Error(path + ": cannot open its folder to sync it (" + errno_text(errno) + ")");
-  int synced = ::fsync(dfd);
-  int err = errno;
-  ::close(dfd);
-  if (synced != 0) throw Error(path + ": cannot sync its folder to disk (" + errno_text(err) + ")");
+  // runtime/file_output.h: a temporary file fsync'ed and renamed over the file, its folder
+  // fsync'ed; a device or FIFO written in place, never replaced.
+  rt::OutputFile out;
+  std::string why;
+  if (!out.open(path, why) || !out.write(bytes, why) || !out.commit(/*durable=*/true, why)) throw Error(why);
 }
 
 void save_state(const std::string& path, const TensorMap& state, const Metadata& metadata) {

@@ -26,8 +26,10 @@ namespace kiln {
 
 using Metadata = std::map<std::string, std::string>;
 
-// Atomically writes `bytes` to `path` (temporary file in the same folder, fsync, rename,
-// fsync the folder). kiln::Error "PATH: ..." on any failure; the temporary file is removed.
+// Atomically writes `bytes` to `path` (runtime/file_output.h: temporary file in the same
+// folder, fsync, rename, fsync the folder; a device or FIFO is written in place, never
+// replaced). kiln::Error "cannot write 'PATH': ..." on any failure; the temporary file is
+// removed.
 void write_file_atomic(const std::string& path, std::string_view bytes);
 
 void save_state(const std::string& path, const TensorMap& state, const Metadata& metadata = {});

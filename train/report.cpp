@@ -137,39 +137,39 @@ void StepMeans::on_epoch() {
   samples_ = 0;
 }
 
-MetricsCsv::MetricsCsv(const std::string& path, int64_t every_steps, bool append) : path_(path), means_(every_steps) {
-  std::error_code ec;
-  const bool has_rows = append && std::filesystem::file_size(path, ec) > 0 && !ec;
-  f_ = std::fopen(path.c_str(), append ? "a" : "w");
-  if (!f_) throw Error(fmt::format("{}: cannot open for writing ({})", path, std::strerror(errno)));
-  if (!has_rows) {
-    std::fputs(kCsvHeader, f_);
-    std::fflush(f_);
-  }
+MetricsCsv::MetricsCsv(const std::string& path, int64_t every_steps, bool append) : means_(every_steps) {
+  // runtime/file_output.h: a regular file is written directly, a row at a time (a reader
+  // follows the run); a device or FIFO in place, never replaced.
+  std::string why;
+  if (!out_.open(path, why, append ? rt::OutputFile::Mode::Append : rt::OutputFile::Mode::Truncate)) throw Error(why);
+  if (!out_.had_bytes() || !append) write(kCsvHeader);
 }
 
 MetricsCsv::~MetricsCsv() {
-  if (f_) std::fclose(f_);
+  std::string why;
+  if (out_.fd() >= 0) out_.commit(false, why);  // closes it: every row is written already
+}
+
+void MetricsCsv::write(const std::string& row) {
+  if (std::string why; !out_.write(row, why)) throw Error(why);
 }
 
 void MetricsCsv::on_step(const StepInfo& s) {
   const std::optional<StepPoint> p = means_.on_step(s);
   if (!p) return;
   const double seen = static_cast<double>(p->samples);
-  fmt::print(f_, "step,{},{},{},{},,,{},{},{},{}\n", p->epoch, p->global_step, field_f32(p->loss),
-             field_f32(p->accuracy), field(p->lr), p->samples, field(p->seconds),
-             field(p->seconds > 0 ? seen / p->seconds : NAN));
-  if (std::fflush(f_) != 0) throw Error(fmt::format("{}: cannot write ({})", path_, std::strerror(errno)));
+  write(fmt::format("step,{},{},{},{},,,{},{},{},{}\n", p->epoch, p->global_step, field_f32(p->loss),
+                    field_f32(p->accuracy), field(p->lr), p->samples, field(p->seconds),
+                    field(p->seconds > 0 ? seen / p->seconds : NAN)));
 }
 
 void MetricsCsv::on_epoch(const EpochMetrics& m) {
   means_.on_epoch();
   const double test_loss = m.test ? m.test->loss : NAN, test_acc = m.test ? m.test->accuracy : NAN;
   // step: the run's steps after this epoch (the last step seen; a resumed run's count).
-  fmt::print(f_, "epoch,{},{},{},{},{},{},{},{},{},{}\n", m.epoch, means_.last_step(), field_f32(m.train_loss),
-             field_f32(m.train_accuracy), field_f32(test_loss), field_f32(test_acc), field(m.lr), m.samples,
-             field(m.seconds), field(m.samples_per_second));
-  if (std::fflush(f_) != 0) throw Error(fmt::format("{}: cannot write ({})", path_, std::strerror(errno)));
+  write(fmt::format("epoch,{},{},{},{},{},{},{},{},{},{}\n", m.epoch, means_.last_step(), field_f32(m.train_loss),
+                    field_f32(m.train_accuracy), field_f32(test_loss), field_f32(test_acc), field(m.lr), m.samples,
+                    field(m.seconds), field(m.samples_per_second)));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/file_output.h"
 #include "train/trainer.h"
 
 namespace kiln {
@@ -69,9 +70,9 @@ class StepMeans {
 // means of the epoch so far) every that many steps. Losses and accuracies are f32 values and
 // their means: they are written as the shortest text that reads back as the same f32
 // ("0.8213", not "0.8212999999523163"); the rate, seconds and speed as the shortest that
-// reads back as the same double. Each row is flushed as it is written (a crashed run keeps
-// its rows); empty fields for what a row does not have. kiln::Error "PATH: ..." when the
-// file cannot be written.
+// reads back as the same double. Each row is written to the file as it comes (a crashed run
+// keeps its rows; a device or FIFO is written in place); empty fields for what a row does
+// not have. kiln::Error "cannot write 'PATH': ..." when the file cannot be written.
 class MetricsCsv {
  public:
   MetricsCsv(const std::string& path, int64_t every_steps = 0, bool append = false);
@@ -80,8 +81,8 @@ class MetricsCsv {
   void on_epoch(const EpochMetrics& m);
 
  private:
-  std::FILE* f_ = nullptr;
-  std::string path_;
+  void write(const std::string& row);
+  rt::OutputFile out_;
   StepMeans means_;
 };
 

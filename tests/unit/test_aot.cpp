@@ -311,7 +311,7 @@ TEST_CASE("aot: bad requests are one clear error each and leave no files behind"
   }
   SECTION("unwritable paths") {
     aot.object = dir / "no/such/m.o";
-    fails_with("cannot write '" + aot.object + "': No such file or directory");
+    fails_with("cannot write '" + aot.object + "': its folder '" + dir / "no/such" + "' does not exist");
     aot.object = dir / "m.o";  // writable, but the header is not: neither is left
     aot.header = dir / "no/m.h";
     fails_with("cannot write '" + aot.header + "'");

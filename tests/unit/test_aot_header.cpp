@@ -68,8 +68,8 @@ TEST_CASE("aot header: the key lines of an inference model", "[aot][header]") {
   Graph g = parse(kAffine);
   std::string h = aot_header(g, "affine", kTarget, 256, WeightsMode::Embed);
   check_lines(h, {
-                     "#ifndef KILN_MODEL_AFFINE_H",
-                     "#define KILN_MODEL_AFFINE_H",
+                     "#ifndef KILN_MODEL_affine_H",
+                     "#define KILN_MODEL_affine_H",
                      "#include <stddef.h>",
                      "#include <stdint.h>",
                      "extern \"C\" {",
@@ -101,7 +101,7 @@ TEST_CASE("aot header: the key lines of an inference model", "[aot][header]") {
                      "int affine_load_weights(affine_instance* inst, const char* path);",
                      "int affine_save_weights(const affine_instance* inst, const char* path);",
                      "const char* affine_error(const affine_instance* inst);",
-                     "#endif /* KILN_MODEL_AFFINE_H */",
+                     "#endif /* KILN_MODEL_affine_H */",
                  });
   CHECK_THAT(h, ContainsSubstring("/* The C interface of model affine, compiled by kiln "));
   CHECK_THAT(h, ContainsSubstring(" from graph @affine.\n"));
@@ -258,5 +258,65 @@ int use_models(const char** message) {
   // The C++ compile saw C linkage: the symbols are not mangled.
   RunResult nm = run_shell(cd + "nm use_cpp.o");
   CHECK_THAT(nm.output, ContainsSubstring(" U every_step"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("aot header: inputs named like <stdint.h> types, and models differing in case only, compile",
+          "[aot][header]") {
+  for (const char* cc : {"cc", "c++"})
+    if (run_shell(std::string("command -v ") + cc).status != 0) SKIP("no system " << cc << " to compile the header");
+  // Each parameter so named would hide its type from the parameters after it.
+  const Graph g = parse(R"(graph @types(%int32_t: i32[2], %int64_t: i64[2], %uint8_t: bool[2], %size_t: f32[2], %uintptr_t: f64[2], %b: i32[2]) {
+  %0 = add(%int32_t, %b) : i32[2]
+  %1 = neg(%int64_t) : i64[2]
+  %2 = eq(%uint8_t, %uint8_t) : bool[2]
+  %3 = neg(%size_t) : f32[2]
+  %4 = neg(%uintptr_t) : f64[2]
+  return int32_t = %0, int64_t = %1, uint8_t = %2, size_t = %3, uintptr_t = %4
+}
+)");
+  const std::string h = aot_header(g, "types", kTarget, 64, WeightsMode::Embed);
+  check_lines(h, {"int types_run(types_instance* inst, const int32_t* in_int32_t, const int64_t* in_int64_t, "
+                  "const uint8_t* in_uint8_t, const float* in_size_t, const double* in_uintptr_t, const int32_t* b, "
+                  "int32_t* out_int32_t, int64_t* out_int64_t, uint8_t* out_uint8_t, float* out_size_t, "
+                  "double* out_uintptr_t);"});
+  auto dir = std::filesystem::temp_directory_path() / ("kiln_aot_header_types_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "types.h") << h;
+  // Models mlp and MLP: distinct guards, so both headers declare their functions (their
+  // upper-case macros are the same text, which C allows to be defined twice).
+  std::ofstream(dir / "lower.h") << aot_header(parse(kAffine), "mlp", kTarget, 64, WeightsMode::Embed);
+  std::ofstream(dir / "upper.h") << aot_header(parse(kAffine), "MLP", kTarget, 64, WeightsMode::Embed);
+  const std::string use = R"(#include "types.h"
+#include "lower.h"
+#include "upper.h"
+
+int use_types(void);
+int use_types(void) {
+  int32_t a[2] = {1, 2}, b[2] = {3, 4}, o32[2];
+  int64_t c[2] = {5, 6}, o64[2];
+  uint8_t d[2] = {0, 1}, o8[2];
+  float e[2] = {0}, of[2];
+  double f[2] = {0}, od[2];
+  types_instance* t = types_create();
+  mlp_instance* m = mlp_create();
+  MLP_instance* u = MLP_create();
+  int status = types_run(t, a, c, d, e, f, b, o32, o64, o8, of, od);
+  types_destroy(t);
+  mlp_destroy(m);
+  MLP_destroy(u);
+  return status;
+}
+)";
+  std::ofstream(dir / "use.c") << use;
+  std::ofstream(dir / "use.cpp") << use;
+  const std::string cd = "cd '" + dir.string() + "' && ";
+  RunResult c = run_shell(cd + "cc -std=c99 -Wall -Wextra -Wpedantic -Werror -c use.c -o use_c.o");
+  INFO(c.output);
+  CHECK(c.status == 0);
+  RunResult cxx = run_shell(cd + "c++ -std=c++17 -Wall -Wextra -Wshadow -Wpedantic -Werror -c use.cpp -o use_cpp.o");
+  INFO(cxx.output);
+  CHECK(cxx.status == 0);
   std::filesystem::remove_all(dir);
 }

@@ -267,7 +267,7 @@ TEST_CASE("the metrics CSV has a row per epoch, step rows every N steps, empty f
   CHECK(count(read_text(path), "\nepoch,") == 3);
 
   CHECK(kiln::testing::error_of([&] { kiln::MetricsCsv bad(dir / "no/such/dir/m.csv"); }) ==
-        dir / "no/such/dir/m.csv" + ": cannot open for writing (No such file or directory)");
+        "cannot write '" + dir / "no/such/dir/m.csv" + "': its folder '" + dir / "no/such/dir" + "' does not exist");
 }
 
 TEST_CASE("the SVG plot is well formed, with two panels, both series, ticks and a legend", "[report]") {
@@ -305,7 +305,7 @@ TEST_CASE("write_plot replaces the file whole and reports where it cannot write"
   CHECK(read_text(dir / "p.svg") == kiln::plot_svg(three_epochs(), "t"));
   CHECK(dir.files() == std::vector<std::string>{"p.svg"});
   CHECK_THAT(kiln::testing::error_of([&] { kiln::write_plot(dir / "no/p.svg", three_epochs(), "t"); }),
-             StartsWith(dir / "no/p.svg" + ": "));
+             StartsWith("cannot write '" + dir / "no/p.svg" + "': "));
 }
 
 TEST_CASE("the SVG plot renders with rsvg-convert to a picture with both curves", "[report]") {
