@@ -339,7 +339,7 @@ CheckpointLock::CheckpointLock(std::string dir) : dir_(std::move(dir)) {
   if (ec) throw Error(dir_ + ": cannot create the checkpoint folder (" + ec.message() + ")");
   const std::string path = (fs::path(dir_) / ".lock").string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(path + ": cannot open the checkpoint folder's lock file (" + errno_text(errno) + ")");
+  if (fd_ < 0) throw Error(path + ": cannot open the checkpoint folder's lock file (" + std::strerror(errno) + ")");
   int locked;
   do locked = ::flock(fd_, LOCK_EX | LOCK_NB);
   while (locked != 0 && errno == EINTR);
@@ -353,7 +353,7 @@ CheckpointLock::CheckpointLock(std::string dir) : dir_(std::move(dir)) {
     }
     ::close(fd_);
     fd_ = -1;
-    if (err != EWOULDBLOCK) throw Error(path + ": cannot lock the checkpoint folder (" + errno_text(err) + ")");
+    if (err != EWOULDBLOCK) throw Error(path + ": cannot lock the checkpoint folder (" + std::strerror(err) + ")");
     const std::string holder = pid.empty() ? "pid unknown"
                                : pid == std::to_string(::getpid()) ? "this process, pid " + pid
                                                                    : "pid " + pid;
@@ -366,7 +366,7 @@ CheckpointLock::CheckpointLock(std::string dir) : dir_(std::move(dir)) {
     const int err = errno;
     ::close(fd_);
     fd_ = -1;
-    throw Error(path + ": cannot write the lock file (" + errno_text(err) + ")");
+    throw Error(path + ": cannot write the lock file (" + std::strerror(err) + ")");
   }
 }
 
