@@ -474,7 +474,8 @@ TEST_CASE("interpret_step: missing or mistyped state is one clear error", "[trai
   TensorMap batch{{"x", Tensor(DType::f64, {2})}, {"y", Tensor(DType::f64, {2})}};
   TensorMap state = params;  // no step, no lr
   CHECK(error_of([&] { interpret_step(ts.graph, state, batch); }) ==
-        "interpret_step @tiny_train_step: missing state '%step': expected i32[]");
+        "interpret_step @tiny_train_step: 2 problems with the arguments: missing state '%step': expected i32[]; "
+        "missing state '%lr': expected f64[]");
   state.merge(ts.initial_state());
   state["lr"] = Tensor::scalar(DType::f32, 0.1);
   CHECK(error_of([&] { interpret_step(ts.graph, state, batch); }) ==
