@@ -124,7 +124,7 @@ std::map<std::string, Entry> snapshot() {
 
 void check_no_temporaries(const std::map<std::string, Entry>& tree) {
   for (const auto& [path, e] : tree)
-    if (path.find(".tmp-") != std::string::npos) bug("a temporary file was left behind: " + path);
+    if (path.find(".tmp.") != std::string::npos) bug("a temporary file was left behind: " + path);
 }
 
 std::string resolved(const std::string& path) {
