@@ -128,11 +128,9 @@ void check_no_temporaries(const std::map<std::string, Entry>& tree) {
 }
 
 std::string resolved(const std::string& path) {
-  char* r = ::realpath(path.c_str(), nullptr);
-  if (!r) return {};
-  std::string s(r);
-  std::free(r);
-  return s;
+  std::error_code ec;
+  std::string r = fs::canonical(path, ec).string();
+  return ec ? std::string() : r;
 }
 
 }  // namespace
