@@ -64,13 +64,15 @@ std::string destination(const std::string& path) {
   return {};
 }
 
-// The temporary file's name for `target`: hidden, in its folder, unique per process and call.
+// The temporary file's name for `target`: ".NAME.tmp.PID.N", hidden, in its folder, unique
+// per process and call (a checkpoint folder removes those of writers that died: the pid is
+// where train/checkpoint.cpp reads it).
 std::string temporary_name(const std::string& target) {
   static std::atomic<unsigned long> counter{0};
   const std::string dir = folder_of(target);
   // A name near NAME_MAX (255) leaves no room for the suffix: the temporary takes its start.
-  return (dir == "/" ? dir : dir + "/") + "." + name_of(target).substr(0, 200) + ".tmp-" +
-         std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  return (dir == "/" ? dir : dir + "/") + "." + name_of(target).substr(0, 200) + ".tmp." +
+         std::to_string(::getpid()) + "." + std::to_string(counter++);
 }
 
 // An existing file written in place: a device, FIFO or socket (through symlinks).

@@ -4,7 +4,8 @@
 //
 // How a destination is written depends on what it is now:
 // - nothing yet, or a regular file (through symlinks, dangling ones included): the bytes go
-//   to a new temporary file in the destination's folder, which commit() renames over it. A
+//   to a new temporary file in the destination's folder (".NAME.tmp.PID.N"), which commit()
+//   renames over it. A
 //   failure before the rename leaves the old file as it was; a symlink stays a symlink (the
 //   file it points to is replaced, or created), and a replaced file keeps its permissions
 //   (and, where the writer may, its owner). A read-only file is refused, as open(2) would.

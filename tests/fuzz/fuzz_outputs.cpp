@@ -124,15 +124,13 @@ std::map<std::string, Entry> snapshot() {
 
 void check_no_temporaries(const std::map<std::string, Entry>& tree) {
   for (const auto& [path, e] : tree)
-    if (path.find(".tmp-") != std::string::npos) bug("a temporary file was left behind: " + path);
+    if (path.find(".tmp.") != std::string::npos) bug("a temporary file was left behind: " + path);
 }
 
 std::string resolved(const std::string& path) {
-  char* r = ::realpath(path.c_str(), nullptr);
-  if (!r) return {};
-  std::string s(r);
-  std::free(r);
-  return s;
+  std::error_code ec;
+  std::string r = fs::canonical(path, ec).string();
+  return ec ? std::string() : r;
 }
 
 }  // namespace

@@ -62,6 +62,20 @@ constexpr const char* kEvery = R"(graph @every(%a: f32[], %int: f64[2], %inst: i
 }
 )";
 
+// Compiles `use` (a program including headers in `dir`) as C99 (use_c.o) and as C++17
+// (use_cpp.o), every warning an error.
+void compile_as_c_and_cxx(const std::filesystem::path& dir, const std::string& use) {
+  std::ofstream(dir / "use.c") << use;
+  std::ofstream(dir / "use.cpp") << use;
+  const std::string cd = "cd '" + dir.string() + "' && ";
+  RunResult c = run_shell(cd + "cc -std=c99 -Wall -Wextra -Wpedantic -Werror -c use.c -o use_c.o");
+  INFO(c.output);
+  CHECK(c.status == 0);
+  RunResult cxx = run_shell(cd + "c++ -std=c++17 -Wall -Wextra -Wshadow -Wpedantic -Werror -c use.cpp -o use_cpp.o");
+  INFO(cxx.output);
+  CHECK(cxx.status == 0);
+}
+
 }  // namespace
 
 TEST_CASE("aot header: the key lines of an inference model", "[aot][header]") {
@@ -246,17 +260,9 @@ int use_models(const char** message) {
          AFFINE_WEIGHTS_EMBEDDED + EVERY_STATE_FLAG_DTYPE;
 }
 )";
-  std::ofstream(dir / "use.c") << use;
-  std::ofstream(dir / "use.cpp") << use;
-  const std::string cd = "cd '" + dir.string() + "' && ";
-  RunResult c = run_shell(cd + "cc -std=c99 -Wall -Wextra -Wpedantic -Werror -c use.c -o use_c.o");
-  INFO(c.output);
-  CHECK(c.status == 0);
-  RunResult cxx = run_shell(cd + "c++ -std=c++17 -Wall -Wextra -Wshadow -Wpedantic -Werror -c use.cpp -o use_cpp.o");
-  INFO(cxx.output);
-  CHECK(cxx.status == 0);
+  compile_as_c_and_cxx(dir, use);
   // The C++ compile saw C linkage: the symbols are not mangled.
-  RunResult nm = run_shell(cd + "nm use_cpp.o");
+  RunResult nm = run_shell("cd '" + dir.string() + "' && nm use_cpp.o");
   CHECK_THAT(nm.output, ContainsSubstring(" U every_step"));
   std::filesystem::remove_all(dir);
 }
@@ -309,14 +315,6 @@ int use_types(void) {
   return status;
 }
 )";
-  std::ofstream(dir / "use.c") << use;
-  std::ofstream(dir / "use.cpp") << use;
-  const std::string cd = "cd '" + dir.string() + "' && ";
-  RunResult c = run_shell(cd + "cc -std=c99 -Wall -Wextra -Wpedantic -Werror -c use.c -o use_c.o");
-  INFO(c.output);
-  CHECK(c.status == 0);
-  RunResult cxx = run_shell(cd + "c++ -std=c++17 -Wall -Wextra -Wshadow -Wpedantic -Werror -c use.cpp -o use_cpp.o");
-  INFO(cxx.output);
-  CHECK(cxx.status == 0);
+  compile_as_c_and_cxx(dir, use);
   std::filesystem::remove_all(dir);
 }
