@@ -79,6 +79,8 @@ const std::vector<std::pair<const char*, void*>>& runtime_symbol_table() {
       {"tanh", reinterpret_cast<void*>(static_cast<double (*)(double)>(&::tanh))},
       {"erff", reinterpret_cast<void*>(static_cast<float (*)(float)>(&::erff))},
       {"erf", reinterpret_cast<void*>(static_cast<double (*)(double)>(&::erf))},
+      {"log1pf", reinterpret_cast<void*>(static_cast<float (*)(float)>(&::log1pf))},
+      {"log1p", reinterpret_cast<void*>(static_cast<double (*)(double)>(&::log1p))},
       {"ldexpf", reinterpret_cast<void*>(static_cast<float (*)(float, int)>(&::ldexpf))},
       {"ldexp", reinterpret_cast<void*>(static_cast<double (*)(double, int)>(&::ldexp))},
       {"memcpy", reinterpret_cast<void*>(&::memcpy)},

@@ -341,6 +341,7 @@ OpCases cases_for(Op op) {
     case Op::Tanh: return unary(op, Gen::Uniform);
     case Op::Sigmoid: return unary(op, Gen::Uniform);
     case Op::Erf: return unary(op, Gen::Uniform);
+    case Op::Log1p: return unary(op, Gen::Positive);
     case Op::Relu: return unary(op, Gen::AwayFromZero);
 
     case Op::Add: return binary(op, Gen::Uniform, Gen::Uniform);
@@ -720,8 +721,8 @@ TEST_CASE("gradcheck: the op table has cases for every op", "[gradcheck]") {
     total += oc.cases.size();
     if (oc.marker == Marker::Differentiable) ++differentiable;
   }
-  // 54 ops less 6 compares, argmax, one_hot, constant, the 5 backward-only ops and fused.
-  CHECK(differentiable == 39);
+  // 55 ops less 6 compares, argmax, one_hot, constant, the 5 backward-only ops and fused.
+  CHECK(differentiable == 40);
   CHECK(total > 150);
 }
 
