@@ -145,9 +145,10 @@ void prelu(Ctx& c) {
   c.set_output(0, select(c, bin(c, Op::Lt, x, lit(c, x, 0)), bin(c, Op::Mul, x, slope), x));
 }
 
-// alpha * (exp(x) - 1) for x < 0: Elu, Selu and Celu's negative side.
+// alpha * expm1(x) for x < 0: Elu, Selu and Celu's negative side (exp(x) - 1 would be 0 for
+// tiny x, where the value is alpha * x).
 Val expm1_scaled(Ctx& c, const Val& x, double alpha) {
-  return bin(c, Op::Mul, bin(c, Op::Sub, un(c, Op::Exp, x), lit(c, x, 1)), lit(c, x, alpha));
+  return bin(c, Op::Mul, un(c, Op::Expm1, x), lit(c, x, alpha));
 }
 
 void elu(Ctx& c) {

@@ -81,6 +81,8 @@ const std::vector<std::pair<const char*, void*>>& runtime_symbol_table() {
       {"erf", reinterpret_cast<void*>(static_cast<double (*)(double)>(&::erf))},
       {"log1pf", reinterpret_cast<void*>(static_cast<float (*)(float)>(&::log1pf))},
       {"log1p", reinterpret_cast<void*>(static_cast<double (*)(double)>(&::log1p))},
+      {"expm1f", reinterpret_cast<void*>(static_cast<float (*)(float)>(&::expm1f))},
+      {"expm1", reinterpret_cast<void*>(static_cast<double (*)(double)>(&::expm1))},
       {"ldexpf", reinterpret_cast<void*>(static_cast<float (*)(float, int)>(&::ldexpf))},
       {"ldexp", reinterpret_cast<void*>(static_cast<double (*)(double, int)>(&::ldexp))},
       {"memcpy", reinterpret_cast<void*>(&::memcpy)},

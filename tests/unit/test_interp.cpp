@@ -164,6 +164,14 @@ void case_log1p() {
   expect(run(Op::Log1p, {f64({3}, {1e-300, -1, -2})}), DType::f64, {3}, {1e-300, -kInf, kNaN});
 }
 
+void case_expm1() {
+  expect(run(Op::Expm1, {f32({4}, {0, 1, -1, -100})}), DType::f32, {4},
+         {0, 1.718281828459045, -0.6321205588285577, -1}, kF32);
+  // Where exp(x) rounds to 1, expm1(x) is still x (exp(x) - 1 would be 0): exactly, here.
+  expect(run(Op::Expm1, {f32({1}, {-0x1p-40})}), DType::f32, {1}, {-0x1p-40});
+  expect(run(Op::Expm1, {f64({3}, {1e-300, kInf, -kInf})}), DType::f64, {3}, {1e-300, kInf, -1});
+}
+
 void case_sigmoid() {
   // Large |x| neither overflows nor gives NaN.
   expect(run(Op::Sigmoid, {f32({7}, {0, 2, -2, 100, -100, 1000, -1000})}), DType::f32, {7},
@@ -693,6 +701,7 @@ void run_case(Op op) {
     case Op::Sigmoid: return case_sigmoid();
     case Op::Erf: return case_erf();
     case Op::Log1p: return case_log1p();
+    case Op::Expm1: return case_expm1();
     case Op::Gather: return case_gather();
     case Op::GatherGrad: return case_gather_grad();
     case Op::LayerNorm: return case_layer_norm();

@@ -454,6 +454,15 @@ TEST_CASE("onnx: Softplus keeps its precision for very negative inputs", "[onnx]
   check_both(m, x, {2.0611536900435727e-09, 1.8048513878454153e-35, 0.6931471805599453, 30, 0, kInf});
 }
 
+TEST_CASE("onnx: Elu's negative side keeps its precision for tiny inputs", "[onnx]") {
+  onnx::ModelProto m = one_node("Elu", {5});
+  attr(m.mutable_graph()->mutable_node(0), "alpha", onnx::AttributeProto::FLOAT)->set_f(1.5f);
+  set_shape(m.mutable_graph()->mutable_output(0), {5});
+  Tensor x = Tensor::from(DType::f32, {5}, std::vector<double>{-1e-30, -1e-10, -1, 2, -kInf});
+  // 1.5 expm1(x): 1.5 x for tiny x (exp(x) - 1 is 0 there).
+  check_both(m, x, {-1.5e-30, -1.5e-10, -0.9481808382428367, 2, -1.5});
+}
+
 TEST_CASE("onnx: ReduceSum with noop_with_empty_axes and axes given reduces them", "[onnx]") {
   onnx::ModelProto m = one_node("ReduceSum", {3, 4}, 13);
   attr(m.mutable_graph()->mutable_node(0), "noop_with_empty_axes", onnx::AttributeProto::INT)->set_i(1);
