@@ -37,7 +37,11 @@ std::optional<DType> dtype_of(int32_t elem_type) {
 std::string elem_type_name(int32_t elem_type) {
   if (onnx::TensorProto::DataType_IsValid(elem_type))
     return onnx::TensorProto::DataType_Name(static_cast<onnx::TensorProto::DataType>(elem_type));
-  return "type " + std::to_string(elem_type);
+  // Added by IR versions after libonnx 1.12's (8): models of any IR version are read.
+  static const char* const later[] = {"FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ",
+                                      "UINT4", "INT4", "FLOAT4E2M1"};
+  if (elem_type >= 17 && elem_type < 17 + static_cast<int32_t>(std::size(later))) return later[elem_type - 17];
+  return std::to_string(elem_type) + " (unknown to Kiln)";
 }
 
 namespace {
@@ -523,6 +527,12 @@ OnnxModel import_model(onnx::ModelProto model, const std::string& what, const On
     throw Error(fmt::format("{}: opset {} is newer than the ONNX library Kiln is built with knows (1.12: opsets up to "
                             "{}); export the model at opset {} or older",
                             what, out.opset, kMaxOpset, kMaxOpset));
+  // libonnx 1.12's checker refuses every IR version above its own (8), but a current `onnx`
+  // package saves every model at its newest one whatever the opset. What later IR versions
+  // add that Kiln cannot read (float8 and 4-bit element types, function overloads) Kiln's
+  // own reading refuses by name; so the model is read (checked, converted, shape-inferred by
+  // libonnx) as of libonnx's own IR version.
+  model.set_ir_version(std::min<int64_t>(model.ir_version(), onnx::Version::IR_VERSION));
   try {
     onnx::checker::check_model(model);
   } catch (const std::exception& e) {

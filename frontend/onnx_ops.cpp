@@ -6,6 +6,7 @@
 // shape arithmetic, which Ctx::node folds. docs/onnx.md lists what is supported.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -144,9 +145,10 @@ void prelu(Ctx& c) {
   c.set_output(0, select(c, bin(c, Op::Lt, x, lit(c, x, 0)), bin(c, Op::Mul, x, slope), x));
 }
 
-// alpha * (exp(x) - 1) for x < 0: Elu, Selu and Celu's negative side.
+// alpha * expm1(x) for x < 0: Elu, Selu and Celu's negative side (exp(x) - 1 would be 0 for
+// tiny x, where the value is alpha * x).
 Val expm1_scaled(Ctx& c, const Val& x, double alpha) {
-  return bin(c, Op::Mul, bin(c, Op::Sub, un(c, Op::Exp, x), lit(c, x, 1)), lit(c, x, alpha));
+  return bin(c, Op::Mul, un(c, Op::Expm1, x), lit(c, x, alpha));
 }
 
 void elu(Ctx& c) {
@@ -197,11 +199,13 @@ void hard_swish(Ctx& c) {
   c.set_output(0, bin(c, Op::Mul, x, hard_sigmoid_of(c, x, 1.0 / 6, 0.5)));
 }
 
-// softplus(x) = max(x, 0) + log(1 + exp(-|x|)): ONNX's log(exp(x) + 1) without overflow.
+// softplus(x) = max(x, 0) + log1p(exp(-|x|)): ONNX's log(exp(x) + 1) without overflow for
+// large x, and without rounding 1 + exp(x) to 1 for very negative x (softplus(-20) is
+// 2.06e-9, not 0: log(softplus(x)) stays x).
 void softplus(Ctx& c) {
   Val x = c.in(0);
   want_float(x, "the input");
-  Val tail = un(c, Op::Log, bin(c, Op::Add, lit(c, x, 1), un(c, Op::Exp, un(c, Op::Neg, un(c, Op::Abs, x)))));
+  Val tail = un(c, Op::Log1p, un(c, Op::Exp, un(c, Op::Neg, un(c, Op::Abs, x))));
   c.set_output(0, bin(c, Op::Add, un(c, Op::Relu, x), tail));
 }
 
@@ -210,21 +214,34 @@ void softsign(Ctx& c) {
   c.set_output(0, bin(c, Op::Div, x, bin(c, Op::Add, lit(c, x, 1), un(c, Op::Abs, x))));
 }
 
+// sign(x): 1, -1 or 0, and NaN for NaN (as NumPy's sign, ONNX's reference).
 void sign(Ctx& c) {
   Val x = c.in(0);
-  Val neg = select(c, bin(c, Op::Lt, x, lit(c, x, 0)), lit(c, x, -1), lit(c, x, 0));
-  c.set_output(0, select(c, bin(c, Op::Gt, x, lit(c, x, 0)), lit(c, x, 1), neg));
+  Val zero = lit(c, x, 0);
+  // Neither above nor below zero: 0 for ±0 (as +0), x itself for NaN.
+  Val rest = is_float(x.type.dtype) ? select(c, bin(c, Op::Eq, x, zero), zero, x) : zero;
+  Val neg = select(c, bin(c, Op::Lt, x, zero), lit(c, x, -1), rest);
+  c.set_output(0, select(c, bin(c, Op::Gt, x, zero), lit(c, x, 1), neg));
 }
 
+// An omitted bound is not "no bound": opset 6's attributes default to ±3.40282347e38 (the
+// float's extremes, for double inputs too); from opset 11 the inputs default to the type's
+// lowest and max. Only ±inf (in float) can lie beyond them: Clip(inf) is the finite max.
 void clip(Ctx& c) {
   Val x = c.in(0);
   std::optional<Val> lo, hi;
+  const bool fl = is_float(x.type.dtype);
   if (c.opset() < 11) {
-    if (c.has_attr("min")) lo = lit(c, x, c.attr_float("min", 0));
-    if (c.has_attr("max")) hi = lit(c, x, c.attr_float("max", 0));
+    const double flt_max = std::numeric_limits<float>::max();
+    if (fl || c.has_attr("min")) lo = lit(c, x, c.attr_float("min", -flt_max));
+    if (fl || c.has_attr("max")) hi = lit(c, x, c.attr_float("max", flt_max));
   } else {
+    const double type_max = x.type.dtype == DType::f64 ? std::numeric_limits<double>::max()
+                                                       : std::numeric_limits<float>::max();
     if (c.has_input(1)) lo = c.in(1);
+    else if (fl) lo = lit(c, x, -type_max);
     if (c.has_input(2)) hi = c.in(2);
+    else if (fl) hi = lit(c, x, type_max);
   }
   if (lo) x = bin(c, Op::Maximum, x, *lo);
   if (hi) x = bin(c, Op::Minimum, x, *hi);
@@ -276,9 +293,30 @@ void cast_like(Ctx& c) { c.set_output(0, cast(c, c.in(0), c.type(1).dtype)); }
 std::optional<std::vector<int64_t>> reduce_axes(Ctx& c, int64_t rank, bool axes_input) {
   std::vector<int64_t> axes = axes_input ? (c.has_input(1) ? c.in_ints(1, "axes") : std::vector<int64_t>{})
                                          : c.attr_ints("axes");
-  if (axes.empty() && c.attr_int("noop_with_empty_axes", 0) != 0) return std::nullopt;
+  // Read whether or not the axes are empty (it only matters when they are), so that it is
+  // never left over as an unsupported attribute.
+  const bool noop = c.attr_int("noop_with_empty_axes", 0) != 0;
+  if (axes.empty() && noop) return std::nullopt;
   for (int64_t& a : axes) a = norm_axis(a, rank);
   return axes;
+}
+
+// log(sum(exp(x))) over `axes`, shifted by the maximum m as softmax is: m + log(sum(exp(x - m)))
+// neither overflows (x = [100, 0] gives 100) nor underflows (x = [-200, -200] gives -199.31).
+// Where m is infinite the shift is 0, so the result is log(sum(exp(x))) as written: +inf
+// where any x is +inf, -inf where all are -inf (x - m would be NaN there).
+Val log_sum_exp(Ctx& c, const Val& x, const std::vector<int64_t>& axes, bool keep) {
+  want_float(x, "the input");
+  AttrMap sum_attrs{{"axes", axes}, {"keepdims", keep}};
+  bool empty = false;  // over no elements: log(0) = -inf, and there is no maximum to shift by
+  for (int64_t a = 0; a < x.type.rank(); ++a)
+    empty = empty || (x.type.shape[a] == 0 && (axes.empty() || std::find(axes.begin(), axes.end(), a) != axes.end()));
+  if (empty) return un(c, Op::Log, c.node(Op::Sum, {un(c, Op::Exp, x)}, sum_attrs));
+  Val m = c.node(Op::Max, {x}, {{"axes", axes}, {"keepdims", true}});
+  Val finite = bin(c, Op::Lt, un(c, Op::Abs, m), lit(c, m, std::numeric_limits<double>::infinity()));
+  Val shift = select(c, finite, m, lit(c, m, 0));
+  Val sum = c.node(Op::Sum, {un(c, Op::Exp, bin(c, Op::Sub, x, shift))}, sum_attrs);
+  return bin(c, Op::Add, un(c, Op::Log, sum), reshape(c, shift, sum.type.shape));
 }
 
 enum class Reduce { Sum, Mean, Max, Min, SumSquare, L1, L2, LogSum, LogSumExp };
@@ -309,10 +347,7 @@ void reduce(Ctx& c) {
       want_float(x, "the input");
       c.set_output(0, un(c, Op::Log, c.node(Op::Sum, {x}, a)));
       break;
-    case Reduce::LogSumExp:
-      want_float(x, "the input");
-      c.set_output(0, un(c, Op::Log, c.node(Op::Sum, {un(c, Op::Exp, x)}, a)));
-      break;
+    case Reduce::LogSumExp: c.set_output(0, log_sum_exp(c, x, *axes, keep)); break;
   }
 }
 

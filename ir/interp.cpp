@@ -331,6 +331,10 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
       return unary_float(*in[0], rt, [](auto v) { return std::tanh(v); });
     case Op::Erf:
       return unary_float(*in[0], rt, [](auto v) { return std::erf(v); });
+    case Op::Log1p:
+      return unary_float(*in[0], rt, [](auto v) { return std::log1p(v); });
+    case Op::Expm1:
+      return unary_float(*in[0], rt, [](auto v) { return std::expm1(v); });
     case Op::Sigmoid:
       return unary_float(*in[0], rt, [](auto v) {
         using T = decltype(v);

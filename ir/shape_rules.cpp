@@ -167,7 +167,7 @@ TensorType infer_type(Op op, const std::vector<TensorType>& in, const AttrMap& a
 
   switch (op) {
     case Op::Neg: case Op::Abs: case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt:
-    case Op::Tanh: case Op::Sigmoid: case Op::Erf: case Op::Relu:
+    case Op::Tanh: case Op::Sigmoid: case Op::Erf: case Op::Log1p: case Op::Expm1: case Op::Relu:
       if (in[0].dtype == DType::boolean) r.fail("operand must be numeric, not bool");
       return in[0];
     case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow:

@@ -98,6 +98,8 @@ std::vector<ValueId> vjp(Emitter& e, const Node& n, ValueId dy, const std::vecto
     }
     case Op::Exp: return {e.mul(dy, y)};
     case Op::Log: return {e.div(dy, x(0))};
+    case Op::Log1p: return {e.div(dy, e.add(x(0), e.scalar(1.0, dt)))};
+    case Op::Expm1: return {e.mul(dy, e.add(y, e.scalar(1.0, dt)))};
     case Op::Sqrt: return {e.div(e.mul(dy, 0.5), y)};
     case Op::Rsqrt: return {e.mul(e.mul(dy, -0.5), e.mul(y, e.mul(y, y)))};
     case Op::Tanh: return {e.mul(dy, e.sub(e.scalar(1.0, dt), e.mul(y, y)))};

@@ -70,6 +70,8 @@ Value* Lowerer::ew(const Node& n, DType in, DType out, const std::vector<Value*>
     case Op::Rsqrt: return B_.CreateFDiv(scalar(in, 1), intrinsic(llvm::Intrinsic::sqrt, a[0]));
     case Op::Tanh: return libm("tanhf", "tanh", a[0]);
     case Op::Erf: return libm("erff", "erf", a[0]);
+    case Op::Log1p: return libm("log1pf", "log1p", a[0]);
+    case Op::Expm1: return libm("expm1f", "expm1", a[0]);
     case Op::Sigmoid: {
       Value* one = scalar(in, 1);
       Value* pos = B_.CreateFDiv(one, B_.CreateFAdd(one, intrinsic(llvm::Intrinsic::exp, B_.CreateFNeg(a[0]))));

@@ -89,6 +89,8 @@ std::string ew_expr(const Node& n, DType in, DType out, const std::vector<std::s
     case Op::Rsqrt: return "((" + T + ")1 / " + fn("sqrt", in) + "(" + a[0] + "))";
     case Op::Tanh: return fn("tanh", in) + "(" + a[0] + ")";
     case Op::Erf: return fn("erf", in) + "(" + a[0] + ")";
+    case Op::Log1p: return fn("log1p", in) + "(" + a[0] + ")";
+    case Op::Expm1: return fn("expm1", in) + "(" + a[0] + ")";
     case Op::Sigmoid: return "kiln_sigmoid(" + a[0] + ")";
     case Op::Relu:
       return fl ? "((kiln_isnan(" + a[0] + ") || " + a[0] + " > (" + T + ")0) ? " + a[0] + " : (" + T + ")0)"

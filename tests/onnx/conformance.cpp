@@ -4,6 +4,9 @@
 // ONNX's tolerances (rtol 1e-3, atol 1e-7). Prints a summary per op and writes it to a
 // file; exits 1 when a test whose ops are all supported fails, or when fewer pass than
 // --min-pass (a guard against passes silently turning into "unsupported").
+// The same layout holds Kiln's own regression cases (tests/data/onnx_regress, run with
+// --require-all) and the differential fuzzer's models (tests/onnx_diff: --runtime-inputs
+// --write-got, so that every op runs in the compiled code and Kiln's outputs come back).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <onnx/onnx_pb.h>
@@ -20,12 +23,24 @@
 #include "codegen/executable.h"
 #include "frontend/onnx_import.h"
 #include "ir/interp.h"
+#include "ir/npy.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
 enum class Status { Pass, Fail, Unsupported };
+
+struct RunOptions {
+  bool jit = true;
+  double rtol = 1e-3, atol = 1e-7;
+  // Give the inputs at run time only, not at import: otherwise the importer may compute a
+  // small model whole while importing it, and the compiled code runs none of its ops.
+  bool runtime_inputs = false;
+  // Write each output as kiln_{interp,jit}_K.npy into the test data set, and run both
+  // paths even when the first disagrees.
+  bool write_got = false;
+};
 
 struct Result {
   std::string name, ops;  // test directory name; its models' op types, '+'-joined
@@ -58,8 +73,9 @@ std::string first_line(const std::string& s, size_t max = 240) {
   // The importer's summary line is followed by the details: show the first detail.
   if (size_t nl = s.find('\n'); nl != std::string::npos) {
     std::string rest = s.substr(nl + 1);
-    l = rest.substr(0, rest.find('\n'));
-    l.erase(0, l.find_first_not_of(' '));
+    std::string detail = rest.substr(0, rest.find('\n'));
+    detail.erase(0, std::min(detail.size(), detail.find_first_not_of(' ')));
+    if (!detail.empty()) l = detail;
   }
   return l.size() > max ? l.substr(0, max) + "..." : l;
 }
@@ -74,7 +90,7 @@ std::string compare(const kiln::Tensor& got, const kiln::Tensor& want, double rt
   return "";
 }
 
-Result run_test(const fs::path& dir, bool jit, double rtol, double atol) {
+Result run_test(const fs::path& dir, const RunOptions& o) {
   Result r;
   r.name = dir.parent_path().filename().string() + "/" + dir.filename().string();
   ModelInfo info = model_info(dir / "model.onnx");
@@ -105,7 +121,8 @@ Result run_test(const fs::path& dir, bool jit, double rtol, double atol) {
                           info.inputs.size());
       return r;
     }
-    for (size_t i = 0; i < ins.size(); ++i) opt.input_values.emplace(info.inputs[i], ins[i]);
+    if (!o.runtime_inputs)
+      for (size_t i = 0; i < ins.size(); ++i) opt.input_values.emplace(info.inputs[i], ins[i]);
     kiln::OnnxModel m;
     try {
       m = kiln::import_onnx((dir / "model.onnx").string(), opt);
@@ -134,23 +151,27 @@ Result run_test(const fs::path& dir, bool jit, double rtol, double atol) {
       r.why = fmt::format("{} outputs, {} expected", m.outputs.size(), outs.size());
       return r;
     }
-    for (int pass = 0; pass < (jit ? 2 : 1); ++pass) {
+    for (int pass = 0; pass < (o.jit ? 2 : 1); ++pass) {
       const char* who = pass == 0 ? "interpreter" : "compiled";
       kiln::TensorMap got;
       try {
         got = pass == 0 ? kiln::interpret(m.graph, args) : kiln::compile(m.graph)->evaluate(args);
       } catch (const std::exception& e) {
-        r.why = fmt::format("{}: {}", who, first_line(e.what()));
+        if (r.why.empty()) r.why = fmt::format("{}: {}", who, first_line(e.what()));
+        if (o.write_got) continue;
         return r;
       }
       for (size_t i = 0; i < outs.size(); ++i) {
-        std::string d = compare(got.at(m.outputs[i].second), outs[i], rtol, atol);
-        if (!d.empty()) {
+        const kiln::Tensor& t = got.at(m.outputs[i].second);
+        if (o.write_got) kiln::write_npy((set / fmt::format("kiln_{}_{}.npy", pass == 0 ? "interp" : "jit", i)).string(), t);
+        std::string d = compare(t, outs[i], o.rtol, o.atol);
+        if (!d.empty() && r.why.empty()) {
           r.why = fmt::format("{}, output '{}': {}", who, m.outputs[i].first, d);
-          return r;
+          if (!o.write_got) return r;
         }
       }
     }
+    if (!r.why.empty()) return r;
   }
   r.status = Status::Pass;
   return r;
@@ -162,17 +183,22 @@ int main(int argc, char** argv) {
   CLI::App app{"kiln_onnx_conformance: ONNX's backend test data through Kiln's importer, interpreter and JIT"};
   std::string data = "/usr/share/libonnx-testdata/data", summary, filter;
   std::vector<std::string> suites{"node", "pytorch-converted", "pytorch-operator", "simple"};
-  bool no_jit = false, verbose = false;
+  bool no_jit = false, verbose = false, require_all = false;
   int min_pass = 0;
-  double rtol = 1e-3, atol = 1e-7;
+  RunOptions ro;
   app.add_option("--data", data, "the test data's root (default: libonnx-testdata's)");
   app.add_option("--suite", suites, "suites (subfolders) to run (default: node pytorch-converted pytorch-operator simple)");
   app.add_option("--filter", filter, "run only tests whose name contains this");
   app.add_option("--summary", summary, "also write the summary to this file");
   app.add_option("--min-pass", min_pass, "fail unless at least this many tests pass");
-  app.add_option("--rtol", rtol, "relative tolerance (default ONNX's 1e-3)");
-  app.add_option("--atol", atol, "absolute tolerance (default ONNX's 1e-7)");
+  app.add_option("--rtol", ro.rtol, "relative tolerance (default ONNX's 1e-3)");
+  app.add_option("--atol", ro.atol, "absolute tolerance (default ONNX's 1e-7)");
   app.add_flag("--no-jit", no_jit, "compare the interpreter only (no compile)");
+  app.add_flag("--require-all", require_all, "fail when a test is unsupported too (Kiln's own regression cases)");
+  app.add_flag("--runtime-inputs", ro.runtime_inputs,
+               "give the inputs at run time only, not to the importer (which may compute a small model whole)");
+  app.add_flag("--write-got", ro.write_got,
+               "write Kiln's outputs as kiln_interp_K.npy and kiln_jit_K.npy into each test data set");
   app.add_flag("-v,--verbose", verbose, "print every test's result as it runs");
   CLI11_PARSE(app, argc, argv);
 
@@ -190,7 +216,8 @@ int main(int argc, char** argv) {
         dirs.push_back(e.path());
     std::sort(dirs.begin(), dirs.end());
     for (const fs::path& d : dirs) {
-      results.push_back(run_test(d, !no_jit, rtol, atol));
+      ro.jit = !no_jit;
+      results.push_back(run_test(d, ro));
       const Result& r = results.back();
       if (verbose || r.status == Status::Fail)
         std::cerr << fmt::format("{:<5} {} [{}] {}\n",
@@ -213,7 +240,7 @@ int main(int argc, char** argv) {
     if (r.status != Status::Pass && c.why.empty()) c.why = r.name + ": " + r.why;
   }
   std::ostringstream out;
-  out << fmt::format("ONNX backend test data ({}), rtol {}, atol {}, {}\n", data, rtol, atol,
+  out << fmt::format("ONNX backend test data ({}), rtol {}, atol {}, {}\n", data, ro.rtol, ro.atol,
                      no_jit ? "interpreter only" : "interpreter and compiled (cpu)");
   out << fmt::format("{:<48} {:>5} {:>5} {:>6}  first problem\n", "ops", "pass", "fail", "unsup");
   for (const auto& [ops, c] : by_op)
@@ -235,6 +262,10 @@ int main(int argc, char** argv) {
   }
   if (total.fail > 0) {
     std::cerr << fmt::format("kiln_onnx_conformance: {} test(s) of supported ops failed\n", total.fail);
+    return 1;
+  }
+  if (require_all && total.unsup > 0) {
+    std::cerr << fmt::format("kiln_onnx_conformance: {} test(s) unsupported (--require-all)\n", total.unsup);
     return 1;
   }
   if (total.pass < min_pass) {

@@ -98,9 +98,10 @@ inline std::vector<OpCase> op_cases(Op op) {
         add(dt, {{{}, {-5, 5}}}, op, {}, 0, 0);
       }
       break;
-    case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh: case Op::Sigmoid: case Op::Erf: {
+    case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh: case Op::Sigmoid: case Op::Erf: case Op::Log1p: case Op::Expm1: {
       bool pos = op == Op::Log || op == Op::Sqrt || op == Op::Rsqrt;
-      for (DType dt : floats) add(dt, {{{5, 37}, {pos ? 1e-3 : -30, 30}}}, op, {}, tol(dt), 0);
+      double lo = pos ? 1e-3 : op == Op::Log1p ? -0.999 : -30;  // log1p's domain is x > -1
+      for (DType dt : floats) add(dt, {{{5, 37}, {lo, 30}}}, op, {}, tol(dt), 0);
       break;
     }
     case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow: case Op::Maximum: case Op::Minimum:

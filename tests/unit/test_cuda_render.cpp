@@ -79,7 +79,7 @@ Graph every_op_graph(std::set<Op>& covered) {
     out(v);
     return v;
   };
-  for (Op op : {Op::Neg, Op::Abs, Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::Sigmoid, Op::Erf, Op::Relu}) node(op, {x});
+  for (Op op : {Op::Neg, Op::Abs, Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::Sigmoid, Op::Erf, Op::Log1p, Op::Expm1, Op::Relu}) node(op, {x});
   node(Op::Neg, {xi});
   node(Op::Abs, {xi});
   node(Op::Relu, {xi});

@@ -156,6 +156,22 @@ void case_dropout() {
   expect(run(Op::Dropout, {x, zero, zero}, {{"ratio", 0.0}}), DType::f64, {1}, {3});
 }
 
+void case_log1p() {
+  expect(run(Op::Log1p, {f32({4}, {0, -0.5, 1, 1e30})}), DType::f32, {4},
+         {0, -0.6931471805599453, 0.6931471805599453, 69.07755278982137}, kF32);
+  // Where 1 + x rounds to 1, log1p(x) is still x (log(1 + x) would be 0): exactly, here.
+  expect(run(Op::Log1p, {f32({1}, {0x1p-40})}), DType::f32, {1}, {0x1p-40});
+  expect(run(Op::Log1p, {f64({3}, {1e-300, -1, -2})}), DType::f64, {3}, {1e-300, -kInf, kNaN});
+}
+
+void case_expm1() {
+  expect(run(Op::Expm1, {f32({4}, {0, 1, -1, -100})}), DType::f32, {4},
+         {0, 1.718281828459045, -0.6321205588285577, -1}, kF32);
+  // Where exp(x) rounds to 1, expm1(x) is still x (exp(x) - 1 would be 0): exactly, here.
+  expect(run(Op::Expm1, {f32({1}, {-0x1p-40})}), DType::f32, {1}, {-0x1p-40});
+  expect(run(Op::Expm1, {f64({3}, {1e-300, kInf, -kInf})}), DType::f64, {3}, {1e-300, kInf, -1});
+}
+
 void case_sigmoid() {
   // Large |x| neither overflows nor gives NaN.
   expect(run(Op::Sigmoid, {f32({7}, {0, 2, -2, 100, -100, 1000, -1000})}), DType::f32, {7},
@@ -684,6 +700,8 @@ void run_case(Op op) {
     case Op::Tanh: return case_tanh();
     case Op::Sigmoid: return case_sigmoid();
     case Op::Erf: return case_erf();
+    case Op::Log1p: return case_log1p();
+    case Op::Expm1: return case_expm1();
     case Op::Gather: return case_gather();
     case Op::GatherGrad: return case_gather_grad();
     case Op::LayerNorm: return case_layer_norm();

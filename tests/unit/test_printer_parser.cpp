@@ -41,7 +41,7 @@ Graph graph_for(Op op, bool alt) {
   ValueId r;
   switch (op) {
     case Op::Neg: case Op::Abs: case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt:
-    case Op::Tanh: case Op::Sigmoid: case Op::Erf: case Op::Relu: {
+    case Op::Tanh: case Op::Sigmoid: case Op::Erf: case Op::Log1p: case Op::Expm1: case Op::Relu: {
       ValueId x = g.add_input("x", alt ? TensorType{DType::f64, {}} : f32({2, 3}));
       r = g.add_node(op, {x});
       break;

@@ -29,7 +29,7 @@ Case case_for(Op op) {
   switch (op) {
     case Op::Neg: case Op::Abs: case Op::Relu:
       return {{f32({2, 3})}, {}, f32({2, 3}), {b8({2})}, {}, "must be numeric, not bool"};
-    case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh: case Op::Sigmoid: case Op::Erf:
+    case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh: case Op::Sigmoid: case Op::Erf: case Op::Log1p: case Op::Expm1:
       return {{f32({4})}, {}, f32({4}), {i32({4})}, {}, "operand 0 must be f32 or f64, not i32"};
     case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Maximum: case Op::Minimum:
       return {{f32({3, 1}), f32({1, 4})}, {}, f32({3, 4}), {f32({2, 3}), f32({4})}, {},
