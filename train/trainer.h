@@ -82,8 +82,8 @@ struct TrainerOptions {
 // Training diverged (TrainerOptions::stop_on_nonfinite): the message names the step.
 class NonFiniteError : public Error {
  public:
-  NonFiniteError(const std::string& message, int64_t step, int64_t epoch)
-      : Error(message), step(step), epoch(epoch) {}
+  NonFiniteError(const std::string& message, int64_t at_step, int64_t at_epoch)
+      : Error(message), step(at_step), epoch(at_epoch) {}
   int64_t step;   // the step (1-based, global_step() counts it) whose loss or result was not finite
   int64_t epoch;  // 1-based
 };
