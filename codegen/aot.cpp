@@ -41,12 +41,12 @@ std::string check_request(const Graph& g, const TensorMap& state, const CompileO
   return name;
 }
 
-// "dir/model.o" -> "dir/model.weights".
+// "dir/model.o" -> "dir/model.safetensors".
 std::string weights_path(const std::string& object) {
   size_t slash = object.find_last_of('/');
   size_t dot = object.find_last_of('.');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return object + ".weights";
-  return object.substr(0, dot) + ".weights";
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return object + ".safetensors";
+  return object.substr(0, dot) + ".safetensors";
 }
 
 // Files written under temporary names next to their final ones; commit() renames them all,
@@ -131,8 +131,7 @@ AotResult write_checked(const Graph& g, const Prepared& prepared, const TensorMa
   }
   if (aot.weights == WeightsMode::File) {
     std::string path = aot.weights_file.empty() ? weights_path(aot.object) : aot.weights_file;
-    // An empty file first, so that an unwritable path gets the same message as the others.
-    save_weights(files.write(path, ""), initial);
+    files.write(path, serialize_weights(initial));
     result.files.push_back(path);
   }
   files.commit();

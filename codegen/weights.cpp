@@ -1,6 +1,7 @@
-// kiln::save_weights / load_weights (codegen/aot.h): the runtime's weights file
-// (runtime/aot.h, runtime/weights_file.cpp) for a TensorMap, so that the compiler, the CLI
-// and AOT objects read and write one format with one implementation.
+// kiln::save_weights / serialize_weights / load_weights (codegen/aot.h): the runtime's
+// weights file (safetensors: runtime/aot.h, runtime/weights_file.cpp) for a TensorMap, so
+// that the compiler, the CLI and AOT objects read and write one format with one
+// implementation.
 #include <cstring>
 #include <new>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "codegen/aot.h"
 #include "codegen/aot_dtype.h"
 #include "runtime/aot.h"
+#include "runtime/weights_file.h"
 
 namespace kiln {
 namespace {
@@ -19,22 +21,38 @@ DType kiln_dtype(int32_t t) {
   internal_error("known dtype", "load_weights: the weights file reader passed dtype " + std::to_string(t));
 }
 
+// The runtime's description of `tensors`: a table and data pointers into them (or into the
+// filled-out copies of splats, which it keeps).
+struct Table {
+  explicit Table(const TensorMap& tensors) {
+    full.reserve(tensors.size());
+    for (const auto& [name, t] : tensors) {
+      const Tensor& dense = t.is_splat() ? full.emplace_back(t.materialized()) : t;
+      table.push_back({name.c_str(), aot_dtype(dense.dtype()), static_cast<int32_t>(dense.rank()),
+                       dense.shape().empty() ? nullptr : dense.shape().data(), static_cast<int64_t>(dense.nbytes())});
+      data.push_back(dense.raw());
+    }
+  }
+  int32_t size() const { return static_cast<int32_t>(table.size()); }
+  std::vector<Tensor> full;  // splats filled out; only those are copied
+  std::vector<KilnAotTensor> table;
+  std::vector<const void*> data;
+};
+
 }  // namespace
 
 void save_weights(const std::string& path, const TensorMap& tensors) {
-  std::vector<Tensor> full;  // splats filled out; only those are copied
-  full.reserve(tensors.size());
-  std::vector<KilnAotTensor> table;
-  std::vector<const void*> data;
-  for (const auto& [name, t] : tensors) {
-    const Tensor& dense = t.is_splat() ? full.emplace_back(t.materialized()) : t;
-    table.push_back({name.c_str(), aot_dtype(dense.dtype()), static_cast<int32_t>(dense.rank()),
-                     dense.shape().empty() ? nullptr : dense.shape().data(), static_cast<int64_t>(dense.nbytes())});
-    data.push_back(dense.raw());
-  }
+  Table t(tensors);
   char err[1024];
-  if (kiln_weights_write(path.c_str(), static_cast<int32_t>(table.size()), table.data(), data.data(), err, sizeof err))
-    throw Error(err);
+  if (kiln_weights_write(path.c_str(), t.size(), t.table.data(), t.data.data(), err, sizeof err)) throw Error(err);
+}
+
+std::string serialize_weights(const TensorMap& tensors) {
+  Table t(tensors);
+  std::string bytes, why;
+  if (!rt::serialize_weights(t.size(), t.table.data(), t.data.data(), bytes, why))
+    throw Error("cannot write a weights file: " + why);
+  return bytes;
 }
 
 TensorMap load_weights(const std::string& path) {

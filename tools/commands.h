@@ -35,6 +35,11 @@ std::map<std::string, std::string> name_files(const std::string& flag, const std
 void check_file_type(const std::string& file, const char* kind, const std::string& name, const TensorType& want,
                      const Tensor& t);
 
+// The tensors of --state-weights PATH: a weights file (safetensors: a checkpoint, the
+// weights `kiln train --export` or NAME_save_weights wrote, Python's safetensors) or a
+// checkpoint folder, whose newest ckpt-N it reads. kiln::Error naming PATH.
+TensorMap load_state_weights(const std::string& path);
+
 // How the training step is built: `kiln train-step` and `kiln compile --train`.
 struct TrainOptions {
   std::string loss, optimizer;  // empty: "loss", "sgd"
@@ -74,6 +79,7 @@ struct TrainArgs {
       checkpoint_every, metrics_every;
   std::optional<double> lr, momentum, weight_decay;
   bool drop_last = false, resume = false, quiet = false;
+  std::string export_dir;  // --export DIR
 };
 CLI::App* add_train_command(cli::Parser& p, TrainArgs& a);
 int run_train(const TrainArgs& a);
