@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cinttypes>
@@ -866,10 +867,12 @@ bool parse_legacy_table(const uint8_t* file, uint64_t size, std::vector<Entry>& 
 // Reads the KILNWTS1 file open at `fd` into `file`, checks its CRC and table; -1 with a message.
 int read_legacy(const char* path, int fd, uint64_t size, Buffer& file, std::vector<Entry>& entries, char* err,
                 size_t err_size) {
-  std::fprintf(stderr,
-               "kiln: warning: '%s' is a KILNWTS1 weights file, which this release still reads but the next will "
-               "not: save it again (NAME_save_weights, kiln::save_weights) to have it as safetensors\n",
-               path);
+  static std::atomic<bool> warned{false};  // one line per process, not one per file read
+  if (!warned.exchange(true))
+    std::fprintf(stderr,
+                 "kiln: warning: '%s' is a KILNWTS1 weights file, which this release still reads but the next will "
+                 "not: save it again (NAME_save_weights, kiln::save_weights) to have it as safetensors\n",
+                 path);
   if (size < kLegacyHeaderBytes + kLegacyCrcBytes)
     return fail(err, err_size, "weights file '%s' is truncated: %llu bytes, less than any KILNWTS1 file (%llu)", path,
                 static_cast<unsigned long long>(size),

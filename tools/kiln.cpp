@@ -429,8 +429,8 @@ int run_command_line(int argc, char** argv) {
   Run run;
   CLI::App* run_cmd = p.add_command(
       "run", "run a graph on .npy inputs, print or write its outputs",
-      "FILE.kir --input NAME=FILE.npy ... [--state-weights FILE|DIR] [--output-dir DIR]\n"
-      "                [--interp | --profile [--repeat N]]",
+      "FILE.kir --input NAME=FILE.npy ... [--state-weights FILE|DIR] [--output-dir DIR] [--interp | --profile "
+      "[--repeat N]]",
       "Compiles the graph for --target (default: $KILN_TARGET, else cpu) and runs it on the given\n"
       "inputs.\n"
       "Every graph input, state inputs included, needs an --input with a .npy file of exactly\n"

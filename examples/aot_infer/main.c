@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   if (!weights && !MLP_INFER_WEIGHTS_EMBEDDED) {
     fprintf(stderr,
             "aot_infer: error: this model was compiled with --weights file and holds no weights: give a weights "
-            "file (aot_train's output, or the .weights file `kiln compile` wrote next to the object)\n");
+            "file (aot_train's output, or the .safetensors file `kiln compile --weights file` wrote next to the object)\n");
     return 1;
   }
 

@@ -429,3 +429,15 @@ TEST_CASE("the KILNWTS1 weights files of the previous release still read, with a
   write_bytes(dir / "old.weights", b);
   CHECK_THAT(load_error(dir / "old.weights"), ContainsSubstring("is corrupted or truncated: its checksum is"));
 }
+
+TEST_CASE("the weights fuzzer's safetensors seeds are valid weights files", "[aot][runtime]") {
+  size_t seeds = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(KILN_SOURCE_DIR) + "/tests/fuzz/corpus/weights")) {
+    if (e.path().extension() != ".safetensors") continue;
+    INFO(e.path());
+    CHECK(load_error(e.path().string()).empty());
+    CHECK(read_safetensors(e.path().string()).tensors == load_weights(e.path().string()));
+    ++seeds;
+  }
+  CHECK(seeds >= 5);
+}
