@@ -814,6 +814,10 @@ bool parse_legacy_table(const uint8_t* file, uint64_t size, std::vector<Entry>& 
       why = "tensor " + std::to_string(i) + "'s name contains a NUL byte";
       return false;
     }
+    if (!valid_utf8(e.name)) {  // it could not be saved again: the migration is load, then save
+      why = "tensor " + std::to_string(i) + "'s name is not UTF-8 (a safetensors file could not hold it)";
+      return false;
+    }
     e.dtype = static_cast<int32_t>(dtype);
     if (dtype_size(e.dtype) == 0 || rank > static_cast<uint32_t>(kMaxRank)) {
       why = "tensor " + quoted(e.name) + " has an unknown dtype or a rank above " + std::to_string(kMaxRank);

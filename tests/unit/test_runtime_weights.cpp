@@ -424,6 +424,17 @@ TEST_CASE("the KILNWTS1 weights files of the previous release still read, with a
   CHECK_THAT(r.output, ContainsSubstring("kiln: warning: '" + dir / "old.weights" +
                                          "' is a KILNWTS1 weights file, which this release still reads but the next "
                                          "will not"));
+  // A name that is not UTF-8 (safetensors could not hold it: the file could not be saved
+  // again) is refused, as fuzz_weights found.
+  std::string latin1 = b;
+  latin1[20] = '\xe9';
+  latin1.resize(latin1.size() - 4);  // the CRC, made again for the changed bytes
+  uint32_t crc = zlib_crc(latin1.data(), latin1.size());
+  latin1 += le64(crc).substr(0, 4);
+  write_bytes(dir / "latin1.weights", latin1);
+  CHECK_THAT(load_error(dir / "latin1.weights"),
+             Equals("weights file '" + dir / "latin1.weights" +
+                    "' is invalid: tensor 0's name is not UTF-8 (a safetensors file could not hold it)"));
   // A corrupted one still fails cleanly.
   b[70] ^= 1;
   write_bytes(dir / "old.weights", b);
