@@ -13,6 +13,7 @@
 #include "codegen/executable.h"
 #include "error_of.h"
 #include "frontend/idx.h"
+#include "frontend/onnx_import.h"
 #include "ir/interp.h"
 #include "ir/npy.h"
 #include "ir/parser.h"
@@ -183,4 +184,51 @@ TEST_CASE("kiln train --export: the trained model runs with kiln run and compile
   CHECK(r.status == 1);
   CHECK_THAT(r.output, ContainsSubstring("loss.kir: every output of @l (loss) reads the labels %y"));
   CHECK_FALSE(fs::exists(dir.path / "bad"));
+}
+
+TEST_CASE("kiln import --weights writes safetensors that kiln run and kiln compile take", "[export][cli][onnx]") {
+  TempDir dir;
+  const std::string data = std::string(KILN_TEST_DATA_DIR) + "/onnx/";
+  auto kiln = [&](const std::string& args) {
+    return run_shell("cd '" + dir.path.string() + "' && " + KILN_BINARY + " " + args);
+  };
+  RunResult r = kiln("import " + data + "mlp.onnx -o mlp.kir --weights mlp.safetensors");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  // safetensors with Kiln's checksums: Python's reader and a checkpoint's take it.
+  SafetensorsFile f = read_state(dir / "mlp.safetensors");
+  CHECK(f.tensors.size() == 4);
+  CHECK(f.metadata.at("kiln.format") == "kiln-state-1");
+  // The imported graph with those weights computes what the ONNX model does.
+  r = kiln("run mlp.kir --state-weights mlp.safetensors --input x=" + data + "mlp_x.npy --output-dir a");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  r = kiln("run " + data + "mlp.onnx --input x=" + data + "mlp_x.npy --output-dir b");
+  REQUIRE(r.status == 0);
+  CHECK(read_npy(dir / "a/logits.npy") == read_npy(dir / "b/logits.npy"));
+  r = kiln("compile mlp.kir --state-weights mlp.safetensors -o mlp.o");
+  INFO(r.output);
+  CHECK(r.status == 0);
+}
+
+TEST_CASE("kiln train MODEL.onnx --export deploys the classifier as imported for inference", "[export][cli][onnx]") {
+  if (!fs::exists(fs::path(fashion_mnist_dir()) / "train-images-idx3-ubyte.gz") &&
+      !fs::exists(fs::path(fashion_mnist_dir()) / "train-images-idx3-ubyte"))
+    SKIP("no Fashion-MNIST in " << fashion_mnist_dir());
+  TempDir dir;
+  const std::string onnx = std::string(KILN_TEST_DATA_DIR) + "/onnx/mlp.onnx";
+  RunResult r = run_shell("cd '" + dir.path.string() + "' && " + KILN_BINARY + " train " + onnx +
+                          " --data fashion-mnist --epochs 1 --train-limit 128 --test-limit 64 --export out --quiet");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  Graph g = parse_file(dir / "out/model.kir");
+  CHECK(g.outputs().size() == 2);
+  CHECK(g.outputs()[0].name == "logits");
+  CHECK(g.outputs()[1].name == "predicted");
+  CHECK(g.value(g.inputs()[0].value).name == "x");
+  TensorMap w = load_weights(dir / "out/weights.safetensors");
+  CHECK(w.size() == 4);
+  CHECK(w.count("fc1.weight") == 1);
+  // Trained: not the file's initial weights.
+  CHECK_FALSE(w.at("fc2.bias") == import_onnx(onnx).state.at("fc2.bias"));
 }
