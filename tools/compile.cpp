@@ -118,7 +118,7 @@ CLI::App* add_compile_command(cli::Parser& p, CompileArgs& a) {
       "compile", "compile a graph or its training step ahead of time to an object file and a C header",
       "MODEL.kir|MODEL.onnx -o OBJ.o [--header H.h] [--name NAME] [--cpu CPU] [--features F] [--opt-level N]\n"
       "                    [--weights embed|file] [--weights-file PATH]\n"
-      "                    [--state NAME=FILE.npy]... [--state-dir DIR] [--state-weights FILE] [--zero-state]\n"
+      "                    [--state NAME=FILE.npy]... [--state-dir DIR] [--state-weights FILE|DIR] [--zero-state]\n"
       "                    [--train [--loss NAME] [--optimizer sgd|adam|adamw] [--lr X] [--momentum X]\n"
       "                             [--dampening X] [--nesterov] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]]",
       "Writes a relocatable object file for the CPU, and with --header a C header declaring\n"
@@ -131,9 +131,10 @@ CLI::App* add_compile_command(cli::Parser& p, CompileArgs& a) {
       "A trained model: 'kiln train MODEL --export DIR', then\n"
       "  kiln compile DIR/model.kir --state-weights DIR/weights.safetensors -o m.o --header m.h\n"
       "Every state input needs an initial value, taken from the first of: --state, the\n"
-      "--state-weights file, --state-dir, an ONNX model's initializers, (with --train) the\n"
-      "optimizer's initial state, and --zero-state. --loss ... --eps are those of 'kiln train-step' and go with\n"
-      "--train. No file is left behind on failure. docs/aot.md describes the header's ABI.");
+      "--state-weights file or checkpoint folder, --state-dir, an ONNX model's initializers,\n"
+      "(with --train) the optimizer's initial state, and --zero-state. --loss ... --eps are\n"
+      "those of 'kiln train-step' and go with --train. No file is left behind on failure.\n"
+      "docs/aot.md describes the header's ABI.");
   p.add_file(cmd, a.file);
   p.add_text(cmd, "-o", "OBJ.o", a.object, "the object file to write (required)");
   p.add_text(cmd, "--header", "H.h", a.header, "also write the C header");
