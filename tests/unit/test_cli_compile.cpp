@@ -59,6 +59,12 @@ struct Scratch {
   RunResult kiln(const std::string& args) const {
     return run_shell("cd '" + dir.string() + "' && " + KILN_BINARY + " " + args);
   }
+  // A C program `prog` from `sources` (C files and AOT objects) and the runtime.
+  RunResult cc(const std::string& sources) const {
+    return run_shell("cd '" + dir.string() + "' && cc -std=c99 -Wall -Wextra -Wpedantic -Werror " KILN_SANITIZE_FLAGS
+                     " " + sources + " " + KILN_RUNTIME_LIB + " $(pkg-config --libs openblas) -lm -lstdc++ -lpthread "
+                     "-o prog");
+  }
   // The files directly in the folder.
   size_t files() const {
     size_t n = 0;
@@ -294,8 +300,10 @@ int main(void) {
   return 0;
 }
 )";
-  r = run_shell("cd '" + s.dir.string() + "' && cc -std=c99 -Wall -Wextra -Wpedantic -Werror " KILN_SANITIZE_FLAGS " main.c affine.o linreg.o " +
-                KILN_RUNTIME_LIB + " $(pkg-config --libs openblas) -lm -lstdc++ -lpthread -o prog && ./prog");
+  r = s.cc("main.c affine.o linreg.o");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  r = run_shell("cd '" + s.dir.string() + "' && ./prog");
   INFO(r.output);
   REQUIRE(r.status == 0);
   // x @ w + b = [[4.5, -5], [10.5, 1]] with w = [[1,0],[0,1],[1,1]], b = [0.5, -10].
@@ -391,8 +399,7 @@ int main(void) {
   return 0;
 }
 )";
-  r = run_shell("cd '" + s.dir.string() + "' && cc -std=c99 -Wall -Werror " KILN_SANITIZE_FLAGS " main.c spr.o " +
-                KILN_RUNTIME_LIB + " $(pkg-config --libs openblas) -lm -lstdc++ -lpthread -o prog");
+  r = s.cc("main.c spr.o");
   INFO(r.output);
   REQUIRE(r.status == 0);
   // This machine without AVX-512, faked by the runtime's test hook: a clear error, no SIGILL.
