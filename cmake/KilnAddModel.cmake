@@ -6,9 +6,10 @@
 # header NAME.h on the include path and Kiln::runtime (no LLVM, no compiler library).
 #   NAME       the C prefix of the model's functions and the files' names (default: TARGET)
 #   TRAIN      compile the graph's whole training step (kiln compile --train)
-#   CPU, FEATURES   the target CPU and features, in LLVM's names (default: the host's)
+#   CPU, FEATURES   the target CPU and features, in LLVM's names (default: x86-64-v3, which
+#              runs on the x86 machines in use; native: the build machine's)
 #   WEIGHTS    embed (default): the initial state is in the object; file: it is written to
-#              NAME.weights beside the object, whose path is TARGET's KILN_WEIGHTS_FILE
+#              NAME.safetensors beside the object, whose path is TARGET's KILN_WEIGHTS_FILE
 #              property, for NAME_load_weights
 #   STATE_DIR  initial state from DIR/<state name>.npy (a folder of the build tree may be
 #              written at build time, with the .kir); ZERO_STATE: zeros
@@ -50,7 +51,7 @@ function(kiln_add_model target kir)
   set(outputs ${obj} ${header})
   set(depends ${kir} Kiln::kiln_cli)
   if(arg_WEIGHTS STREQUAL "file")
-    set(weights ${dir}/${arg_NAME}.weights)
+    set(weights ${dir}/${arg_NAME}.safetensors)
     list(APPEND args --weights-file ${weights})
     list(APPEND outputs ${weights})
   endif()

@@ -11,12 +11,12 @@ namespace kiln {
 
 namespace {
 
-// "dir/model.o" -> "dir/model.weights".
+// "dir/model.o" -> "dir/model.safetensors".
 std::string weights_path(const std::string& object) {
   size_t slash = object.find_last_of('/');
   size_t dot = object.find_last_of('.');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return object + ".weights";
-  return object.substr(0, dot) + ".weights";
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return object + ".safetensors";
+  return object.substr(0, dot) + ".safetensors";
 }
 
 // The files write_object writes: the object, the header (if any), the weights file (if any).
@@ -104,7 +104,7 @@ AotResult write_checked(const Graph& g, const Prepared& prepared, const TensorMa
     files.emplace_back(paths[1], header);
   }
   if (aot.weights == WeightsMode::File) {
-    weights = weights_file_bytes(initial);
+    weights = serialize_weights(initial);
     files.emplace_back(paths.back(), weights);
   }
   if (std::string why; !rt::write_files(files, false, why)) throw Error(why);

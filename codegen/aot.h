@@ -34,8 +34,8 @@ struct AotOptions {
   // (not starting with "__" or "_" + upper case). Empty: the graph's name.
   std::string name{};
   WeightsMode weights = WeightsMode::Embed;
-  // WeightsMode::File: the weights file to write; empty: the object's path with its
-  // extension replaced by ".weights".
+  // WeightsMode::File: the weights file (safetensors) to write; empty: the object's path
+  // with its extension replaced by ".safetensors" (model.o -> model.safetensors).
   std::string weights_file{};
 };
 
@@ -69,13 +69,16 @@ std::string aot_header(const Graph& g, const std::string& name, const std::strin
 // Whether `name` can prefix the object's C symbols; "" if so, else why not.
 std::string aot_name_error(const std::string& name);
 
-// The weights file of runtime/aot.h from C++: every tensor of `tensors` (full, not splats),
-// written atomically; and read back, every tensor in it. kiln::Error naming the file and
-// the problem (no such file, bad magic, CRC mismatch, truncated).
+// The weights file of runtime/aot.h (safetensors with Kiln's checksums, as a training
+// checkpoint) from C++: every tensor of `tensors` (full, not splats), written atomically;
+// its bytes (for a writer of several files); and read back, every tensor in it (a file of
+// Kiln's, a checkpoint, Python's safetensors, or a deprecated KILNWTS1 file). kiln::Error
+// naming the file and the problem (no such file, not safetensors, a checksum mismatch,
+// truncated, an unsupported dtype).
 void save_weights(const std::string& path, const TensorMap& tensors);
-TensorMap load_weights(const std::string& path);
 // The bytes save_weights writes, for a writer that puts them in a file of its own
 // (write_object and `kiln import --weights` write all their outputs together).
-std::string weights_file_bytes(const TensorMap& tensors);
+std::string serialize_weights(const TensorMap& tensors);
+TensorMap load_weights(const std::string& path);
 
 }  // namespace kiln

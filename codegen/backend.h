@@ -31,7 +31,9 @@ struct CompileOptions {
   std::string target{};
   bool optimize_graph = true;  // run the default pass pipeline (passes/pipeline.h) first
   int opt_level = 3;           // cpu: LLVM O0..O3
-  // cpu: empty or "host": the host CPU with the host's features; or an LLVM CPU name.
+  // cpu: an LLVM CPU name; "native" (or "host"): the host CPU with the host's features;
+  // empty: the host for the JIT, kDefaultAotCpu for an object (write_object: it may run on
+  // another machine, and one compiled for the build host's AVX-512 would die there).
   std::string cpu{};
   // cpu: extra target features in LLVM's spelling, comma-separated ("+avx2,-avx512f"), on
   // top of the CPU's. Unknown names, and "+f" for a feature the host lacks, are errors.
@@ -44,6 +46,11 @@ struct CompileOptions {
   // --target cuda --arch sm_90 works anywhere; running needs the GPU.
   std::string cuda_arch{};
 };
+
+// The CPU an x86-64 object is compiled for when CompileOptions::cpu is empty: x86-64-v3
+// (AVX2, FMA, BMI2: Intel since Haswell, 2013; AMD since Excavator/Zen), so that an object
+// built on any machine runs on the x86 servers and desktops in use.
+inline constexpr const char* kDefaultAotCpu = "x86-64-v3";
 
 // The target a compile resolves to: options.target, else $KILN_TARGET, else "cpu".
 // Throws kiln::Error for an unknown name (listing the known ones).

@@ -137,7 +137,9 @@ class Executable {
 
   // Ahead of time (codegen/aot.h): writes this executable's code, as an object file for its
   // target (cpu only) with its current state as the initial state (all of it must be set),
-  // and the C header. The code is bitwise the one run() runs (profiling left out).
+  // and the C header. The code is run()'s lowering and optimization (profiling left out)
+  // for the executable's CompileOptions::cpu, whose empty default is the portable
+  // kDefaultAotCpu for an object (the host for run()): its results are bitwise run()'s.
   AotResult write_object(const AotOptions& aot) const;
 
   // The batch sizes for which a sibling executable was compiled (see "Any batch size").

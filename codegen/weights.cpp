@@ -1,18 +1,15 @@
-// kiln::save_weights / load_weights (codegen/aot.h): the runtime's weights file
-// (runtime/aot.h, runtime/weights_file.cpp) for a TensorMap, so that the compiler, the CLI
-// and AOT objects read and write one format with one implementation.
-#include <cerrno>
-#include <cstdlib>
+// kiln::save_weights / serialize_weights / load_weights (codegen/aot.h): the runtime's
+// weights file (safetensors: runtime/aot.h, runtime/weights_file.cpp) for a TensorMap, so
+// that the compiler, the CLI and AOT objects read and write one format with one
+// implementation.
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <new>
 #include <vector>
 
 #include "codegen/aot.h"
 #include "codegen/aot_dtype.h"
 #include "runtime/aot.h"
+#include "runtime/weights_file.h"
 
 namespace kiln {
 namespace {
@@ -24,13 +21,10 @@ DType kiln_dtype(int32_t t) {
   internal_error("known dtype", "load_weights: the weights file reader passed dtype " + std::to_string(t));
 }
 
-// The runtime's view of `tensors`: a table of KilnAotTensor and their data (splats filled
-// out, kept in `full`).
-struct WeightsTable {
-  std::vector<Tensor> full;
-  std::vector<KilnAotTensor> table;
-  std::vector<const void*> data;
-  explicit WeightsTable(const TensorMap& tensors) {
+// The runtime's description of `tensors`: a table and data pointers into them (or into the
+// filled-out copies of splats, which it keeps).
+struct Table {
+  explicit Table(const TensorMap& tensors) {
     full.reserve(tensors.size());
     for (const auto& [name, t] : tensors) {
       const Tensor& dense = t.is_splat() ? full.emplace_back(t.materialized()) : t;
@@ -39,34 +33,25 @@ struct WeightsTable {
       data.push_back(dense.raw());
     }
   }
+  int32_t size() const { return static_cast<int32_t>(table.size()); }
+  std::vector<Tensor> full;  // splats filled out; only those are copied
+  std::vector<KilnAotTensor> table;
+  std::vector<const void*> data;
 };
 
 }  // namespace
 
 void save_weights(const std::string& path, const TensorMap& tensors) {
-  WeightsTable w(tensors);
+  Table t(tensors);
   char err[1024];
-  if (kiln_weights_write(path.c_str(), static_cast<int32_t>(w.table.size()), w.table.data(), w.data.data(), err,
-                         sizeof err))
-    throw Error(err);
+  if (kiln_weights_write(path.c_str(), t.size(), t.table.data(), t.data.data(), err, sizeof err)) throw Error(err);
 }
 
-std::string weights_file_bytes(const TensorMap& tensors) {
-  // The runtime writes weights files only to a path: one in a private folder, read back.
-  std::string dir = (std::filesystem::temp_directory_path() / "kiln-weights-XXXXXX").string();
-  if (!::mkdtemp(dir.data())) throw Error("cannot create a temporary folder '" + dir + "': " + std::strerror(errno));
-  struct Remove {
-    std::string dir;
-    ~Remove() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } remove{dir};
-  const std::string path = dir + "/weights";
-  save_weights(path, tensors);
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw Error("cannot read back the weights file '" + path + "': " + std::strerror(errno));
+std::string serialize_weights(const TensorMap& tensors) {
+  Table t(tensors);
+  std::string bytes, why;
+  if (!rt::serialize_weights(t.size(), t.table.data(), t.data.data(), bytes, why))
+    throw Error("cannot write a weights file: " + why);
   return bytes;
 }
 

@@ -9,6 +9,10 @@
 // a NULL instance argument), to a thread-local one that kiln_aot_error(NULL) returns.
 #include <sys/mman.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -22,7 +26,7 @@
 #include "runtime/aot_internal.h"
 #include "runtime/kernels.h"
 
-extern "C" const int kiln_aot_abi_v1 = KILN_AOT_ABI_VERSION;
+extern "C" const int kiln_aot_abi_v2 = KILN_AOT_ABI_VERSION;
 
 namespace kiln::rt::aot {
 
@@ -231,6 +235,96 @@ const char* model_error(const KilnAotModel& m, char* where, size_t where_size) {
   return nullptr;
 }
 
+// ---- the CPU features (runtime/cpu_features.def) ----
+
+struct CpuFeature {
+  int bit;
+  const char* name;
+  unsigned leaf, subleaf;
+  int reg, reg_bit, state;
+};
+constexpr CpuFeature kCpuFeatures[] = {
+#define KILN_CPU_FEATURE(bit, name, leaf, subleaf, reg, reg_bit, state) {bit, name, leaf, subleaf, reg, reg_bit, state},
+#include "runtime/cpu_features.def"
+#undef KILN_CPU_FEATURE
+};
+
+// The features of the CPU this runs on (and the operating system saves the state of), as
+// CPUID and XGETBV report them.
+uint64_t running_cpu_features() {
+#if defined(__x86_64__) || defined(__i386__)
+  const unsigned max_leaf = __get_cpuid_max(0, nullptr), max_ext = __get_cpuid_max(0x80000000u, nullptr);
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  uint64_t xcr0 = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d) && (c >> 27 & 1)) {  // OSXSAVE: XGETBV is usable
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    xcr0 = lo | static_cast<uint64_t>(hi) << 32;
+  }
+  const bool avx_state = (xcr0 & 0x6) == 0x6;                    // XMM, YMM
+  const bool avx512_state = avx_state && (xcr0 & 0xE0) == 0xE0;  // opmask, ZMM_Hi256, Hi16_ZMM
+  uint64_t mask = 0;
+  for (const CpuFeature& f : kCpuFeatures) {
+    if (f.leaf > (f.leaf >= 0x80000000u ? max_ext : max_leaf)) continue;
+    unsigned r[4] = {0, 0, 0, 0};
+    __cpuid_count(f.leaf, f.subleaf, r[0], r[1], r[2], r[3]);
+    if (!(r[f.reg] >> f.reg_bit & 1) || (f.state == 1 && !avx_state) || (f.state == 2 && !avx512_state)) continue;
+    mask |= uint64_t{1} << f.bit;
+  }
+  return mask;
+#else
+  return 0;  // the features are x86's: an object that needs one cannot run here
+#endif
+}
+
+// The running CPU's features less those named in $KILN_AOT_HIDE_CPU_FEATURES (for tests: a
+// machine without them, faked). An unknown name there is an error (false, message in `why`),
+// so that a misspelt test hook does not pass silently.
+bool available_cpu_features(uint64_t& mask, char* why, size_t why_size) {
+  static const uint64_t running = running_cpu_features();
+  mask = running;
+  const char* hide = std::getenv("KILN_AOT_HIDE_CPU_FEATURES");
+  if (!hide) return true;
+  for (const char* p = hide; *p;) {
+    const char* end = std::strchr(p, ',');
+    size_t len = end ? static_cast<size_t>(end - p) : std::strlen(p);
+    bool known = len == 0;
+    for (const CpuFeature& f : kCpuFeatures)
+      if (std::strlen(f.name) == len && std::strncmp(f.name, p, len) == 0) {
+        mask &= ~(uint64_t{1} << f.bit);
+        known = true;
+      }
+    if (!known) {
+      format(why, why_size, "KILN_AOT_HIDE_CPU_FEATURES names '%.*s', which is not a CPU feature the runtime checks",
+             static_cast<int>(len > 64 ? 64 : len), p);
+      return false;
+    }
+    p += len;
+    if (*p == ',') ++p;
+  }
+  return true;
+}
+
+// Why the model's code cannot run on this CPU (the features it lacks, by name), or false.
+bool cpu_error(const KilnAotModel& m, char* why, size_t why_size) {
+  uint64_t have = 0;
+  if (!available_cpu_features(have, why, why_size)) return true;
+  uint64_t missing = m.cpu_features & ~have;
+  if (!missing) return false;
+  char names[512] = "";
+  size_t used = 0;
+  for (const CpuFeature& f : kCpuFeatures)
+    if (missing >> f.bit & 1 && used < sizeof names)
+      used += static_cast<size_t>(std::snprintf(names + used, sizeof names - used, "%s%s", used ? ", " : "", f.name));
+  const char* target = m.target ? m.target : "";
+  const char* cut = std::strstr(target, " features=");
+  format(why, why_size,
+         "its code was compiled for CPU features this CPU lacks: %s (target %.*s); compile it again for an older "
+         "CPU (kiln compile --cpu x86-64-v3, the default, or --cpu native on the machine that runs it)",
+         names, static_cast<int>(cut ? cut - target : static_cast<std::ptrdiff_t>(std::strlen(target))), target);
+  return true;
+}
+
 // Lays out and allocates the instance's memory (throws std::bad_alloc).
 void allocate(KilnAotInstance& inst) {
   const KilnAotModel& m = *inst.model;
@@ -336,6 +430,8 @@ KilnAotInstance* kiln_aot_create(const KilnAotModel* model) {
                      model->abi_version, KILN_AOT_ABI_VERSION),
            nullptr;
   const KilnAotModel& m = *model;
+  char cpu[kMessageBytes / 2];
+  if (cpu_error(m, cpu, sizeof cpu)) return fail_free("cannot create model %s: %s", model_name(m), cpu), nullptr;
   try {
     char where[64];
     if (const char* why = model_error(m, where, sizeof where))

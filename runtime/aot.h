@@ -24,8 +24,8 @@ extern "C" {
 /* Bumped whenever KilnAotModel or a function below changes. An object references the
  * symbol kiln_aot_abi_v<N> of its version, so linking it against a runtime of another
  * version fails at link time, not at run time. */
-#define KILN_AOT_ABI_VERSION 1
-extern const int kiln_aot_abi_v1;
+#define KILN_AOT_ABI_VERSION 2
+extern const int kiln_aot_abi_v2;
 
 /* Element types: the numbering of the generated headers' NAME_*_DTYPE constants. */
 enum {
@@ -91,13 +91,20 @@ typedef struct KilnAotModel {
    * until NAME_load_weights / NAME_set_state). */
   const uint8_t* weights;
   const int64_t* weights_offset;
+
+  /* The CPU features the code may use (x86: bit i = the feature of runtime/cpu_features.def
+   * with BIT i, e.g. avx2, avx512f), as the target machine it was compiled for enables them;
+   * kiln_aot_create refuses to run it on a CPU that lacks one. 0 on other architectures. */
+  uint64_t cpu_features;
 } KilnAotModel;
 
 typedef struct KilnAotInstance KilnAotInstance;
 
 /* A new instance: its arena, its state (the embedded weights copied in, or zeros). NULL on
- * failure (out of memory, a model of another ABI version): kiln_aot_error(NULL) says why,
- * on this thread. */
+ * failure (out of memory, a model of another ABI version, a CPU without a feature the code
+ * was compiled for, named in the message): kiln_aot_error(NULL) says why, on this thread.
+ * For tests: the environment variable KILN_AOT_HIDE_CPU_FEATURES, a comma-separated list of
+ * feature names (avx512f,avx2,...), makes the check treat them as missing on this CPU. */
 KilnAotInstance* kiln_aot_create(const KilnAotModel* model);
 void kiln_aot_destroy(KilnAotInstance* inst); /* NULL is a no-op */
 
@@ -124,18 +131,27 @@ int kiln_aot_save_weights(const KilnAotInstance* inst, const char* path);
  * NULL instance). Valid until the next call on the instance. */
 const char* kiln_aot_error(const KilnAotInstance* inst);
 
-/* The weights file, little-endian:
- *   "KILNWTS1" (8 bytes), u32 count, u32 reserved (0),
- *   per tensor: u32 name length, the name (no NUL), i32 dtype, i32 rank, i64 shape[rank],
- *               u64 bytes, u64 offset of its data from the start of the file (64-aligned),
- *   the data, each tensor at its offset (zero padding between),
- *   u32 CRC-32 (IEEE 802.3, as zlib's crc32) of every byte before it.
+/* The weights file is safetensors (https://github.com/huggingface/safetensors): an 8-byte
+ * little-endian header length N, N bytes of flat JSON
+ *   {"__metadata__": {"kiln.format": "kiln-state-1", "kiln.crc32.NAME": "<8 hex digits>", ...,
+ *                     "kiln.crc32.__metadata__": "<8 hex digits>"},
+ *    "NAME": {"dtype": "F32", "shape": [2, 3], "data_offsets": [BEGIN, END]}, ...}
+ * padded with spaces to a multiple of 8, then the tensors' data, little-endian, C order,
+ * tiling the data section exactly. dtypes F32, F64, I32, I64, BOOL. The metadata holds the
+ * CRC-32 (IEEE 802.3, as zlib's crc32) of each tensor's data and of the metadata's other
+ * entries ("key\0value\0" in key order), as Kiln's training checkpoints do: a checkpoint is a
+ * weights file, and Python's `safetensors` or PyTorch read both. Reading checks the
+ * checksums a file carries (one with kiln.format must carry them all). The KILNWTS1 files of
+ * earlier versions are still read, with a deprecation line on stderr.
  * Written to a temporary name in the same folder and renamed, so a failure leaves no
- * partial file. Shared by AOT objects and the compiler (codegen/aot.h save_weights). */
+ * partial file (a device such as /dev/null is written in place). Shared by AOT objects and
+ * the compiler (codegen/aot.h save_weights). */
 int kiln_weights_write(const char* path, int32_t n, const KilnAotTensor* tensors, const void* const* data,
                        char* err, size_t err_size);
-/* Reads the whole file, checks magic, CRC, table and sizes, then calls visit for each
- * tensor in file order; a non-zero return from visit stops with that value. */
+/* Reads the whole file (a regular file; its header at most 100 MB), checks its header, sizes,
+ * layout and checksums, then calls visit for each tensor in the header's order; a non-zero
+ * return from visit stops with that value. The data of a file Kiln wrote is naturally
+ * aligned; another writer's may not be (copy it with memcpy). */
 typedef int (*KilnWeightsVisit)(void* ctx, const KilnAotTensor* tensor, const void* data);
 int kiln_weights_visit(const char* path, KilnWeightsVisit visit, void* ctx, char* err, size_t err_size);
 

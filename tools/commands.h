@@ -42,6 +42,10 @@ void check_file_type(const std::string& file, const char* kind, const std::strin
 // Writes every file of `files` or none (runtime/file_output.h write_files: devices and FIFOs
 // in place, never two outputs to one file); kiln::Error naming the file that failed.
 void write_all_files(const std::vector<rt::OutputBytes>& files);
+// The tensors of --state-weights PATH: a weights file (safetensors: a checkpoint, the
+// weights `kiln train --export` or NAME_save_weights wrote, Python's safetensors) or a
+// checkpoint folder, whose newest ckpt-N it reads. kiln::Error naming PATH.
+TensorMap load_state_weights(const std::string& path);
 
 // How the training step is built: `kiln train-step` and `kiln compile --train`.
 struct TrainOptions {
@@ -82,6 +86,7 @@ struct TrainArgs {
       checkpoint_every, metrics_every;
   std::optional<double> lr, momentum, weight_decay;
   bool drop_last = false, resume = false, quiet = false, allow_nonfinite = false;
+  std::string export_dir;  // --export DIR
 };
 CLI::App* add_train_command(cli::Parser& p, TrainArgs& a);
 int run_train(const TrainArgs& a);

@@ -11,6 +11,7 @@
 #include "ir/npy.h"
 #include "ir/parser.h"
 #include "tools/commands.h"
+#include "train/checkpoint.h"
 
 namespace kiln::tool {
 namespace {
@@ -41,13 +42,28 @@ std::map<std::string, std::string> state_files(const Graph& g, const std::vector
   return files;
 }
 
+}  // namespace
+
+TensorMap load_state_weights(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return load_weights(path);
+  std::optional<std::string> latest = latest_checkpoint(path);
+  if (!latest)
+    throw Error(fmt::format("{}: a folder without checkpoints (ckpt-STEP.safetensors); give a weights file or the "
+                            "--checkpoint folder of a training run",
+                            path));
+  return load_weights(*latest);
+}
+
+namespace {
+
 // Every state input's initial value, from the first source that has it: --state, the
 // --state-weights file, DIR/NAME.npy of --state-dir, `defaults` (the step builder's
 // optimizer state), zeros with --zero-state.
 TensorMap initial_state(const Graph& g, const CompileArgs& a, const TensorMap& defaults) {
   std::map<std::string, std::string> files = state_files(g, a.state);
   TensorMap weights;
-  if (!a.state_weights.empty()) weights = load_weights(a.state_weights);
+  if (!a.state_weights.empty()) weights = load_state_weights(a.state_weights);
   if (!a.state_dir.empty() && !std::filesystem::is_directory(a.state_dir))
     throw Error(fmt::format("--state-dir {}: no such directory", a.state_dir));
   TensorMap state;
@@ -102,7 +118,7 @@ CLI::App* add_compile_command(cli::Parser& p, CompileArgs& a) {
       "compile", "compile a graph or its training step ahead of time to an object file and a C header",
       "MODEL.kir|MODEL.onnx -o OBJ.o [--header H.h] [--name NAME] [--cpu CPU] [--features F] [--opt-level N]\n"
       "                    [--weights embed|file] [--weights-file PATH]\n"
-      "                    [--state NAME=FILE.npy]... [--state-dir DIR] [--state-weights FILE] [--zero-state]\n"
+      "                    [--state NAME=FILE.npy]... [--state-dir DIR] [--state-weights FILE|DIR] [--zero-state]\n"
       "                    [--train [--loss NAME] [--optimizer sgd|adam|adamw] [--lr X] [--momentum X]\n"
       "                             [--dampening X] [--nesterov] [--weight-decay X] [--beta1 X] [--beta2 X] [--eps X]]",
       "Writes a relocatable object file for the CPU, and with --header a C header declaring\n"
@@ -110,11 +126,15 @@ CLI::App* add_compile_command(cli::Parser& p, CompileArgs& a) {
       "step), NAME_get_state / NAME_set_state, NAME_load_weights / NAME_save_weights,\n"
       "NAME_destroy and NAME_error, with every input, output and state tensor's dtype and shape.\n"
       "A C or C++ program links the object with libkiln_runtime.a and OpenBLAS; it needs\n"
-      "neither LLVM nor Kiln's compiler.\n"
+      "neither LLVM nor Kiln's compiler. The code is for --cpu (default x86-64-v3, which runs on\n"
+      "the x86 machines in use; --cpu native for this one's), checked by NAME_create.\n"
+      "A trained model: 'kiln train MODEL --export DIR', then\n"
+      "  kiln compile DIR/model.kir --state-weights DIR/weights.safetensors -o m.o --header m.h\n"
       "Every state input needs an initial value, taken from the first of: --state, the\n"
-      "--state-weights file, --state-dir, an ONNX model's initializers, (with --train) the\n"
-      "optimizer's initial state, and --zero-state. --loss ... --eps are those of 'kiln train-step' and go with\n"
-      "--train. No file is left behind on failure. docs/aot.md describes the header's ABI.");
+      "--state-weights file or checkpoint folder, --state-dir, an ONNX model's initializers,\n"
+      "(with --train) the optimizer's initial state, and --zero-state. --loss ... --eps are\n"
+      "those of 'kiln train-step' and go with --train. No file is left behind on failure.\n"
+      "docs/aot.md describes the header's ABI.");
   p.add_file(cmd, a.file);
   p.add_text(cmd, "-o", "OBJ.o", a.object, "the object file to write (required)");
   p.add_text(cmd, "--header", "H.h", a.header, "also write the C header");
@@ -122,19 +142,24 @@ CLI::App* add_compile_command(cli::Parser& p, CompileArgs& a) {
              "the C prefix of every symbol (NAME_create, ...): a C identifier, not a keyword, not starting "
              "with '_' (default: the graph's name)");
   p.add_text(cmd, "--cpu", "CPU", a.cpu,
-             "the target CPU in LLVM's names (haswell, skylake-avx512, znver3, ...; default: the host's); "
-             "it need not be this machine's");
+             std::string("the target CPU in LLVM's names (haswell, skylake-avx512, znver3, ...), or native for this "
+                         "machine's; default ") +
+                 kDefaultAotCpu +
+                 " (AVX2, FMA: x86 CPUs since 2013-2015), so that the object runs on other machines; NAME_create "
+                 "refuses a CPU without the features the object was compiled for");
   p.add_text(cmd, "--features", "F", a.features, "extra target features in LLVM's spelling (+avx2,-avx512f)");
   p.add_count(cmd, "--opt-level", a.opt_level, "LLVM optimization level 0..3 (default 3)");
   p.add_choice(cmd, "--weights", {"embed", "file"}, a.weights,
                "embed: the initial state is read-only data in the object (the default); file: it goes to a "
-               "weights file that NAME_load_weights reads at run time");
+               "weights file (safetensors) that NAME_load_weights reads at run time");
   p.add_text(cmd, "--weights-file", "PATH", a.weights_file,
-             "with --weights file: where to write it (default: OBJ with the extension .weights)");
+             "with --weights file: where to write it (default: OBJ with the extension .safetensors)");
   p.add_list(cmd, "--state", "NAME=FILE.npy", a.state, "the initial value of state input %NAME (repeatable)");
   p.add_text(cmd, "--state-dir", "DIR", a.state_dir, "DIR/NAME.npy for each state input not given otherwise");
-  p.add_text(cmd, "--state-weights", "FILE", a.state_weights,
-             "a weights file (NAME_save_weights, kiln::save_weights): the state tensors it holds");
+  p.add_text(cmd, "--state-weights", "FILE|DIR", a.state_weights,
+             "a weights file (safetensors: a training checkpoint, kiln train --export's weights.safetensors, "
+             "NAME_save_weights' file) or a checkpoint folder (its newest ckpt-STEP.safetensors): the state "
+             "tensors it holds (others, such as optimizer state, are ignored)");
   p.add_flag(cmd, "--zero-state", a.zero_state, "zeros for every state input not given otherwise");
   p.add_flag(cmd, "--train", a.train,
              "MODEL.kir is a model with a loss: compile its whole training step (as 'kiln train-step')");

@@ -234,7 +234,7 @@ int run_train_step(const TrainStepArgs& a) {
 // --- run -------------------------------------------------------------------------------------
 
 struct Run {
-  std::string file, output_dir, target, arch;
+  std::string file, output_dir, target, arch, state_weights;
   std::vector<std::string> inputs;
   bool interp = false, profile = false;
   std::optional<int> repeat;  // runs, with --profile
@@ -247,6 +247,26 @@ int run_run(const Run& a) {
   if (a.repeat && *a.repeat < 1) throw Error("--repeat expects at least 1 run");
   kiln::tool::ModelFile m = kiln::tool::load_model_file(a.file);
   kiln::Graph& g = m.graph;
+  if (!a.state_weights.empty()) {
+    // The state inputs the file holds (a trained model's parameters); --input still overrides.
+    kiln::TensorMap weights = kiln::tool::load_state_weights(a.state_weights);
+    std::string state_names;
+    size_t found = 0;
+    for (const kiln::GraphInput& in : g.inputs()) {
+      if (!in.is_state) continue;
+      const std::string& name = g.value(in.value).name;
+      state_names += (state_names.empty() ? "%" : ", %") + name;
+      auto w = weights.find(name);
+      if (w == weights.end()) continue;
+      kiln::tool::check_file_type(a.state_weights, "state", name, g.type(in.value), w->second);
+      m.state.insert_or_assign(name, std::move(w->second));
+      ++found;
+    }
+    if (found == 0)
+      throw Error(fmt::format("--state-weights {}: none of its {} tensors is a state input of @{} ({})",
+                              a.state_weights, weights.size(), g.name(),
+                              state_names.empty() ? "it has no state inputs" : "its state: " + state_names));
+  }
   kiln::TensorMap inputs = read_inputs(g, a.file, a.inputs, /*any_batch=*/true, m.state);
   kiln::TensorMap outputs;
   std::string profile;
@@ -361,7 +381,7 @@ int run_import(const Import& a) {
   bytes.reserve(m.state.size() + 1);  // `files` points into them
   std::vector<kiln::rt::OutputBytes> files;
   if (!to_stdout) files.emplace_back(a.output, text);
-  if (!a.weights.empty()) files.emplace_back(a.weights, bytes.emplace_back(kiln::weights_file_bytes(m.state)));
+  if (!a.weights.empty()) files.emplace_back(a.weights, bytes.emplace_back(kiln::serialize_weights(m.state)));
   if (!a.state_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(a.state_dir, ec);
@@ -436,15 +456,24 @@ int run_command_line(int argc, char** argv) {
   Run run;
   CLI::App* run_cmd = p.add_command(
       "run", "run a graph on .npy inputs, print or write its outputs",
-      "FILE.kir|FILE.onnx --input NAME=FILE.npy ... [--output-dir DIR] [--interp | --profile [--repeat N]]",
+      "FILE.kir|FILE.onnx --input NAME=FILE.npy ... [--state-weights FILE|DIR] [--output-dir DIR] [--interp | "
+      "--profile [--repeat N]]",
       "Compiles the graph for --target (default: $KILN_TARGET, else cpu) and runs it on the given\n"
       "inputs.\n"
       "Every graph input, state inputs included, needs an --input with a .npy file of exactly\n"
-      "its dtype and shape (an ONNX model's state defaults to its initializers), except that the\n"
-      "non-state inputs may all have another leading dimension (batch size): the graph is then\n"
-      "rebatched to it first (compiled or --interp). A mismatch is reported for every input at once.");
+      "its dtype and shape, except that the non-state inputs may all have another leading\n"
+      "dimension (batch size): the graph is then rebatched to it first (compiled or --interp).\n"
+      "A mismatch is reported for every input at once.\n"
+      "State inputs may come instead from --state-weights (a trained model:\n"
+      "  kiln train lenet --data fashion-mnist --export out/\n"
+      "  kiln run out/model.kir --state-weights out/weights.safetensors --input x=images.npy)\n"
+      "or, for an ONNX model, from its initializers.");
   p.add_file(run_cmd, run.file);
   p.add_list(run_cmd, "--input", "NAME=FILE.npy", run.inputs, "the value of graph input %NAME (repeatable)");
+  p.add_text(run_cmd, "--state-weights", "FILE|DIR", run.state_weights,
+             "the state inputs held by this weights file (safetensors: a checkpoint, kiln train --export's "
+             "weights.safetensors, NAME_save_weights' file) or by the newest checkpoint of this folder; an "
+             "--input for a state input overrides it, tensors that are not state inputs are ignored");
   p.add_text(run_cmd, "--output-dir", "DIR", run.output_dir,
              "write each output as DIR/OUTPUT_NAME.npy (DIR is created); without it, the first elements of "
              "each output are printed");
@@ -544,7 +573,8 @@ int run_command_line(int argc, char** argv) {
   p.add_text(import_cmd, "--state-dir", "DIR", imp.state_dir,
              "write each parameter as DIR/NAME.npy (for 'kiln run --input' and 'kiln compile --state-dir')");
   p.add_text(import_cmd, "--weights", "FILE", imp.weights,
-             "write the parameters as a Kiln weights file (for 'kiln compile --state-weights')");
+             "write the parameters as a weights file, safetensors (for 'kiln compile --state-weights' and "
+             "'kiln run --state-weights')");
 
   CLI::App* info_cmd = p.add_command("info", "show the host CPU, LLVM and BLAS that Kiln uses", "",
                                      "Prints the host target (triple, CPU, vector features) as LLVM sees it, the LLVM "

@@ -17,6 +17,7 @@
 #include "ir/parser.h"
 #include "passes/rebatch.h"
 #include "tools/commands.h"
+#include "train/export.h"
 #include "train/models.h"
 #include "train/report.h"
 
@@ -75,7 +76,9 @@ ModelWithParams onnx_model(const std::string& file, int64_t batch) {
   // Trained as imported for training (batch statistics, dropout), evaluated as imported for inference.
   ModelFile f = load_model_file(file, batch, /*training=*/true);
   ModelWithParams m{with_classifier_loss(f.graph, file), std::move(f.state), ImageLayout::flat};
-  m.eval_model = with_classifier_loss(load_model_file(file, batch).graph, file);
+  Graph inference = load_model_file(file, batch).graph;
+  m.eval_model = with_classifier_loss(inference, file);
+  m.classifier = std::move(inference);  // what --export deploys
   const TensorType& x = m.model.type(m.model.find("x"));
   if (x.rank() == 4) m.layout = ImageLayout::nchw;
   else if (x.rank() != 2)
@@ -249,6 +252,10 @@ CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
   p.add_text(cmd, "--plot", "FILE.svg", a.plot, "draw the loss and accuracy curves to FILE.svg after every epoch");
   p.add_flag(cmd, "--allow-nonfinite", a.allow_nonfinite,
              "train on when the loss or the weights become NaN or infinite (default: stop with an error)");
+  p.add_text(cmd, "--export", "DIR", a.export_dir,
+             "after training, write DIR/model.kir (the inference graph: x -> logits, predicted), "
+             "DIR/weights.safetensors (the trained state it reads) and DIR/README; then 'kiln compile "
+             "DIR/model.kir --state-weights DIR/weights.safetensors -o m.o --header m.h' builds it for C");
   p.add_flag(cmd, "--quiet", a.quiet, "print nothing but errors");
   return cmd;
 }
@@ -273,6 +280,11 @@ int run_train(const TrainArgs& a) {
   if (!a.checkpoint.empty()) lock = std::make_shared<const CheckpointLock>(a.checkpoint);
   Model model = load_model(a);
   load_init_weights(a, model.m);  // before the data: a bad file or --map fails at once
+  // The inference form first: a model that cannot be exported fails before it trains.
+  std::optional<Graph> inference;
+  if (!a.export_dir.empty())
+    inference = model.m.classifier ? deployable_classifier(*model.m.classifier, a.model)
+                                   : inference_graph(model.m.model, a.model);
   TrainerOptions o = model.options;
   o.optimizer = optimizer_of(a, o.optimizer);
   print_warnings(optimizer_warnings(o.optimizer));
@@ -367,6 +379,14 @@ int run_train(const TrainArgs& a) {
       fmt::print("test {} after {} epoch{} ({:.1f} s)\n",
                  std::isfinite(t->accuracy) ? "accuracy " + percent(t->accuracy) : fmt::format("loss {:.4f}", t->loss),
                  trainer.epoch(), trainer.epoch() == 1 ? "" : "s", seconds);
+  }
+  if (inference) {
+    ExportResult e = export_model(a.export_dir, *inference, trainer.state());
+    if (!a.quiet)
+      fmt::print("exported the trained {} to {}: model.kir, weights.safetensors ({} tensors, {} bytes); compile it "
+                 "with 'kiln compile {} --state-weights {} -o {}.o --header {}.h'\n",
+                 model.name, a.export_dir, e.tensors, e.bytes, e.files[0], e.files[1], inference->name(),
+                 inference->name());
   }
   return 0;
 }

@@ -299,18 +299,31 @@ bool CheckpointDir::all_finite(const std::string& path) {
   return finite_[path] = finite;
 }
 
-std::vector<std::string> CheckpointDir::list() const {
+namespace {
+
+// The checkpoints of `dir`, oldest first.
+std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
     auto step = step_of(e.path().filename().string());
     if (step && e.is_regular_file(ec)) found.emplace_back(*step, e.path().string());
   }
-  if (ec) throw Error(dir_ + ": cannot list the checkpoint folder (" + ec.message() + ")");
+  if (ec) throw Error(dir + ": cannot list the checkpoint folder (" + ec.message() + ")");
   std::sort(found.begin(), found.end());
   std::vector<std::string> paths;
   for (auto& [step, path] : found) paths.push_back(std::move(path));
   return paths;
+}
+
+}  // namespace
+
+std::vector<std::string> CheckpointDir::list() const { return list_checkpoints(dir_); }
+
+std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  std::vector<std::string> all = list_checkpoints(dir);
+  if (all.empty()) return std::nullopt;
+  return all.back();
 }
 
 std::optional<std::string> CheckpointDir::latest() const {

@@ -117,4 +117,9 @@ class CheckpointLock {
   int fd_ = -1;
 };
 
+// The newest complete checkpoint of folder `dir` (as CheckpointDir::latest, but without
+// creating or tidying the folder: for readers), or nothing when it holds none.
+// kiln::Error when `dir` cannot be listed.
+std::optional<std::string> latest_checkpoint(const std::string& dir);
+
 }  // namespace kiln

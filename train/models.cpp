@@ -17,6 +17,13 @@ bool is_lenet(std::string_view name) {
   throw Error("unknown model '" + std::string(name) + "' (built in: mlp, lenet; or a .kir file)");
 }
 
+Sym images(Tracer& t, bool cnn, int64_t batch) {
+  return t.input("x", {DType::f32, cnn ? Shape{batch, 1, 28, 28} : Shape{batch, 784}});
+}
+
+// The model's logits for images x, its layers' parameters traced into `s`.
+Sym logits_of(nn::Scope& s, bool cnn, Sym x) { return cnn ? nn::lenet(s)(x) : nn::mlp(s, {784, 256, 10})(x); }
+
 }  // namespace
 
 ModelWithParams builtin_model(std::string_view name, int64_t batch, uint64_t seed) {
@@ -24,12 +31,17 @@ ModelWithParams builtin_model(std::string_view name, int64_t batch, uint64_t see
   if (batch < 1) throw Error("model '" + std::string(name) + "': batch size must be at least 1, got " + std::to_string(batch));
   Tracer t(std::string{name});
   nn::Scope s(t, seed);
-  Sym x = t.input("x", {DType::f32, cnn ? Shape{batch, 1, 28, 28} : Shape{batch, 784}});
+  Sym x = images(t, cnn, batch);
   Sym y = t.input("y", {DType::i32, {batch}});
-  Sym logits = cnn ? nn::lenet(s)(x) : nn::mlp(s, {784, 256, 10})(x);
+  Sym logits = logits_of(s, cnn, x);
   t.output("loss", nn::cross_entropy(logits, y));
   t.output("accuracy", nn::accuracy(logits, y));
   ModelWithParams m{t.finish(), t.parameters(), cnn ? ImageLayout::nchw : ImageLayout::flat};
+  // The same layers without the loss (same parameter names), for deployment.
+  Tracer c(std::string{name});
+  nn::Scope cs(c, seed);
+  c.output("logits", logits_of(cs, cnn, images(c, cnn, batch)));
+  m.classifier = c.finish();
   return m;
 }
 

@@ -25,6 +25,10 @@ struct ModelWithParams {
   // The model to evaluate, when training changes it (an imported model's dropout and batch
   // norm); empty: `model`.
   std::optional<Graph> eval_model{};
+  // The model without its loss, as it is deployed (kiln train --export): images in, logits
+  // out (train/export.h deployable_classifier); empty: derived from `model`
+  // (train/export.h inference_graph).
+  std::optional<Graph> classifier{};
 };
 
 std::vector<std::string> builtin_model_names();  // {"mlp", "lenet"}

@@ -43,7 +43,8 @@ class Glue {
                                        i32_, ptr_, ptr_,                           // inputs
                                        i32_, ptr_, ptr_,                           // outputs
                                        i32_, ptr_, ptr_, ptr_,                     // state
-                                       ptr_, ptr_},                                // weights
+                                       ptr_, ptr_,                                 // weights
+                                       i64_},                                      // cpu_features
                                       "KilnAotModel");
     check_layout();
     // Declared first: a model name that would make NAME_create one of these is refused.
@@ -59,7 +60,7 @@ class Glue {
   }
 
   llvm::GlobalVariable* descriptor(const AotModule& aot, llvm::Function* entry, const std::string& target,
-                                   int64_t arena_bytes) {
+                                   int64_t arena_bytes, uint64_t cpu_features) {
     const Signature& sig = sig_;
     std::vector<llvm::Constant*> inputs, input_buffer, outputs, output_source, state, state_buffer, update;
     for (size_t i : sig.inputs) {
@@ -102,7 +103,8 @@ class Glue {
                  count(inputs), array(tensor_, inputs, "inputs"), array(i32_, input_buffer, "input_buffer"),
                  count(outputs), array(tensor_, outputs, "outputs"), array(source_, output_source, "output_source"),
                  count(state), array(tensor_, state, "state"), array(i32_, state_buffer, "state_buffer"),
-                 array(source_, update, "state_update"), weights, weights_offset});
+                 array(source_, update, "state_update"), weights, weights_offset,
+                 llvm::ConstantInt::get(i64_, cpu_features)});
     return global(init, "model", 8);
   }
 
@@ -138,7 +140,7 @@ class Glue {
       forward(name + "_" + f, runtime(("kiln_aot_" + std::string(f)).c_str()));
   }
 
-  // A relocation against kiln_aot_abi_v1: linking with a runtime of another ABI fails.
+  // A relocation against kiln_aot_abi_v<N>: linking with a runtime of another ABI fails.
   void abi_reference() {
     auto* abi = new llvm::GlobalVariable(m_, i32_, true, llvm::GlobalValue::ExternalLinkage, nullptr,
                                          "kiln_aot_abi_v" + std::to_string(KILN_AOT_ABI_VERSION));
@@ -171,7 +173,8 @@ class Glue {
                               offsetof(KilnAotModel, outputs), offsetof(KilnAotModel, output_source),
                               offsetof(KilnAotModel, n_state), offsetof(KilnAotModel, state),
                               offsetof(KilnAotModel, state_buffer), offsetof(KilnAotModel, state_update),
-                              offsetof(KilnAotModel, weights), offsetof(KilnAotModel, weights_offset)};
+                              offsetof(KilnAotModel, weights), offsetof(KilnAotModel, weights_offset),
+                              offsetof(KilnAotModel, cpu_features)};
     KILN_CHECK(md->getSizeInBytes().getFixedValue() == sizeof(KilnAotModel), "aot glue: KilnAotModel size");
     for (unsigned i = 0; i < std::size(offsets); ++i)
       KILN_CHECK(md->getElementOffset(i).getFixedValue() == offsets[i], "aot glue: KilnAotModel field " + std::to_string(i));
@@ -284,13 +287,13 @@ class Glue {
 }  // namespace
 
 void add_aot_glue(EmittedModule& em, const Prepared& prepared, const AotModule& aot, const std::string& entry_name,
-                  const std::string& target) {
+                  const std::string& target, uint64_t cpu_features) {
   llvm::Module& m = *em.module;
   llvm::Function* entry = m.getFunction(entry_name);
   KILN_CHECK(entry && !entry->isDeclaration(), "aot glue: no entry function " + entry_name);
   Glue glue(em, prepared);
   glue.abi_reference();
-  llvm::GlobalVariable* model = glue.descriptor(aot, entry, target, em.arena_bytes);
+  llvm::GlobalVariable* model = glue.descriptor(aot, entry, target, em.arena_bytes, cpu_features);
   glue.functions(aot.name, model);
   for (llvm::GlobalValue& v : m.global_values()) {
     if (v.isDeclaration() || v.hasLocalLinkage() || v.getName().starts_with("llvm.") || glue.is_exported(v)) continue;

@@ -324,7 +324,7 @@ class CpuBackend final : public Backend {
     AotObject out;
     out.target = detail::target_line(spec);
     out.arena_bytes = em.arena_bytes;
-    detail::add_aot_glue(em, prepared, module, entry, out.target);
+    detail::add_aot_glue(em, prepared, module, entry, out.target, detail::cpu_feature_mask(*tm));
     out.bytes = detail::object_file(*em.module, *tm);
     return out;
   }
@@ -353,7 +353,7 @@ ObjectLoader::ObjectLoader() : impl_(std::make_unique<Impl>()) {
   detail::init_llvm();
   // What libkiln_runtime.a gives a linked program beyond the runtime ABI: runtime/aot.h.
   static const std::vector<std::pair<const char*, void*>> aot_runtime = {
-      {"kiln_aot_abi_v1", const_cast<int*>(&kiln_aot_abi_v1)},
+      {"kiln_aot_abi_v2", const_cast<int*>(&kiln_aot_abi_v2)},
       {"kiln_aot_create", reinterpret_cast<void*>(&kiln_aot_create)},
       {"kiln_aot_destroy", reinterpret_cast<void*>(&kiln_aot_destroy)},
       {"kiln_aot_call", reinterpret_cast<void*>(&kiln_aot_call)},

@@ -18,6 +18,7 @@
 #include <llvm/Target/TargetOptions.h>
 #include <llvm/TargetParser/Host.h>
 #include <llvm/TargetParser/SubtargetFeature.h>
+#include <llvm/TargetParser/Triple.h>
 
 #include "ir/error.h"
 
@@ -97,17 +98,22 @@ TargetSpec target_spec(const CompileOptions& options, RunsOn runs_on) {
   const llvm::Target& target = lookup_target(spec.triple);
   std::unique_ptr<llvm::MCSubtargetInfo> sti(target.createMCSubtargetInfo(spec.triple, "", ""));
   if (!sti) throw Error("cpu codegen: no subtarget info for " + spec.triple);
-  const bool host_cpu = options.cpu.empty() || options.cpu == "host";
+  // An object's default is a portable CPU (backend.h kDefaultAotCpu) on x86-64; the JIT's
+  // code runs here, so its default is the host.
+  const bool x86_64 = llvm::Triple(spec.triple).getArch() == llvm::Triple::x86_64;
+  const bool host_cpu = options.cpu == "native" || options.cpu == "host" ||
+                        (options.cpu.empty() && (runs_on == RunsOn::Host || !x86_64));
+  const std::string cpu_name = options.cpu.empty() ? std::string(kDefaultAotCpu) : options.cpu;
   llvm::StringMap<bool> host = llvm::sys::getHostCPUFeatures();
   llvm::SubtargetFeatures features;
   if (host_cpu) {
     spec.cpu = llvm::sys::getHostCPUName().str();
     for (const auto& f : host) features.AddFeature(f.first(), f.second);
   } else {
-    if (!sti->isCPUStringValid(options.cpu))
-      throw Error("cpu codegen: unknown target CPU '" + options.cpu + "' for " + spec.triple +
-                  " (`llc -march=x86-64 -mcpu=help` lists the known ones)");
-    spec.cpu = options.cpu;
+    if (!sti->isCPUStringValid(cpu_name))
+      throw Error("cpu codegen: unknown target CPU '" + cpu_name + "' for " + spec.triple +
+                  " (`llc -march=x86-64 -mcpu=help` lists the known ones; native: this machine's)");
+    spec.cpu = cpu_name;
   }
   for (const std::string& f : split_features(options.features)) {
     if (f[0] != '+' && f[0] != '-')
@@ -188,6 +194,17 @@ std::string missing_host_features(const llvm::TargetMachine& tm) {
     missing += (missing.empty() ? "" : ", ") + std::string(kv.Key);
   }
   return missing;
+}
+
+uint64_t cpu_feature_mask(const llvm::TargetMachine& tm) {
+  if (tm.getTargetTriple().getArch() != llvm::Triple::x86_64 && tm.getTargetTriple().getArch() != llvm::Triple::x86)
+    return 0;
+  const llvm::MCSubtargetInfo* sti = tm.getMCSubtargetInfo();
+  uint64_t mask = 0;
+  for (const auto& [bit, name] : kCpuFeatureNames)
+    for (const llvm::SubtargetFeatureKV& kv : sti->getAllProcessorFeatures())
+      if (name == kv.Key && sti->getFeatureBits()[kv.Value]) mask |= uint64_t{1} << bit;
+  return mask;
 }
 
 std::string object_file(llvm::Module& m, llvm::TargetMachine& tm) {

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "codegen/backend.h"
 #include "codegen/cpu/lower.h"
@@ -52,6 +54,16 @@ struct EmittedModule {
 EmittedModule emit_module(const Prepared& prepared, const CompileOptions& options, llvm::TargetMachine& tm,
                           const std::string& entry_name);
 
+// The features of runtime/cpu_features.def (bit, LLVM name) that an AOT object records.
+inline constexpr std::pair<int, std::string_view> kCpuFeatureNames[] = {
+#define KILN_CPU_FEATURE(bit, name, leaf, subleaf, reg, reg_bit, state) {bit, name},
+#include "runtime/cpu_features.def"
+#undef KILN_CPU_FEATURE
+};
+// The mask of those features the code for `tm` may use (KilnAotModel::cpu_features): its
+// CPU's and its feature string's, implied ones included; 0 for a target that is not x86.
+uint64_t cpu_feature_mask(const llvm::TargetMachine& tm);
+
 // ISA features the code may use but the host lacks ("" if none): such code must not run here.
 std::string missing_host_features(const llvm::TargetMachine& tm);
 
@@ -60,7 +72,7 @@ std::string missing_host_features(const llvm::TargetMachine& tm);
 // everything else in it internal. kiln::Error for a name that clashes with a symbol the
 // module already has.
 void add_aot_glue(EmittedModule& em, const Prepared& prepared, const AotModule& aot, const std::string& entry_name,
-                  const std::string& target);
+                  const std::string& target, uint64_t cpu_features);
 
 // The relocatable object file of the module for `tm`.
 std::string object_file(llvm::Module& m, llvm::TargetMachine& tm);

@@ -163,3 +163,31 @@ int64_t fm_parse_count(const char* program, const char* flag, const char* text) 
   }
   return v;
 }
+
+int fm_parse_classify_args(const char* program, int argc, char** argv, const char** weights, const char** data_dir,
+                           int64_t* limit) {
+  for (int i = 1; i < argc; ++i) {
+    const char* arg = argv[i];
+    if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) return 1;
+    if (arg[0] != '-' && !*weights) {
+      *weights = arg;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "%s: error: %s '%s' (see --help)\n", program,
+              arg[0] == '-' ? "no value for" : "unexpected argument", arg);
+      return -1;
+    }
+    const char* value = argv[++i];
+    if (!strcmp(arg, "--data-dir")) {
+      *data_dir = value;
+    } else if (!strcmp(arg, "--test-limit")) {
+      *limit = fm_parse_count(program, arg, value);
+      if (*limit < 0) return -1;
+    } else {
+      fprintf(stderr, "%s: error: unknown option '%s' (see --help)\n", program, arg);
+      return -1;
+    }
+  }
+  return 0;
+}

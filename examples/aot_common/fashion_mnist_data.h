@@ -31,4 +31,10 @@ const char* fm_class_name(int32_t label);
 /* A non-negative integer option's value, or -1 (with a message on stderr) if it is not one. */
 int64_t fm_parse_count(const char* program, const char* flag, const char* text);
 
+/* The command line of the classifying examples: [WEIGHTS] [--data-dir DIR] [--test-limit N]
+ * [--help]. Sets what is given (the others keep their values). 0: go on; 1: --help was
+ * asked for (print the usage, exit 0); -1: a mistake, said on stderr as "PROGRAM: error: ...". */
+int fm_parse_classify_args(const char* program, int argc, char** argv, const char** weights, const char** data_dir,
+                           int64_t* limit);
+
 #endif

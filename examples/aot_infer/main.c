@@ -33,34 +33,16 @@ int main(int argc, char** argv) {
   const char* data_dir = fm_default_dir();
   const char* weights = NULL;
   int64_t limit = 10000;
-  for (int i = 1; i < argc; ++i) {
-    const char* arg = argv[i];
-    if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-      printf(usage, BATCH, MLP_INFER_WEIGHTS_EMBEDDED ? "this build has them" : "this build has none");
-      return 0;
-    }
-    if (arg[0] != '-' && !weights) {
-      weights = arg;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      fprintf(stderr, "aot_infer: error: %s '%s' (see --help)\n",
-              arg[0] == '-' ? "no value for" : "unexpected argument", arg);
-      return 1;
-    }
-    const char* value = argv[++i];
-    if (!strcmp(arg, "--data-dir")) data_dir = value;
-    else if (!strcmp(arg, "--test-limit")) limit = fm_parse_count("aot_infer", arg, value);
-    else {
-      fprintf(stderr, "aot_infer: error: unknown option '%s' (see --help)\n", arg);
-      return 1;
-    }
-    if (limit < 0) return 1;
+  int parsed = fm_parse_classify_args("aot_infer", argc, argv, &weights, &data_dir, &limit);
+  if (parsed < 0) return 1;
+  if (parsed > 0) {
+    printf(usage, BATCH, MLP_INFER_WEIGHTS_EMBEDDED ? "this build has them" : "this build has none");
+    return 0;
   }
   if (!weights && !MLP_INFER_WEIGHTS_EMBEDDED) {
     fprintf(stderr,
             "aot_infer: error: this model was compiled with --weights file and holds no weights: give a weights "
-            "file (aot_train's output, or the .weights file `kiln compile` wrote next to the object)\n");
+            "file (aot_train's output, or the .safetensors file `kiln compile --weights file` wrote next to the object)\n");
     return 1;
   }
 

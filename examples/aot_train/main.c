@@ -24,13 +24,13 @@ static const char* const usage =
     "Trains the MLP for one epoch on the first N Fashion-MNIST training images (default all\n"
     "60000) in batches of %d with the training step compiled ahead of time, printing the\n"
     "mean loss every --print-every steps (default 100) and of the whole epoch, then saves\n"
-    "the weights to PATH (default mlp.weights) for aot_infer.\n"
+    "the weights to PATH (default mlp.safetensors) for aot_infer.\n"
     "  --data-dir DIR   the IDX files (default $KILN_FASHION_MNIST_DIR, else\n"
     "                   /usr/share/datasets/fashion-mnist)\n";
 
 int main(int argc, char** argv) {
   const char* data_dir = fm_default_dir();
-  const char* save_path = "mlp.weights";
+  const char* save_path = "mlp.safetensors";
   int64_t limit = 60000, print_every = 100;
   for (int i = 1; i < argc; ++i) {
     const char* arg = argv[i];

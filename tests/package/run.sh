@@ -73,7 +73,7 @@ export PKG_CONFIG_PATH=$prefix/$lib/pkgconfig
 models=$work/consumer/kiln_models
 # shellcheck disable=SC2046 # pkg-config's output is a list of words
 "$CC" -std=c99 $KILN_FLAGS "$src/consumer/main.c" "$models/affine/affine.o" "$models/linreg_step/linreg.o" \
-  -I"$models/affine" -I"$models/linreg_step" -DLINREG_WEIGHTS_PATH="\"$models/linreg_step/linreg.weights\"" \
+  -I"$models/affine" -I"$models/linreg_step" -DLINREG_WEIGHTS_PATH="\"$models/linreg_step/linreg.safetensors\"" \
   $(pkg-config --cflags --libs kiln-runtime) -o "$work/models_pc"
 "$work/models_pc" "$work/saved_pc.weights"
 step "c++ with pkg-config kiln: the C++ program's object linked again"

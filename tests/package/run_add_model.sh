@@ -19,10 +19,10 @@ configure -DCASE=ok >/dev/null
 "$CMAKE" --build "$b" >/dev/null
 models=$b/kiln_models
 out=$("$b/app")
-[[ $out == "answers 42 42, weights $models/lin/linreg.weights" ]] || fail "app printed '$out'"
-[[ -e $models/lin/linreg.weights ]] || fail "no weights file"
+[[ $out == "answers 42 42, weights $models/lin/linreg.safetensors" ]] || fail "app printed '$out'"
+[[ -e $models/lin/linreg.safetensors ]] || fail "no weights file"
 want_affine="compile $work/src/model.kir -o $models/affine/affine.o --header $models/affine/affine.h --name affine --weights embed --state-dir $work/src/state"
-want_lin="compile $work/src/model.kir -o $models/lin/linreg.o --header $models/lin/linreg.h --name linreg --weights file --weights-file $models/lin/linreg.weights --train --cpu haswell --features +avx2 --zero-state --lr 0.5 --optimizer adam"
+want_lin="compile $work/src/model.kir -o $models/lin/linreg.o --header $models/lin/linreg.h --name linreg --weights file --weights-file $models/lin/linreg.safetensors --train --cpu haswell --features +avx2 --zero-state --lr 0.5 --optimizer adam"
 want_gen="compile $work/src/model.kir -o $models/gen/gen.o --header $models/gen/gen.h --name gen --weights embed --state-dir $b/made_at_build_time"
 [[ $(grep -c . "$b/calls.log") == 3 ]] || fail "kiln ran other than three times: $(cat "$b/calls.log")"
 grep -qxF -- "$want_affine" "$b/calls.log" || fail "affine: got $(cat "$b/calls.log"), want $want_affine"

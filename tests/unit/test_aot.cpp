@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "codegen/aot.h"
@@ -339,7 +340,12 @@ TEST_CASE("aot: objects for x86-64 CPUs this machine may lack", "[aot]") {
     CHECK(r.target.size() < 200);  // the CPU's own features are not listed
   }
   {
-    AotResult r = write_object(g, scale_state(), {}, {.object = dir / "host.o", .header = "", .name = "m"});
+    // Portable by default: an object built on an AVX-512 machine must run on an AVX2 one.
+    AotResult r = write_object(g, scale_state(), {}, {.object = dir / "default.o", .header = "", .name = "m"});
+    CHECK_THAT(r.target, ContainsSubstring(" cpu=x86-64-v3 features="));
+    CompileOptions o;
+    o.cpu = "native";
+    r = write_object(g, scale_state(), o, {.object = dir / "host.o", .header = "", .name = "m"});
     CHECK_THAT(r.target, ContainsSubstring(" cpu=" + host.cpu + " features="));
   }
   // A feature the host lacks: the JIT refuses it (its code runs here), an object does not.
@@ -362,16 +368,91 @@ TEST_CASE("aot: objects for x86-64 CPUs this machine may lack", "[aot]") {
   }
 }
 
+// Sets an environment variable for the scope (the runtime's test hook), restoring it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// NAME_create of an object compiled for `cpu`, linked in-process: NULL and the message, or
+// the instance (destroyed) and "".
+std::string create_error(const TempDir& dir, const std::string& cpu, const std::string& name) {
+  Graph g = scale_graph(true);
+  CompileOptions o;
+  o.cpu = cpu;
+  AotOptions aot{.object = dir / (name + ".o"), .header = "", .name = name};
+  write_object(g, scale_state(), o, aot);
+  cpu::testing::ObjectLoader loader;
+  loader.add(read_file(aot.object));
+  KilnAotInstance* inst = reinterpret_cast<KilnAotInstance* (*)()>(loader.symbol(name + "_create"))();
+  if (!inst) return kiln_aot_error(nullptr);
+  reinterpret_cast<void (*)(KilnAotInstance*)>(loader.symbol(name + "_destroy"))(inst);
+  return "";
+}
+
+TEST_CASE("aot: NAME_create refuses a CPU without the features the object was compiled for", "[aot]") {
+  TempDir dir;
+  cpu::HostInfo host = cpu::host_info();
+  // This machine without AVX-512, faked through the runtime's test hook: an object for
+  // Sapphire Rapids would die of SIGILL there, so it is refused by name.
+  {
+    ScopedEnv no_avx512("KILN_AOT_HIDE_CPU_FEATURES", "avx512f,avx512bw,avx512dq,avx512vl,avx512cd");
+    std::string error = create_error(dir, "sapphirerapids", "spr");
+    // (More names on a machine that lacks more of Sapphire Rapids' features.)
+    CHECK_THAT(error, ContainsSubstring("cannot create model spr: its code was compiled for CPU features this CPU "
+                                        "lacks: avx512f, avx512dq, avx512cd, avx512bw, avx512vl"));
+    CHECK_THAT(error, ContainsSubstring("cpu=sapphirerapids); compile it again for an older CPU (kiln compile --cpu "
+                                        "x86-64-v3, the default"));
+    // The default, x86-64-v3, needs no AVX-512.
+    CHECK(create_error(dir, "", "portable").empty());
+  }
+  {
+    // Every feature hidden: exactly x86-64-v3's are named (the descriptor records LLVM's
+    // feature bits, implied ones included, under the runtime's names).
+    std::string all;
+#define KILN_CPU_FEATURE(bit, name, leaf, subleaf, reg, reg_bit, state) all += std::string(all.empty() ? "" : ",") + name;
+#include "runtime/cpu_features.def"
+#undef KILN_CPU_FEATURE
+    ScopedEnv none("KILN_AOT_HIDE_CPU_FEATURES", all);
+    CHECK_THAT(create_error(dir, "", "v3"),
+               ContainsSubstring("lacks: sse3, ssse3, sse4.1, sse4.2, popcnt, cx16, movbe, lzcnt, bmi, bmi2, avx, avx2, "
+                                 "fma, f16c (target x86_64"));
+  }
+  {
+    ScopedEnv typo("KILN_AOT_HIDE_CPU_FEATURES", "avx512");
+    CHECK_THAT(create_error(dir, "", "typo"),
+               ContainsSubstring("KILN_AOT_HIDE_CPU_FEATURES names 'avx512', which is not a CPU feature the runtime "
+                                 "checks"));
+  }
+  // Without the hook, an object for this machine's own CPU runs here.
+  CHECK(create_error(dir, "native", "native").empty());
+  if (host.has("avx512f") && host.has("avx512bw") && host.has("avx512fp16") && host.has("amx-tile"))
+    CHECK(create_error(dir, "sapphirerapids", "spr_here").empty());
+}
+
 TEST_CASE("aot: weights in a side file", "[aot]") {
   Graph g = scale_graph(false);
   TempDir dir;
   AotOptions aot{.object = dir / "m.o", .header = "", .name = "side", .weights = WeightsMode::File};
   AotResult r = write_object(g, scale_state(), {}, aot);
   REQUIRE(r.files.size() == 2);
-  CHECK(r.files[1] == dir / "m.weights");
+  CHECK(r.files[1] == dir / "m.safetensors");
   CHECK(r.weights_bytes == 12);
   CHECK(dir.files().size() == 2);
-  TensorMap back = load_weights(dir / "m.weights");
+  TensorMap back = load_weights(dir / "m.safetensors");
   CHECK(bitwise_equal(back.at("w"), scale_state().at("w")));
   cpu::testing::ObjectLoader loader;
   loader.add(read_file(aot.object));
@@ -383,7 +464,7 @@ TEST_CASE("aot: weights in a side file", "[aot]") {
   float x[3] = {1, 2, 3}, y[3];
   REQUIRE(run(inst, x, y) == 0);  // state starts at zero
   CHECK((y[0] == 1 && y[1] == 1 && y[2] == 1));
-  REQUIRE(load(inst, (dir / "m.weights").c_str()) == 0);
+  REQUIRE(load(inst, (dir / "m.safetensors").c_str()) == 0);
   REQUIRE(run(inst, x, y) == 0);
   CHECK((y[0] == 3 && y[1] == 5 && y[2] == 7));
   kiln_aot_destroy(inst);
@@ -448,7 +529,7 @@ TEST_CASE("aot: Executable::write_object writes its code with its current state"
   CHECK(r.weights_bytes == state_bytes);
   CHECK(r.arena_bytes > 0);
   RunResult nm = run_shell("nm -u " + aot.object);
-  CHECK_THAT(nm.output, ContainsSubstring("kiln_aot_abi_v1"));
+  CHECK_THAT(nm.output, ContainsSubstring("kiln_aot_abi_v" + std::to_string(KILN_AOT_ABI_VERSION)));
   CHECK_THAT(nm.output, !ContainsSubstring("kiln_rt_prof"));
   cpu::testing::ObjectLoader loader;
   loader.add(read_file(aot.object));

@@ -16,6 +16,7 @@
 #include "ir/parser.h"
 #include "passes/train_step.h"
 #include "subprocess.h"
+#include "train/checkpoint.h"
 
 using Catch::Matchers::ContainsSubstring;
 using Catch::Matchers::StartsWith;
@@ -58,6 +59,12 @@ struct Scratch {
   RunResult kiln(const std::string& args) const {
     return run_shell("cd '" + dir.string() + "' && " + KILN_BINARY + " " + args);
   }
+  // A C program `prog` from `sources` (C files and AOT objects) and the runtime.
+  RunResult cc(const std::string& sources) const {
+    return run_shell("cd '" + dir.string() + "' && cc -std=c99 -Wall -Wextra -Wpedantic -Werror " KILN_SANITIZE_FLAGS
+                     " " + sources + " " + KILN_RUNTIME_LIB + " $(pkg-config --libs openblas) -lm -lstdc++ -lpthread "
+                     "-o prog");
+  }
   // The files directly in the folder.
   size_t files() const {
     size_t n = 0;
@@ -92,8 +99,8 @@ TEST_CASE("kiln compile --help describes the command", "[cli][aot]") {
   CHECK_THAT(r.output, StartsWith("usage: kiln compile MODEL.kir|MODEL.onnx -o OBJ.o [--header H.h] [--name NAME]"));
   for (const char* flag : {"-o OBJ.o", "--header H.h", "--name NAME", "--cpu CPU", "--features F",
                            "--opt-level N", "--weights embed|file", "--weights-file PATH", "--state NAME=FILE.npy",
-                           "--state-dir DIR", "--state-weights FILE", "--zero-state", "--train", "--optimizer",
-                           "--weight-decay X", "docs/aot.md"}) {
+                           "--state-dir DIR", "--state-weights FILE|DIR", "--zero-state", "--train", "--optimizer",
+                           "--weight-decay X", "docs/aot.md", "default x86-64-v3", "--cpu native"}) {
     INFO(flag);
     CHECK_THAT(r.output, ContainsSubstring(flag));
   }
@@ -211,20 +218,20 @@ TEST_CASE("kiln compile --train writes the training step and its weights file", 
                        "linreg --zero-state --weights file");
   INFO(r.output);
   REQUIRE(r.status == 0);
-  CHECK_THAT(r.output, StartsWith("wrote step.o, step.h, step.weights: model linreg for "));
+  CHECK_THAT(r.output, StartsWith("wrote step.o, step.h, step.safetensors: model linreg for x86_64"));
   std::string h = read_text(s.dir / "step.h");
   CHECK_THAT(h, ContainsSubstring("\nint linreg_step(linreg_instance* inst, const float* x, const float* y, "
                                   "float* out_loss);\n"));
   CHECK_THAT(h, ContainsSubstring("\n#define LINREG_WEIGHTS_EMBEDDED 0\n"));
   CHECK_THAT(h, ContainsSubstring("\n#define LINREG_STATE_ADAM_M_W_NAME \"adam.m.w\"\n"));
   // The optimizer's initial state is the step builder's: lr as given, step 0.
-  kiln::TensorMap w = kiln::load_weights((s.dir / "step.weights").string());
+  kiln::TensorMap w = kiln::load_weights((s.dir / "step.safetensors").string());
   CHECK(w.at("lr").get(0) == static_cast<double>(0.002f));
   CHECK(w.at("step").get_int(0) == 0);
   CHECK(w.count("adam.v.b") == 1);
 
   // The training checkpoint initializes the inference model (its optimizer state is ignored).
-  r = s.kiln("compile linreg.kir -o infer.o --state-weights step.weights");
+  r = s.kiln("compile linreg.kir -o infer.o --state-weights step.safetensors");
   INFO(r.output);
   CHECK(r.status == 0);
   CHECK(fs::exists(s.dir / "infer.o"));
@@ -281,20 +288,22 @@ int main(void) {
   if (affine_set_state(a, AFFINE_STATE_B_NAME, bias, 1) == 0) return 5;
   printf("error: %s\n", affine_error(a));
 
-  if (linreg_load_weights(t, "linreg.weights") != 0) return 6;
+  if (linreg_load_weights(t, "linreg.safetensors") != 0) return 6;
   for (i = 0; i < 3; ++i)
     if (linreg_step(t, lx, ly, &loss[i]) != 0) return 7;
   if (linreg_get_state(t, LINREG_STATE_LR_NAME, &lr, LINREG_STATE_LR_BYTES) != 0) return 8;
   printf("loss0 %g decreasing %d lr %g weights embedded %d\n", loss[0], loss[2] < loss[1] && loss[1] < loss[0], lr,
          LINREG_WEIGHTS_EMBEDDED);
-  if (linreg_save_weights(t, "trained.weights") != 0) return 9;
+  if (linreg_save_weights(t, "trained.safetensors") != 0) return 9;
   affine_destroy(a);
   linreg_destroy(t);
   return 0;
 }
 )";
-  r = run_shell("cd '" + s.dir.string() + "' && cc -std=c99 -Wall -Wextra -Wpedantic -Werror " KILN_SANITIZE_FLAGS " main.c affine.o linreg.o " +
-                KILN_RUNTIME_LIB + " $(pkg-config --libs openblas) -lm -lstdc++ -lpthread -o prog && ./prog");
+  r = s.cc("main.c affine.o linreg.o");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  r = run_shell("cd '" + s.dir.string() + "' && ./prog");
   INFO(r.output);
   REQUIRE(r.status == 0);
   // x @ w + b = [[4.5, -5], [10.5, 1]] with w = [[1,0],[0,1],[1,1]], b = [0.5, -10].
@@ -303,6 +312,102 @@ int main(void) {
   CHECK_THAT(r.output, ContainsSubstring("error: "));
   // Zero weights: the first loss is mean(y^2) = 7.5; sgd's default lr 0.01.
   CHECK_THAT(r.output, ContainsSubstring("loss0 7.5 decreasing 1 lr 0.01 weights embedded 0\n"));
-  kiln::TensorMap trained = kiln::load_weights((s.dir / "trained.weights").string());
+  kiln::TensorMap trained = kiln::load_weights((s.dir / "trained.safetensors").string());
   CHECK(trained.at("step").get_int(0) == 3);
+}
+
+TEST_CASE("kiln compile --state-weights takes a training checkpoint, or the newest in its folder",
+          "[cli][aot][object]") {
+  Scratch s("checkpoint");
+  // What `kiln train --checkpoint run` leaves: safetensors with the trainer's metadata and
+  // the optimizer's state beside the parameters.
+  const kiln::Tensor w1 = kiln::Tensor::from(kiln::DType::f32, {3, 2}, std::vector<float>{1, 2, 3, 4, 5, 6});
+  const kiln::Tensor w2 = kiln::Tensor::from(kiln::DType::f32, {3, 2}, std::vector<float>{6, 5, 4, 3, 2, 1});
+  const kiln::Tensor b = kiln::Tensor::from(kiln::DType::f32, {2}, std::vector<float>{0.5f, -1});
+  kiln::CheckpointDir run((s.dir / "run").string());
+  run.save(3, {{"w", w1}, {"b", b}, {"adam.m.w", w1}, {"step", kiln::Tensor::scalar(kiln::DType::i64, int64_t{3})}},
+           {{"kiln.epoch", "1"}});
+  run.save(7, {{"w", w2}, {"b", b}, {"step", kiln::Tensor::scalar(kiln::DType::i64, int64_t{7})}}, {});
+  RunResult r = s.kiln("compile affine.kir -o a.o --weights file --state-weights run/ckpt-0000000003.safetensors");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  kiln::TensorMap got = kiln::load_weights((s.dir / "a.safetensors").string());
+  CHECK(got.at("w") == w1);
+  CHECK(got.at("b") == b);
+  CHECK(got.size() == 2);  // the optimizer's state is not the inference model's
+  r = s.kiln("compile affine.kir -o a.o --weights file --state-weights run");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(kiln::load_weights((s.dir / "a.safetensors").string()).at("w") == w2);
+  fs::create_directories(s.dir / "empty");
+  check_error(s, "compile affine.kir -o a.o --state-weights empty",
+              "kiln: error: empty: a folder without checkpoints (ckpt-STEP.safetensors); give a weights file or the "
+              "--checkpoint folder of a training run");
+}
+
+TEST_CASE("kiln run --state-weights runs a trained model on new inputs", "[cli][aot]") {
+  Scratch s("run_weights");
+  kiln::save_weights((s.dir / "w.safetensors").string(),
+                     {{"w", kiln::Tensor::from(kiln::DType::f32, {3, 2}, std::vector<float>{1, 0, 0, 1, 1, 1})},
+                      {"b", kiln::Tensor::from(kiln::DType::f32, {2}, std::vector<float>{0.5f, -10})},
+                      {"momentum.w", kiln::Tensor(kiln::DType::f32, {3, 2})}});
+  // Another batch size than the graph's: the state is not rebatched.
+  kiln::write_npy((s.dir / "x.npy").string(),
+                  kiln::Tensor::from(kiln::DType::f32, {1, 3}, std::vector<float>{1, 2, 3}));
+  RunResult r = s.kiln("run affine.kir --input x=x.npy --state-weights w.safetensors");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output == "out = f32[1,2] [4.5, 0]\npre = f32[1,2] [4.5, -5]\n");
+  // A checkpoint folder; --input overrides a state input.
+  kiln::CheckpointDir((s.dir / "run").string())
+      .save(1, kiln::load_weights((s.dir / "w.safetensors").string()), {});
+  kiln::write_npy((s.dir / "b.npy").string(), kiln::Tensor::from(kiln::DType::f32, {2}, std::vector<float>{0, 0}));
+  r = s.kiln("run affine.kir --input x=x.npy --input b=b.npy --state-weights run --interp");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output == "out = f32[1,2] [4, 5]\npre = f32[1,2] [4, 5]\n");
+  // Mistyped, or not this graph's.
+  kiln::save_weights((s.dir / "bad.safetensors").string(), {{"w", kiln::Tensor(kiln::DType::f32, {2, 3})}});
+  r = s.kiln("run affine.kir --input x=x.npy --state-weights bad.safetensors");
+  CHECK(r.status == 1);
+  CHECK(r.output == "kiln: error: bad.safetensors: state %w needs f32[3,2], the file holds f32[2,3]\n");
+  kiln::save_weights((s.dir / "other.safetensors").string(), {{"fc.w", kiln::Tensor(kiln::DType::f32, {2, 3})}});
+  r = s.kiln("run affine.kir --input x=x.npy --state-weights other.safetensors");
+  CHECK(r.status == 1);
+  CHECK(r.output == "kiln: error: --state-weights other.safetensors: none of its 1 tensors is a state input of "
+                    "@affine (its state: %w, %b)\n");
+}
+
+TEST_CASE("kiln compile: an object for Sapphire Rapids refuses to start on a CPU without AVX-512",
+          "[cli][aot][object]") {
+  if (run_shell("cc --version").status != 0) SKIP("no C compiler (cc) on this machine");
+  Scratch s("cpu");
+  RunResult r = s.kiln("compile affine.kir -o spr.o --header spr.h --name spr --zero-state --cpu sapphirerapids");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  std::ofstream(s.dir / "main.c") << R"(#include <stdio.h>
+#include "spr.h"
+
+int main(void) {
+  spr_instance* m = spr_create();
+  if (!m) {
+    printf("%s\n", spr_error(NULL));
+    return 3;
+  }
+  spr_destroy(m);
+  printf("created\n");
+  return 0;
+}
+)";
+  r = s.cc("main.c spr.o");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  // This machine without AVX-512, faked by the runtime's test hook: a clear error, no SIGILL.
+  r = run_shell("cd '" + s.dir.string() + "' && KILN_AOT_HIDE_CPU_FEATURES=avx512f,avx512bw ./prog");
+  CHECK(r.status == 3);
+  // (The list has more names on a machine that lacks more of Sapphire Rapids' features.)
+  CHECK_THAT(r.output, StartsWith("cannot create model spr: its code was compiled for CPU features this CPU lacks: "
+                                  "avx512f, "));
+  CHECK_THAT(r.output, ContainsSubstring("avx512bw"));
+  CHECK_THAT(r.output, ContainsSubstring(" cpu=sapphirerapids); compile it again for an older CPU"));
 }

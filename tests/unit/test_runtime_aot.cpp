@@ -79,7 +79,7 @@ KilnAotModel affine_model() {
                       kAffineStateBuffer,
                       kAffineUpdate,
                       reinterpret_cast<const uint8_t*>(&kAffineWeights),
-                      kAffineWeightsOffset};
+                      kAffineWeightsOffset, 0};
 }
 
 // ---- model "swap": a, b = b, a through BUFFER-sourced updates; c = c (its own buffer) ----
@@ -94,7 +94,7 @@ void no_op_entry(void**, uint8_t*) {}
 
 KilnAotModel swap_model() {
   return KilnAotModel{KILN_AOT_ABI_VERSION, "swap", "", no_op_entry, 1, 3, 0, nullptr, nullptr, 0, nullptr,
-                      nullptr, 3, kSwapState, kSwapStateBuffer, kSwapUpdate, nullptr, nullptr};
+                      nullptr, 3, kSwapState, kSwapStateBuffer, kSwapUpdate, nullptr, nullptr, 0};
 }
 
 // ---- model "failing": its code reports a runtime error, as a kernel out of memory does ----
@@ -285,11 +285,12 @@ TEST_CASE("kiln_aot_create refuses a NULL model, another ABI version and an inva
   CHECK_THAT(kiln_aot_error(nullptr), Equals("kiln_aot_create: the model is NULL"));
 
   KilnAotModel model = affine_model();
-  model.abi_version = 2;
+  model.abi_version = KILN_AOT_ABI_VERSION + 1;
   CHECK(kiln_aot_create(&model) == nullptr);
   CHECK_THAT(kiln_aot_error(nullptr),
-             Equals("cannot create the model: it was compiled for AOT ABI version 2, this runtime is version 1 "
-                    "(recompile it with the kiln whose runtime it links)"));
+             Equals("cannot create the model: it was compiled for AOT ABI version " +
+                    std::to_string(KILN_AOT_ABI_VERSION + 1) + ", this runtime is version " +
+                    std::to_string(KILN_AOT_ABI_VERSION) + " (recompile it with the kiln whose runtime it links)"));
 
   // Descriptors are written by Kiln: a bad one is Kiln's bug, caught once at create.
   auto invalid = [](KilnAotModel m) {
@@ -399,6 +400,7 @@ TEST_CASE("a failed AOT weights load names the problem and leaves the state unch
   unchanged();
 
   CHECK(kiln_aot_save_weights(inst.p, (dir / "no/such/folder.weights").c_str()) == -1);
-  CHECK_THAT(inst.error(), ContainsSubstring("cannot write weights file '" + dir / "no/such/folder.weights" +
+  CHECK_THAT(inst.error(), ContainsSubstring("cannot write '" + dir / "no/such/folder.weights" +
+                                             "': cannot create a temporary file in '" + dir / "no/such" +
                                              "': No such file or directory"));
 }
