@@ -64,13 +64,12 @@ Tensor to_tensor(const onnx::TensorProto& p, const std::string& what) {
                             "its weights inside (onnx.save_model(..., save_as_external_data=False))", what));
   if (p.has_segment()) throw Unsupported(what + " is a segment of a tensor");
   Shape shape;
-  int64_t numel = 1;
   for (int64_t d : p.dims()) {
     if (d < 0) throw Error(fmt::format("{} has a negative dimension ({})", what, d));
-    if (__builtin_mul_overflow(numel, d, &numel) || numel > (int64_t{1} << 40))
-      throw Error(fmt::format("{} is too large (dimensions {})", what, shape_str({p.dims().begin(), p.dims().end()})));
     shape.push_back(d);
   }
+  check_size(TensorType{*dt, shape}, what);
+  const int64_t numel = num_elements(shape);
   const size_t esize = *dt == DType::boolean ? 1 : dtype_size(*dt);
   auto count_error = [&](int64_t got) {
     return Error(fmt::format("{} holds {} values for shape {} ({} elements)", what, got, shape_str(shape), numel));
@@ -432,7 +431,6 @@ TensorType input_type(const onnx::ValueInfoProto& vi, const OnnxImportOptions& o
   for (int d = 0; d < tt.shape().dim_size(); ++d) {
     const auto& dim = tt.shape().dim(d);
     if (dim.has_dim_value() && dim.dim_value() >= 0) {
-      if (dim.dim_value() > (int64_t{1} << 40)) throw Error(fmt::format("{}: dimension {} is too large", where, d));
       t.shape.push_back(dim.dim_value());
       continue;
     }
@@ -446,10 +444,7 @@ TensorType input_type(const onnx::ValueInfoProto& vi, const OnnxImportOptions& o
                                            where, d, sym));
     t.shape.push_back(1);
   }
-  int64_t numel = 1;
-  for (int64_t d : t.shape)
-    if (__builtin_mul_overflow(numel, d, &numel) || numel > (int64_t{1} << 48))
-      throw Error(fmt::format("{} has too many elements ({})", where, shape_str(t.shape)));
+  check_size(t, where);
   return t;
 }
 

@@ -24,8 +24,6 @@
 namespace kiln {
 namespace {
 
-// Any value's type; keeps every later element count far from int64 overflow.
-constexpr int64_t kMaxElements = int64_t{1} << 40;
 // A splat constant stores one element whatever its type; the elements of list literals are
 // stored, so their total over the file (fused bodies included) is bounded.
 constexpr int64_t kMaxConstantBytes = int64_t{1} << 30;
@@ -341,21 +339,18 @@ TensorType Parser::parse_type() {
   if (!dtype) fail(at, "unknown dtype '" + std::string(name) + "' (expected f32, f64, i32, i64 or bool)");
   expect('[', "after the dtype");
   Shape shape;
-  int64_t numel = 1;
-  bool too_large = false;
   if (!consume(']')) {
     do {
       Token tok = scalar("a dimension");
       int64_t d = to_int(tok, "a shape");
       if (d < 0) fail(tok.pos, "dimension " + std::to_string(d) + " is negative");
-      if (d > kMaxElements || (d != 0 && numel > kMaxElements / d)) too_large = true;
-      numel = too_large ? numel : numel * d;
       shape.push_back(d);
     } while (consume(','));
     expect(']', "after the dimensions");
   }
   TensorType type{*dtype, std::move(shape)};
-  if (too_large) fail(at, "type " + type.str() + " is too large (more than 2^40 elements)");
+  if (!bounded_num_elements(type.shape))
+    fail(at, "type " + type.str() + " is too large (more than 2^40 elements)");
   return type;
 }
 
