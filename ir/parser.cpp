@@ -100,6 +100,7 @@ class Parser {
   void set_element(Tensor& t, int64_t i, const Token& e) const;
   Tensor build_tensor(const Literal& lit, const TensorType& type, size_t type_pos);
   void parse_note(ValueId v);
+  std::string read_note();  // a trailing comment on the current line, or ""
 
   std::string_view src_;
   std::string file_;
@@ -264,7 +265,15 @@ void Parser::parse_graph_def() {
     while (consume(','));
     expect(')', "after the graph inputs");
   }
+  skip_ws();
+  at = pos_;
+  const bool fixed = word() == "fixed_batch";
+  if (!fixed) pos_ = at;
   expect('{', "to start the graph body");
+  if (fixed) {
+    std::string why = read_note();
+    g_.set_fixed_batch(why.empty() ? "the graph says fixed_batch" : why);
+  }
   for (;;) {
     skip_ws();
     if (peek() == '%') {
@@ -606,15 +615,20 @@ Graph Parser::parse_body() {
 
 // A comment on the same line as a node is its note.
 void Parser::parse_note(ValueId v) {
+  std::string note = read_note();
+  if (!note.empty()) g_.set_note(v, std::move(note));
+}
+
+std::string Parser::read_note() {
   while (!at_end() && (peek() == ' ' || peek() == '\t')) ++pos_;
-  if (src_.substr(pos_, 2) != "//") return;
+  if (src_.substr(pos_, 2) != "//") return "";
   size_t start = pos_ + 2;
   size_t end = src_.find('\n', start);
   if (end == std::string_view::npos) end = src_.size();
   pos_ = end;
   if (start < end && src_[start] == ' ') ++start;
   while (end > start && (src_[end - 1] == ' ' || src_[end - 1] == '\t' || src_[end - 1] == '\r')) --end;
-  if (end > start) g_.set_note(v, std::string(src_.substr(start, end - start)));
+  return std::string(src_.substr(start, end - start));
 }
 
 void Parser::parse_return() {
