@@ -65,6 +65,7 @@ Graph with_classifier_loss(const Graph& src, const std::string& what) {
     throw Error(what + ": a classifier's output is float logits [N,C] for N examples; @" + src.name() + " gives " +
                 lt.str());
   Graph g(src.name());
+  g.set_fixed_batch(src.fixed_batch());
   std::vector<ValueId> map(src.values().size());
   auto at = [&](ValueId v) -> ValueId& { return map[static_cast<size_t>(v.id)]; };
   for (const GraphInput& in : src.inputs()) {

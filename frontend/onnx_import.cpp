@@ -17,6 +17,8 @@
 #include "frontend/onnx_internal.h"
 #include "ir/file_read.h"
 #include "ir/interp.h"
+#include "ir/printer.h"
+#include "passes/rebatch.h"
 
 namespace kiln {
 namespace onnx_import {
@@ -69,13 +71,12 @@ Tensor to_tensor(const onnx::TensorProto& p, const std::string& what) {
                             "its weights inside (onnx.save_model(..., save_as_external_data=False))", what));
   if (p.has_segment()) throw Unsupported(what + " is a segment of a tensor");
   Shape shape;
-  int64_t numel = 1;
   for (int64_t d : p.dims()) {
     if (d < 0) throw Error(fmt::format("{} has a negative dimension ({})", what, d));
-    if (__builtin_mul_overflow(numel, d, &numel) || numel > (int64_t{1} << 40))
-      throw Error(fmt::format("{} is too large (dimensions {})", what, shape_str({p.dims().begin(), p.dims().end()})));
     shape.push_back(d);
   }
+  check_size(TensorType{*dt, shape}, what);
+  const int64_t numel = num_elements(shape);
   const size_t esize = *dt == DType::boolean ? 1 : dtype_size(*dt);
   auto count_error = [&](int64_t got) {
     return Error(fmt::format("{} holds {} values for shape {} ({} elements)", what, got, shape_str(shape), numel));
@@ -446,7 +447,6 @@ TensorType input_type(const onnx::ValueInfoProto& vi, const OnnxImportOptions& o
   for (int d = 0; d < tt.shape().dim_size(); ++d) {
     const auto& dim = tt.shape().dim(d);
     if (dim.has_dim_value() && dim.dim_value() >= 0) {
-      if (dim.dim_value() > (int64_t{1} << 40)) throw Error(fmt::format("{}: dimension {} is too large", where, d));
       t.shape.push_back(dim.dim_value());
       continue;
     }
@@ -460,10 +460,7 @@ TensorType input_type(const onnx::ValueInfoProto& vi, const OnnxImportOptions& o
                                            where, d, sym));
     t.shape.push_back(1);
   }
-  int64_t numel = 1;
-  for (int64_t d : t.shape)
-    if (__builtin_mul_overflow(numel, d, &numel) || numel > (int64_t{1} << 48))
-      throw Error(fmt::format("{} has too many elements ({})", where, shape_str(t.shape)));
+  check_size(t, where);
   return t;
 }
 
@@ -518,7 +515,15 @@ void cross_check_shapes(const onnx::ModelProto& model, OnnxModel& out, const std
   }
 }
 
-OnnxModel import_model(onnx::ModelProto model, const std::string& what, const OnnxImportOptions& opt) {
+// True when graph input `vi` has a symbolic leading dimension (the batch).
+bool symbolic_batch(const onnx::ValueInfoProto& vi) {
+  if (!vi.type().has_tensor_type() || !vi.type().tensor_type().has_shape()) return false;
+  const onnx::TensorShapeProto& s = vi.type().tensor_type().shape();
+  return s.dim_size() > 0 && !(s.dim(0).has_dim_value() && s.dim(0).dim_value() >= 0);
+}
+
+OnnxModel import_model(onnx::ModelProto model, const std::string& what, const OnnxImportOptions& opt,
+                       bool* has_symbolic_batch = nullptr) {
   OnnxModel out;
   out.opset = default_opset(model);
   out.producer = model.producer_name() + (model.producer_version().empty() ? "" : " " + model.producer_version());
@@ -567,6 +572,7 @@ OnnxModel import_model(onnx::ModelProto model, const std::string& what, const On
   // Graph inputs first (in ONNX order), then the state (the float initializers).
   for (const onnx::ValueInfoProto& vi : gp.input()) {
     if (initializer_names.count(vi.name())) continue;  // IR < 4: initializers are listed as inputs too
+    if (has_symbolic_batch && symbolic_batch(vi)) *has_symbolic_batch = true;
     try {
       TensorType t = input_type(vi, opt, problems);
       std::string name = kiln_name(vi.name(), used_names);
@@ -693,6 +699,136 @@ OnnxModel import_model(onnx::ModelProto model, const std::string& what, const On
   return out;
 }
 
+// --- the batch check -------------------------------------------------------------------------
+//
+// A model with a symbolic batch is imported at one batch size B, and folding at import
+// reads B wherever the model reads its batch size (Shape, Size, a Slice's or Tile's sizes,
+// Hardmax's depth, ...). passes/rebatch makes the graph at another size from the types
+// alone, so the importer checks it: it imports the model at B + 1 and B + 2 too, and the
+// graph rebatched to each must be the graph imported there, node for node. Where one
+// differs, or the import there fails, the graph's batch is fixed (Graph::set_fixed_batch),
+// the reason naming the first ONNX node that differs; rebatch then refuses the graph. At
+// batch 1, where axes of size 1 make the batch's place in a reshape's result ambiguous,
+// the import at B + 1 says where it is: the reshape spells it -1 (passes/rebatch.h).
+
+// "%3 = reshape {shape=[2,1]} : f32[2,1] (onnx Tile 'tile')": one node, for messages (a
+// large tensor attribute by its type only). A node without a note (a constant) names the
+// first node that reads it and has one.
+std::string node_text(const Graph& g, const std::vector<std::string>& names, const Node& n) {
+  std::string attrs;
+  for (const auto& [k, a] : n.attrs) {
+    const bool large = attr_kind(a) == AttrKind::Tensor && !std::get<Tensor>(a).is_splat() &&
+                       std::get<Tensor>(a).numel() > 16;
+    attrs += (attrs.empty() ? "" : ", ") + k + "=" + (large ? std::get<Tensor>(a).type().str() : print_attr(a));
+  }
+  std::string s = names[static_cast<size_t>(n.results[0].id)] + " = " + std::string(op_name(n.op)) +
+                  (attrs.empty() ? "" : " {" + attrs + "}") + " : " + g.type(n.results[0]).str();
+  if (!n.note.empty()) return s + " (" + n.note + ")";
+  for (const Node& reader : g.nodes())
+    if (!reader.note.empty() && std::find(reader.operands.begin(), reader.operands.end(), n.results[0]) !=
+                                    reader.operands.end())
+      return s + " (read by " + reader.note + ")";
+  return s;
+}
+
+// The first place `got` (a graph rebatched) differs from `want` (the model imported at
+// that batch), as a message; "" when they are the same. A reshape is compared by its
+// result type (its shape attribute may spell the batch -1 or not).
+std::string first_difference(const Graph& got, const Graph& want) {
+  if (got.inputs().size() != want.inputs().size()) return "the inputs differ";
+  for (size_t i = 0; i < got.inputs().size(); ++i)
+    if (got.type(got.inputs()[i].value) != want.type(want.inputs()[i].value))
+      return "input %" + want.value(want.inputs()[i].value).name + " is " + want.type(want.inputs()[i].value).str() +
+             " there, " + got.type(got.inputs()[i].value).str() + " rebatched";
+  const std::vector<std::string> gn = value_names(got), wn = value_names(want);
+  const size_t nodes = std::min(got.nodes().size(), want.nodes().size());
+  for (size_t i = 0; i < nodes; ++i) {
+    const Node &a = got.nodes()[i], &b = want.nodes()[i];
+    bool same = a.op == b.op && a.operands == b.operands && a.results.size() == b.results.size();
+    for (size_t r = 0; same && r < a.results.size(); ++r) same = got.type(a.results[r]) == want.type(b.results[r]);
+    if (same && a.op != Op::Reshape) same = a.attrs == b.attrs;
+    if (!same) return "ONNX gives " + node_text(want, wn, b) + ", the graph rebatched " + node_text(got, gn, a);
+  }
+  if (got.nodes().size() != want.nodes().size())
+    return nodes < want.nodes().size() ? "ONNX gives " + node_text(want, wn, want.nodes()[nodes]) + " too"
+                                       : "the graph rebatched has " + node_text(got, gn, got.nodes()[nodes]) + " too";
+  for (size_t i = 0; i < got.outputs().size() && i < want.outputs().size(); ++i)
+    if (got.outputs()[i].value != want.outputs()[i].value || got.outputs()[i].name != want.outputs()[i].name)
+      return "output '" + want.outputs()[i].name + "' differs";
+  return got.outputs().size() == want.outputs().size() ? "" : "the outputs differ";
+}
+
+// `g` (imported at batch 1) with the batch spelled -1 in each reshape whose result has it
+// beside another axis of size 1 (where passes/rebatch cannot tell which axis it is): the
+// axis is the one that `next`, the model imported at batch 2, has larger. Nodes, names and
+// notes unchanged.
+Graph mark_batch_axes(const Graph& g, const Graph& next) {
+  Graph out(g.name());
+  std::vector<ValueId> map(g.values().size());
+  for (const GraphInput& in : g.inputs())
+    map[static_cast<size_t>(in.value.id)] = out.add_input(g.value(in.value).name, g.type(in.value), in.is_state);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    std::vector<ValueId> ops;
+    for (ValueId v : n.operands) ops.push_back(map[static_cast<size_t>(v.id)]);
+    AttrMap attrs = n.attrs;
+    if (n.op == Op::Reshape && i < next.nodes().size() && next.nodes()[i].op == Op::Reshape) {
+      const Shape &here = g.type(n.result()).shape, &there = next.type(next.nodes()[i].result()).shape;
+      Shape s = attr_ints(attrs, "shape");
+      if (here.size() == there.size() && std::find(s.begin(), s.end(), -1) == s.end()) {
+        std::vector<size_t> grew;
+        for (size_t d = 0; d < here.size(); ++d)
+          if (here[d] != there[d]) grew.push_back(d);
+        const size_t d = grew.empty() ? 0 : grew[0];
+        const bool beside_one = (d > 0 && here[d - 1] == 1) || (d + 1 < here.size() && here[d + 1] == 1);
+        if (grew.size() == 1 && here[d] == 1 && beside_one) {
+          s[grew[0]] = -1;
+          attrs["shape"] = s;
+        }
+      }
+    }
+    KILN_CHECK(n.op != Op::Fused, "mark_batch_axes: the importer made a fused node");
+    ValueId r = out.add_node_at(n.op, std::move(ops), std::move(attrs), g.value(n.result()).name, n.location);
+    if (!n.note.empty()) out.set_note(r, n.note);
+    map[static_cast<size_t>(n.result().id)] = r;
+  }
+  for (const GraphOutput& o : g.outputs()) out.add_output(o.name, map[static_cast<size_t>(o.value.id)]);
+  return out;
+}
+
+void check_rebatch(const onnx::ModelProto& model, OnnxModel& out, const std::string& what,
+                   const OnnxImportOptions& opt) {
+  const int64_t batch = opt.batch.value_or(1);
+  for (int64_t step = 1; step <= 2 && out.graph.fixed_batch().empty(); ++step) {
+    const int64_t other = batch + step;
+    std::string why;
+    OnnxImportOptions at = opt;
+    at.batch = other;
+    try {
+      Graph want = import_model(model, what, at).graph;
+      if (step == 1 && batch == 1) out.graph = mark_batch_axes(out.graph, want);
+      try {
+        why = first_difference(rebatch(out.graph, other), want);
+      } catch (const Error& e) {
+        why = e.what();
+      }
+    } catch (const Error& e) {
+      // One line: the import error's lines, without its pointer to the op table.
+      std::string lines;
+      std::istringstream text(e.what());
+      for (std::string line; std::getline(text, line);) {
+        line.erase(0, line.find_first_not_of(' '));
+        if (!line.empty() && !line.starts_with("(docs/onnx.md")) lines += (lines.empty() ? "" : "; ") + line;
+      }
+      why = "importing it there fails: " + lines;
+    }
+    if (!why.empty())
+      out.graph.set_fixed_batch(fmt::format("{} reads its batch size: at batch {}, {} (import it at the batch size "
+                                            "wanted: --batch)",
+                                            what, other, why));
+  }
+}
+
 }  // namespace
 
 OnnxModel import_onnx_bytes(std::string_view bytes, const std::string& what, const OnnxImportOptions& options) {
@@ -702,7 +838,10 @@ OnnxModel import_onnx_bytes(std::string_view bytes, const std::string& what, con
   if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
     throw Error(what + ": not an ONNX model (the protobuf does not parse: truncated or not a .onnx file?)");
   if (!model.has_graph()) throw Error(what + ": the ONNX model has no graph");
-  return import_model(std::move(model), what, options);
+  bool has_symbolic_batch = false;
+  OnnxModel m = import_model(model, what, options, &has_symbolic_batch);
+  if (has_symbolic_batch) check_rebatch(model, m, what, options);
+  return m;
 }
 
 namespace {

@@ -1,5 +1,7 @@
 #include "ir/dtype.h"
 
+#include <algorithm>
+
 #include "ir/error.h"
 
 namespace kiln {
@@ -36,6 +38,28 @@ int64_t num_elements(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s) n *= d;
   return n;
+}
+
+std::optional<int64_t> bounded_num_elements(const Shape& s) {
+  // The product of the dimensions with 0 counted as 1 is bounded too: it bounds the
+  // strides and the loops over the other dimensions of an empty tensor.
+  int64_t magnitude = 1;
+  bool empty = false;
+  for (int64_t d : s) {
+    if (d < 0 || d > kMaxElements) return std::nullopt;
+    empty = empty || d == 0;
+    if (d > 1 && magnitude > kMaxElements / d) return std::nullopt;  // before multiplying: no overflow
+    magnitude *= std::max<int64_t>(d, 1);
+  }
+  return empty ? 0 : magnitude;
+}
+
+void check_size(const TensorType& t, std::string_view what) {
+  for (int64_t d : t.shape)
+    if (d < 0) throw Error(std::string(what) + ": type " + t.str() + " has a negative dimension");
+  if (!bounded_num_elements(t.shape))
+    throw Error(std::string(what) + ": type " + t.str() +
+                " has more than 2^40 elements, Kiln's limit for one tensor (a 0 dimension counts as 1)");
 }
 
 std::string shape_str(const Shape& s) {

@@ -30,8 +30,7 @@ ValueId Graph::new_value(TensorType type, std::string name) {
 
 ValueId Graph::add_input(std::string name, TensorType type, bool is_state) {
   if (name.empty()) throw Error("graph inputs need a name");
-  for (int64_t d : type.shape)
-    if (d < 0) throw Error("input '%" + name + "' has a negative dimension in " + type.str());
+  check_size(type, "input '%" + name + "'");
   ValueId v = new_value(std::move(type), std::move(name));
   values_[v.id].input = static_cast<int32_t>(inputs_.size());
   inputs_.push_back(GraphInput{v, is_state});

@@ -62,6 +62,13 @@ class Graph {
 
   const std::string& name() const { return name_; }
   void set_name(std::string name) { name_ = std::move(name); }
+  // Why the batch size of this graph cannot change, or "" when nothing fixed it:
+  // passes/rebatch refuses the graph with this reason. The ONNX importer sets it for a
+  // model that computes something from its symbolic batch size that the graph rebatched
+  // would not (docs/onnx.md); passes that copy a graph keep it; .kir spells it
+  // `graph @g(...) fixed_batch {  // reason`.
+  const std::string& fixed_batch() const { return fixed_batch_; }
+  void set_fixed_batch(std::string why) { fixed_batch_ = std::move(why); }
 
   ValueId add_input(std::string name, TensorType type, bool is_state = false);
   // Completes attributes from the op's schema, infers the result type and appends the
@@ -99,6 +106,7 @@ class Graph {
   ValueId new_value(TensorType type, std::string name);
 
   std::string name_;
+  std::string fixed_batch_;
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::vector<GraphInput> inputs_;

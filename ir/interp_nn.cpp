@@ -51,9 +51,13 @@ ConvGeometry conv_geometry(const Shape& x, const Shape& w, const Shape& y, const
 
 // Calls tap(xi, wi, yi) for every product x[xi] * w[wi] that conv2d adds into y[yi], in the
 // order the forward kernel adds them: output pixel (oh, ow) reads input pixel
-// (oh*stride - padding + kh*dilation, ...), and taps that land in the padding are skipped.
-// The forward kernel and both of its adjoints are this one loop, so they agree by construction.
-template <typename Tap>
+// (oh*stride - padding + kh*dilation, ...). A tap that lands in the padding reads a zero:
+// with kPadding it is called with xi = -1 (conv2d and its weight gradient add 0 * w and
+// 0 * dy: nothing for a finite factor, NaN for an infinite or NaN one, as ONNX and PyTorch
+// compute a zero-padded input), without it is skipped (the input gradient is a scatter into
+// the input's cells, and a padding cell has none). docs/ir.md states the rule. The forward
+// kernel and both of its adjoints are this one loop, so they agree by construction.
+template <bool kPadding, typename Tap>
 void for_each_conv_tap(const ConvGeometry& g, Tap tap) {
   int64_t cg = g.C / g.groups, og = g.O / g.groups;  // channels per group, in and out
   for (int64_t n = 0; n < g.N; ++n)
@@ -67,9 +71,13 @@ void for_each_conv_tap(const ConvGeometry& g, Tap tap) {
               for (int64_t kw = 0; kw < g.KW; ++kw) {
                 int64_t ih = oh * g.stride[0] - g.padding[0] + kh * g.dilation[0];
                 int64_t iw = ow * g.stride[1] - g.padding[1] + kw * g.dilation[1];
-                if (ih < 0 || ih >= g.H || iw < 0 || iw >= g.W) continue;
+                const int64_t wi = ((oc * cg + c) * g.KH + kh) * g.KW + kw;
+                if (ih < 0 || ih >= g.H || iw < 0 || iw >= g.W) {
+                  if constexpr (kPadding) tap(int64_t{-1}, wi, yi);
+                  continue;
+                }
                 int64_t xi = ((n * g.C + group * cg + c) * g.H + ih) * g.W + iw;
-                tap(xi, ((oc * cg + c) * g.KH + kh) * g.KW + kw, yi);
+                tap(xi, wi, yi);
               }
         }
     }
@@ -77,7 +85,7 @@ void for_each_conv_tap(const ConvGeometry& g, Tap tap) {
 
 }  // namespace
 
-// x: [N,C,H,W], w: [O,C/groups,KH,KW], bias: [O] -> [N,O,OH,OW]; out-of-range pixels are zero.
+// x: [N,C,H,W], w: [O,C/groups,KH,KW], bias: [O] -> [N,O,OH,OW]; out-of-range pixels are zeros.
 Tensor eval_conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const AttrMap& attrs,
                    const TensorType& rt) {
   ConvGeometry g = conv_geometry(x.shape(), w.shape(), rt.shape, attrs);
@@ -86,7 +94,7 @@ Tensor eval_conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const A
     const T* in = x.data<T>();
     const T* wt = w.data<T>();
     T* o = out.data<T>();
-    for_each_conv_tap(g, [&](int64_t xi, int64_t wi, int64_t yi) { o[yi] += in[xi] * wt[wi]; });
+    for_each_conv_tap<true>(g, [&](int64_t xi, int64_t wi, int64_t yi) { o[yi] += (xi < 0 ? T(0) : in[xi]) * wt[wi]; });
     if (!bias) return;
     const T* bs = bias->data<T>();
     int64_t plane = g.OH * g.OW;
@@ -96,7 +104,8 @@ Tensor eval_conv2d(const Tensor& x, const Tensor& w, const Tensor* bias, const A
 }
 
 // The transpose of conv2d in x: every product x[xi] * w[wi] -> y[yi] of the forward op
-// becomes dy[yi] * w[wi] -> dx[xi]. Input pixels that no window reads get zero.
+// becomes dy[yi] * w[wi] -> dx[xi]. Input pixels that no window reads get zero; taps over
+// the padding have no input pixel and add nothing (ONNX's ConvTranspose crops them).
 Tensor eval_conv2d_grad_input(const Tensor& dy, const Tensor& w, const AttrMap& attrs, const TensorType& rt) {
   ConvGeometry g = conv_geometry(rt.shape, w.shape(), dy.shape(), attrs);
   Tensor out(rt.dtype, rt.shape);
@@ -104,13 +113,13 @@ Tensor eval_conv2d_grad_input(const Tensor& dy, const Tensor& w, const AttrMap& 
     const T* d = dy.data<T>();
     const T* wt = w.data<T>();
     T* o = out.data<T>();
-    for_each_conv_tap(g, [&](int64_t xi, int64_t wi, int64_t yi) { o[xi] += d[yi] * wt[wi]; });
+    for_each_conv_tap<false>(g, [&](int64_t xi, int64_t wi, int64_t yi) { o[xi] += d[yi] * wt[wi]; });
   });
   return out;
 }
 
 // The transpose of conv2d in w: every product x[xi] * w[wi] -> y[yi] becomes
-// x[xi] * dy[yi] -> dw[wi].
+// x[xi] * dy[yi] -> dw[wi], a padding tap's 0 * dy[yi] included.
 Tensor eval_conv2d_grad_weight(const Tensor& x, const Tensor& dy, const AttrMap& attrs, const TensorType& rt) {
   ConvGeometry g = conv_geometry(x.shape(), rt.shape, dy.shape(), attrs);
   Tensor out(rt.dtype, rt.shape);
@@ -118,7 +127,7 @@ Tensor eval_conv2d_grad_weight(const Tensor& x, const Tensor& dy, const AttrMap&
     const T* in = x.data<T>();
     const T* d = dy.data<T>();
     T* o = out.data<T>();
-    for_each_conv_tap(g, [&](int64_t xi, int64_t wi, int64_t yi) { o[wi] += in[xi] * d[yi]; });
+    for_each_conv_tap<true>(g, [&](int64_t xi, int64_t wi, int64_t yi) { o[wi] += (xi < 0 ? T(0) : in[xi]) * d[yi]; });
   });
   return out;
 }

@@ -24,8 +24,6 @@
 namespace kiln {
 namespace {
 
-// Any value's type; keeps every later element count far from int64 overflow.
-constexpr int64_t kMaxElements = int64_t{1} << 40;
 // A splat constant stores one element whatever its type; the elements of list literals are
 // stored, so their total over the file (fused bodies included) is bounded.
 constexpr int64_t kMaxConstantBytes = int64_t{1} << 30;
@@ -102,6 +100,7 @@ class Parser {
   void set_element(Tensor& t, int64_t i, const Token& e) const;
   Tensor build_tensor(const Literal& lit, const TensorType& type, size_t type_pos);
   void parse_note(ValueId v);
+  std::string read_note();  // a trailing comment on the current line, or ""
 
   std::string_view src_;
   std::string file_;
@@ -266,7 +265,15 @@ void Parser::parse_graph_def() {
     while (consume(','));
     expect(')', "after the graph inputs");
   }
+  skip_ws();
+  at = pos_;
+  const bool fixed = word() == "fixed_batch";
+  if (!fixed) pos_ = at;
   expect('{', "to start the graph body");
+  if (fixed) {
+    std::string why = read_note();
+    g_.set_fixed_batch(why.empty() ? "the graph says fixed_batch" : why);
+  }
   for (;;) {
     skip_ws();
     if (peek() == '%') {
@@ -341,21 +348,18 @@ TensorType Parser::parse_type() {
   if (!dtype) fail(at, "unknown dtype '" + std::string(name) + "' (expected f32, f64, i32, i64 or bool)");
   expect('[', "after the dtype");
   Shape shape;
-  int64_t numel = 1;
-  bool too_large = false;
   if (!consume(']')) {
     do {
       Token tok = scalar("a dimension");
       int64_t d = to_int(tok, "a shape");
       if (d < 0) fail(tok.pos, "dimension " + std::to_string(d) + " is negative");
-      if (d > kMaxElements || (d != 0 && numel > kMaxElements / d)) too_large = true;
-      numel = too_large ? numel : numel * d;
       shape.push_back(d);
     } while (consume(','));
     expect(']', "after the dimensions");
   }
   TensorType type{*dtype, std::move(shape)};
-  if (too_large) fail(at, "type " + type.str() + " is too large (more than 2^40 elements)");
+  if (!bounded_num_elements(type.shape))
+    fail(at, "type " + type.str() + " is too large (more than 2^40 elements)");
   return type;
 }
 
@@ -611,15 +615,20 @@ Graph Parser::parse_body() {
 
 // A comment on the same line as a node is its note.
 void Parser::parse_note(ValueId v) {
+  std::string note = read_note();
+  if (!note.empty()) g_.set_note(v, std::move(note));
+}
+
+std::string Parser::read_note() {
   while (!at_end() && (peek() == ' ' || peek() == '\t')) ++pos_;
-  if (src_.substr(pos_, 2) != "//") return;
+  if (src_.substr(pos_, 2) != "//") return "";
   size_t start = pos_ + 2;
   size_t end = src_.find('\n', start);
   if (end == std::string_view::npos) end = src_.size();
   pos_ = end;
   if (start < end && src_[start] == ' ') ++start;
   while (end > start && (src_[end - 1] == ' ' || src_[end - 1] == '\t' || src_[end - 1] == '\r')) --end;
-  if (end > start) g_.set_note(v, std::string(src_.substr(start, end - start)));
+  return std::string(src_.substr(start, end - start));
 }
 
 void Parser::parse_return() {

@@ -135,7 +135,9 @@ std::string print(const Graph& g) {
     if (in.is_state) out += "state ";
     out += ref(in.value) + ": " + g.type(in.value).str();
   }
-  out += ") {\n";
+  out += ")";
+  if (!g.fixed_batch().empty()) out += " fixed_batch {  // " + clean_note(g.fixed_batch()) + "\n";
+  else out += " {\n";
 
   for (const Node& n : g.nodes()) {
     out += "  ";

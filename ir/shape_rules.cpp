@@ -150,11 +150,12 @@ void want_dy(const Rule& r, const Shape& dy, const char* forward_op, const Shape
            shape_str(forward));
 }
 
-}  // namespace
-
-TensorType infer_type(Op op, const std::vector<TensorType>& in, const AttrMap& attrs) {
+// The result type by the op's rule, before the size limit.
+TensorType rule_type(const Rule& r) {
+  const Op op = r.op;
+  const std::vector<TensorType>& in = r.in;
+  const AttrMap& attrs = r.attrs;
   const OpInfo& info = op_info(op);
-  Rule r{op, in, attrs};
   int arity = static_cast<int>(in.size());
   if (arity < info.min_arity || (info.max_arity >= 0 && arity > info.max_arity)) {
     std::string want = info.min_arity == info.max_arity ? std::to_string(info.min_arity)
@@ -433,6 +434,17 @@ TensorType infer_type(Op op, const std::vector<TensorType>& in, const AttrMap& a
       return attr_tensor(attrs, "value").type();
   }
   r.fail("no shape rule");
+}
+
+}  // namespace
+
+TensorType infer_type(Op op, const std::vector<TensorType>& in, const AttrMap& attrs) {
+  Rule r{op, in, attrs};
+  TensorType t = rule_type(r);
+  if (!bounded_num_elements(t.shape))
+    r.fail("the result " + t.str() + " has more than 2^40 elements, Kiln's limit for one tensor (a 0 dimension "
+           "counts as 1)");
+  return t;
 }
 
 }  // namespace kiln

@@ -7,8 +7,7 @@
 namespace kiln {
 
 Tensor::Tensor(DType dtype, Shape shape) : type_{dtype, std::move(shape)} {
-  for (int64_t d : type_.shape)
-    if (d < 0) throw Error("tensor shape " + shape_str(type_.shape) + " has a negative dimension");
+  check_size(type_, "tensor");
   bytes_.assign(static_cast<size_t>(type_.numel()) * dtype_size(dtype), std::byte{0});
 }
 
@@ -23,8 +22,7 @@ void Tensor::check_index(int64_t i, const char* what) const {
 
 Tensor Tensor::splat(const Tensor& element, Shape shape) {
   KILN_CHECK(element.numel() == 1 && !element.is_splat(), "Tensor::splat: the element is not one element");
-  for (int64_t d : shape)
-    if (d < 0) throw Error("tensor shape " + shape_str(shape) + " has a negative dimension");
+  check_size(TensorType{element.dtype(), shape}, "tensor");
   if (num_elements(shape) <= 1) {  // nothing to save: store it as it is
     Tensor t(element.dtype(), std::move(shape));
     if (t.numel() == 1) t.bytes_ = element.bytes_;

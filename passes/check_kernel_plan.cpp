@@ -169,7 +169,7 @@ class LevelChecker {
           fail(what + " aliases a value that is not an output of its type");
       }
       if (s.kind == Storage::Scratch) {
-        int64_t bytes = std::max<int64_t>(g_.type(id).numel() * static_cast<int64_t>(dtype_size(g_.type(id).dtype)), 1);
+        int64_t bytes = std::max<int64_t>(g_.type(id).nbytes(), 1);
         if (s.offset < 0 || s.offset % 64 != 0 || s.offset + bytes > kp_.scratch_bytes)
           fail(what + " at offset " + std::to_string(s.offset) + " is outside the body's " + std::to_string(kp_.scratch_bytes) +
                " scratch bytes or unaligned");

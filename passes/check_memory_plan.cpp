@@ -75,7 +75,7 @@ struct Checker {
     const TensorType& rt = g.type(result);
     if (n.op == Op::Reshape)  // a view: every element keeps its byte offset
       return reads(n, operand) && n.results.at(0) == result && t.numel() == rt.numel() && t.dtype == rt.dtype;
-    if (t.shape != rt.shape || t.numel() * int64_t(dtype_size(t.dtype)) != rt.numel() * int64_t(dtype_size(rt.dtype)))
+    if (t.shape != rt.shape || t.nbytes() != rt.nbytes())
       return false;
     if (!reads(n, operand)) return false;
     if (n.op != Op::Fused) return op_info(n.op).has(kElementwise);
@@ -136,7 +136,7 @@ struct Checker {
       const ValueId v{static_cast<int32_t>(id)};
       const Value& value = g.value(v);
       const ValuePlan& p = plan.values[id];
-      const int64_t bytes = value.type.numel() * static_cast<int64_t>(dtype_size(value.type.dtype));
+      const int64_t bytes = value.type.nbytes();
       if (p.bytes != bytes)
         fail(describe(v) + " is planned as " + std::to_string(p.bytes) + " bytes, not " + std::to_string(bytes));
       if (p.start != first[id] || p.end != last[id])

@@ -54,7 +54,6 @@ bool is_splat_constant(const Graph& g, ValueId v) {
 
 bool elementwise(Op op) { return op_info(op).has(kElementwise); }
 
-int64_t byte_size(const TensorType& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype)); }
 
 // The source of operand k of matmul `n` when that operand is a transpose of the last two axes.
 const Node* last_two_transpose(const Graph& g, const Node& n, size_t k) {
@@ -252,7 +251,12 @@ class LevelPlanner {
         } else if (!top_) {
           s.kind = Storage::Scratch;
           s.offset = cursor;
-          cursor = align_up(cursor + std::max<int64_t>(byte_size(g_.type(r)), 1), 64);
+          // Each value is below 2^43 bytes (kMaxElements); the sum is checked.
+          int64_t end = 0;
+          if (__builtin_add_overflow(cursor, std::max<int64_t>(g_.type(r).nbytes(), 1), &end) ||
+              end > (int64_t{1} << 62))
+            throw Error("plan_kernels: a fused body's intermediates take more than 2^62 bytes of scratch");
+          cursor = align_up(end, 64);
         }
       }
     }

@@ -20,8 +20,20 @@ namespace kiln {
 
 namespace {
 
-int64_t bytes_of(const TensorType& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype)); }
 int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+// The most bytes a plan may place or count. Every value's type is within kMaxElements
+// (below 2^43 bytes), but a graph of many values could still sum past int64: plan_memory
+// checks, once, that the values' aligned sizes add up to at most this, which bounds every
+// offset, arena size, peak and report sum computed after.
+constexpr int64_t kMaxPlanBytes = int64_t{1} << 62;
+
+void check_total_bytes(const Graph& g, int64_t alignment) {
+  int64_t total = 0;
+  for (const Value& v : g.values())
+    if (__builtin_add_overflow(total, align_up(v.type.nbytes(), alignment), &total) || total > kMaxPlanBytes)
+      throw Error("plan_memory @" + g.name() + ": the graph's values take more than 2^62 bytes together");
+}
 
 struct Analysis {
   std::vector<ValuePlan> values;
@@ -35,7 +47,7 @@ Analysis analyze(const Graph& g) {
   for (size_t id = 0; id < g.values().size(); ++id) {
     const Value& v = g.values()[id];
     ValuePlan& p = a.values[id];
-    p.bytes = bytes_of(v.type);
+    p.bytes = v.type.nbytes();
     p.start = p.end = v.node;
     if (v.node < 0)
       p.kind = g.inputs().at(v.input).is_state ? BufferKind::State : BufferKind::Input;
@@ -194,8 +206,8 @@ bool can_write_in_place(const Graph& g, const Node& n, ValueId operand, ValueId 
   const TensorType& type = g.type(operand);
   // A reshape keeps every element's byte offset: its result is a view of the operand.
   if (n.op == Op::Reshape)
-    return n.operands.at(0) == operand && n.result() == result && bytes_of(type) == bytes_of(g.type(result));
-  if (type.shape != g.type(result).shape || bytes_of(type) != bytes_of(g.type(result))) return false;
+    return n.operands.at(0) == operand && n.result() == result && type.nbytes() == g.type(result).nbytes();
+  if (type.shape != g.type(result).shape || type.nbytes() != g.type(result).nbytes()) return false;
   if (std::find(n.operands.begin(), n.operands.end(), operand) == n.operands.end()) return false;
   const auto at = std::find(n.results.begin(), n.results.end(), result);
   if (at == n.results.end()) return false;
@@ -221,7 +233,9 @@ bool can_write_in_place(const Graph& g, const Node& n, ValueId operand, ValueId 
 }
 
 MemoryPlan plan_memory(const Graph& g, const PassOptions& options) {
-  KILN_CHECK(options.alignment > 0, "plan_memory: alignment must be positive");
+  KILN_CHECK(options.alignment > 0 && options.alignment <= (int64_t{1} << 30),
+             "plan_memory: alignment must be in 1..2^30");
+  check_total_bytes(g, options.alignment);
   Analysis a = analyze(g);
   MemoryPlan plan;
   plan.alignment = options.alignment;
@@ -274,7 +288,10 @@ MemoryPlan plan_memory(const Graph& g, const PassOptions& options) {
   return plan;
 }
 
-int64_t peak_live_bytes(const Graph& g) { return peak_of(analyze(g).buffers, g.nodes().size()); }
+int64_t peak_live_bytes(const Graph& g) {
+  check_total_bytes(g, 1);
+  return peak_of(analyze(g).buffers, g.nodes().size());
+}
 
 std::string format_memory_report(const MemoryPlan& plan) {
   const MemoryReport& r = plan.report;

@@ -75,7 +75,7 @@ class Rebatcher {
       if (attr_kind(a) != AttrKind::Tensor) attrs += (attrs.empty() ? "" : ", ") + k + "=" + print_attr(a);
     throw Error("rebatch @" + src_.name() + " from " + std::to_string(from_) + " to " + std::to_string(to_) +
                 ": " + value_names(src_)[static_cast<size_t>(n.results[0].id)] + " = " + std::string(op_name(n.op)) +
-                (attrs.empty() ? "" : " {" + attrs + "}") + " " + why);
+                (attrs.empty() ? "" : " {" + attrs + "}") + (n.note.empty() ? "" : " (" + n.note + ")") + " " + why);
   }
 
   int axis(ValueId v) const { return axis_[v.id]; }
@@ -108,14 +108,28 @@ class Rebatcher {
       int64_t before = 1;  // elements before the batch axis, in the operand and in the result
       for (int a = 0; a < axis(n.operands[0]); ++a) before *= in[a];
       // The result's batch axis j has the same elements before it and the batch's size.
-      size_t j = 0;
-      bool found = false;
-      for (int64_t prefix = 1; j < out.size() && prefix <= before && !found; prefix *= out[j++])
-        found = prefix == before && out[j] == from_;
-      if (!found)
-        fail(n, "mixes the batch dimension into another axis (or splits it); reshape the other axes only");
+      // Axes of size 1 (or of the batch's size) next to it can make several such j: a -1
+      // in the shape says which one (the importer spells the batch so), else it is
+      // ambiguous (at batch 1, [1,3] -> [1,1,3] may put the batch first or second).
       Shape s = attr_ints(attrs, "shape");
-      if (s[--j] != -1) s[j] = to_;
+      std::vector<size_t> candidates;
+      int64_t prefix = 1;
+      for (size_t j = 0; j < out.size() && prefix <= before; prefix *= out[j++])
+        if (prefix == before && out[j] == from_) candidates.push_back(j);
+      if (candidates.empty())
+        fail(n, "mixes the batch dimension into another axis (or splits it); reshape the other axes only");
+      size_t j = candidates[0];
+      if (candidates.size() > 1) {
+        auto minus = std::find(s.begin(), s.end(), -1);
+        const size_t at = static_cast<size_t>(minus - s.begin());
+        if (std::find(candidates.begin(), candidates.end(), at) == candidates.end())
+          fail(n, "could put the batch at axis " + std::to_string(candidates[0]) + " or " +
+                      std::to_string(candidates[1]) + " of " + shape_str(out) +
+                      ", so which one is the batch is ambiguous; spell it -1 in the shape, or trace the model at "
+                      "the batch size wanted");
+        j = at;
+      }
+      if (s[j] != -1) s[j] = to_;
       attrs["shape"] = s;
     } else if (n.op == Op::BroadcastTo) {
       const Shape& in = src_.type(n.operands[0]).shape;
@@ -237,6 +251,9 @@ Graph rebatch(const Graph& g, int64_t batch) {
                 ": the graph has no batch dimension (its non-state inputs must all have a leading "
                 "dimension, the same one)");
   if (*from == batch) return g;
+  if (!g.fixed_batch().empty())
+    throw Error("rebatch @" + g.name() + " from " + std::to_string(*from) + " to " + std::to_string(batch) +
+                ": its batch size is fixed: " + g.fixed_batch());
   return Rebatcher(g, *from, batch).run();
 }
 

@@ -8,7 +8,16 @@
 // the inputs. Anything that cannot be rebatched safely is a kiln::Error saying which node and
 // why ("rebatch @mlp from 64 to 16: %7 = reshape {shape=[4096]} mixes the batch dimension
 // into another axis ..."). rebatch(g, batch_size(g)) returns g unchanged. Linear in the
-// graph's size. Fused bodies are not entered: rebatch runs before the pipeline.
+// graph's size. Fused bodies are not entered: rebatch runs before the pipeline. A graph
+// whose Graph::fixed_batch() is set is refused with that reason (the ONNX importer sets it
+// when the model reads its symbolic batch size in a way the rebatched graph would not
+// follow: a Tile or Slice along the batch, a Size or Shape folded into a constant, ...).
+//
+// A reshape of a batched value finds the batch's axis in its result by the sizes: the axis
+// with the batch's size and as many elements before it as before the batch in the operand.
+// Where several axes qualify (axes of size 1 beside it, the common case at batch 1), a -1
+// in the reshape's shape names the batch's axis; without one the reshape is refused as
+// ambiguous.
 //
 // Where the batch comes from nothing (a splat constant, a broadcast_to of a value without
 // it), the axis of the old batch size is taken to be the batch; two such axes are refused

@@ -3,6 +3,7 @@
 namespace kiln {
 
 Rebuilder::Rebuilder(const Graph& src) : src_(src), dst_(src.name()), map_(src.values().size()) {
+  dst_.set_fixed_batch(src.fixed_batch());
   for (const GraphInput& in : src.inputs()) {
     const Value& v = src.value(in.value);
     map_[in.value.id] = dst_.add_input(v.name, v.type, in.is_state);

@@ -17,8 +17,6 @@ namespace {
 
 enum class TieBreak { Original, Recent, DepthFirst };
 
-int64_t bytes_of(const TensorType& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype)); }
-
 std::vector<int32_t> greedy_order(const Graph& g, TieBreak tie) {
   const std::vector<Node>& nodes = g.nodes();
   const auto num_nodes = static_cast<int32_t>(nodes.size());
@@ -30,7 +28,7 @@ std::vector<int32_t> greedy_order(const Graph& g, TieBreak tie) {
   std::vector<bool> in_arena(num_values), is_output(num_values);
   for (size_t id = 0; id < num_values; ++id) {
     const Value& v = g.values()[id];
-    bytes[id] = bytes_of(v.type);
+    bytes[id] = v.type.nbytes();
     in_arena[id] = v.node >= 0 && !is_constant(v.node);
   }
   for (const GraphOutput& o : g.outputs()) is_output[o.value.id] = true;

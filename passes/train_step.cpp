@@ -359,6 +359,7 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
   TrainStep result;
   Graph& g = result.graph;
   g.set_name(model.name() + "_train_step");
+  g.set_fixed_batch(model.fixed_batch());
 
   // The model, copied: inputs in order, then every node with the same attributes, names,
   // notes and source lines.

@@ -12,7 +12,13 @@
 // flipped and transposed, and takes the direct path too (LeNet's conv2: 1.08 ms against
 // 1.88 by im2col), and so does its weight gradient when it has at most kDirectMaxDw
 // weights (direct_dw_chunk: no column matrix, no GEMM per image). The choice depends on
-// the shape alone (and, for the weight gradient, on whether an image is all finite).
+// the shape alone (and on whether an image is all finite for the weight gradient, whether
+// the weights are for the input gradient).
+//
+// Padding (docs/ir.md): the forward conv and the weight gradient read a zero-padded input,
+// so a tap over the padding adds 0 * w (0 * dy): NaN for an infinite or NaN factor, as in
+// the interpreter, ONNX and PyTorch. The input gradient is a scatter into the input's
+// cells: a tap over the padding adds nothing, whatever the weight.
 //
 // Parallelism: with at least as many (image, group) pairs as threads, the pairs are split
 // over the pool and each GEMM runs single-threaded inside its chunk (the column buffer is
@@ -126,7 +132,8 @@ void zero_edges(const ConvShape& s, const Span& sp, int64_t oy0, int64_t oy1, T*
       for (int64_t ox = sp.hi; ox < ow; ++ox) row[oy * ow + ox] = 0;
 }
 
-// col [K, P] from the cg channels of one image group x [cg, H, W]; padding reads as zero.
+// col [K, P] from the cg channels of one image group x [cg, H, W]; padding reads as zero,
+// a real zero the GEMM multiplies (0 * w is NaN for an infinite w, as the interpreter's).
 template <typename T>
 void im2col(const ConvShape& s, const T* x, T* col) {
   const bool flat = is_flat(s);
@@ -164,7 +171,8 @@ void im2col(const ConvShape& s, const T* x, T* col) {
     }
 }
 
-// The adjoint of im2col: adds col [K, P] into x [cg, H, W]; padding cells are dropped.
+// The adjoint of im2col: adds col [K, P] into x [cg, H, W]; padding cells are dropped (the
+// input gradient's semantics: no term for a tap over the padding, whatever its value).
 // `col` is scratch: the flat path zeroes its cells that have no input cell.
 template <typename T>
 void col2im(const ConvShape& s, T* col, T* x) {
@@ -417,10 +425,19 @@ void conv2d_grad_input(const T* dy, const T* w, T* dx, const KilnConv2dParams* p
     // wt [C, O, KH, KW]: wt[c, o, ky, kx] = w[o, c, KH - 1 - ky, KW - 1 - kx].
     const int64_t taps = s.kh * s.kw;
     std::vector<T> wt(static_cast<size_t>(s.c * s.o * taps));
+    bool finite = true;
     for (int64_t o = 0; o < s.o; ++o)
       for (int64_t c = 0; c < s.c; ++c)
-        for (int64_t t = 0; t < taps; ++t) wt[static_cast<size_t>((c * s.o + o) * taps + taps - 1 - t)] = w[(o * s.c + c) * taps + t];
-    return direct_all(*ts, dy, wt.data(), static_cast<const T*>(nullptr), dx, KILN_ACT_NONE);
+        for (int64_t t = 0; t < taps; ++t) {
+          const T v = w[(o * s.c + c) * taps + t];
+          finite = finite && v - v == T(0);  // false for an infinity or a NaN
+          wt[static_cast<size_t>((c * s.o + o) * taps + taps - 1 - t)] = v;
+        }
+    // The direct path multiplies every weight by the zeros around dy, which the input
+    // gradient (a scatter into x's cells) has no term for: with a weight that is infinite
+    // or NaN, 0 * w is NaN, so such weights take im2col + GEMM, whose products over the
+    // padding fall in cells col2im drops.
+    if (finite) return direct_all(*ts, dy, wt.data(), static_cast<const T*>(nullptr), dx, KILN_ACT_NONE);
   }
   for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {
     T* dcol = s.pointwise ? nullptr : scratch<T>(s.k * s.p);

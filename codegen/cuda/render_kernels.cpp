@@ -98,6 +98,13 @@ Conv conv_of(const AttrMap& a, const Shape& x, const Shape& w, const Shape& y) {
   return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], s[0], s[1], p[0], p[1], d[0], d[1], attr_int(a, "groups")};
 }
 
+// Input cell (ih, iw) of channel grp * C/groups + ch of image `b`, or a zero in the padding
+// (which the product with a weight or dy then multiplies: 0 * inf is NaN, docs/ir.md).
+std::string padded_read(const Conv& c, const std::string& T, const std::string& b) {
+  return "ih < 0 || ih >= " + str(c.H) + " || iw < 0 || iw >= " + str(c.W) + " ? (" + T + ")0 : X[((" + b + " * " +
+         str(c.C) + " + grp * " + str(c.cg()) + " + ch) * " + str(c.H) + " + ih) * " + str(c.W) + " + iw]";
+}
+
 // Direct convolution kernels (conv2d, conv2d_grad_input): one thread per output element
 // looping over its whole reduction (C/groups*KH*KW taps, or the windows a pixel is in),
 // accumulating in the output dtype in the interpreter's order. This is the simple correct
@@ -113,11 +120,12 @@ void conv2d(Emitter& out, const Conv& c, const std::string& T, const std::string
   s += "    " + T + " acc = (" + T + ")0;\n";
   s += "    for (i64 ch = 0; ch < " + str(c.cg()) + "; ++ch)\n";
   s += "      for (i64 kh = 0; kh < " + str(c.KH) + "; ++kh) {\n";
-  s += tap("        ", 'h', c.SH, c.PH, c.DH, c.H);
+  s += "        i64 ih = oh * " + str(c.SH) + " - " + str(c.PH) + " + kh * " + str(c.DH) + ";\n";
   s += "        for (i64 kw = 0; kw < " + str(c.KW) + "; ++kw) {\n";
-  s += tap("          ", 'w', c.SW, c.PW, c.DW, c.W);
-  s += "          acc = acc + X[((y0 * " + str(c.C) + " + grp * " + str(c.cg()) + " + ch) * " + str(c.H) + " + ih) * " +
-       str(c.W) + " + iw] * Wt[((oc * " + str(c.cg()) + " + ch) * " + str(c.KH) + " + kh) * " + str(c.KW) + " + kw];\n";
+  s += "          i64 iw = ow * " + str(c.SW) + " - " + str(c.PW) + " + kw * " + str(c.DW) + ";\n";
+  s += "          " + T + " xv = " + padded_read(c, T, "y0") + ";\n";
+  s += "          acc = acc + xv * Wt[((oc * " + str(c.cg()) + " + ch) * " + str(c.KH) + " + kh) * " + str(c.KW) +
+       " + kw];\n";
   s += "        }\n      }\n";
   s += bias ? "    Y[i] = acc + B[oc];\n" : "    Y[i] = acc;\n";
   out.elementwise(n, n, decls, s);
@@ -140,7 +148,7 @@ void conv2d_grad_input(Emitter& out, const Conv& c, const std::string& T, const 
 
 // dw[oc, ch, kh, kw] = the sum over (b, oh, ow) of x * dy: a row reduction of N*OH*OW
 // terms per weight (one block of threads per weight once that is more than 64), so the
-// few weights of a convolution still keep the GPU busy. Taps in the padding add zero. The
+// few weights of a convolution still keep the GPU busy. Taps in the padding add 0 * dy. The
 // order is the summation order's, not the interpreter's serial one (whose result the
 // checks accept to a tolerance, as they do the CPU backend's GEMM-based version).
 void conv2d_grad_weight(Emitter& out, const Conv& c, DType t, const std::string& x, const std::string& dy,
@@ -153,9 +161,8 @@ void conv2d_grad_weight(Emitter& out, const Conv& c, DType t, const std::string&
                   ", ow = (i64)k % " + str(c.OW) + ";\n";
   e += "        i64 ih = oh * " + str(c.SH) + " - " + str(c.PH) + " + kh * " + str(c.DH) + ";\n";
   e += "        i64 iw = ow * " + str(c.SW) + " - " + str(c.PW) + " + kw * " + str(c.DW) + ";\n";
-  e += "        x = ih < 0 || ih >= " + str(c.H) + " || iw < 0 || iw >= " + str(c.W) + " ? (" + T + ")0 : X[((b * " +
-       str(c.C) + " + grp * " + str(c.cg()) + " + ch) * " + str(c.H) + " + ih) * " + str(c.W) + " + iw] * D[((b * " +
-       str(c.O) + " + oc) * " + str(c.OH) + " + oh) * " + str(c.OW) + " + ow];\n";
+  e += "        x = (" + padded_read(c, T, "b") + ") * D[((b * " + str(c.O) + " + oc) * " + str(c.OH) + " + oh) * " +
+       str(c.OW) + " + ow];\n";
   row_sum(out, t, c.O * c.cg() * c.KH * c.KW, c.N * c.OH * c.OW, decls, row, e, "      Y[r] = acc;\n");
 }
 

@@ -88,6 +88,13 @@ inline std::vector<OpCase> op_cases(Op op) {
     c.atol = atol;
     cases.push_back(std::move(c));
   };
+  // Sets elements of input `name` of the case just added: infinities and NaNs, which every
+  // backend must treat as the interpreter does (docs/ir.md: padding is real zeros in conv2d
+  // and its weight gradient, 0 * inf = NaN; the input gradient adds nothing for padding).
+  auto poison = [&](const std::string& name, std::vector<std::pair<int64_t, double>> values) {
+    for (const auto& [i, v] : values) cases.back().inputs.at(name).set(i, v);
+  };
+  const double inf = INFINITY, nan = NAN;
   const DType floats[] = {DType::f32, DType::f64};
   const DType numeric[] = {DType::f32, DType::f64, DType::i32, DType::i64};
   auto tol = [](DType dt) { return dt == DType::f64 ? 1e-13 : 2e-6; };
@@ -218,6 +225,30 @@ inline std::vector<OpCase> op_cases(Op op) {
             {{"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, t, t);
         add(dt, {{{1, 4, 8, 7}, {-1, 1}}, {{6, 2, 3, 2}, {-1, 1}}}, op,
             {{"groups", int64_t{2}}, {"dilation", Ints{2, 1}}}, t, t);
+        // Non-finite weights over padding (0 * inf = NaN where a window reaches it) and
+        // non-finite inputs: on the CPU's direct path (stride 1, one group), by im2col
+        // (stride 2) and fused with a relu (direct and im2col).
+        for (Ints stride : {Ints{1, 1}, Ints{2, 2}}) {
+          add(dt, {{{2, 3, 6, 6}, {-1, 1}}, {{4, 3, 3, 3}, {-1, 1}}, {{4}, {-1, 1}}}, op,
+              {{"stride", stride}, {"padding", Ints{1, 1}}}, t, t);
+          poison("x1", {{0, inf}, {31, -inf}, {58, nan}});  // w[0,0,0,0], w[1,0,1,1], w[2,0,1,0]
+          add(dt, {{{2, 3, 6, 6}, {-1, 1}}, {{4, 3, 3, 3}, {-1, 1}}}, op,
+              {{"stride", stride}, {"padding", Ints{2, 1}}}, t, t);
+          poison("x0", {{0, inf}, {50, -inf}, {107, nan}, {200, inf}});
+          poison("x1", {{8, -inf}});  // w[0,0,2,2]: over the bottom-right padding only at the edges
+        }
+        {
+          OpCase c;  // conv2d + relu: the fused conv_act call
+          ValueId x = c.g.add_input("x", {dt, {1, 2, 5, 5}}), w = c.g.add_input("w", {dt, {3, 2, 3, 3}});
+          c.g.add_output("out", c.g.add_node(Op::Relu, {c.g.add_node(Op::Conv2d, {x, w}, {{"padding", Ints{1, 1}}})}));
+          c.inputs["x"] = random_tensor(dt, {1, 2, 5, 5}, -1, 1, rng);
+          c.inputs["w"] = random_tensor(dt, {3, 2, 3, 3}, -1, 1, rng);
+          c.inputs["w"].set(0, inf);
+          c.inputs["w"].set(22, -inf);
+          c.inputs["x"].set(12, nan);
+          c.rtol = c.atol = t;
+          cases.push_back(std::move(c));
+        }
       }
       break;
     case Op::Conv2dGradInput:
@@ -225,6 +256,17 @@ inline std::vector<OpCase> op_cases(Op op) {
         double t = dt == DType::f32 ? 1e-4 : 1e-10;
         add(dt, {{{2, 4, 5, 5}, {-1, 1}}, {{4, 3, 3, 3}, {-1, 1}}}, op,
             {{"input_size", Ints{9, 9}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, t, t);
+        // Non-finite weights (a tap over the padding adds nothing: no NaN from 0 * inf) and
+        // dy, on the CPU's transposed direct path (stride 1) and by im2col (stride 2).
+        add(dt, {{{2, 4, 6, 6}, {-1, 1}}, {{4, 3, 3, 3}, {-1, 1}}}, op,
+            {{"input_size", Ints{6, 6}}, {"padding", Ints{1, 1}}}, t, t);
+        poison("x1", {{0, inf}, {40, -inf}});
+        add(dt, {{{2, 4, 6, 6}, {-1, 1}}, {{4, 3, 3, 3}, {-1, 1}}}, op,
+            {{"input_size", Ints{6, 6}}, {"padding", Ints{1, 1}}}, t, t);
+        poison("x0", {{0, inf}, {77, nan}});
+        add(dt, {{{2, 4, 5, 5}, {-1, 1}}, {{4, 3, 3, 3}, {-1, 1}}}, op,
+            {{"input_size", Ints{9, 9}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, t, t);
+        poison("x1", {{4, inf}, {27, nan}});
       }
       break;
     case Op::Conv2dGradWeight:
@@ -232,17 +274,32 @@ inline std::vector<OpCase> op_cases(Op op) {
         double t = dt == DType::f32 ? 1e-4 : 1e-10;
         add(dt, {{{2, 3, 9, 9}, {-1, 1}}, {{2, 4, 5, 5}, {-1, 1}}}, op,
             {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, t, t);
+        // Non-finite dy (a tap over the padding adds 0 * dy: NaN) and x, on the CPU's direct
+        // path (stride 1; an image with a non-finite x takes im2col) and by im2col.
+        for (Ints stride : {Ints{1, 1}, Ints{2, 2}}) {
+          const int64_t o = stride[0] == 1 ? 6 : 3;
+          add(dt, {{{2, 3, 6, 6}, {-1, 1}}, {{2, 4, o, o}, {-1, 1}}}, op,
+              {{"kernel", Ints{3, 3}}, {"stride", stride}, {"padding", Ints{1, 1}}}, t, t);
+          poison("x1", {{0, inf}, {o * o + 4, nan}});
+          add(dt, {{{2, 3, 6, 6}, {-1, 1}}, {{2, 4, o, o}, {-1, 1}}}, op,
+              {{"kernel", Ints{3, 3}}, {"stride", stride}, {"padding", Ints{1, 1}}}, t, t);
+          poison("x0", {{7, -inf}, {130, nan}});
+        }
       }
       break;
     case Op::MaxPool2d:
-      for (DType dt : floats)
+      for (DType dt : floats) {
         add(dt, {{{2, 3, 8, 8}, {-1, 1}}}, op, {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, 0, 0);
+        poison("x0", {{0, -inf}, {9, nan}, {70, inf}});  // padding never wins, not even over -inf
+      }
       break;
     case Op::AvgPool2d:
       for (DType dt : floats)
-        for (bool inc : {false, true})
+        for (bool inc : {false, true}) {
           add(dt, {{{2, 3, 8, 8}, {-1, 1}}}, op,
               {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}, {"count_include_pad", inc}}, tol(dt), 1e-7);
+          poison("x0", {{0, inf}, {9, nan}, {70, -inf}});
+        }
       break;
     case Op::MaxPool2dGrad:
       for (DType dt : floats)

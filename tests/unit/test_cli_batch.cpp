@@ -10,6 +10,7 @@
 #include "frontend/initialize.h"
 #include "ir/npy.h"
 #include "ir/parser.h"
+#include "onnx_builder.h"
 #include "subprocess.h"
 #include "temp_dir.h"
 
@@ -132,4 +133,32 @@ TEST_CASE("kiln train-step --init-state writes the step's whole initial state", 
   auto seed_alone = run_kiln("train-step " + model.string() + " --seed 3");
   CHECK(seed_alone.status == 1);
   CHECK(seed_alone.output == "kiln: error: --seed is for --init-state (see 'kiln train-step --help')\n");
+}
+
+TEST_CASE("kiln run refuses an ONNX model whose batch it cannot change, and runs one it can", "[cli][rebatch][onnx]") {
+  kiln::testing::TempDir dir;
+  // Tile along the batch: ONNX gives 2N rows; the graph imported at 1 and rebatched gave N.
+  std::ofstream(dir.path / "tile.onnx", std::ios::binary)
+      << kiln::testing::OnnxBuilder().input("x", {0, 1}, true).ints("r", {2, 1}).node("Tile", {"x", "r"}, "y")
+             .output("y", 2).bytes();
+  kiln::write_npy((dir.path / "x.npy").string(), kiln::Tensor::from<float>(kiln::DType::f32, {3, 1}, {1, 2, 3}));
+  for (const char* mode : {"", "--interp "}) {
+    INFO(mode);
+    auto r = run_kiln(std::string("run ") + mode + (dir.path / "tile.onnx").string() + " --input x=" +
+                      (dir.path / "x.npy").string());
+    INFO(r.output);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.output, ContainsSubstring("the inputs have batch size 3 but @g was traced at 1 and cannot take "
+                                           "another: rebatch @g from 1 to 3: its batch size is fixed:"));
+    CHECK_THAT(r.output, ContainsSubstring("onnx Tile 'Tile_1'"));
+  }
+  // Unsqueeze at axis 0, then a sum over the batch: [N,1] -> [1,N,1] -> [1,1], the batch's sum.
+  std::ofstream(dir.path / "sum.onnx", std::ios::binary)
+      << kiln::testing::OnnxBuilder().input("x", {0, 1}, true).ints("axes", {0}).ints("raxes", {1})
+             .node("Unsqueeze", {"x", "axes"}, "u").node("ReduceSum", {"u", "raxes"}, "y", {{"keepdims", 0}})
+             .output("y", 2).bytes();
+  auto r = run_kiln("run " + (dir.path / "sum.onnx").string() + " --input x=" + (dir.path / "x.npy").string());
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.output, ContainsSubstring("y = f32[1,1] [6]"));
 }

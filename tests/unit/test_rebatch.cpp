@@ -2,9 +2,11 @@
 // traced at that size computes, bit for bit (the models and training steps of the tests);
 // what cannot be rebatched safely is refused naming the node.
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "error_of.h"
 #include "ir/interp.h"
+#include "ir/parser.h"
 #include "ir/printer.h"
 #include "passes/rebatch.h"
 #include "training_model.h"
@@ -134,4 +136,48 @@ TEST_CASE("rebatch keeps reshapes of the other axes and whole-batch slices", "[r
   Tensor y = interpret(r, {{"x", in}}).at("y");
   CHECK(y.get(0) == 2.0);
   CHECK(y.get(8) == 18.0);
+}
+
+TEST_CASE("rebatch refuses a reshape that could put a batch of 1 on several axes, unless -1 says which", "[rebatch]") {
+  // [1,3] -> [1,1,3]: the batch may be axis 0 or 1 (an unsqueeze before or after it); the
+  // sum over axis 1 then reduces the batch or not.
+  auto unsqueezed = [](std::vector<int64_t> shape) {
+    Graph g("u");
+    ValueId x = g.add_input("x", {DType::f32, {1, 3}});
+    ValueId u = g.add_node(Op::Reshape, {x}, {{"shape", shape}}, "u");
+    g.add_output("y", g.add_node(Op::Sum, {u}, {{"axes", std::vector<int64_t>{1}}}));
+    return g;
+  };
+  CHECK(error_of([&] { rebatch(unsqueezed({1, 1, 3}), 3); }) ==
+        "rebatch @u from 1 to 3: %u = reshape {shape=[1, 1, 3]} could put the batch at axis 0 or 1 of [1,1,3], so "
+        "which one is the batch is ambiguous; spell it -1 in the shape, or trace the model at the batch size wanted");
+  Graph second = rebatch(unsqueezed({1, -1, 3}), 3);  // the batch is axis 1, and summed away
+  CHECK(second.type(second.outputs()[0].value).str() == "f32[1,3]");
+  Graph first = rebatch(unsqueezed({-1, 1, 3}), 3);  // the batch is axis 0, and kept
+  CHECK(first.type(first.outputs()[0].value).str() == "f32[3,3]");
+  // A -1 on an axis that cannot be the batch does not say which one is.
+  CHECK_THAT(error_of([&] { rebatch(unsqueezed({1, 1, -1}), 3); }), Catch::Matchers::ContainsSubstring("ambiguous"));
+  // At any other batch size the sizes say where the batch is.
+  Graph at2("u2");
+  ValueId x = at2.add_input("x", {DType::f32, {2, 3}});
+  at2.add_output("y", at2.add_node(Op::Reshape, {x}, {{"shape", std::vector<int64_t>{1, 2, 3}}}));
+  CHECK(rebatch(at2, 5).type(ValueId{1}).str() == "f32[1,5,3]");
+}
+
+TEST_CASE("rebatch refuses a graph whose batch is fixed, with the reason, and the reason prints and parses",
+          "[rebatch]") {
+  Graph g("fixed");
+  ValueId x = g.add_input("x", {DType::f32, {2, 3}});
+  g.add_output("y", g.add_node(Op::Neg, {x}));
+  g.set_fixed_batch("the model reads its batch size");
+  CHECK(error_of([&] { rebatch(g, 4); }) ==
+        "rebatch @fixed from 2 to 4: its batch size is fixed: the model reads its batch size");
+  CHECK(rebatch(g, 2).fixed_batch() == g.fixed_batch());  // the same size is no change
+  const std::string text = print(g);
+  CHECK(text.starts_with("graph @fixed(%x: f32[2,3]) fixed_batch {  // the model reads its batch size\n"));
+  Graph back = parse(text, "f.kir");
+  CHECK(back.fixed_batch() == g.fixed_batch());
+  CHECK(print(back) == text);
+  CHECK(parse("graph @g(%x: f32[2]) fixed_batch {\n  %y = neg(%x) : f32[2]\n  return y = %y\n}\n", "g.kir").fixed_batch() ==
+        "the graph says fixed_batch");
 }
