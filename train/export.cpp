@@ -130,13 +130,13 @@ ExportResult export_model(const std::string& dir, const Graph& inference, const 
       "Compile: kiln compile model.kir --state-weights weights.safetensors -o " + name + ".o --header " + name +
       ".h   (C: " + name + "_create, " + name + "_run; docs/aot.md)  Run: kiln run model.kir --state-weights "
       "weights.safetensors --input x=X.npy\n";
-  std::vector<std::pair<std::string, std::string>> files = {
-      {(d / "model.kir").string(), print(inference)},
-      {(d / "weights.safetensors").string(), serialize_weights(weights)},
-      {(d / "README").string(), readme}};
+  const std::string kir = print(inference), bytes = serialize_weights(weights);
+  const std::vector<rt::OutputBytes> files = {{(d / "model.kir").string(), kir},
+                                              {(d / "weights.safetensors").string(), bytes},
+                                              {(d / "README").string(), readme}};
   std::string why;
   if (!rt::write_files(files, /*durable=*/false, why)) throw Error(why);
-  for (const auto& [path, bytes] : files) r.files.push_back(path);
+  for (const rt::OutputBytes& f : files) r.files.push_back(f.first);
   return r;
 }
 
