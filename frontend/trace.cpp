@@ -161,6 +161,8 @@ KILN_TRACE_UNARY(rsqrt, Rsqrt)
 KILN_TRACE_UNARY(tanh, Tanh)
 KILN_TRACE_UNARY(sigmoid, Sigmoid)
 KILN_TRACE_UNARY(erf, Erf)
+KILN_TRACE_UNARY(log1p, Log1p)
+KILN_TRACE_UNARY(expm1, Expm1)
 KILN_TRACE_UNARY(relu, Relu)
 #undef KILN_TRACE_UNARY
 
