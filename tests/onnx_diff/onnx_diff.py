@@ -614,8 +614,8 @@ SUMS_OF_PRODUCTS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
 
 def _overflowed_products(model, feeds, expected, case_dir):
     """A node that sums products has operands big enough for a product or a partial sum to
-    overflow the dtype, Kiln's interpreter and compiled code agree (where they do not, it is
-    Kiln's own defect), and every differing element is non-finite on one side at least."""
+    overflow the dtype, and every element where Kiln's interpreter or compiled code differs
+    from the judge is non-finite on one side at least."""
     if not {n.op_type for n in model.graph.node} & SUMS_OF_PRODUCTS:
         return False
     with np.errstate(all="ignore"):
@@ -630,14 +630,18 @@ def _overflowed_products(model, feeds, expected, case_dir):
                 risky |= bool(a.size and b.size and np.nanmax(np.abs(a)) * np.nanmax(np.abs(b)) * max(b.shape[0] if b.ndim else 1, 1) >= big / 4)
     if not risky:
         return False
+    # The interpreter and the compiled code (whose GEMM/convolution adds in BLAS's order, not
+    # bitwise the interpreter's even for finite values: docs/ir.md) are each held to the judge:
+    # only elements that are non-finite on one side may differ.
     for i, w in enumerate(expected):
-        got = [np.load(case_dir / "test_data_set_0" / f"kiln_{who}_{i}.npy") for who in ("interp", "jit")]
-        if not np.array_equal(got[0], got[1], equal_nan=True):
-            return False
-        g, wf = got[0].astype(np.float64), np.asarray(w).astype(np.float64)
-        differ = ~((np.isnan(g) & np.isnan(wf)) | (g == wf) | np.isclose(g, wf, rtol=1e-3, atol=1e-5))
-        if np.any(differ & np.isfinite(g) & np.isfinite(wf)):
-            return False
+        wf = np.asarray(w).astype(np.float64)
+        for who in ("interp", "jit"):
+            g = np.load(case_dir / "test_data_set_0" / f"kiln_{who}_{i}.npy").astype(np.float64)
+            if g.shape != wf.shape:
+                return False
+            differ = ~((np.isnan(g) & np.isnan(wf)) | (g == wf) | np.isclose(g, wf, rtol=1e-3, atol=1e-5))
+            if np.any(differ & np.isfinite(g) & np.isfinite(wf)):
+                return False
     return True
 
 
