@@ -1,6 +1,8 @@
 #include "ir/tensor.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <new>
 
 #include "ir/interp_internal.h"  // convert(): the one cast rule
 
@@ -8,13 +10,54 @@ namespace kiln {
 
 Tensor::Tensor(DType dtype, Shape shape) : type_{dtype, std::move(shape)} {
   check_size(type_, "tensor");
-  bytes_.assign(static_cast<size_t>(type_.numel()) * dtype_size(dtype), std::byte{0});
+  allocate(static_cast<size_t>(type_.numel()) * dtype_size(dtype));
+}
+
+void Tensor::allocate(size_t n) {
+  data_.reset();
+  nbytes_ = n;
+  read_only_ = false;
+  if (n == 0) return;
+  // calloc: a large block comes zeroed from the kernel, its pages touched only when written.
+  auto* p = static_cast<std::byte*>(std::calloc(n, 1));
+  if (!p) throw std::bad_alloc();
+  data_ = std::shared_ptr<std::byte>(p, [](std::byte* q) { std::free(q); });
+}
+
+void Tensor::unshare() {
+  if (!shares_storage()) return;
+  std::shared_ptr<std::byte> old = std::move(data_);
+  allocate(nbytes_);
+  std::memcpy(data_.get(), old.get(), nbytes_);
+}
+
+Tensor Tensor::view(DType dtype, Shape shape, std::shared_ptr<const std::byte> bytes, size_t nbytes) {
+  Tensor t;
+  t.type_ = TensorType{dtype, std::move(shape)};
+  check_size(t.type_, "tensor");
+  const size_t want = static_cast<size_t>(t.numel()) * dtype_size(dtype);
+  if (nbytes != want)
+    throw Error("Tensor::view: " + std::to_string(nbytes) + " bytes for " + t.type_.str() + " (" + std::to_string(want) +
+                " bytes)");
+  if (reinterpret_cast<uintptr_t>(bytes.get()) % dtype_size(dtype) != 0)
+    throw Error("Tensor::view: the data of " + t.type_.str() + " is not aligned to its " +
+                std::to_string(dtype_size(dtype)) + "-byte elements");
+  t.nbytes_ = nbytes;
+  if (nbytes == 0) return t;
+  t.data_ = std::const_pointer_cast<std::byte>(std::move(bytes));
+  t.read_only_ = true;
+  return t;
+}
+
+bool Tensor::operator==(const Tensor& o) const {
+  if (type_ != o.type_ || splat_ != o.splat_ || nbytes_ != o.nbytes_) return false;
+  return data_ == o.data_ || nbytes_ == 0 || std::memcmp(data_.get(), o.data_.get(), nbytes_) == 0;
 }
 
 void Tensor::check_index(int64_t i, const char* what) const {
   // The elements held, not numel(): a default-constructed Tensor holds none (a splat
   // holds one standing for all of them).
-  auto held = splat_ ? numel() : static_cast<int64_t>(bytes_.size() / dtype_size(dtype()));
+  auto held = splat_ ? numel() : static_cast<int64_t>(nbytes_ / dtype_size(dtype()));
   if (i < 0 || i >= held)
     throw Error("Tensor::" + std::string(what) + ": element " + std::to_string(i) + " is out of range for " +
                 type_.str() + " (" + std::to_string(held) + " elements)");
@@ -25,12 +68,14 @@ Tensor Tensor::splat(const Tensor& element, Shape shape) {
   check_size(TensorType{element.dtype(), shape}, "tensor");
   if (num_elements(shape) <= 1) {  // nothing to save: store it as it is
     Tensor t(element.dtype(), std::move(shape));
-    if (t.numel() == 1) t.bytes_ = element.bytes_;
+    if (t.numel() == 1) std::memcpy(t.raw(), element.raw(), t.nbytes());
     return t;
   }
   Tensor t;
   t.type_ = TensorType{element.dtype(), std::move(shape)};
-  t.bytes_ = element.bytes_;
+  t.data_ = element.data_;
+  t.nbytes_ = element.nbytes_;
+  t.read_only_ = element.read_only_;
   t.splat_ = true;
   return t;
 }
@@ -45,8 +90,8 @@ Tensor Tensor::element() const {
 Tensor Tensor::materialized() const {
   if (!splat_) return *this;
   Tensor out(dtype(), shape());
-  size_t size = bytes_.size();
-  for (int64_t i = 0; i < out.numel(); ++i) std::memcpy(out.raw() + static_cast<size_t>(i) * size, raw(), size);
+  std::byte* dst = out.raw();
+  for (int64_t i = 0; i < out.numel(); ++i) std::memcpy(dst + static_cast<size_t>(i) * nbytes_, raw(), nbytes_);
   return out;
 }
 
@@ -83,6 +128,7 @@ Tensor Tensor::reshaped(Shape s) const {
 
 Tensor Tensor::cast(DType to) const {
   if (splat_) return splat(element().cast(to), shape());
+  if (to == dtype()) return *this;
   Tensor out(to, shape());
   visit_dtype(dtype(), [&]<typename S>() {
     visit_dtype(to, [&]<typename D>() {

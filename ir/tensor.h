@@ -1,8 +1,16 @@
-// A small host tensor: dtype, static shape, contiguous row-major data. Used by the
-// interpreter, constants, .npy I/O and the frontend's data loaders.
+// A host tensor: dtype, static shape, contiguous row-major data. Used by the interpreter,
+// constants, .npy I/O, imported weights and the frontend's data loaders.
+//
+// Storage is shared: copying a Tensor (into a graph's constant, a TensorMap, a cache) costs
+// nothing and both copies point at the same bytes. A copy is still a value: the first
+// write through a non-const accessor (raw(), data<T>(), set, set_int) of a tensor whose
+// storage another tensor shares, or whose storage is a read-only view (Tensor::view: a
+// memory-mapped file, a parsed model's bytes), copies it first (copy on write). Reading
+// never copies: read through a const Tensor (std::as_const) where a copy would be wasted.
 #pragma once
 
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -44,24 +52,37 @@ class Tensor {
   // the train step make them): eval_op fills out splat operands, so kernels never see one,
   // and run-time arguments must not be splats (check_arguments says so).
   static Tensor splat(const Tensor& element, Shape shape);
+  // A tensor whose elements are `bytes` (exactly numel * dtype_size bytes, aligned to the
+  // element size; bool elements 0 or 1), owned by someone else: `bytes` shares ownership
+  // with whatever keeps them alive (std::shared_ptr's aliasing constructor), e.g. a mapped
+  // file. Never written in place: a write copies it first. Throws kiln::Error for a size
+  // or alignment that does not fit.
+  static Tensor view(DType dtype, Shape shape, std::shared_ptr<const std::byte> bytes, size_t nbytes);
 
   DType dtype() const { return type_.dtype; }
   const Shape& shape() const { return type_.shape; }
   const TensorType& type() const { return type_; }
   int64_t rank() const { return type_.rank(); }
   int64_t numel() const { return type_.numel(); }
-  size_t nbytes() const { return bytes_.size(); }  // of the storage: one element for a splat
+  size_t nbytes() const { return nbytes_; }  // of the storage: one element for a splat
   bool is_splat() const { return splat_; }
+  // Whether this tensor's storage is another's too (a copy not yet written) or a view.
+  bool shares_storage() const { return data_ && (read_only_ || data_.use_count() > 1); }
   // Every element stored: a copy of a splat filled out, or the tensor itself.
   Tensor materialized() const;
   Tensor element() const;  // element 0 as a scalar (numel() >= 1)
 
-  std::byte* raw() { return bytes_.data(); }
-  const std::byte* raw() const { return bytes_.data(); }
+  // Null when nothing is stored (an empty or default-constructed tensor). The non-const
+  // forms make the storage this tensor's own first (copy on write).
+  std::byte* raw() {
+    unshare();
+    return data_.get();
+  }
+  const std::byte* raw() const { return data_.get(); }
   template <typename T>
-  T* data() { return reinterpret_cast<T*>(bytes_.data()); }
+  T* data() { return reinterpret_cast<T*>(raw()); }
   template <typename T>
-  const T* data() const { return reinterpret_cast<const T*>(bytes_.data()); }
+  const T* data() const { return reinterpret_cast<const T*>(raw()); }
 
   // Element access for tests, constants and printing (kernels use data<T>()); each checks
   // the index and throws kiln::Error when it is out of range. get/set go through double:
@@ -76,8 +97,8 @@ class Tensor {
 
   Tensor reshaped(Shape s) const;
   Tensor cast(DType to) const;
-  // Same type and storage: a splat equals only a splat.
-  bool operator==(const Tensor& o) const { return type_ == o.type_ && splat_ == o.splat_ && bytes_ == o.bytes_; }
+  // Same type and stored bytes: a splat equals only a splat.
+  bool operator==(const Tensor& o) const;
 
  private:
   template <typename T>
@@ -86,10 +107,16 @@ class Tensor {
     else set(i, static_cast<double>(v));
   }
   void check_index(int64_t i, const char* what) const;
+  // Copies shared or read-only storage into storage of this tensor's own.
+  void unshare();
+  // Zero-filled storage of `n` bytes, this tensor's own.
+  void allocate(size_t n);
 
   TensorType type_;
-  std::vector<std::byte> bytes_;
-  bool splat_ = false;  // bytes_ holds one element standing for all numel() (numel() > 1)
+  std::shared_ptr<std::byte> data_;  // null when nothing is stored
+  size_t nbytes_ = 0;
+  bool splat_ = false;      // data_ holds one element standing for all numel() (numel() > 1)
+  bool read_only_ = false;  // data_ is a view (Tensor::view): never written in place
 };
 
 // Element-wise comparison, for tests and bisection. Two integer or bool elements compare
