@@ -4,12 +4,14 @@
 #include "frontend/onnx_import.h"
 
 #include <fmt/core.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
 #include <onnx/checker.h>
 #include <onnx/shape_inference/implementation.h>
 #include <onnx/version_converter/convert.h>
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -18,6 +20,7 @@
 #include "ir/file_read.h"
 #include "ir/interp.h"
 #include "ir/printer.h"
+#include "ir/timing.h"
 #include "passes/rebatch.h"
 
 namespace kiln {
@@ -484,6 +487,152 @@ void check_structure(const onnx::GraphProto& gp, const std::string& what) {
       throw Error(fmt::format("{}: graph output '{}' is not computed by any node", what, vi.name()));
 }
 
+// --- weights: read once, kept once ----------------------------------------------------------
+//
+// An initializer's data is taken out of the protobuf before anything else reads the model:
+// raw data inside the file moves (no copy) from the parsed protobuf into the tensor that
+// keeps it, data in an external file is that file mapped into memory (the tensor views the
+// mapping: no copy at all when it is aligned to the element size). The initializer leaves
+// the protobuf and becomes a graph input of its type there, so the checker, the version
+// converter, shape inference and every import (check_rebatch imports the model three
+// times) handle a protobuf without its weights, and each import's tensors share the one
+// copy (Tensor storage is shared).
+
+// What an initializer's data became, by name, and the file's order of every initializer.
+struct Weights {
+  std::vector<std::string> order;       // every initializer's name, in the file's order
+  std::map<std::string, Tensor> taken;  // the ones taken out of the protobuf
+};
+
+// Raw data below this many bytes stays in the protobuf (shape and axis tensors that ONNX's
+// shape inference reads).
+constexpr size_t kTakeBytes = 1024;
+
+// The external data file `location` of tensor `what`, a path relative to the model's folder
+// `dir` (as ONNX requires: neither absolute nor leaving the folder).
+std::string external_path(const std::string& dir, const std::string& location, const std::string& what) {
+  if (location.empty()) throw Error(what + " keeps its data in an external file but names none (location)");
+  if (location[0] == '/')
+    throw Error(fmt::format("{} keeps its data in '{}': an absolute path, where ONNX requires a path relative to "
+                            "the model's folder",
+                            what, location));
+  for (size_t start = 0; start <= location.size();) {
+    size_t end = std::min(location.find('/', start), location.size());
+    if (location.compare(start, end - start, "..") == 0)
+      throw Error(fmt::format("{} keeps its data in '{}', outside the model's folder ('..'), which ONNX does not allow",
+                              what, location));
+    start = end + 1;
+  }
+  return dir.empty() ? location : dir + "/" + location;
+}
+
+// The data of external tensor `p` (dtype `dt`, `shape`): a view of its file, mapped once per
+// file (`files`), or a copy where the data is not aligned to the element size.
+Tensor external_tensor(const onnx::TensorProto& p, DType dt, const Shape& shape, const std::string& dir,
+                       std::map<std::string, std::shared_ptr<const MappedFile>>& files, const std::string& what) {
+  std::string location;
+  uint64_t offset = 0;
+  std::optional<uint64_t> length;
+  for (const onnx::StringStringEntryProto& e : p.external_data()) {
+    auto number = [&]() {
+      try {
+        size_t used = 0;
+        unsigned long long v = std::stoull(e.value(), &used);
+        if (used != e.value().size() || e.value()[0] == '-') throw std::invalid_argument("");
+        return static_cast<uint64_t>(v);
+      } catch (const std::exception&) {
+        throw Error(fmt::format("{}: external data {} '{}' is not a byte count", what, e.key(), e.value()));
+      }
+    };
+    if (e.key() == "location") location = e.value();
+    else if (e.key() == "offset") offset = number();
+    else if (e.key() == "length") length = number();
+  }
+  if (dir.empty())
+    throw Error(what + " keeps its data in an external file, which is found from the model's own path: import the "
+                       "model from its file");
+  const std::string path = external_path(dir, location, what);
+  auto it = files.find(path);
+  if (it == files.end()) {
+    try {
+      it = files.emplace(path, MappedFile::map(path, "ONNX external data")).first;
+    } catch (const Error& e) {
+      throw Error(fmt::format("{} keeps its data in '{}': {}", what, location, e.what()));
+    }
+  }
+  const MappedFile& file = *it->second;
+  const uint64_t bytes = static_cast<uint64_t>(num_elements(shape)) * dtype_size(dt);
+  if (length && *length != bytes)
+    throw Error(fmt::format("{} has {} bytes of external data for shape {} of {} ({} bytes)", what, *length,
+                            shape_str(shape), dtype_name(dt), bytes));
+  if (offset > file.size() || file.size() - offset < bytes)
+    throw Error(fmt::format("{} reads bytes {} to {} of '{}', which has {}", what, offset, offset + bytes, path,
+                            file.size()));
+  if (bytes == 0) return Tensor(dt, shape);
+  const std::byte* data = file.data() + offset;
+  if (reinterpret_cast<uintptr_t>(data) % dtype_size(dt) == 0)
+    return Tensor::view(dt, shape, std::shared_ptr<const std::byte>(it->second, data), bytes);
+  Tensor t(dt, shape);  // unaligned: one copy (ONNX's writer aligns large tensors)
+  std::memcpy(t.raw(), data, bytes);
+  return t;
+}
+
+// Takes the weights out of `model` (see above). Initializers whose data Kiln cannot take (an
+// element type it lacks, bool, a segment, small raw data, a name given twice) stay where
+// they are, for the import to read or refuse as before; an external one of those gets its
+// location made a path from here, for the checker to find.
+Weights take_weights(onnx::ModelProto& model, const std::string& what, const std::string& dir) {
+  PhaseTimer timer("weights");
+  Weights w;
+  onnx::GraphProto& gp = *model.mutable_graph();
+  std::map<std::string, int> count;
+  for (const onnx::TensorProto& t : gp.initializer()) ++count[t.name()];
+  std::set<std::string> inputs;
+  for (const onnx::ValueInfoProto& vi : gp.input()) inputs.insert(vi.name());
+  std::map<std::string, std::shared_ptr<const MappedFile>> files;
+  google::protobuf::RepeatedPtrField<onnx::TensorProto> kept;
+  for (onnx::TensorProto& p : *gp.mutable_initializer()) {
+    w.order.push_back(p.name());
+    const std::string label = fmt::format("{}: initializer '{}'", what, p.name());
+    std::optional<DType> dt = onnx_import::dtype_of(p.data_type());
+    const bool external = p.data_location() == onnx::TensorProto::EXTERNAL;
+    bool take = dt && *dt != DType::boolean && !p.has_segment() && count[p.name()] == 1 && !p.name().empty() &&
+                (external || p.raw_data().size() >= kTakeBytes);
+    Shape shape;
+    for (int64_t d : p.dims()) {
+      take = take && d >= 0;
+      shape.push_back(d);
+    }
+    if (take) check_size(TensorType{*dt, shape}, label);
+    if (take && external) {
+      w.taken.emplace(p.name(), external_tensor(p, *dt, shape, dir, files, label));
+    } else if (take && p.raw_data().size() == static_cast<size_t>(num_elements(shape)) * dtype_size(*dt)) {
+      // The parsed bytes move into the tensor's storage: a string's heap block, 16-byte aligned.
+      auto bytes = std::make_shared<std::string>();
+      bytes->swap(*p.mutable_raw_data());
+      const auto* data = reinterpret_cast<const std::byte*>(bytes->data());
+      const size_t n = bytes->size();
+      w.taken.emplace(p.name(), Tensor::view(*dt, shape, std::shared_ptr<const std::byte>(std::move(bytes), data), n));
+    } else {
+      if (external && !dir.empty())
+        for (onnx::StringStringEntryProto& e : *p.mutable_external_data())
+          if (e.key() == "location" && !e.value().empty() && e.value()[0] != '/') e.set_value(dir + "/" + e.value());
+      kept.Add()->Swap(&p);
+      continue;
+    }
+    if (!inputs.count(p.name())) {  // IR < 4 lists it there already
+      onnx::ValueInfoProto* vi = gp.add_input();
+      vi->set_name(p.name());
+      onnx::TypeProto::Tensor* tt = vi->mutable_type()->mutable_tensor_type();
+      tt->set_elem_type(p.data_type());
+      onnx::TensorShapeProto* sp = tt->mutable_shape();
+      for (int64_t d : shape) sp->add_dim()->set_dim_value(d);
+    }
+  }
+  gp.mutable_initializer()->Swap(&kept);
+  return w;
+}
+
 // ONNX's shape inference as a check on Kiln's: every output dimension it can infer must be
 // the one Kiln's shape rules gave (a kiln::Error, not an internal one: on a malformed model
 // libonnx's inference can be the one that is wrong; the conformance runner counts it as a
@@ -491,6 +640,7 @@ void check_structure(const onnx::GraphProto& gp, const std::string& what) {
 // attribute, because libonnx 1.12's inference divides by a zero stride and the like on
 // models Kiln refuses anyway (the fuzz target found those).
 void cross_check_shapes(const onnx::ModelProto& model, OnnxModel& out, const std::string& what) {
+  PhaseTimer timer("shape check");
   onnx::ModelProto copy = model;
   copy.mutable_graph()->clear_value_info();
   try {
@@ -522,8 +672,8 @@ bool symbolic_batch(const onnx::ValueInfoProto& vi) {
   return s.dim_size() > 0 && !(s.dim(0).has_dim_value() && s.dim(0).dim_value() >= 0);
 }
 
-OnnxModel import_model(onnx::ModelProto model, const std::string& what, const OnnxImportOptions& opt,
-                       bool* has_symbolic_batch = nullptr) {
+OnnxModel import_model(onnx::ModelProto model, const Weights& weights, const std::string& what,
+                       const OnnxImportOptions& opt, bool* has_symbolic_batch = nullptr) {
   OnnxModel out;
   out.opset = default_opset(model);
   out.producer = model.producer_name() + (model.producer_version().empty() ? "" : " " + model.producer_version());
@@ -539,6 +689,7 @@ OnnxModel import_model(onnx::ModelProto model, const std::string& what, const On
   // libonnx) as of libonnx's own IR version.
   model.set_ir_version(std::min<int64_t>(model.ir_version(), onnx::Version::IR_VERSION));
   try {
+    PhaseTimer timer("check");
     onnx::checker::check_model(model);
   } catch (const std::exception& e) {
     throw Error(fmt::format("{}: the ONNX checker rejects the model: {}", what, e.what()));
@@ -565,8 +716,12 @@ OnnxModel import_model(onnx::ModelProto model, const std::string& what, const On
   std::set<std::string> poisoned;
   Ctx ctx(g, opset, opt, &out.state);
 
-  std::set<std::string> initializer_names;
-  for (const onnx::TensorProto& t : gp.initializer()) initializer_names.insert(t.name());
+  std::set<std::string> initializer_names(weights.order.begin(), weights.order.end());
+  std::map<std::string, std::deque<const onnx::TensorProto*>> in_proto;  // the initializers not taken
+  for (const onnx::TensorProto& t : gp.initializer()) {
+    initializer_names.insert(t.name());
+    in_proto[t.name()].push_back(&t);
+  }
   if (gp.sparse_initializer_size() > 0) problems.details.push_back("sparse initializers are not supported");
 
   // Graph inputs first (in ONNX order), then the state (the float initializers).
@@ -591,23 +746,37 @@ OnnxModel import_model(onnx::ModelProto model, const std::string& what, const On
       poisoned.insert(vi.name());
     }
   }
-  for (const onnx::TensorProto& tp : gp.initializer()) {
+  // In the file's order (one given twice read twice, as the protobuf lists it), then any the
+  // version converter added.
+  std::vector<std::pair<std::string, const onnx::TensorProto*>> initializers;
+  for (const std::string& name : weights.order) {
+    if (weights.taken.count(name)) {
+      initializers.emplace_back(name, nullptr);
+    } else if (auto it = in_proto.find(name); it != in_proto.end() && !it->second.empty()) {
+      initializers.emplace_back(name, it->second.front());
+      it->second.pop_front();
+    }
+  }
+  for (auto& [name, left] : in_proto)
+    for (const onnx::TensorProto* t : left) initializers.emplace_back(name, t);
+  for (const auto& [init_name, proto] : initializers) {
     try {
-      Tensor t = onnx_import::to_tensor(tp, fmt::format("initializer '{}'", tp.name()));
+      Tensor t = proto ? onnx_import::to_tensor(*proto, fmt::format("initializer '{}'", init_name))
+                       : weights.taken.at(init_name);
       Val v;
       v.type = t.type();
       if (is_float(t.dtype()) && !opt.constant_weights) {
-        std::string name = kiln_name(tp.name(), used_names);
+        std::string name = kiln_name(init_name, used_names);
         v.id = g.add_input(name, t.type(), /*is_state=*/true);
         v.hint = t;  // for a node that needs it at import (Dropout's ratio, Clip's bounds)
         out.state.emplace(name, std::move(t));
       } else {
         v.known = std::move(t);
       }
-      env[tp.name()] = std::move(v);
+      env[init_name] = std::move(v);
     } catch (const Unsupported& e) {
       problems.details.push_back(e.what());
-      poisoned.insert(tp.name());
+      poisoned.insert(init_name);
     }
   }
 
@@ -796,8 +965,9 @@ Graph mark_batch_axes(const Graph& g, const Graph& next) {
   return out;
 }
 
-void check_rebatch(const onnx::ModelProto& model, OnnxModel& out, const std::string& what,
+void check_rebatch(const onnx::ModelProto& model, const Weights& weights, OnnxModel& out, const std::string& what,
                    const OnnxImportOptions& opt) {
+  PhaseTimer timer("batch check");
   const int64_t batch = opt.batch.value_or(1);
   for (int64_t step = 1; step <= 2 && out.graph.fixed_batch().empty(); ++step) {
     const int64_t other = batch + step;
@@ -805,7 +975,7 @@ void check_rebatch(const onnx::ModelProto& model, OnnxModel& out, const std::str
     OnnxImportOptions at = opt;
     at.batch = other;
     try {
-      Graph want = import_model(model, what, at).graph;
+      Graph want = import_model(model, weights, what, at).graph;
       if (step == 1 && batch == 1) out.graph = mark_batch_axes(out.graph, want);
       try {
         why = first_difference(rebatch(out.graph, other), want);
@@ -831,33 +1001,64 @@ void check_rebatch(const onnx::ModelProto& model, OnnxModel& out, const std::str
 
 }  // namespace
 
+namespace {
+
+// The import of a parsed model; `dir` is the folder of its file ("" for bytes), where its
+// external data files are.
+OnnxModel import_parsed(onnx::ModelProto& model, const std::string& what, const std::string& dir,
+                        const OnnxImportOptions& options) {
+  if (!model.has_graph()) throw Error(what + ": the ONNX model has no graph");
+  const Weights weights = take_weights(model, what, dir);
+  bool has_symbolic_batch = false;
+  OnnxModel m;
+  {
+    PhaseTimer timer("import");
+    m = import_model(model, weights, what, options, &has_symbolic_batch);
+  }
+  if (has_symbolic_batch) check_rebatch(model, weights, m, what, options);
+  return m;
+}
+
+const char* const kNotAModel = ": not an ONNX model (the protobuf does not parse: truncated or not a .onnx file?)";
+
+}  // namespace
+
 OnnxModel import_onnx_bytes(std::string_view bytes, const std::string& what, const OnnxImportOptions& options) {
   onnx::ModelProto model;
   if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max()))
     throw Error(what + ": larger than 2 GiB, which protobuf cannot parse");
-  if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
-    throw Error(what + ": not an ONNX model (the protobuf does not parse: truncated or not a .onnx file?)");
-  if (!model.has_graph()) throw Error(what + ": the ONNX model has no graph");
-  bool has_symbolic_batch = false;
-  OnnxModel m = import_model(model, what, options, &has_symbolic_batch);
-  if (has_symbolic_batch) check_rebatch(model, m, what, options);
-  return m;
+  if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) throw Error(what + kNotAModel);
+  return import_parsed(model, what, "", options);
 }
 
 namespace {
 // protobuf parses at most 2 GiB; a larger file is refused by its size, before reading.
-std::string read_file(const std::string& path) {
-  return read_regular_file(path, "ONNX", static_cast<uint64_t>(std::numeric_limits<int>::max()),
-                           "protobuf cannot parse more than 2 GiB");
-}
+constexpr uint64_t kMaxProtobufBytes = static_cast<uint64_t>(std::numeric_limits<int>::max());
+constexpr const char* kProtobufLimit = "protobuf cannot parse more than 2 GiB";
+// The parser's read size: its default (8 KiB) makes a read call per 8 KiB of weights.
+constexpr int kParseBlockBytes = 1 << 20;
 }  // namespace
 
 OnnxModel import_onnx(const std::string& path, const OnnxImportOptions& options) {
-  return import_onnx_bytes(read_file(path), path, options);
+  onnx::ModelProto model;
+  {
+    // Parsed as it is read, a buffer at a time: the file's bytes are never all in memory
+    // besides the parsed model's.
+    PhaseTimer timer("parse");
+    RegularFile file(path, "ONNX", kMaxProtobufBytes, kProtobufLimit);
+    google::protobuf::io::FileInputStream in(file.fd(), kParseBlockBytes);
+    if (!model.ParseFromZeroCopyStream(&in)) {
+      if (in.GetErrno() != 0) throw Error(path + ": read error (" + std::string(std::strerror(in.GetErrno())) + ")");
+      throw Error(path + kNotAModel);
+    }
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  return import_parsed(model, path, dir, options);
 }
 
 Tensor read_onnx_tensor(const std::string& path, std::string* name) {
-  std::string bytes = read_file(path);
+  std::string bytes = read_regular_file(path, "ONNX", kMaxProtobufBytes, kProtobufLimit);
   onnx::TensorProto t;
   if (!t.ParseFromString(bytes)) throw Error(path + ": not a serialized ONNX TensorProto");
   if (name) *name = t.name();
