@@ -11,6 +11,7 @@
 #include "ir/calling.h"
 #include "ir/error.h"
 #include "ir/printer.h"
+#include "ir/timing.h"
 #include "passes/kernel_plan.h"
 #include "passes/memory_plan.h"
 #include "passes/pipeline.h"
@@ -74,8 +75,9 @@ void StateStore::set(std::string_view name, const Tensor& value) {
     entries_.erase(it);
     it = entries_.end();
   }
-  // A splat is stored in full: the code reads every element.
-  Tensor dense = value.materialized();
+  // A splat is stored in full: the code reads every element. (Const: reading a tensor whose
+  // storage is shared copies nothing.)
+  const Tensor dense = value.materialized();
   if (it == entries_.end()) {
     Entry e{value.type(), device_->allocate(static_cast<int64_t>(dense.nbytes()))};
     it = entries_.emplace(std::string(name), e).first;
@@ -155,7 +157,11 @@ std::shared_ptr<const Prepared> prepare(const Graph& g, const CompileOptions& op
   verify(g);
   auto p = std::make_shared<Prepared>();
   PipelineOptions po;
-  p->graph = options.optimize_graph ? run_pipeline(g, po).graph : g;
+  {
+    PhaseTimer timer("pipeline");
+    p->graph = options.optimize_graph ? run_pipeline(g, po).graph : g;
+  }
+  PhaseTimer timer("plans");
   p->memory = plan_memory(p->graph, po.pass_options);
   KernelPlanOptions ko;
   if (const char* e = std::getenv("KILN_CODEGEN_BASELINE"); e && std::string_view(e) == "1") {
@@ -236,7 +242,9 @@ Executable::Executable(const Graph& g, const CompileOptions& options, std::share
     }
   }
   if (!program_) {
-    program_ = be.compile(prepare(g, options_), options_);
+    std::shared_ptr<const Prepared> prepared = prepare(g, options_);
+    PhaseTimer timer("codegen");
+    program_ = be.compile(std::move(prepared), options_);
     if (use_cache) {
       std::lock_guard<std::mutex> lock(c.mutex);
       c.entries[key_] = Cache::Entry{text, program_, ++c.clock};
@@ -273,6 +281,11 @@ Executable::Executable(const Graph& g, const CompileOptions& options, std::share
   }
   buffers_.resize(cg.inputs().size());
   staging_.resize(cg.inputs().size(), nullptr);
+  state_written_.resize(cg.inputs().size(), false);
+  for (size_t v = 0; v < cg.values().size(); ++v) {
+    const ValuePlan& p = plan().at(ValueId{static_cast<int32_t>(v)});
+    if (p.kind == BufferKind::StateInPlace) state_written_[static_cast<size_t>(cg.value(p.state).input)] = true;
+  }
   reset_profile();
 }
 
@@ -436,7 +449,8 @@ std::vector<const Tensor*> Executable::checked(const TensorMap& inputs, bool wit
 }
 
 // Points buffers_ at every input: the caller's tensors (a host device reads them in place,
-// another gets them uploaded into per-input staging buffers) and the store's state.
+// another gets them uploaded into per-input staging buffers) and the store's state (a
+// state input with a tensor in `given` is bound as a plain input is).
 void Executable::bind_inputs(const std::vector<const Tensor*>& given, std::string_view where_) {
   const Graph& g = compiled_graph();
   const std::string where(where_);
@@ -444,7 +458,7 @@ void Executable::bind_inputs(const std::vector<const Tensor*>& given, std::strin
   for (size_t i = 0; i < g.inputs().size(); ++i) {
     const GraphInput& gi = g.inputs()[i];
     const Value& v = g.value(gi.value);
-    if (gi.is_state) {
+    if (gi.is_state && !given[i]) {
       const TensorType* t = store()->type(v.name);
       if (!t) throw Error(where + "state '%" + v.name + "' is not set: call set_state() first");
       if (*t != v.type) throw Error(where + "state '%" + v.name + "': expected " + v.type.str() + ", got " + t->str());
@@ -509,16 +523,22 @@ TensorMap Executable::evaluate(const TensorMap& inputs_and_state) {
   const std::string where = "evaluate @" + g.name() + ": ";
   if (Executable* sibling = sibling_for(inputs_and_state, where)) return sibling->evaluate(inputs_and_state);
   std::vector<const Tensor*> given = checked(inputs_and_state, true, where);
-  // A private store for the given state: the held one is not touched.
+  // A private store for the given state that the code writes in place: the held one is not
+  // touched. On a host device, state the code only reads is read where it is, as inputs
+  // are (an imported model's weights are not copied).
   auto held = store_;
   store_ = std::make_shared<StateStore>(device());
   try {
-    for (size_t i = 0; i < g.inputs().size(); ++i) {
-      if (!g.inputs()[i].is_state) continue;
-      store()->set(g.value(g.inputs()[i].value).name, *given[i]);
-      given[i] = nullptr;  // bound from the store
+    {
+      PhaseTimer timer("state");
+      for (size_t i = 0; i < g.inputs().size(); ++i) {
+        if (!g.inputs()[i].is_state || (device()->host_visible() && !state_written_[i])) continue;
+        store()->set(g.value(g.inputs()[i].value).name, *given[i]);
+        given[i] = nullptr;  // bound from the store
+      }
+      bind_inputs(given, where);
     }
-    bind_inputs(given, where);
+    PhaseTimer timer("call");
     instance().call(buffers_);
     if (options_.profile) ++prof_runs_;
     TensorMap out;

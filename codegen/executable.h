@@ -187,6 +187,7 @@ class Executable {
   std::vector<size_t> returned_outputs_;  // indices into compiled graph outputs
   std::vector<void*> buffers_;            // per compiled input: device pointer of this call
   std::vector<void*> staging_;            // per non-state input on a non-host device
+  std::vector<bool> state_written_;       // per compiled input: state the code updates in place
   int64_t prof_runs_ = 0;
   std::map<int64_t, std::unique_ptr<Executable>> siblings_;  // by batch size
 };

@@ -23,6 +23,7 @@
 #include "ir/npy.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
+#include "ir/timing.h"
 #include "passes/autodiff.h"
 #include "passes/check_memory_plan.h"
 #include "passes/memory_plan.h"
@@ -236,15 +237,24 @@ int run_train_step(const TrainStepArgs& a) {
 struct Run {
   std::string file, output_dir, target, arch, state_weights;
   std::vector<std::string> inputs;
-  bool interp = false, profile = false;
+  bool interp = false, profile = false, timings = false;
   std::optional<int> repeat;  // runs, with --profile
 };
+
+// --timings: "kiln: timing: PHASE  MS ms" lines on stderr, nested phases indented.
+void print_timings(const std::vector<kiln::PhaseTime>& phases) {
+  for (const kiln::PhaseTime& p : phases)
+    fmt::print(stderr, "kiln: timing: {:<{}}{:<24} {:10.3f} ms\n", "", 2 * p.depth, p.name, p.ms);
+}
 
 int run_run(const Run& a) {
   need_file("run", a.file);
   if (a.interp && a.profile) throw Error("--profile times compiled kernels; it does not go with --interp");
   if (a.repeat && !a.profile) throw Error("--repeat N goes with --profile (it times N runs after a warm-up run)");
   if (a.repeat && *a.repeat < 1) throw Error("--repeat expects at least 1 run");
+  kiln::set_phase_timing(a.timings);
+  std::optional<kiln::PhaseTimer> first_result(std::in_place, "first result");
+  std::optional<kiln::PhaseTimer> phase(std::in_place, "load");
   kiln::tool::ModelFile m = kiln::tool::load_model_file(a.file);
   kiln::Graph& g = m.graph;
   if (!a.state_weights.empty()) {
@@ -267,22 +277,32 @@ int run_run(const Run& a) {
                               a.state_weights, weights.size(), g.name(),
                               state_names.empty() ? "it has no state inputs" : "its state: " + state_names));
   }
+  phase.emplace("inputs");
   kiln::TensorMap inputs = read_inputs(g, a.file, a.inputs, /*any_batch=*/true, m.state);
+  m.state.clear();  // `inputs` holds what is used of it
   kiln::TensorMap outputs;
   std::string profile;
   if (a.interp) {
+    phase.emplace("interpret");
     outputs = kiln::interpret(g, inputs);
+    phase.reset();
+    first_result.reset();
   } else {
     kiln::CompileOptions options = compile_options(a.target, a.arch);
     options.profile = a.profile;
+    phase.emplace("compile");
     auto exe = kiln::compile(g, options);
+    phase.emplace("first run");
     outputs = exe->evaluate(inputs);
+    phase.reset();
+    first_result.reset();
     if (a.repeat) {  // the steady state: the first run (page faults, pool start-up) not counted
       exe->reset_profile();
       for (int i = 0; i < *a.repeat; ++i) outputs = exe->evaluate(inputs);
     }
     if (a.profile) profile = exe->profile_report();
   }
+  print_timings(kiln::take_phase_times());
   if (a.output_dir.empty()) {
     for (const kiln::GraphOutput& o : g.outputs()) fmt::print("{} = {}\n", o.name, summarize(outputs.at(o.name)));
     std::fputs(profile.c_str(), stdout);
@@ -457,7 +477,7 @@ int run_command_line(int argc, char** argv) {
   CLI::App* run_cmd = p.add_command(
       "run", "run a graph on .npy inputs, print or write its outputs",
       "FILE.kir|FILE.onnx --input NAME=FILE.npy ... [--state-weights FILE|DIR] [--output-dir DIR] [--interp | "
-      "--profile [--repeat N]]",
+      "--profile [--repeat N]] [--timings]",
       "Compiles the graph for --target (default: $KILN_TARGET, else cpu) and runs it on the given\n"
       "inputs.\n"
       "Every graph input, state inputs included, needs an --input with a .npy file of exactly\n"
@@ -485,6 +505,10 @@ int run_command_line(int argc, char** argv) {
   p.add_count(run_cmd, "--repeat", run.repeat,
               "with --profile: run N more times after a first, untimed run and report those N (the steady "
               "state); the outputs printed are the last run's");
+  p.add_flag(run_cmd, "--timings", run.timings,
+             "print on stderr how long each phase took up to the first result, as lines 'kiln: timing: PHASE "
+             "MS ms' (nested phases indented): load (an ONNX model's parse, weights, check, import, batch "
+             "check, shape check), inputs, compile (pipeline, plans, codegen), first run (state, call)");
 
   Opt opt;
   CLI::App* opt_cmd = p.add_command(

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include <sys/mman.h>
 
@@ -29,6 +30,7 @@
 #include "ir/calling.h"
 #include "ir/error.h"
 #include "ir/printer.h"
+#include "ir/timing.h"
 #include "passes/memory_plan.h"
 #include "passes/pipeline.h"
 #include "runtime/abi.h"
@@ -280,11 +282,15 @@ std::shared_ptr<const Program> build(std::shared_ptr<const Prepared> prep, const
   if (!missing.empty())
     code->cannot_run = "cpu codegen: code compiled for cpu '" + tm->getTargetCPU().str() +
                        "' uses features the host CPU lacks (" + missing + "); it cannot run here";
-  detail::EmittedModule em = detail::emit_module(*prep, options, *tm, "kiln_entry");
+  std::optional<PhaseTimer> timer(std::in_place, "lower and optimize");
+  // The program keeps `prep`: large constants are read from its graph, not copied.
+  detail::EmittedModule em = detail::emit_module(*prep, options, *tm, "kiln_entry", /*constants_by_address=*/true);
+  timer.emplace("module text");
   {
     llvm::raw_string_ostream os(code->ir);
     em.module->print(os, nullptr);
   }
+  timer.emplace("machine code");
   for (const std::string& s : em.info.runtime_symbols) {
     bool known = false;
     for (const auto& e : runtime_symbol_table()) known = known || s == e.first;

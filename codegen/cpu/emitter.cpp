@@ -72,10 +72,15 @@ Value* Lowerer::splat(const Graph& g, ValueId v) {
 }
 
 // The constant's value in full, as a private global. Every global's bytes are counted:
-// a module holds at most kMaxConstantBytes of them.
+// a module holds at most kMaxConstantBytes of them. For the JIT a large one is its
+// tensor's address instead (LowerOptions::constants_by_address).
 Value* Lowerer::global_constant(const Node& n) {
   const Tensor& value = attr_tensor(n.attrs, "value");
   int64_t bytes = value.numel() * static_cast<int64_t>(dtype_size(value.dtype()));
+  if (options_.constants_by_address && !value.is_splat() && bytes >= kAddressedConstantBytes)
+    return llvm::ConstantExpr::getIntToPtr(
+        llvm::ConstantInt::get(i64_, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(value.raw()))),
+        ptr_);
   constant_bytes_ += bytes;
   if (constant_bytes_ > kMaxConstantBytes)
     throw Error("cpu codegen: the constants of @" + g_.name() + " need more than " +

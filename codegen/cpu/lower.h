@@ -33,6 +33,11 @@ struct LowerOptions {
   // The entry function's name (external linkage): the JIT's is fixed, an AOT object's is
   // NAME_entry (made internal by its glue), so two models link into one program.
   std::string entry_name = "kiln_entry";
+  // The JIT's: a constant of at least kAddressedConstantBytes (not a splat) is read where
+  // its tensor is, in the graph being lowered (which the JIT'ed program keeps alive: the
+  // Prepared graph), instead of being copied into the module, its object code and the JIT's
+  // memory. An AOT object embeds every constant.
+  bool constants_by_address = false;
   // The environment variable KILN_CODEGEN_BASELINE=1 turns this off in every lower_graph
   // call (to measure what it buys; prepare() turns the plan's GEMM epilogue off with it).
 };
@@ -41,6 +46,8 @@ struct LowerOptions {
 // the runtime's thread pool (kiln_rt_parallel_for): their body is outlined into an internal
 // function `kiln_task*(ctx, begin, end)` over a range of their outermost iterations.
 inline constexpr int64_t kParallelWork = 32768;
+// See LowerOptions::constants_by_address.
+inline constexpr int64_t kAddressedConstantBytes = 4096;
 // A graph of more nodes than kNodesInEntry gets its top-level kernels in functions of
 // about kNodesPerFunction nodes each (a larger fused kernel alone), so that LLVM's
 // superlinear passes see bounded functions; a smaller graph is all in kiln_entry.
