@@ -20,8 +20,11 @@ random normal for floats), batch 1.
 Not a test: figures depend on the machine. Each figure is the best of --reps runs, the
 systems alternating.
 
-usage: memory.py [--kiln build/tools/kiln] [--dir DIR] [--mb 256] [--reps 3]
-                 [--ort-python PYTHON] [--model FILE.onnx ...] [--no-synthetic]
+usage: memory.py [--kiln build/tools/kiln] [--base-kiln OLD/kiln] [--dir DIR] [--mb 256]
+                 [--reps 3] [--ort-python PYTHON] [--model FILE.onnx ...] [--no-synthetic]
+
+--base-kiln measures another kiln binary (e.g. a build of the previous commit) in the same
+run, alternating with the others, as the system "base".
 """
 import argparse
 import json
@@ -185,6 +188,12 @@ def ort_once(python, model, feeds, threads):
             "phases": {"session": r["session"], "first run": r["first_run"]}}
 
 
+def kiln_error(e):
+    """The child's last line of error output (the wrapper's peak line left out)."""
+    lines = [l for l in str(e).splitlines() if l.strip() and not l.startswith("peak_rss_kib")]
+    return lines[-1] if lines else str(e)
+
+
 def best(runs):
     b = min(runs, key=lambda r: r["wall"])
     return dict(b, peak=min(r["peak"] for r in runs))
@@ -193,6 +202,7 @@ def best(runs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kiln", default="build/tools/kiln")
+    ap.add_argument("--base-kiln", default=None, help="another kiln to compare with (a baseline build)")
     ap.add_argument("--dir", default=None, help="where the synthetic models go (default: a temporary folder)")
     ap.add_argument("--mb", type=float, default=256, help="MiB of f32 weights in the synthetic model")
     ap.add_argument("--reps", type=int, default=3)
@@ -218,29 +228,35 @@ def main():
     os.environ.update(env)
     results = {}
     timings = has_timings(a.kiln)
+    base_timings = a.base_kiln and has_timings(a.base_kiln)
     for model in models:
         indir = os.path.join(d, "inputs_" + os.path.basename(model).replace(".onnx", ""))
         os.makedirs(indir, exist_ok=True)
         specs, feeds = make_inputs(model, indir)
-        k, o, failed = [], [], {}
+        k, o, b, failed = [], [], [], {}
         for _ in range(a.reps):
             try:
                 k.append(kiln_once(a.kiln, model, specs, timings))
             except RuntimeError as e:
-                failed["kiln"] = str(e).splitlines()[-1]
+                failed["kiln"] = kiln_error(e)
+            if a.base_kiln:
+                try:
+                    b.append(kiln_once(a.base_kiln, model, specs, base_timings))
+                except RuntimeError as e:
+                    failed["base"] = kiln_error(e)
             if a.ort_python:
                 try:
                     o.append(ort_once(a.ort_python, model, feeds, a.threads))
                 except RuntimeError as e:
-                    failed["ort"] = str(e).splitlines()[-1]
+                    failed["ort"] = kiln_error(e)
         results[model] = {"weights": weights_bytes(model), "kiln": best(k) if k else None,
-                          "ort": best(o) if o else None, "failed": failed}
+                          "base": best(b) if b else None, "ort": best(o) if o else None, "failed": failed}
 
     mib = lambda b: b / 2**20
     print(f"{'model':<28} {'weights':>9} {'system':<6} {'peak RSS':>9} {'x wts':>6} {'first result':>12}  phases (s)")
     for model, r in results.items():
         name = os.path.basename(model)
-        for system in ("kiln", "ort"):
+        for system in ("kiln", "base", "ort"):
             s = r[system]
             if not s:
                 if system in r["failed"]:
