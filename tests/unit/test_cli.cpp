@@ -187,7 +187,7 @@ TEST_CASE("kiln --help lists every command and each command's help every option"
   std::string usage = run.output.substr(0, run.output.find('\n'));
   CHECK_THAT(usage, ContainsSubstring("--profile"));
   CHECK_THAT(usage, ContainsSubstring("--interp"));
-  for (const char* opt : {"--input", "--output-dir", "--interp", "--profile", "--repeat"})
+  for (const char* opt : {"--input", "--output-dir", "--interp", "--profile", "--repeat", "--timings"})
     CHECK_THAT(run.output, ContainsSubstring(std::string("\n  ") + opt));
   auto opt = run_kiln("opt --help");
   for (const char* o : {"--passes", "--list-passes", "--print-after-all", "--print-after", "--verify-each",
