@@ -69,9 +69,12 @@ Tensor to_tensor(const onnx::TensorProto& p, const std::string& what) {
   if (!dt)
     throw Unsupported(fmt::format("{} has element type {}; Kiln has float, double, int32, int64 and bool",
                                   what, elem_type_name(p.data_type())));
+  // Initializers' external data is read by take_weights; anything else's (a Constant's
+  // value, a tensor file) is not.
   if (p.data_location() == onnx::TensorProto::EXTERNAL)
-    throw Error(fmt::format("{} keeps its data in an external file, which Kiln does not read; save the model with "
-                            "its weights inside (onnx.save_model(..., save_as_external_data=False))", what));
+    throw Error(fmt::format("{} keeps its data in an external file, which Kiln reads only for a model's "
+                            "initializers; save it with its data inside",
+                            what));
   if (p.has_segment()) throw Unsupported(what + " is a segment of a tensor");
   Shape shape;
   for (int64_t d : p.dims()) {
@@ -570,10 +573,13 @@ Tensor external_tensor(const onnx::TensorProto& p, DType dt, const Shape& shape,
                             file.size()));
   if (bytes == 0) return Tensor(dt, shape);
   const std::byte* data = file.data() + offset;
-  if (reinterpret_cast<uintptr_t>(data) % dtype_size(dt) == 0)
+  if (dt != DType::boolean && reinterpret_cast<uintptr_t>(data) % dtype_size(dt) == 0)
     return Tensor::view(dt, shape, std::shared_ptr<const std::byte>(it->second, data), bytes);
-  Tensor t(dt, shape);  // unaligned: one copy (ONNX's writer aligns large tensors)
-  std::memcpy(t.raw(), data, bytes);
+  Tensor t(dt, shape);  // unaligned (ONNX's writer aligns large tensors) or bool: one copy
+  std::byte* out = t.raw();
+  std::memcpy(out, data, bytes);
+  if (dt == DType::boolean)
+    for (uint64_t i = 0; i < bytes; ++i) out[i] = std::byte{out[i] != std::byte{0}};
   return t;
 }
 
@@ -596,8 +602,9 @@ Weights take_weights(onnx::ModelProto& model, const std::string& what, const std
     const std::string label = fmt::format("{}: initializer '{}'", what, p.name());
     std::optional<DType> dt = onnx_import::dtype_of(p.data_type());
     const bool external = p.data_location() == onnx::TensorProto::EXTERNAL;
-    bool take = dt && *dt != DType::boolean && !p.has_segment() && count[p.name()] == 1 && !p.name().empty() &&
-                (external || p.raw_data().size() >= kTakeBytes);
+    // Raw bool data stays (its bytes need making 0 or 1: to_tensor does).
+    bool take = dt && (external || *dt != DType::boolean) && !p.has_segment() && count[p.name()] == 1 &&
+                !p.name().empty() && (external || p.raw_data().size() >= kTakeBytes);
     Shape shape;
     for (int64_t d : p.dims()) {
       take = take && d >= 0;
