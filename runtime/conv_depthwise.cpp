@@ -77,6 +77,18 @@ int64_t slack(const DwShape& s) {
   return s.wq + kTile<T>;
 }
 
+// The cells [j0, j1) of a row of column phase px that hold input columns: column
+// ix0 + (j - j0) * SW for cell j; the others are padding.
+struct PhaseSpan {
+  int64_t j0, j1, ix0;
+};
+PhaseSpan phase_span(const DwShape& s, int64_t px) {
+  const int64_t j0 = std::min(s.wq, (std::max<int64_t>(0, s.pw - px) + s.sw - 1) / s.sw);
+  const int64_t last = s.w - 1 + s.pw - px;  // the last input column's padded index less px
+  const int64_t j1 = last < 0 ? j0 : std::clamp<int64_t>(last / s.sw + 1, j0, s.wq);
+  return {j0, j1, j0 * s.sw + px - s.pw};
+}
+
 // Copies one channel plane x [H, W] into q, the zero-padded phase-split plane, and zeroes
 // the slack after it: every cell is written once (the zeros only where they belong).
 template <typename T>
@@ -98,17 +110,13 @@ void pad_plane(const DwShape& s, const T* x, T* q) {
     }
     for (int64_t px = 0; px < s.sw; ++px) {  // phase px holds padded columns px, px + SW, ...
       T* dst = q + s.cell(r, px);
-      // Its cells [j0, j1) are input columns j * SW + px - PW, from ix0 on; the rest are zeros.
-      const int64_t j0 = std::min(s.wq, (std::max<int64_t>(0, s.pw - px) + s.sw - 1) / s.sw);
-      const int64_t last = s.w - 1 + s.pw - px;  // the last input column's phase cell, times SW
-      const int64_t j1 = last < 0 ? j0 : std::clamp<int64_t>(last / s.sw + 1, j0, s.wq);
-      const int64_t ix0 = j0 * s.sw + px - s.pw;
-      std::fill_n(dst, j0, T(0));
+      const PhaseSpan sp = phase_span(s, px);
+      std::fill_n(dst, sp.j0, T(0));
       if (s.sw == 2)  // the common stride, with a constant step the vectorizer can use
-        for (int64_t j = j0; j < j1; ++j) dst[j] = row[ix0 + 2 * (j - j0)];
+        for (int64_t j = sp.j0; j < sp.j1; ++j) dst[j] = row[sp.ix0 + 2 * (j - sp.j0)];
       else
-        for (int64_t j = j0; j < j1; ++j) dst[j] = row[ix0 + s.sw * (j - j0)];
-      std::fill_n(dst + j1, s.wq - j1, T(0));
+        for (int64_t j = sp.j0; j < sp.j1; ++j) dst[j] = row[sp.ix0 + s.sw * (j - sp.j0)];
+      std::fill_n(dst + sp.j1, s.wq - sp.j1, T(0));
     }
   }
   std::fill_n(q + s.plane, slack<T>(s), T(0));
@@ -314,7 +322,11 @@ void grad_input(const T* dy, const T* w, T* dx, const KilnConv2dParams& p) {
           std::copy_n(dq + s.cell(r, s.pw), s.w, dst);
           continue;
         }
-        for (int64_t ix = 0; ix < s.w; ++ix) dst[ix] = dq[s.cell(r, ix + s.pw)];
+        for (int64_t px = 0; px < s.sw; ++px) {  // the phases' input cells, a strided scatter
+          const T* src = dq + s.cell(r, px);
+          const PhaseSpan sp = phase_span(s, px);
+          for (int64_t j = sp.j0; j < sp.j1; ++j) dst[sp.ix0 + s.sw * (j - sp.j0)] = src[j];
+        }
       }
     }
   });
