@@ -62,8 +62,6 @@ struct DwShape {
     const int64_t r = ky * dh, q = kx * dw;
     return ((r % sh) * sw + q % sw) * hq * wq + (r / sh) * wq + q / sw;
   }
-  // Where padded cell (r, col) lives in the phase-split plane.
-  int64_t cell(int64_t r, int64_t col) const { return ((r % sh) * sw + col % sw) * hq * wq + (r / sh) * wq + col / sw; }
 };
 
 template <typename T>
@@ -90,35 +88,32 @@ PhaseSpan phase_span(const DwShape& s, int64_t px) {
 }
 
 // Copies one channel plane x [H, W] into q, the zero-padded phase-split plane, and zeroes
-// the slack after it: every cell is written once (the zeros only where they belong).
+// the slack after it: every cell is written once (the zeros only where they belong), phase
+// by phase, with no division per row or cell.
 template <typename T>
 void pad_plane(const DwShape& s, const T* x, T* q) {
-  for (int64_t r = 0; r < s.sh * s.hq; ++r) {  // padded rows, every phase's
-    const int64_t iy = r - s.ph;
-    if (iy < 0 || iy >= s.h) {
-      for (int64_t px = 0; px < s.sw; ++px) std::fill_n(q + s.cell(r, px), s.wq, T(0));
-      continue;
-    }
-    const T* row = x + iy * s.w;
-    if (s.sw == 1) {
-      T* dst = q + s.cell(r, 0);
-      const int64_t right = std::max<int64_t>(0, std::min(s.wq, s.pw + s.w));
-      std::fill_n(dst, std::min(s.pw, s.wq), T(0));
-      std::copy_n(row, right - std::min(s.pw, right), dst + std::min(s.pw, right));
-      std::fill_n(dst + right, s.wq - right, T(0));
-      continue;
-    }
-    for (int64_t px = 0; px < s.sw; ++px) {  // phase px holds padded columns px, px + SW, ...
-      T* dst = q + s.cell(r, px);
+  for (int64_t py = 0; py < s.sh; ++py)
+    for (int64_t px = 0; px < s.sw; ++px) {  // phase (py, px): padded rows py + i*SH, columns px + j*SW
       const PhaseSpan sp = phase_span(s, px);
-      std::fill_n(dst, sp.j0, T(0));
-      if (s.sw == 2)  // the common stride, with a constant step the vectorizer can use
-        for (int64_t j = sp.j0; j < sp.j1; ++j) dst[j] = row[sp.ix0 + 2 * (j - sp.j0)];
-      else
-        for (int64_t j = sp.j0; j < sp.j1; ++j) dst[j] = row[sp.ix0 + s.sw * (j - sp.j0)];
-      std::fill_n(dst + sp.j1, s.wq - sp.j1, T(0));
+      T* base = q + (py * s.sw + px) * s.hq * s.wq;
+      for (int64_t i = 0; i < s.hq; ++i) {
+        T* dst = base + i * s.wq;
+        const int64_t iy = i * s.sh + py - s.ph;
+        if (iy < 0 || iy >= s.h) {
+          std::fill_n(dst, s.wq, T(0));
+          continue;
+        }
+        const T* row = x + iy * s.w;
+        std::fill_n(dst, sp.j0, T(0));
+        if (s.sw == 1)
+          std::copy_n(row + sp.ix0, sp.j1 - sp.j0, dst + sp.j0);
+        else if (s.sw == 2)  // the common stride, with a constant step the vectorizer can use
+          for (int64_t j = sp.j0; j < sp.j1; ++j) dst[j] = row[sp.ix0 + 2 * (j - sp.j0)];
+        else
+          for (int64_t j = sp.j0; j < sp.j1; ++j) dst[j] = row[sp.ix0 + s.sw * (j - sp.j0)];
+        std::fill_n(dst + sp.j1, s.wq - sp.j1, T(0));
+      }
     }
-  }
   std::fill_n(q + s.plane, slack<T>(s), T(0));
 }
 
@@ -314,20 +309,22 @@ void grad_input(const T* dy, const T* w, T* dx, const KilnConv2dParams& p) {
         else
           scatter_plane_f64(d, off, s.taps, w + oc * s.taps, dq, s.oh, s.ow, s.wq);
       }
-      T* dxc = dx + item * s.h * s.w;
-      for (int64_t iy = 0; iy < s.h; ++iy) {
-        T* dst = dxc + iy * s.w;
-        const int64_t r = iy + s.ph;
-        if (s.sw == 1) {
-          std::copy_n(dq + s.cell(r, s.pw), s.w, dst);
-          continue;
-        }
-        for (int64_t px = 0; px < s.sw; ++px) {  // the phases' input cells, a strided scatter
-          const T* src = dq + s.cell(r, px);
+      T* dxc = dx + item * s.h * s.w;  // the phases' input cells, strided into dx's rows
+      for (int64_t py = 0; py < s.sh; ++py)
+        for (int64_t px = 0; px < s.sw; ++px) {
           const PhaseSpan sp = phase_span(s, px);
-          for (int64_t j = sp.j0; j < sp.j1; ++j) dst[sp.ix0 + s.sw * (j - sp.j0)] = src[j];
+          const T* base = dq + (py * s.sw + px) * s.hq * s.wq;
+          for (int64_t i = 0; i < s.hq; ++i) {
+            const int64_t iy = i * s.sh + py - s.ph;
+            if (iy < 0 || iy >= s.h) continue;
+            const T* src = base + i * s.wq;
+            T* dst = dxc + iy * s.w;
+            if (s.sw == 1)
+              std::copy_n(src + sp.j0, sp.j1 - sp.j0, dst + sp.ix0);
+            else
+              for (int64_t j = sp.j0; j < sp.j1; ++j) dst[sp.ix0 + s.sw * (j - sp.j0)] = src[j];
+          }
         }
-      }
     }
   });
 }
