@@ -33,9 +33,11 @@
 // Depthwise convolutions (groups == C) do not come here: runtime/conv_depthwise.cpp has
 // their direct kernels. 1x1 stride-1 unpadded convs (pointwise) are one GEMM per image on
 // the input itself (batch 1: that GEMM split over the pool; a batch: images over the pool);
-// a 1x1 strided conv's im2col is the strided gather of its C input rows, then one GEMM. A
-// batch of 1x1 convs on small planes is one GEMM over the batch (runtime/conv_pointwise.cpp),
-// and 3x3 stride-1 convs with many channels take Winograd (runtime/conv_winograd.cpp).
+// a 1x1 strided conv's im2col is the strided gather of its C input rows, then one GEMM
+// (conv_bench --models: at batch 16 these per-image GEMMs run at the speed of one GEMM over
+// the whole batch; gathering the batch into one [C, N*P] GEMM measured 0.65-1.09x of them on
+// MobileNetV2's 7x7 and 14x14 1x1 layers, so it is not done). 3x3 stride-1 convs with many
+// channels take Winograd (runtime/conv_winograd.cpp).
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -407,8 +409,6 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
             bool special = true) {
   const ConvShape s(*params);
   if (special && kiln::rt::is_depthwise(*params)) return kiln::rt::depthwise_conv2d(x, w, bias, y, *params, act);
-  if (special && kiln::rt::pointwise_batched(*params))
-    return kiln::rt::pointwise_batched_conv2d(x, w, bias, y, *params, act);
   if (special && direct_ok(s)) return direct_all(s, x, w, bias, y, act);
   if (special && kiln::rt::winograd_shape(*params) && kiln::rt::winograd_conv2d(x, w, bias, y, *params, act)) return;
   for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {

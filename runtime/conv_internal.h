@@ -49,16 +49,6 @@ bool winograd_conv2d(const float* x, const float* w, const float* bias, float* y
 bool winograd_conv2d(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams& p,
                      int32_t act);
 
-// A batch (N > 1) of 1x1 unpadded ungrouped convs (any stride) whose output planes have at
-// most kPointwiseBatchMaxPlane positions, as one GEMM over the whole batch
-// (runtime/conv_pointwise.cpp); forward only.
-constexpr int64_t kPointwiseBatchMaxPlane = 256;
-bool pointwise_batched(const KilnConv2dParams& p);
-void pointwise_batched_conv2d(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams& p,
-                              int32_t act);
-void pointwise_batched_conv2d(const double* x, const double* w, const double* bias, double* y,
-                              const KilnConv2dParams& p, int32_t act);
-
 // The general path alone, im2col (or none for a 1x1 stride-1 conv) + one GEMM per image and
 // group, whatever the shape: what every convolution took before the specialized kernels,
 // kept callable as the baseline bench/conv_bench.cpp measures them against. f32 only.
