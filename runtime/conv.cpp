@@ -579,6 +579,17 @@ void direct_dw_chunk(const ConvShape& s, const T* x, const T* dy, int64_t first,
   }
 }
 
+// Image n, group g's term of the weight gradient by im2col (into `col`, scratch; none for a
+// pointwise conv) + GEMM, written to (or, with `accumulate`, added to) group g's rows of out.
+template <typename T>
+void image_group_dw(const ConvShape& s, const T* x, const T* dy, int64_t n, int64_t g, T* col, bool accumulate,
+                    T* out) {
+  const T* xg = x + (n * s.c + g * s.cg) * s.h * s.w;
+  if (!s.pointwise) im2col(s, xg, col);
+  gemm<T>(false, true, s.og, s.k, s.p, dy + (n * s.o + g * s.og) * s.p, s.p, s.pointwise ? xg : col, s.p, accumulate,
+          out + g * s.og * s.k, s.k);
+}
+
 template <typename T>
 void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* params, bool special = true) {
   const ConvShape s(*params);
@@ -595,12 +606,7 @@ void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* 
     for_each_item(s.groups, [&](int64_t begin, int64_t end) {
       T* col = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
       for (int64_t g = begin; g < end; ++g)
-        for (int64_t n = 0; n < s.n; ++n) {
-          const T* xg = x + (n * s.c + g * s.cg) * s.h * s.w;
-          if (!s.pointwise) im2col(s, xg, col);
-          gemm<T>(false, true, s.og, s.k, s.p, dy + (n * s.o + g * s.og) * s.p, s.p, s.pointwise ? xg : col, s.p,
-                  n != 0, dw + g * s.og * s.k, s.k);
-        }
+        for (int64_t n = 0; n < s.n; ++n) image_group_dw(s, x, dy, n, g, col, n != 0, dw);
     });
     return;
   }
@@ -621,12 +627,7 @@ void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* 
       }
       T* col = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
       for (int64_t n = first; n < last; ++n)
-        for (int64_t g = 0; g < s.groups; ++g) {
-          const T* xg = x + (n * s.c + g * s.cg) * s.h * s.w;
-          if (!s.pointwise) im2col(s, xg, col);
-          gemm<T>(false, true, s.og, s.k, s.p, dy + (n * s.o + g * s.og) * s.p, s.p, s.pointwise ? xg : col, s.p,
-                  n != first, out + g * s.og * s.k, s.k);
-        }
+        for (int64_t g = 0; g < s.groups; ++g) image_group_dw(s, x, dy, n, g, col, n != first, out);
     }
   };
   if (parallel)
