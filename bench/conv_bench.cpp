@@ -8,17 +8,31 @@
 //               ratio is what im2col / col2im and the bias cost on top of the GEMMs.
 // Pooling is reported against memcpy of the bytes it reads and writes.
 //
-//   conv_bench [--batch N] [--min-time SECONDS]
+// --models: MobileNetV2's and ResNet-18's layer shapes (224x224 inputs) at batch 1 and 16,
+// forward with bias (and, with --grads, both gradients), each timed alternately with
+//   old         the im2col + GEMM path every shape took before the depthwise, 1x1 and
+//               grouped kernels (kiln::rt::conv2d_*_im2col_f32): old/new is the speed-up;
+//   bound       for a depthwise conv, memcpy of the bytes it must read and write; for a
+//               dense one, one kiln_rt_sgemm of the same FLOPs (the whole-batch GEMM):
+//               bound/new is the fraction of that bound reached.
+// For the layers Winograd takes, at batch 1, the f32 result's largest error against an f64
+// conv of the same values, next to im2col + sgemm's.
+//
+//   conv_bench [--batch N] [--min-time SECONDS] [--models [--grads]]
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <utility>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "runtime/blas.h"
+#include "runtime/conv_internal.h"
 #include "runtime/kernels.h"
 
 namespace {
@@ -174,18 +188,181 @@ void bench_pool(int64_t n, int64_t c, int64_t h, int64_t w, std::mt19937& rng) {
               avg * 1e3, mem / avg);
 }
 
+// Best seconds per call of f and of g, their trials alternated so that both see the same
+// load on a shared machine.
+template <typename F, typename G>
+std::pair<double, double> time_pair(F&& f, G&& g) {
+  f();
+  g();
+  using clock = std::chrono::steady_clock;
+  auto once = [](auto& h) {
+    auto t0 = clock::now();
+    h();
+    return std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  double best_f = once(f), best_g = once(g);
+  int reps_f = std::max(1, static_cast<int>(g_min_time / 10 / std::max(best_f, 1e-7)));
+  int reps_g = std::max(1, static_cast<int>(g_min_time / 10 / std::max(best_g, 1e-7)));
+  for (int trial = 0; trial < 5; ++trial) {
+    auto t0 = clock::now();
+    for (int i = 0; i < reps_f; ++i) f();
+    best_f = std::min(best_f, std::chrono::duration<double>(clock::now() - t0).count() / reps_f);
+    t0 = clock::now();
+    for (int i = 0; i < reps_g; ++i) g();
+    best_g = std::min(best_g, std::chrono::duration<double>(clock::now() - t0).count() / reps_g);
+  }
+  return {best_f, best_g};
+}
+
+// One layer of a model: input [n, c, h, w], weights [o, c/groups, k, k], "same"-style padding.
+struct Layer {
+  const char* model;
+  const char* what;
+  int64_t c, h, o, k, stride, pad, groups;
+};
+
+// Totals per model and kernel kind, for the summary.
+struct Totals {
+  double fresh = 0, old = 0;
+};
+
+void bench_layer(const Layer& l, int64_t n, bool grads, std::mt19937& rng, Totals& total) {
+  const int64_t oh = (l.h + 2 * l.pad - l.k) / l.stride + 1, cg = l.c / l.groups, K = cg * l.k * l.k, P = oh * oh;
+  const KilnConv2dParams p{n, l.c, l.h, l.h, l.o, l.k, l.k, oh, oh, l.stride, l.stride, l.pad, l.pad, 1, 1, l.groups};
+  std::vector<float> x = random_vector(static_cast<size_t>(n * l.c * l.h * l.h), rng);
+  std::vector<float> w = random_vector(static_cast<size_t>(l.o * K), rng), bias = random_vector(static_cast<size_t>(l.o), rng);
+  std::vector<float> y(static_cast<size_t>(n * l.o * P)), dy = random_vector(y.size(), rng), dx(x.size()), dw(w.size());
+  const double flops = 2.0 * static_cast<double>(n * l.o * P * K);
+  const bool depthwise = l.groups == l.c && l.groups > 1;
+  // The bound: memcpy of what a depthwise conv reads and writes, or the whole-batch GEMM.
+  std::vector<float> sink(std::max(x.size(), y.size()));
+  std::vector<float> ga, gb, gc;
+  if (!depthwise) {
+    ga = random_vector(static_cast<size_t>(l.o * K), rng);
+    gb = random_vector(static_cast<size_t>(K * n * P), rng);
+    gc.resize(static_cast<size_t>(l.o * n * P));
+  }
+  auto bound = [&] {
+    if (depthwise) {
+      std::memcpy(sink.data(), x.data(), x.size() * sizeof(float));
+      std::memcpy(sink.data(), y.data(), y.size() * sizeof(float));
+    } else {
+      kiln_rt_sgemm(0, 0, l.o, n * P, K, 1.0f, ga.data(), K, gb.data(), n * P, 0.0f, gc.data(), n * P);
+    }
+  };
+  struct Kernel {
+    const char* name;
+    std::function<void()> fresh, old;
+  };
+  std::vector<Kernel> kernels = {
+      {"forward", [&] { kiln_rt_conv2d_f32(x.data(), w.data(), bias.data(), y.data(), &p); },
+       [&] { kiln::rt::conv2d_im2col_f32(x.data(), w.data(), bias.data(), y.data(), p); }}};
+  if (grads) {
+    kernels.push_back({"grad_input", [&] { kiln_rt_conv2d_grad_input_f32(dy.data(), w.data(), dx.data(), &p); },
+                       [&] { kiln::rt::conv2d_grad_input_im2col_f32(dy.data(), w.data(), dx.data(), p); }});
+    kernels.push_back({"grad_weight", [&] { kiln_rt_conv2d_grad_weight_f32(x.data(), dy.data(), dw.data(), &p); },
+                       [&] { kiln::rt::conv2d_grad_weight_im2col_f32(x.data(), dy.data(), dw.data(), p); }});
+  }
+  const double bound_s = time_it(bound);
+  if (kiln::rt::winograd_shape(p) && n == 1) {
+    // Winograd's accuracy: the f32 result of each path against the f64 conv of the same
+    // values (its own error is about 1e-9 of theirs): the largest error over the largest |y|.
+    std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(bias.begin(), bias.end()), yd(y.size());
+    kiln_rt_conv2d_f64(xd.data(), wd.data(), bd.data(), yd.data(), &p);
+    std::vector<float> y_old(y.size());
+    kiln_rt_conv2d_f32(x.data(), w.data(), bias.data(), y.data(), &p);
+    kiln::rt::conv2d_im2col_f32(x.data(), w.data(), bias.data(), y_old.data(), p);
+    double scale = 0, err_new = 0, err_old = 0;
+    for (size_t i = 0; i < yd.size(); ++i) {
+      scale = std::max(scale, std::fabs(yd[i]));
+      err_new = std::max(err_new, std::fabs(double(y[i]) - yd[i]));
+      err_old = std::max(err_old, std::fabs(double(y_old[i]) - yd[i]));
+    }
+    std::printf("  %-11s %-10s winograd f32 max error %.2e of max |y| %.1f (im2col + sgemm: %.2e)\n", l.model, l.what,
+                err_new / scale, scale, err_old / scale);
+  }
+  for (const Kernel& kn : kernels) {
+    auto [fresh, old] = time_pair(kn.fresh, kn.old);
+    total.fresh += fresh;
+    total.old += old;
+    char shape[96];
+    std::snprintf(shape, sizeof shape, "%lldx%lldx%lld -> %lld k%lld s%lld g%lld", (long long)l.c, (long long)l.h,
+                  (long long)l.h, (long long)l.o, (long long)l.k, (long long)l.stride, (long long)l.groups);
+    std::printf("  %-11s %-10s %-3lld %-30s %-11s %9.3f %9.3f %7.2f %7.1f %9.3f %6.2f\n", l.model, l.what, (long long)n,
+                shape, kn.name, fresh * 1e3, old * 1e3, old / fresh, flops / fresh / 1e9, bound_s * 1e3,
+                bound_s / fresh);
+  }
+}
+
+void bench_models(bool grads, std::mt19937& rng) {
+  // MobileNetV2 (224x224): its depthwise layers (3x3, stride 1 and 2, 32..960 channels) and
+  // 1x1 expand / project layers; ResNet-18: its 3x3 layers (64..512 channels), the 7x7
+  // stem and the 1x1 stride-2 downsamples.
+  const Layer layers[] = {
+      {"mobilenet", "stem", 3, 224, 32, 3, 2, 1, 1},
+      {"mobilenet", "dw", 32, 112, 32, 3, 1, 1, 32},
+      {"mobilenet", "project", 32, 112, 16, 1, 1, 0, 1},
+      {"mobilenet", "expand", 16, 112, 96, 1, 1, 0, 1},
+      {"mobilenet", "dw", 96, 112, 96, 3, 2, 1, 96},
+      {"mobilenet", "project", 96, 56, 24, 1, 1, 0, 1},
+      {"mobilenet", "expand", 24, 56, 144, 1, 1, 0, 1},
+      {"mobilenet", "dw", 144, 56, 144, 3, 1, 1, 144},
+      {"mobilenet", "dw", 144, 56, 144, 3, 2, 1, 144},
+      {"mobilenet", "expand", 32, 28, 192, 1, 1, 0, 1},
+      {"mobilenet", "dw", 192, 28, 192, 3, 1, 1, 192},
+      {"mobilenet", "dw", 192, 28, 192, 3, 2, 1, 192},
+      {"mobilenet", "project", 192, 14, 64, 1, 1, 0, 1},
+      {"mobilenet", "dw", 384, 14, 384, 3, 1, 1, 384},
+      {"mobilenet", "project", 384, 14, 64, 1, 1, 0, 1},
+      {"mobilenet", "dw", 576, 14, 576, 3, 2, 1, 576},
+      {"mobilenet", "dw", 960, 7, 960, 3, 1, 1, 960},
+      {"mobilenet", "project", 960, 7, 320, 1, 1, 0, 1},
+      {"resnet18", "stem", 3, 224, 64, 7, 2, 3, 1},
+      {"resnet18", "3x3", 64, 56, 64, 3, 1, 1, 1},
+      {"resnet18", "3x3 s2", 64, 56, 128, 3, 2, 1, 1},
+      {"resnet18", "down", 64, 56, 128, 1, 2, 0, 1},
+      {"resnet18", "3x3", 128, 28, 128, 3, 1, 1, 1},
+      {"resnet18", "down", 128, 28, 256, 1, 2, 0, 1},
+      {"resnet18", "3x3", 256, 14, 256, 3, 1, 1, 1},
+      {"resnet18", "down", 256, 14, 512, 1, 2, 0, 1},
+      {"resnet18", "3x3", 512, 7, 512, 3, 1, 1, 1},
+      {"grouped", "3x3 g32", 128, 28, 128, 3, 1, 1, 32},  // a ResNeXt-style grouped layer
+  };
+  std::printf("%-13s %-10s %-3s %-30s %-11s %9s %9s %7s %7s %9s %6s\n", "model", "layer", "n", "C x H x W -> O",
+              "kernel", "new ms", "old ms", "old/new", "GFLOP/s", "bound ms", "bd/new");
+  for (int64_t n : {1, 16}) {
+    Totals mobile_dw, mobile_pw, mobile_other, resnet, grouped;
+    for (const Layer& l : layers) {
+      const bool mobile = std::strcmp(l.model, "mobilenet") == 0;
+      Totals& t = !mobile ? (l.groups > 1 ? grouped : resnet) : l.groups > 1 ? mobile_dw : l.k == 1 ? mobile_pw : mobile_other;
+      bench_layer(l, n, grads, rng, t);
+    }
+    std::printf("batch %lld totals (new / old ms, old/new): MobileNetV2 depthwise %.2f / %.2f (%.2fx), 1x1 %.2f / %.2f "
+                "(%.2fx), stem %.2f / %.2f; ResNet-18 layers %.2f / %.2f (%.2fx); grouped %.2f / %.2f (%.2fx)\n\n",
+                (long long)n, mobile_dw.fresh * 1e3, mobile_dw.old * 1e3, mobile_dw.old / mobile_dw.fresh,
+                mobile_pw.fresh * 1e3, mobile_pw.old * 1e3, mobile_pw.old / mobile_pw.fresh, mobile_other.fresh * 1e3,
+                mobile_other.old * 1e3, resnet.fresh * 1e3, resnet.old * 1e3, resnet.old / resnet.fresh,
+                grouped.fresh * 1e3, grouped.old * 1e3, grouped.old / grouped.fresh);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t batch = 256;
+  bool models = false, grads = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--batch" && i + 1 < argc) {
       batch = std::atoll(argv[++i]);
     } else if (a == "--min-time" && i + 1 < argc) {
       g_min_time = std::atof(argv[++i]);
+    } else if (a == "--models") {
+      models = true;
+    } else if (a == "--grads") {
+      grads = true;
     } else {
-      std::fprintf(stderr, "usage: conv_bench [--batch N] [--min-time SECONDS]\n");
+      std::fprintf(stderr, "usage: conv_bench [--batch N] [--min-time SECONDS] [--models [--grads]]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
@@ -195,6 +372,10 @@ int main(int argc, char** argv) {
   }
   std::mt19937 rng(1);
   std::printf("threads %d, %s\n", kiln_rt_num_threads(), kiln_rt_blas_config());
+  if (models) {
+    bench_models(grads, rng);
+    return 0;
+  }
   double big = sgemm_seconds(1024, 1024, 1024, rng);
   std::printf("sgemm 1024^3 through kiln_rt_sgemm: %.1f GFLOP/s (the machine's practical peak)\n\n",
               2.0 * 1024 * 1024 * 1024 / big / 1e9);

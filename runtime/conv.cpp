@@ -27,7 +27,17 @@
 // output channels instead). grad_weight accumulates the images of each chunk into that
 // chunk's own partial sum and adds the partials in chunk order; the chunks are fixed by the
 // shape, so no result depends on the thread count (GEMMs are cut by shape too:
-// runtime/blas.cpp).
+// runtime/blas.cpp). A grouped grad_weight runs the groups in parallel instead, each summing
+// all images in order into its own slice of dw.
+//
+// Depthwise convolutions (groups == C) do not come here: runtime/conv_depthwise.cpp has
+// their direct kernels. 1x1 stride-1 unpadded convs (pointwise) are one GEMM per image on
+// the input itself (batch 1: that GEMM split over the pool; a batch: images over the pool);
+// a 1x1 strided conv's im2col is the strided gather of its C input rows, then one GEMM
+// (conv_bench --models: at batch 16 these per-image GEMMs run at the speed of one GEMM over
+// the whole batch; gathering the batch into one [C, N*P] GEMM measured 0.65-1.09x of them on
+// MobileNetV2's 7x7 and 14x14 1x1 layers, so it is not done). 3x3 stride-1 convs with many
+// channels take Winograd (runtime/conv_winograd.cpp).
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -35,6 +45,7 @@
 #include <vector>
 
 #include "runtime/blas.h"
+#include "runtime/conv_internal.h"
 #include "runtime/kernels.h"
 #include "runtime/thread_pool.h"
 #include "runtime/vec_internal.h"
@@ -76,13 +87,7 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
     kiln_rt_dgemm(ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc);
 }
 
-// A per-thread buffer of at least `count` elements, kept between calls.
-template <typename T>
-T* scratch(int64_t count) {
-  thread_local std::vector<T> buffer;
-  if (buffer.size() < static_cast<size_t>(count)) buffer.resize(static_cast<size_t>(count));
-  return buffer.data();
-}
+using kiln::rt::scratch;
 
 // The output columns [lo, hi) of one kernel column kx whose input column ox*stride + off
 // lies inside [0, size).
@@ -398,10 +403,14 @@ std::optional<ConvShape> transposed_direct(const ConvShape& s) {
   return ts;
 }
 
+// `special`: the kernel for the shape (depthwise, direct); without it, im2col + GEMM.
 template <typename T>
-void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams* params, int32_t act) {
+void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams* params, int32_t act,
+            bool special = true) {
   const ConvShape s(*params);
-  if (direct_ok(s)) return direct_all(s, x, w, bias, y, act);
+  if (special && kiln::rt::is_depthwise(*params)) return kiln::rt::depthwise_conv2d(x, w, bias, y, *params, act);
+  if (special && direct_ok(s)) return direct_all(s, x, w, bias, y, act);
+  if (special && kiln::rt::winograd_shape(*params) && kiln::rt::winograd_conv2d(x, w, bias, y, *params, act)) return;
   for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {
     T* col = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
     for (int64_t item = begin; item < end; ++item) {
@@ -419,9 +428,11 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
 }
 
 template <typename T>
-void conv2d_grad_input(const T* dy, const T* w, T* dx, const KilnConv2dParams* params) {
+void conv2d_grad_input(const T* dy, const T* w, T* dx, const KilnConv2dParams* params, bool special = true) {
   const ConvShape s(*params);
-  if (std::optional<ConvShape> ts = transposed_direct(s)) {
+  if (special && kiln::rt::is_depthwise(*params)) return kiln::rt::depthwise_grad_input(dy, w, dx, *params);
+  std::optional<ConvShape> ts = special ? transposed_direct(s) : std::nullopt;
+  if (ts) {
     // wt [C, O, KH, KW]: wt[c, o, ky, kx] = w[o, c, KH - 1 - ky, KW - 1 - kx].
     const int64_t taps = s.kh * s.kw;
     std::vector<T> wt(static_cast<size_t>(s.c * s.o * taps));
@@ -568,12 +579,35 @@ void direct_dw_chunk(const ConvShape& s, const T* x, const T* dy, int64_t first,
   }
 }
 
+// Image n, group g's term of the weight gradient by im2col (into `col`, scratch; none for a
+// pointwise conv) + GEMM, written to (or, with `accumulate`, added to) group g's rows of out.
 template <typename T>
-void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* params) {
+void image_group_dw(const ConvShape& s, const T* x, const T* dy, int64_t n, int64_t g, T* col, bool accumulate,
+                    T* out) {
+  const T* xg = x + (n * s.c + g * s.cg) * s.h * s.w;
+  if (!s.pointwise) im2col(s, xg, col);
+  gemm<T>(false, true, s.og, s.k, s.p, dy + (n * s.o + g * s.og) * s.p, s.p, s.pointwise ? xg : col, s.p, accumulate,
+          out + g * s.og * s.k, s.k);
+}
+
+template <typename T>
+void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* params, bool special = true) {
   const ConvShape s(*params);
+  if (special && kiln::rt::is_depthwise(*params)) return kiln::rt::depthwise_grad_weight(x, dy, dw, *params);
   int64_t size = s.o * s.k;
   if (s.n == 0) {
     std::fill_n(dw, size, T(0));
+    return;
+  }
+  // Grouped: each group's weights are their own sum over the images, in image order, so the
+  // groups run in parallel with no partial sums (one column buffer per thread) and each
+  // group's result is the same whichever thread computes it.
+  if (special && s.groups > 1) {
+    for_each_item(s.groups, [&](int64_t begin, int64_t end) {
+      T* col = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
+      for (int64_t g = begin; g < end; ++g)
+        for (int64_t n = 0; n < s.n; ++n) image_group_dw(s, x, dy, n, g, col, n != 0, dw);
+    });
     return;
   }
   // Chunk i sums images [n*i/chunks, n*(i+1)/chunks) into partial i (chunk 0 into dw); the
@@ -581,7 +615,7 @@ void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* 
   // count, so dw is bitwise the same for any number of threads.
   int64_t chunks = std::clamp<int64_t>(kMaxPartialElements / size, 1, std::min(s.n, kMaxChunks));
   bool parallel = chunks > 1 && kiln_rt_num_threads() > 1 && !kiln::rt::in_parallel_region();
-  const bool direct = direct_ok(s) && size <= kDirectMaxDw;
+  const bool direct = special && direct_ok(s) && size <= kDirectMaxDw;
   std::vector<T> partials(static_cast<size_t>((chunks - 1) * size));
   auto body = [&](int64_t begin, int64_t end) {
     for (int64_t chunk = begin; chunk < end; ++chunk) {
@@ -593,12 +627,7 @@ void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* 
       }
       T* col = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
       for (int64_t n = first; n < last; ++n)
-        for (int64_t g = 0; g < s.groups; ++g) {
-          const T* xg = x + (n * s.c + g * s.cg) * s.h * s.w;
-          if (!s.pointwise) im2col(s, xg, col);
-          gemm<T>(false, true, s.og, s.k, s.p, dy + (n * s.o + g * s.og) * s.p, s.p, s.pointwise ? xg : col, s.p,
-                  n != first, out + g * s.og * s.k, s.k);
-        }
+        for (int64_t g = 0; g < s.groups; ++g) image_group_dw(s, x, dy, n, g, col, n != first, out);
     }
   };
   if (parallel)
@@ -623,6 +652,18 @@ void guarded(const char* name, F&& f) {
 }
 
 }  // namespace
+
+namespace kiln::rt {
+void conv2d_im2col_f32(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams& p) {
+  guarded("conv2d: out of memory", [&] { conv2d(x, w, bias, y, &p, KILN_ACT_NONE, false); });
+}
+void conv2d_grad_input_im2col_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams& p) {
+  guarded("conv2d_grad_input: out of memory", [&] { conv2d_grad_input(dy, w, dx, &p, false); });
+}
+void conv2d_grad_weight_im2col_f32(const float* x, const float* dy, float* dw, const KilnConv2dParams& p) {
+  guarded("conv2d_grad_weight: out of memory", [&] { conv2d_grad_weight(x, dy, dw, &p, false); });
+}
+}  // namespace kiln::rt
 
 extern "C" {
 

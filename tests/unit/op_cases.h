@@ -225,6 +225,19 @@ inline std::vector<OpCase> op_cases(Op op) {
             {{"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, t, t);
         add(dt, {{{1, 4, 8, 7}, {-1, 1}}, {{6, 2, 3, 2}, {-1, 1}}}, op,
             {{"groups", int64_t{2}}, {"dilation", Ints{2, 1}}}, t, t);
+        // Depthwise (groups == C: the runtime's depthwise kernels): multiplier 1, 5x5 stride
+        // 2 with bias; multiplier 2, 3x3 dilated, unequal strides; non-finite weights and
+        // inputs over the padding. Grouped with 3 groups of 2 channels.
+        add(dt, {{{2, 4, 11, 9}, {-1, 1}}, {{4, 1, 5, 5}, {-1, 1}}, {{4}, {-1, 1}}}, op,
+            {{"groups", int64_t{4}}, {"stride", Ints{2, 2}}, {"padding", Ints{2, 2}}}, t, t);
+        add(dt, {{{1, 3, 8, 7}, {-1, 1}}, {{6, 1, 3, 3}, {-1, 1}}}, op,
+            {{"groups", int64_t{3}}, {"stride", Ints{1, 2}}, {"padding", Ints{2, 1}}, {"dilation", Ints{2, 1}}}, t, t);
+        add(dt, {{{2, 3, 6, 6}, {-1, 1}}, {{3, 1, 3, 3}, {-1, 1}}, {{3}, {-1, 1}}}, op,
+            {{"groups", int64_t{3}}, {"padding", Ints{1, 1}}}, t, t);
+        poison("x1", {{0, inf}, {13, -inf}, {20, nan}});
+        poison("x0", {{7, inf}, {50, nan}});
+        add(dt, {{{2, 6, 7, 7}, {-1, 1}}, {{6, 2, 3, 3}, {-1, 1}}, {{6}, {-1, 1}}}, op,
+            {{"groups", int64_t{3}}, {"padding", Ints{1, 1}}}, t, t);
         // Non-finite weights over padding (0 * inf = NaN where a window reaches it) and
         // non-finite inputs: on the CPU's direct path (stride 1, one group), by im2col
         // (stride 2) and fused with a relu (direct and im2col).
@@ -256,6 +269,15 @@ inline std::vector<OpCase> op_cases(Op op) {
         double t = dt == DType::f32 ? 1e-4 : 1e-10;
         add(dt, {{{2, 4, 5, 5}, {-1, 1}}, {{4, 3, 3, 3}, {-1, 1}}}, op,
             {{"input_size", Ints{9, 9}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, t, t);
+        // Depthwise, multiplier 2, stride 2 (non-finite weights over the padding add
+        // nothing), and grouped.
+        add(dt, {{{2, 8, 5, 5}, {-1, 1}}, {{8, 1, 3, 3}, {-1, 1}}}, op,
+            {{"input_size", Ints{9, 10}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}, {"groups", int64_t{4}}}, t, t);
+        poison("x1", {{0, inf}, {10, nan}});
+        add(dt, {{{1, 4, 7, 7}, {-1, 1}}, {{4, 1, 5, 5}, {-1, 1}}}, op,
+            {{"input_size", Ints{7, 7}}, {"padding", Ints{2, 2}}, {"groups", int64_t{4}}}, t, t);
+        add(dt, {{{2, 6, 6, 6}, {-1, 1}}, {{6, 2, 3, 3}, {-1, 1}}}, op,
+            {{"input_size", Ints{6, 6}}, {"padding", Ints{1, 1}}, {"groups", int64_t{3}}}, t, t);
         // Non-finite weights (a tap over the padding adds nothing: no NaN from 0 * inf) and
         // dy, on the CPU's transposed direct path (stride 1) and by im2col (stride 2).
         add(dt, {{{2, 4, 6, 6}, {-1, 1}}, {{4, 3, 3, 3}, {-1, 1}}}, op,
@@ -274,6 +296,15 @@ inline std::vector<OpCase> op_cases(Op op) {
         double t = dt == DType::f32 ? 1e-4 : 1e-10;
         add(dt, {{{2, 3, 9, 9}, {-1, 1}}, {{2, 4, 5, 5}, {-1, 1}}}, op,
             {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}, t, t);
+        // Depthwise, multiplier 2, stride 2 (non-finite dy over the padding: 0 * dy), 5x5,
+        // and grouped.
+        add(dt, {{{2, 4, 9, 10}, {-1, 1}}, {{2, 8, 5, 5}, {-1, 1}}}, op,
+            {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}, {"groups", int64_t{4}}}, t, t);
+        poison("x1", {{0, inf}, {60, nan}});
+        add(dt, {{{3, 4, 7, 7}, {-1, 1}}, {{3, 4, 7, 7}, {-1, 1}}}, op,
+            {{"kernel", Ints{5, 5}}, {"padding", Ints{2, 2}}, {"groups", int64_t{4}}}, t, t);
+        add(dt, {{{2, 6, 6, 6}, {-1, 1}}, {{2, 6, 6, 6}, {-1, 1}}}, op,
+            {{"kernel", Ints{3, 3}}, {"padding", Ints{1, 1}}, {"groups", int64_t{3}}}, t, t);
         // Non-finite dy (a tap over the padding adds 0 * dy: NaN) and x, on the CPU's direct
         // path (stride 1; an image with a non-finite x takes im2col) and by im2col.
         for (Ints stride : {Ints{1, 1}, Ints{2, 2}}) {

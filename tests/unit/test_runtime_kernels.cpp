@@ -14,16 +14,19 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <mutex>
 #include <random>
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "self_exe.h"
+#include "subprocess.h"
 #include "ir/graph.h"
 #include "ir/interp.h"
 #include "runtime/blas.h"
@@ -425,6 +428,182 @@ TEST_CASE("runtime: conv2d special shapes", "[runtime][conv]") {
   };
   for (DType dt : {DType::f32, DType::f64})
     for (const ConvCase& k : cases) check_conv(k, dt, rng);
+}
+
+TEST_CASE("runtime: depthwise conv2d and its gradients over kernels, strides, padding, dilation, multipliers",
+          "[runtime][conv][depthwise]") {
+  // groups == C: the depthwise kernels (runtime/conv_depthwise.cpp), with multiplier 1 and
+  // 2, 3x3 and 5x5 (and non-square) kernels, strides 1 and 2 (and unequal), padding 0 to 2,
+  // dilation 1 and 2, odd sizes, batch 1 and 3.
+  std::mt19937 rng(4321);
+  for (DType dt : {DType::f32, DType::f64})
+    for (int64_t mult : {1, 2})
+      for (int64_t k : {3, 5})
+        for (int64_t s : {1, 2})
+          for (int64_t pad : {0, 1, 2})
+            for (int64_t d : {1, 2}) {
+              const int64_t n = (k + s + pad + d) % 2 == 0 ? 1 : 3, c = 5, h = 13, w = 11;
+              if (h + 2 * pad < d * (k - 1) + 1) continue;
+              check_conv({n, c, h, w, c * mult, k, k, {s, s}, {pad, pad}, {d, d}, c}, dt, rng);
+            }
+  std::vector<ConvCase> cases = {
+      {2, 3, 7, 9, 6, 3, 5, {2, 1}, {1, 2}, {1, 2}, 3},    // every attribute differs between H and W
+      {1, 32, 112, 112, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 32},  // MobileNetV2's first depthwise layer
+      {2, 16, 15, 15, 16, 3, 3, {2, 2}, {1, 1}, {1, 1}, 16},    // stride 2 on an odd size
+      {3, 8, 7, 7, 8, 5, 5, {1, 1}, {2, 2}, {1, 1}, 8},         // EfficientNet's 5x5 at 7x7
+      {2, 4, 3, 3, 12, 3, 3, {1, 1}, {3, 3}, {1, 1}, 4},        // windows entirely in the padding, multiplier 3
+      {2, 2, 1, 40, 2, 1, 3, {1, 3}, {0, 1}, {1, 1}, 2},        // one row, stride 3
+      {2, 3, 6, 5, 3, 2, 2, {3, 3}, {0, 0}, {1, 1}, 3},         // stride > kernel: pixels no window reads
+      {1, 6, 2, 2, 6, 3, 3, {1, 1}, {1, 1}, {1, 1}, 6},         // input smaller than the kernel
+  };
+  for (DType dt : {DType::f32, DType::f64})
+    for (const ConvCase& k : cases) check_conv(k, dt, rng);
+}
+
+TEST_CASE("runtime: Winograd 3x3 convolutions against the interpreter", "[runtime][conv][winograd]") {
+  // 3x3 stride 1 with at least 32 channels in and out, past the direct path's limits (a
+  // plane over 1024 positions, or over 1024 taps): Winograd F(2x2, 3x3). Odd and even
+  // output sizes (half-used tiles), padding 0, 1 and 2, batch 1 and 3; check_conv also runs
+  // an input with a NaN (im2col + GEMM instead) and the fused relu.
+  std::mt19937 rng(808);
+  const std::vector<ConvCase> cases = {
+      {2, 40, 33, 31, 36, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
+      {1, 128, 7, 7, 130, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
+      {3, 120, 5, 6, 33, 3, 3, {1, 1}, {0, 0}, {1, 1}, 1},
+      {1, 116, 4, 9, 32, 3, 3, {1, 1}, {2, 1}, {1, 1}, 1},
+  };
+  for (DType dt : {DType::f32, DType::f64})
+    for (const ConvCase& k : cases) check_conv(k, dt, rng);
+}
+
+TEST_CASE("runtime: depthwise conv2d with infinities and NaNs follows the interpreter", "[runtime][conv][depthwise]") {
+  // Forward and the weight gradient read the padding as real zeros (0 * inf is NaN where a
+  // window over the padding meets an infinite weight or dy); the input gradient adds nothing
+  // for a tap over the padding, whatever the weight.
+  std::mt19937 rng(23);
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType dt : {DType::f32, DType::f64})
+    for (int64_t s : {1, 2}) {
+      INFO(dtype_name(dt) << " stride " << s);
+      const int64_t n = 2, c = 3, h = 7, w = 6, o = 6, k = 3;
+      AttrMap attrs{{"stride", Ints{s, s}}, {"padding", Ints{1, 1}}, {"dilation", Ints{1, 1}}, {"groups", c}};
+      Tensor x = random_tensor(dt, {n, c, h, w}, rng), wt = random_tensor(dt, {o, 1, k, k}, rng);
+      x.set(10, nan);
+      x.set(n * c * h * w - 1, -inf);
+      wt.set(0, inf);       // channel 0's corner tap: over the padding at the top-left edge
+      wt.set(9 + 4, -inf);  // channel 1's centre tap: never over the padding
+      Tensor y = reference(Op::Conv2d, {&x, &wt}, attrs);
+      Tensor dy = random_tensor(dt, y.shape(), rng);
+      dy.set(1, inf);
+      dy.set(dy.numel() - 2, nan);
+      AttrMap gi = attrs, gw = attrs;
+      gi["input_size"] = Ints{h, w};
+      gw["kernel"] = Ints{k, k};
+      Tensor want_dx = reference(Op::Conv2dGradInput, {&dy, &wt}, gi);
+      Tensor want_dw = reference(Op::Conv2dGradWeight, {&x, &dy}, gw);
+      const KilnConv2dParams params{n, c, h, w, o, k, k, y.shape()[2], y.shape()[3], s, s, 1, 1, 1, 1, c};
+      Tensor got_y = poisoned(y.type()), got_dx = poisoned(x.type()), got_dw = poisoned(wt.type());
+      if (dt == DType::f32) {
+        kiln_rt_conv2d_f32(x.data<float>(), wt.data<float>(), nullptr, got_y.data<float>(), &params);
+        kiln_rt_conv2d_grad_input_f32(dy.data<float>(), wt.data<float>(), got_dx.data<float>(), &params);
+        kiln_rt_conv2d_grad_weight_f32(x.data<float>(), dy.data<float>(), got_dw.data<float>(), &params);
+      } else {
+        kiln_rt_conv2d_f64(x.data<double>(), wt.data<double>(), nullptr, got_y.data<double>(), &params);
+        kiln_rt_conv2d_grad_input_f64(dy.data<double>(), wt.data<double>(), got_dx.data<double>(), &params);
+        kiln_rt_conv2d_grad_weight_f64(x.data<double>(), dy.data<double>(), got_dw.data<double>(), &params);
+      }
+      for (auto [got, want, what] : {std::tuple{&got_y, &y, "conv2d"}, std::tuple{&got_dx, &want_dx, "grad_input"},
+                                     std::tuple{&got_dw, &want_dw, "grad_weight"}}) {
+        INFO(what);
+        int64_t nans = 0, infs = 0;
+        for (int64_t i = 0; i < want->numel(); ++i) {
+          const double g = got->get(i), v = want->get(i);
+          INFO("element " << i << ": got " << g << ", want " << v);
+          REQUIRE(std::isnan(g) == std::isnan(v));
+          REQUIRE(std::isinf(g) == std::isinf(v));
+          if (std::isinf(v)) REQUIRE(std::signbit(g) == std::signbit(v));
+          if (std::isfinite(v)) REQUIRE(std::fabs(g - v) <= 1e-4 * std::max(1.0, std::fabs(v)));
+          nans += std::isnan(v);
+          infs += std::isinf(v);
+        }
+        CHECK(nans + infs > 0);  // the case reaches the special values
+      }
+    }
+}
+
+namespace {
+
+// FNV-1a over the bytes of every convolution kernel's outputs (forward with bias and relu,
+// both gradients; f32 and f64) on shapes that take each path: depthwise (multipliers 1 and
+// 2, strides 1 and 2, batch 1 and 3), grouped, 1x1 at batch 1 and 16, 1x1 stride 2.
+uint64_t conv_outputs_hash() {
+  const std::vector<ConvCase> cases = {
+      {1, 24, 30, 30, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 24},
+      {3, 10, 17, 19, 20, 5, 5, {2, 2}, {2, 2}, {1, 1}, 10},
+      {3, 12, 9, 9, 12, 3, 3, {2, 1}, {1, 1}, {2, 1}, 12},
+      {1, 12, 10, 10, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 4},
+      {5, 12, 10, 10, 12, 3, 3, {1, 1}, {1, 1}, {1, 1}, 3},
+      {1, 32, 14, 14, 48, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1},
+      {16, 24, 7, 7, 40, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1},
+      {4, 16, 14, 14, 32, 1, 1, {2, 2}, {0, 0}, {1, 1}, 1},
+  };
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const Tensor& t) {
+    const auto* p = reinterpret_cast<const unsigned char*>(t.raw());
+    for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  std::mt19937 rng(77);
+  for (DType dt : {DType::f32, DType::f64})
+    for (const ConvCase& k : cases) {
+      const int64_t oh = (k.h + 2 * k.padding[0] - k.dilation[0] * (k.kh - 1) - 1) / k.stride[0] + 1;
+      const int64_t ow = (k.w + 2 * k.padding[1] - k.dilation[1] * (k.kw - 1) - 1) / k.stride[1] + 1;
+      const KilnConv2dParams p{k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, oh, ow, k.stride[0], k.stride[1],
+                               k.padding[0], k.padding[1], k.dilation[0], k.dilation[1], k.groups};
+      Tensor x = random_tensor(dt, {k.n, k.c, k.h, k.w}, rng), w = random_tensor(dt, {k.o, k.c / k.groups, k.kh, k.kw}, rng);
+      Tensor b = random_tensor(dt, {k.o}, rng), dy = random_tensor(dt, {k.n, k.o, oh, ow}, rng);
+      Tensor y(dt, {k.n, k.o, oh, ow}), dx(dt, x.shape()), dw(dt, w.shape());
+      if (dt == DType::f32) {
+        kiln_rt_conv2d_act_f32(x.data<float>(), w.data<float>(), b.data<float>(), y.data<float>(), &p, KILN_ACT_RELU);
+        kiln_rt_conv2d_grad_input_f32(dy.data<float>(), w.data<float>(), dx.data<float>(), &p);
+        kiln_rt_conv2d_grad_weight_f32(x.data<float>(), dy.data<float>(), dw.data<float>(), &p);
+      } else {
+        kiln_rt_conv2d_act_f64(x.data<double>(), w.data<double>(), b.data<double>(), y.data<double>(), &p, KILN_ACT_RELU);
+        kiln_rt_conv2d_grad_input_f64(dy.data<double>(), w.data<double>(), dx.data<double>(), &p);
+        kiln_rt_conv2d_grad_weight_f64(x.data<double>(), dy.data<double>(), dw.data<double>(), &p);
+      }
+      REQUIRE(kiln_rt_take_error() == nullptr);
+      mix(y);
+      mix(dx);
+      mix(dw);
+    }
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("runtime: convolution kernels give the same bits at any KILN_NUM_THREADS", "[runtime][conv][threads]") {
+  // The pool reads KILN_NUM_THREADS once per process: each count runs in a child.
+  std::string reference;
+  for (const char* threads : {"1", "2", "3", "5"}) {
+    CAPTURE(threads);
+    RunResult r = run_shell(std::string("KILN_NUM_THREADS=") + threads + " '" + self_exe() +
+                            "' '[.conv_threads_child]' --out /dev/stderr 2>/dev/null");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    auto at = r.output.find("conv hash ");
+    REQUIRE(at != std::string::npos);
+    std::string hash = r.output.substr(at, r.output.find('\n', at) - at);
+    if (reference.empty()) reference = hash;
+    CHECK(hash == reference);
+  }
+}
+
+// Run by the test above in a child process with KILN_NUM_THREADS set; prints the hash.
+TEST_CASE("runtime: convolution child with KILN_NUM_THREADS", "[.conv_threads_child]") {
+  const char* threads = std::getenv("KILN_NUM_THREADS");
+  REQUIRE(threads != nullptr);
+  REQUIRE(kiln_rt_num_threads() == std::atoi(threads));
+  std::cout << "conv hash " << conv_outputs_hash() << std::endl;
 }
 
 TEST_CASE("runtime: conv2d_grad_weight is reproducible run to run", "[runtime][conv]") {

@@ -1,0 +1,390 @@
+// Depthwise convolution (groups == C, O = C * multiplier) and its two gradients as direct
+// kernels: no im2col, no GEMM (which for one input channel is a 1 x KH*KW by KH*KW x P
+// product per output channel, all overhead).
+//
+// Layout. Each input channel plane is copied once into a zero-padded buffer split into
+// SH * SW phases by (row mod SH, column mod SW): padded cell (r, col) lives in phase
+// (r % SH, col % SW) at row r / SH, column col / SW of a HQ x WQ grid. Output (oy, ox) of
+// tap (ky, kx) reads padded cell (oy*SH + ky*DH, ox*SW + kx*DW), which is phase
+// (ky*DH % SH, kx*DW % SW), grid cell (oy + ky*DH / SH, ox + kx*DW / SW): at flat grid
+// position p = oy * WQ + ox plus a per-tap offset. So for any stride and dilation, every
+// tap is one contiguous, vectorized pass over the positions p of the output rows, as in
+// conv.cpp's direct path; the WQ - OW positions past each row's end are computed and dropped.
+//
+// forward      per (image, channel): pad the plane, then for each of its `multiplier`
+//              output channels tiles of 4 vectors of positions whose accumulators stay in
+//              registers over all taps (bias first, then the taps in row-major order), then
+//              the rows are copied out with the activation.
+// grad_input   per (image, channel): dy's rows are scattered into a zeroed phase buffer of
+//              the padded input, tap by tap (contiguous in ox), and its interior is copied
+//              out: a tap over the padding lands in a cell that is dropped, so it adds
+//              nothing whatever the weight (the interpreter's semantics).
+// grad_weight  per channel: the images in order, each padded plane times dy's rows, tap by
+//              tap, in vector accumulators (the row's tail in scalars), summed across lanes
+//              at the end. Padding is read as real zeros: 0 * dy is NaN for an infinite dy,
+//              as in the interpreter.
+//
+// Parallelism: forward and grad_input over (image, channel) pairs, grad_weight over
+// channels, on the runtime's pool. Every output element is computed by one fixed sequence of
+// operations decided by the shape, so results are bitwise the same for any thread count.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "runtime/conv_internal.h"
+#include "runtime/thread_pool.h"
+#include "runtime/vec_internal.h"
+
+namespace kiln::rt {
+namespace {
+
+struct DwShape {
+  int64_t n, c, h, w, mult, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw;
+  int64_t hq, wq;   // one phase's grid
+  int64_t plane;    // SH * SW * HQ * WQ: the padded, phase-split plane
+  int64_t len;      // OH * WQ: the flat positions the forward pass computes
+  int64_t taps;     // KH * KW
+
+  explicit DwShape(const KilnConv2dParams& p)
+      : n(p.n), c(p.c), h(p.h), w(p.w), mult(p.o / p.c), kh(p.kh), kw(p.kw), oh(p.oh), ow(p.ow), sh(p.stride_h),
+        sw(p.stride_w), ph(p.pad_h), pw(p.pad_w), dh(p.dil_h), dw(p.dil_w) {
+    // The padded plane: the input and its padding, and as far as the last window reaches.
+    const int64_t hb = std::max(h + 2 * ph, (oh - 1) * sh + (kh - 1) * dh + 1);
+    const int64_t wb = std::max(w + 2 * pw, (ow - 1) * sw + (kw - 1) * dw + 1);
+    hq = (hb + sh - 1) / sh;
+    wq = (wb + sw - 1) / sw;
+    plane = sh * sw * hq * wq;
+    len = oh * wq;
+    taps = kh * kw;
+  }
+  // Where tap (ky, kx) of output position 0 reads in the phase-split plane.
+  int64_t tap_offset(int64_t ky, int64_t kx) const {
+    const int64_t r = ky * dh, q = kx * dw;
+    return ((r % sh) * sw + q % sw) * hq * wq + (r / sh) * wq + q / sw;
+  }
+};
+
+template <typename T>
+constexpr int64_t kLanes = 32 / static_cast<int64_t>(sizeof(T));
+template <typename T>
+constexpr int64_t kTile = 4 * kLanes<T>;  // positions per forward tile: 4 vector accumulators
+
+// Zeros after the plane: the last tile of the last tap reads up to WQ + kTile past it.
+template <typename T>
+int64_t slack(const DwShape& s) {
+  return s.wq + kTile<T>;
+}
+
+// The cells [j0, j1) of a row of column phase px that hold input columns: column
+// ix0 + (j - j0) * SW for cell j; the others are padding.
+struct PhaseSpan {
+  int64_t j0, j1, ix0;
+};
+PhaseSpan phase_span(const DwShape& s, int64_t px) {
+  const int64_t j0 = std::min(s.wq, (std::max<int64_t>(0, s.pw - px) + s.sw - 1) / s.sw);
+  const int64_t last = s.w - 1 + s.pw - px;  // the last input column's padded index less px
+  const int64_t j1 = last < 0 ? j0 : std::clamp<int64_t>(last / s.sw + 1, j0, s.wq);
+  return {j0, j1, j0 * s.sw + px - s.pw};
+}
+
+// Copies one channel plane x [H, W] into q, the zero-padded phase-split plane, and zeroes
+// the slack after it: every cell is written once (the zeros only where they belong), phase
+// by phase, with no division per row or cell.
+template <typename T>
+void pad_plane(const DwShape& s, const T* x, T* q) {
+  for (int64_t py = 0; py < s.sh; ++py)
+    for (int64_t px = 0; px < s.sw; ++px) {  // phase (py, px): padded rows py + i*SH, columns px + j*SW
+      const PhaseSpan sp = phase_span(s, px);
+      T* base = q + (py * s.sw + px) * s.hq * s.wq;
+      for (int64_t i = 0; i < s.hq; ++i) {
+        T* dst = base + i * s.wq;
+        const int64_t iy = i * s.sh + py - s.ph;
+        if (iy < 0 || iy >= s.h) {
+          std::fill_n(dst, s.wq, T(0));
+          continue;
+        }
+        const T* row = x + iy * s.w;
+        std::fill_n(dst, sp.j0, T(0));
+        if (s.sw == 1)
+          std::copy_n(row + sp.ix0, sp.j1 - sp.j0, dst + sp.j0);
+        else if (s.sw == 2)  // the common stride, with a constant step the vectorizer can use
+          for (int64_t j = sp.j0; j < sp.j1; ++j) dst[j] = row[sp.ix0 + 2 * (j - sp.j0)];
+        else
+          for (int64_t j = sp.j0; j < sp.j1; ++j) dst[j] = row[sp.ix0 + s.sw * (j - sp.j0)];
+        std::fill_n(dst + sp.j1, s.wq - sp.j1, T(0));
+      }
+    }
+  std::fill_n(q + s.plane, slack<T>(s), T(0));
+}
+
+// The forward pass over one padded plane for one output channel: out[p] for the flat
+// positions [0, len rounded up to kTile).
+template <typename T>
+[[gnu::always_inline]] inline void forward_plane(const T* q, const int64_t* off, int64_t taps, const T* wts, T b,
+                                                 T* out, int64_t len) {
+  using V = typename Vec32<T>::type;
+  constexpr int64_t L = kLanes<T>;
+  for (int64_t p = 0; p < len; p += kTile<T>) {
+    V a0, a1, a2, a3;
+    for (int64_t e = 0; e < L; ++e) a0[e] = b;
+    a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t t = 0; t < taps; ++t) {
+      const T* src = q + off[t] + p;
+      const T wv = wts[t];
+      V v0, v1, v2, v3;
+      __builtin_memcpy(&v0, src, sizeof v0);
+      __builtin_memcpy(&v1, src + L, sizeof v1);
+      __builtin_memcpy(&v2, src + 2 * L, sizeof v2);
+      __builtin_memcpy(&v3, src + 3 * L, sizeof v3);
+      a0 += wv * v0;
+      a1 += wv * v1;
+      a2 += wv * v2;
+      a3 += wv * v3;
+    }
+    __builtin_memcpy(out + p, &a0, sizeof a0);
+    __builtin_memcpy(out + p + L, &a1, sizeof a1);
+    __builtin_memcpy(out + p + 2 * L, &a2, sizeof a2);
+    __builtin_memcpy(out + p + 3 * L, &a3, sizeof a3);
+  }
+}
+
+// Compiled for AVX2 + FMA as well as the baseline; the loader picks what the machine has.
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void forward_plane_f32(const float* q, const int64_t* off,
+                                                                                int64_t taps, const float* wts,
+                                                                                float b, float* out, int64_t len) {
+  forward_plane(q, off, taps, wts, b, out, len);
+}
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void forward_plane_f64(const double* q, const int64_t* off,
+                                                                                int64_t taps, const double* wts,
+                                                                                double b, double* out, int64_t len) {
+  forward_plane(q, off, taps, wts, b, out, len);
+}
+
+// grad_input: adds dy's rows [OH, OW] of one output channel, times its weights, into the
+// phase-split plane dq.
+template <typename T>
+[[gnu::always_inline]] inline void scatter_plane(const T* __restrict dy, const int64_t* off, int64_t taps,
+                                                 const T* wts, T* __restrict dq, int64_t oh, int64_t ow,
+                                                 int64_t wq) {
+  for (int64_t oy = 0; oy < oh; ++oy) {
+    const T* __restrict src = dy + oy * ow;
+    for (int64_t t = 0; t < taps; ++t) {
+      T* __restrict dst = dq + off[t] + oy * wq;
+      const T wv = wts[t];
+      for (int64_t ox = 0; ox < ow; ++ox) dst[ox] += wv * src[ox];
+    }
+  }
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void scatter_plane_f32(const float* dy, const int64_t* off,
+                                                                                int64_t taps, const float* wts,
+                                                                                float* dq, int64_t oh, int64_t ow,
+                                                                                int64_t wq) {
+  scatter_plane(dy, off, taps, wts, dq, oh, ow, wq);
+}
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void scatter_plane_f64(const double* dy, const int64_t* off,
+                                                                                int64_t taps, const double* wts,
+                                                                                double* dq, int64_t oh, int64_t ow,
+                                                                                int64_t wq) {
+  scatter_plane(dy, off, taps, wts, dq, oh, ow, wq);
+}
+
+// grad_weight: for each tap t, accv[t] (lanes) and acc[t] (the rows' tails) += the products
+// of dy's rows [OH, OW] of one output channel with the padded plane q at tap t.
+template <typename T>
+[[gnu::always_inline]] inline void weight_plane(const T* q, const int64_t* off, int64_t taps, const T* dy,
+                                                int64_t oh, int64_t ow, int64_t wq, typename Vec32<T>::type* accv,
+                                                T* acc) {
+  using V = typename Vec32<T>::type;
+  constexpr int64_t L = kLanes<T>;
+  const int64_t body2 = ow / (2 * L) * (2 * L), body = ow / L * L;
+  for (int64_t oy = 0; oy < oh; ++oy) {
+    const T* d = dy + oy * ow;
+    for (int64_t t = 0; t < taps; ++t) {
+      const T* src = q + off[t] + oy * wq;
+      V a0 = V{}, a1 = V{};
+      int64_t ox = 0;
+      for (; ox < body2; ox += 2 * L) {
+        V d0, d1, x0, x1;
+        __builtin_memcpy(&d0, d + ox, sizeof d0);
+        __builtin_memcpy(&d1, d + ox + L, sizeof d1);
+        __builtin_memcpy(&x0, src + ox, sizeof x0);
+        __builtin_memcpy(&x1, src + ox + L, sizeof x1);
+        a0 += d0 * x0;
+        a1 += d1 * x1;
+      }
+      for (; ox < body; ox += L) {
+        V d0, x0;
+        __builtin_memcpy(&d0, d + ox, sizeof d0);
+        __builtin_memcpy(&x0, src + ox, sizeof x0);
+        a0 += d0 * x0;
+      }
+      accv[t] += a0 + a1;
+      T tail = acc[t];
+      for (; ox < ow; ++ox) tail += d[ox] * src[ox];
+      acc[t] = tail;
+    }
+  }
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void weight_plane_f32(const float* q, const int64_t* off,
+                                                                               int64_t taps, const float* dy,
+                                                                               int64_t oh, int64_t ow, int64_t wq,
+                                                                               Vec32<float>::type* accv, float* acc) {
+  weight_plane(q, off, taps, dy, oh, ow, wq, accv, acc);
+}
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void weight_plane_f64(const double* q, const int64_t* off,
+                                                                               int64_t taps, const double* dy,
+                                                                               int64_t oh, int64_t ow, int64_t wq,
+                                                                               Vec32<double>::type* accv,
+                                                                               double* acc) {
+  weight_plane(q, off, taps, dy, oh, ow, wq, accv, acc);
+}
+
+// Each tap's offset into the phase-split plane, in row-major tap order, into a per-thread
+// buffer.
+int64_t* tap_offsets(const DwShape& s) {
+  int64_t* off = scratch<int64_t>(s.taps);
+  for (int64_t ky = 0; ky < s.kh; ++ky)
+    for (int64_t kx = 0; kx < s.kw; ++kx) off[ky * s.kw + kx] = s.tap_offset(ky, kx);
+  return off;
+}
+
+// Runs body(begin, end) over [0, items) on the pool (inline when called from a parallel loop).
+template <typename F>
+void for_items(int64_t items, F&& body) {
+  if (items > 1 && kiln_rt_num_threads() > 1 && !in_parallel_region())
+    parallel_for(items, 1, body);
+  else
+    body(int64_t{0}, items);
+}
+
+template <typename T>
+void forward(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams& p, int32_t act) {
+  const DwShape s(p);
+  const int64_t o = s.c * s.mult, out_size = (s.len + kTile<T> - 1) / kTile<T> * kTile<T>;
+  for_items(s.n * s.c, [&](int64_t begin, int64_t end) {
+    T* q = scratch<T>(s.plane + slack<T>(s) + out_size);
+    T* out = q + s.plane + slack<T>(s);
+    const int64_t* off = tap_offsets(s);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t n = item / s.c, ch = item % s.c;
+      pad_plane(s, x + item * s.h * s.w, q);
+      for (int64_t m = 0; m < s.mult; ++m) {
+        const int64_t oc = ch * s.mult + m;
+        const T b = bias ? bias[oc] : T(0);
+        if constexpr (std::is_same_v<T, float>)
+          forward_plane_f32(q, off, s.taps, w + oc * s.taps, b, out, s.len);
+        else
+          forward_plane_f64(q, off, s.taps, w + oc * s.taps, b, out, s.len);
+        T* yc = y + (n * o + oc) * s.oh * s.ow;
+        for (int64_t oy = 0; oy < s.oh; ++oy) {
+          const T* src = out + oy * s.wq;
+          T* dst = yc + oy * s.ow;
+          if (act == KILN_ACT_RELU)  // the interpreter's relu: NaN passes, -0.0 becomes +0.0
+            for (int64_t ox = 0; ox < s.ow; ++ox) dst[ox] = src[ox] > T(0) || src[ox] != src[ox] ? src[ox] : T(0);
+          else
+            std::copy_n(src, s.ow, dst);
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void grad_input(const T* dy, const T* w, T* dx, const KilnConv2dParams& p) {
+  const DwShape s(p);
+  const int64_t o = s.c * s.mult;
+  for_items(s.n * s.c, [&](int64_t begin, int64_t end) {
+    T* dq = scratch<T>(s.plane);
+    const int64_t* off = tap_offsets(s);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t n = item / s.c, ch = item % s.c;
+      std::fill_n(dq, s.plane, T(0));
+      for (int64_t m = 0; m < s.mult; ++m) {
+        const int64_t oc = ch * s.mult + m;
+        const T* d = dy + (n * o + oc) * s.oh * s.ow;
+        if constexpr (std::is_same_v<T, float>)
+          scatter_plane_f32(d, off, s.taps, w + oc * s.taps, dq, s.oh, s.ow, s.wq);
+        else
+          scatter_plane_f64(d, off, s.taps, w + oc * s.taps, dq, s.oh, s.ow, s.wq);
+      }
+      T* dxc = dx + item * s.h * s.w;  // the phases' input cells, strided into dx's rows
+      for (int64_t py = 0; py < s.sh; ++py)
+        for (int64_t px = 0; px < s.sw; ++px) {
+          const PhaseSpan sp = phase_span(s, px);
+          const T* base = dq + (py * s.sw + px) * s.hq * s.wq;
+          for (int64_t i = 0; i < s.hq; ++i) {
+            const int64_t iy = i * s.sh + py - s.ph;
+            if (iy < 0 || iy >= s.h) continue;
+            const T* src = base + i * s.wq;
+            T* dst = dxc + iy * s.w;
+            if (s.sw == 1)
+              std::copy_n(src + sp.j0, sp.j1 - sp.j0, dst + sp.ix0);
+            else
+              for (int64_t j = sp.j0; j < sp.j1; ++j) dst[sp.ix0 + s.sw * (j - sp.j0)] = src[j];
+          }
+        }
+    }
+  });
+}
+
+template <typename T>
+void grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams& p) {
+  using V = typename Vec32<T>::type;
+  const DwShape s(p);
+  const int64_t o = s.c * s.mult, per_channel = s.mult * s.taps;
+  for_items(s.c, [&](int64_t begin, int64_t end) {
+    // One scratch block: the vector accumulators (aligned), the scalar ones, the plane.
+    T* base = scratch<T>((per_channel + 1) * kLanes<T> + per_channel + s.plane + slack<T>(s));
+    base += (kLanes<T> - reinterpret_cast<uintptr_t>(base) / sizeof(T) % kLanes<T>) % kLanes<T>;
+    V* accv = reinterpret_cast<V*>(base);
+    T* acc = base + per_channel * kLanes<T>;
+    T* q = acc + per_channel;
+    const int64_t* off = tap_offsets(s);
+    for (int64_t ch = begin; ch < end; ++ch) {
+      std::fill_n(accv, per_channel, V{});
+      std::fill_n(acc, per_channel, T(0));
+      for (int64_t n = 0; n < s.n; ++n) {
+        pad_plane(s, x + (n * s.c + ch) * s.h * s.w, q);
+        for (int64_t m = 0; m < s.mult; ++m) {
+          const T* d = dy + (n * o + ch * s.mult + m) * s.oh * s.ow;
+          if constexpr (std::is_same_v<T, float>)
+            weight_plane_f32(q, off, s.taps, d, s.oh, s.ow, s.wq, accv + m * s.taps, acc + m * s.taps);
+          else
+            weight_plane_f64(q, off, s.taps, d, s.oh, s.ow, s.wq, accv + m * s.taps, acc + m * s.taps);
+        }
+      }
+      for (int64_t i = 0; i < per_channel; ++i) {
+        T sum = acc[i];
+        for (int64_t l = 0; l < kLanes<T>; ++l) sum += accv[i][l];
+        dw[ch * per_channel + i] = sum;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void depthwise_conv2d(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams& p,
+                      int32_t act) {
+  forward(x, w, bias, y, p, act);
+}
+void depthwise_conv2d(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams& p,
+                      int32_t act) {
+  forward(x, w, bias, y, p, act);
+}
+void depthwise_grad_input(const float* dy, const float* w, float* dx, const KilnConv2dParams& p) {
+  grad_input(dy, w, dx, p);
+}
+void depthwise_grad_input(const double* dy, const double* w, double* dx, const KilnConv2dParams& p) {
+  grad_input(dy, w, dx, p);
+}
+void depthwise_grad_weight(const float* x, const float* dy, float* dw, const KilnConv2dParams& p) {
+  grad_weight(x, dy, dw, p);
+}
+void depthwise_grad_weight(const double* x, const double* dy, double* dw, const KilnConv2dParams& p) {
+  grad_weight(x, dy, dw, p);
+}
+
+}  // namespace kiln::rt

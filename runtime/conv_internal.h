@@ -1,0 +1,59 @@
+// What the convolution kernels share inside the runtime (runtime/conv.cpp: im2col + GEMM and
+// the dense direct paths; runtime/conv_depthwise.cpp: depthwise convolutions). Private to
+// the runtime (not installed); generated code sees only runtime/kernels.h.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/kernels.h"
+
+namespace kiln::rt {
+
+// A per-thread buffer of at least `count` elements, kept between calls.
+template <typename T>
+T* scratch(int64_t count) {
+  thread_local std::vector<T> buffer;
+  if (buffer.size() < static_cast<size_t>(count)) buffer.resize(static_cast<size_t>(count));
+  return buffer.data();
+}
+
+// A depthwise convolution: one input channel per group (groups == C > 1), so O = C * the
+// channel multiplier (MobileNet's and EfficientNet's 3x3 / 5x5 layers). Any kernel size,
+// stride, padding and dilation; runtime/conv_depthwise.cpp has the kernels, which conv.cpp's
+// entry points call for such shapes.
+inline bool is_depthwise(const KilnConv2dParams& p) { return p.groups == p.c && p.groups > 1; }
+
+void depthwise_conv2d(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams& p,
+                      int32_t act);
+void depthwise_conv2d(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams& p,
+                      int32_t act);
+void depthwise_grad_input(const float* dy, const float* w, float* dx, const KilnConv2dParams& p);
+void depthwise_grad_input(const double* dy, const double* w, double* dx, const KilnConv2dParams& p);
+void depthwise_grad_weight(const float* x, const float* dy, float* dw, const KilnConv2dParams& p);
+void depthwise_grad_weight(const double* x, const double* dy, double* dw, const KilnConv2dParams& p);
+
+// Winograd F(2x2, 3x3) (runtime/conv_winograd.cpp) for a 3x3 stride-1 undilated ungrouped
+// conv with at least kWinogradMinChannels input and output channels and kWinogradMinTiles
+// 2x2 output tiles in the batch (fewer, and transforming the weights on every call costs
+// more than it saves: ResNet-18's 512-channel 7x7 layer at batch 1, 16 tiles, ran 3x slower
+// than im2col + GEMM, and at batch 16 1.2x faster): winograd_shape says
+// whether the shape qualifies; winograd_conv2d computes y and returns true, or returns false
+// (computing nothing) when x or w holds an infinity or a NaN, whose propagation the
+// transforms would not keep as the interpreter's.
+constexpr int64_t kWinogradMinChannels = 32;
+constexpr int64_t kWinogradMinTiles = 40;
+bool winograd_shape(const KilnConv2dParams& p);
+bool winograd_conv2d(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams& p,
+                     int32_t act);
+bool winograd_conv2d(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams& p,
+                     int32_t act);
+
+// The general path alone, im2col (or none for a 1x1 stride-1 conv) + one GEMM per image and
+// group, whatever the shape: what every convolution took before the specialized kernels,
+// kept callable as the baseline bench/conv_bench.cpp measures them against. f32 only.
+void conv2d_im2col_f32(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams& p);
+void conv2d_grad_input_im2col_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams& p);
+void conv2d_grad_weight_im2col_f32(const float* x, const float* dy, float* dw, const KilnConv2dParams& p);
+
+}  // namespace kiln::rt
