@@ -153,7 +153,10 @@ class Executable {
   // target (cpu only) with its current state as the initial state (all of it must be set),
   // and the C header. The code is run()'s lowering and optimization (profiling left out)
   // for the executable's CompileOptions::cpu, whose empty default is the portable
-  // kDefaultAotCpu for an object (the host for run()): its results are bitwise run()'s.
+  // kDefaultAotCpu for an object (the host for run()): its results are bitwise run()'s,
+  // except where run() folds batch norms over state weights (inference mode, prepared
+  // state: docs/passes.md), which the object, whose weights can be replaced, does not:
+  // there they agree to the folding's rounding (rtol 1e-5).
   AotResult write_object(const AotOptions& aot) const;
 
   // The batch sizes for which a sibling executable was compiled (see "Any batch size").
