@@ -30,6 +30,10 @@ struct CompileOptions {
   // "cpu" or "cuda"; empty: $KILN_TARGET if set, else "cpu".
   std::string target{};
   bool optimize_graph = true;  // run the default pass pipeline (passes/pipeline.h) first
+  // Compile a graph without state updates in inference mode (passes/inference.h: batch
+  // norms folded, weight transforms computed once); false compiles it as a training graph
+  // would be (the unfolded baseline: benchmarks, bisecting).
+  bool inference = true;
   int opt_level = 3;           // cpu: LLVM O0..O3
   // cpu: an LLVM CPU name; "native" (or "host"): the host CPU with the host's features;
   // empty: the host for the JIT, kDefaultAotCpu for an object (write_object: it may run on
@@ -84,6 +88,13 @@ struct Prepared {
   Graph graph;  // optimized and scheduled
   MemoryPlan memory;
   KernelPlan kernels;
+  // The weight preparation of an inference graph whose state is read-only
+  // (passes/inference.h, split_state_prep): when prep_names is not empty, `graph` has one
+  // more state input per name (after the given graph's inputs), which `prep` (inputs: the
+  // state it reads; outputs: those names) computes from the state. Executable runs it
+  // once per state value; empty for a graph that trains or has nothing to prepare.
+  Graph prep;
+  std::vector<std::string> prep_names;
 };
 
 // Runs a program: owns the per-instance storage (arena, scratch, staging). One call at a

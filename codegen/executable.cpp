@@ -2,7 +2,9 @@
 #include "codegen/executable.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -12,6 +14,7 @@
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "ir/timing.h"
+#include "passes/inference.h"
 #include "passes/kernel_plan.h"
 #include "passes/memory_plan.h"
 #include "passes/pipeline.h"
@@ -50,7 +53,16 @@ const Backend& backend(std::string_view target) {
 
 // ---- StateStore ----
 
-StateStore::StateStore(std::shared_ptr<Device> device) : device_(std::move(device)) {}
+namespace {
+uint64_t next_generation() {
+  static std::atomic<uint64_t> counter{0};
+  return ++counter;
+}
+}  // namespace
+
+StateStore::StateStore(std::shared_ptr<Device> device) : device_(std::move(device)), generation_(next_generation()) {}
+
+void StateStore::touch() { generation_ = next_generation(); }
 
 StateStore::~StateStore() {
   for (auto& [name, e] : entries_) device_->release(e.data);
@@ -83,6 +95,7 @@ void StateStore::set(std::string_view name, const Tensor& value) {
     it = entries_.emplace(std::string(name), e).first;
   }
   device_->upload(it->second.data, dense.raw(), static_cast<int64_t>(dense.nbytes()));
+  touch();
 }
 
 Tensor StateStore::get(std::string_view name) const {
@@ -98,6 +111,7 @@ void StateStore::erase(std::string_view name) {
   if (it == entries_.end()) return;
   device_->release(it->second.data);
   entries_.erase(it);
+  touch();
 }
 
 std::vector<std::string> StateStore::names() const {
@@ -146,6 +160,7 @@ std::string key_text(const Graph& g, const CompileOptions& options, const Backen
   std::string text = print(g);
   text += "\n;target " + be.name() + " " + be.target_key(options);
   text += "\n;options optimize_graph=" + std::to_string(options.optimize_graph) +
+          " inference=" + std::to_string(options.inference) +
           " profile=" + std::to_string(options.profile);
   if (const char* e = std::getenv("KILN_CODEGEN_BASELINE"); e && std::string_view(e) == "1") text += " baseline";
   return text;
@@ -153,13 +168,25 @@ std::string key_text(const Graph& g, const CompileOptions& options, const Backen
 
 }  // namespace
 
-std::shared_ptr<const Prepared> prepare(const Graph& g, const CompileOptions& options) {
+std::shared_ptr<const Prepared> prepare(const Graph& g, const CompileOptions& options, bool split_state) {
   verify(g);
   auto p = std::make_shared<Prepared>();
   PipelineOptions po;
   {
     PhaseTimer timer("pipeline");
+    // A graph that updates no state does not train: its weights are read-only here.
+    po.pass_options.inference = options.inference && std::none_of(g.outputs().begin(), g.outputs().end(),
+                                             [&](const GraphOutput& o) { return updated_state(g, o).valid(); });
+    po.pass_options.prepared_state = po.pass_options.inference && split_state;
     p->graph = options.optimize_graph ? run_pipeline(g, po).graph : g;
+    if (split_state && options.optimize_graph && po.pass_options.inference) {
+      StatePrep sp = split_state_prep(p->graph);
+      if (!sp.names.empty()) {
+        p->graph = std::move(sp.main);
+        p->prep = std::move(sp.prep);
+        p->prep_names = std::move(sp.names);
+      }
+    }
   }
   PhaseTimer timer("plans");
   p->memory = plan_memory(p->graph, po.pass_options);
@@ -242,7 +269,7 @@ Executable::Executable(const Graph& g, const CompileOptions& options, std::share
     }
   }
   if (!program_) {
-    std::shared_ptr<const Prepared> prepared = prepare(g, options_);
+    std::shared_ptr<const Prepared> prepared = prepare(g, options_, /*split_state=*/true);
     PhaseTimer timer("codegen");
     program_ = be.compile(std::move(prepared), options_);
     if (use_cache) {
@@ -258,9 +285,11 @@ Executable::Executable(const Graph& g, const CompileOptions& options, std::share
   store_ = std::move(store);  // else made on first use, like the instance: emit() needs neither
 
   const Graph& cg = compiled_graph();
-  // The pipeline keeps the signature; run() relies on it.
-  KILN_CHECK(cg.inputs().size() == graph_.inputs().size(), "executable: the pipeline changed the graph's inputs");
-  for (size_t i = 0; i < cg.inputs().size(); ++i) {
+  // The pipeline keeps the signature (the prepared state's inputs come after it); run()
+  // relies on it.
+  KILN_CHECK(cg.inputs().size() == graph_.inputs().size() + prepared().prep_names.size(),
+             "executable: the pipeline changed the graph's inputs");
+  for (size_t i = 0; i < graph_.inputs().size(); ++i) {
     const Value& a = cg.value(cg.inputs()[i].value);
     const Value& b = graph_.value(graph_.inputs()[i].value);
     KILN_CHECK(a.name == b.name && a.type == b.type && cg.inputs()[i].is_state == graph_.inputs()[i].is_state,
@@ -273,6 +302,7 @@ Executable::Executable(const Graph& g, const CompileOptions& options, std::share
       returned_outputs_.push_back(i);
       continue;
     }
+    updates_state_ = true;
     const Value* x = &cg.value(xv);
     if (!update_needs_copy(plan(), xv, o.value)) continue;
     const ValuePlan& p = plan().at(o.value);
@@ -314,6 +344,9 @@ std::vector<std::string> Executable::emit_forms() const {
 }
 
 AotResult Executable::write_object(const AotOptions& aot) const {
+  // An object holds the state it is given and computes everything from it: no prepared
+  // state (its weights can be replaced in the object, runtime/aot.h).
+  if (!prepared().prep_names.empty()) return kiln::write_object(graph_, state(), options_, aot);
   return kiln::write_object(graph_, prepared(), state(), options_, aot);
 }
 
@@ -424,8 +457,10 @@ Executable* Executable::sibling_for(const TensorMap& inputs, std::string_view wh
 
 std::vector<const Tensor*> Executable::checked(const TensorMap& inputs, bool with_state, std::string_view where) const {
   auto check = [&](std::optional<int64_t> at) {
-    return with_state ? check_arguments(compiled_graph(), inputs, where, at)
-                      : check_inputs(compiled_graph(), inputs, where, at);
+    std::vector<const Tensor*> given = with_state ? check_arguments(graph_, inputs, where, at)
+                                                  : check_inputs(graph_, inputs, where, at);
+    given.resize(compiled_graph().inputs().size(), nullptr);  // the prepared state: bound from prep_store_
+    return given;
   };
   const std::optional<int64_t> traced = batch_size(graph_);
   std::optional<int64_t> given = traced ? given_batch_size(graph_, inputs) : std::nullopt;
@@ -455,9 +490,15 @@ void Executable::bind_inputs(const std::vector<const Tensor*>& given, std::strin
   const Graph& g = compiled_graph();
   const std::string where(where_);
   Device& dev = *device();
+  const size_t given_inputs = graph_.inputs().size();
   for (size_t i = 0; i < g.inputs().size(); ++i) {
     const GraphInput& gi = g.inputs()[i];
     const Value& v = g.value(gi.value);
+    if (i >= given_inputs) {
+      update_prep();
+      buffers_[i] = prep_store_->data(v.name);
+      continue;
+    }
     if (gi.is_state && !given[i]) {
       const TensorType* t = store()->type(v.name);
       if (!t) throw Error(where + "state '%" + v.name + "' is not set: call set_state() first");
@@ -497,6 +538,7 @@ void Executable::run_impl(const TensorMap& inputs, TensorMap* outputs) {
   if (Executable* sibling = sibling_for(inputs, where)) return sibling->run_impl(inputs, outputs);
   bind_inputs(checked(inputs, false, where), where);
   instance().call(buffers_);
+  if (updates_state_) store()->touch();
   if (options_.profile) ++prof_runs_;
   // Outputs first (an old state value may be one), then the updates whose source is an
   // input or state buffer (staged: another update may overwrite it), then the rest.
@@ -531,8 +573,10 @@ TensorMap Executable::evaluate(const TensorMap& inputs_and_state) {
   try {
     {
       PhaseTimer timer("state");
-      for (size_t i = 0; i < g.inputs().size(); ++i) {
-        if (!g.inputs()[i].is_state || (device()->host_visible() && !state_written_[i])) continue;
+      // State that weights are prepared from (inference mode) is read from the store.
+      const bool prep = !prepared().prep_names.empty();
+      for (size_t i = 0; i < graph_.inputs().size(); ++i) {
+        if (!g.inputs()[i].is_state || (!prep && device()->host_visible() && !state_written_[i])) continue;
         store()->set(g.value(g.inputs()[i].value).name, *given[i]);
         given[i] = nullptr;  // bound from the store
       }
@@ -549,6 +593,22 @@ TensorMap Executable::evaluate(const TensorMap& inputs_and_state) {
     store_ = held;
     throw;
   }
+}
+
+void Executable::update_prep() {
+  const StateStore& source = *store();
+  if (prep_store_ && prep_source_ == &source && prep_generation_ == source.generation()) return;
+  const Prepared& p = prepared();
+  TensorMap in;
+  for (const GraphInput& gi : p.prep.inputs()) {
+    const std::string& name = p.prep.value(gi.value).name;
+    in.emplace(name, source.get(name));  // bind_inputs checked that every state input is set
+  }
+  TensorMap out = interpret(p.prep, in);
+  if (!prep_store_) prep_store_ = std::make_unique<StateStore>(device());
+  for (const std::string& name : p.prep_names) prep_store_->set(name, out.at(name));
+  prep_source_ = &source;
+  prep_generation_ = source.generation();
 }
 
 void Executable::reset_profile() {

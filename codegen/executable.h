@@ -39,6 +39,14 @@
 // compiled that graph, plus that sibling's arena. Inputs that disagree among themselves or
 // differ in another axis are refused as before, the message saying the batch rule.
 //
+// Inference: a graph with no state updates compiles in inference mode (CompileOptions::
+// inference; docs/passes.md): batch norms fold into the convolutions and matmuls before
+// them, and what the optimized graph computes from state alone (the folded weights) is the
+// executable's prepared state, computed by the interpreter on the first run after the
+// store's state changed (StateStore::generation: set_state(), another executable's step
+// on a shared store) and kept in private buffers, not in the store; evaluate() prepares
+// from the state it is given.
+//
 // Not thread-safe: one run() at a time per executable and per state store. Separate
 // executables with separate stores may run concurrently.
 #pragma once
@@ -74,6 +82,11 @@ class StateStore {
   void erase(std::string_view name);
   std::vector<std::string> names() const;
   TensorMap snapshot() const;  // downloads every tensor
+  // A number that changes with every change: set(), erase(), and a run of an executable
+  // that updates state in it (touch()); unique across stores, so no two states share one.
+  // An inference executable recomputes its prepared state when it moved.
+  uint64_t generation() const { return generation_; }
+  void touch();
 
  private:
   struct Entry {
@@ -82,6 +95,7 @@ class StateStore {
   };
   std::shared_ptr<Device> device_;
   std::map<std::string, Entry, std::less<>> entries_;
+  uint64_t generation_;
 };
 
 class Executable {
@@ -139,7 +153,10 @@ class Executable {
   // target (cpu only) with its current state as the initial state (all of it must be set),
   // and the C header. The code is run()'s lowering and optimization (profiling left out)
   // for the executable's CompileOptions::cpu, whose empty default is the portable
-  // kDefaultAotCpu for an object (the host for run()): its results are bitwise run()'s.
+  // kDefaultAotCpu for an object (the host for run()): its results are bitwise run()'s,
+  // except where run() folds batch norms over state weights (inference mode, prepared
+  // state: docs/passes.md), which the object, whose weights can be replaced, does not:
+  // there they agree to the folding's rounding (rtol 1e-5).
   AotResult write_object(const AotOptions& aot) const;
 
   // The batch sizes for which a sibling executable was compiled (see "Any batch size").
@@ -158,6 +175,9 @@ class Executable {
     ValueId value;       // the X.next value in the compiled graph
     bool from_input;     // its data is an input/state buffer: stage it before any update
   };
+  // Computes the prepared state (Prepared::prep) from the store's state when the store or
+  // its generation changed since the last time.
+  void update_prep();
   // Points buffers_ at every input: given[i] for a plain input (read in place on a host
   // device, else uploaded into a staging buffer), the store's buffer for state.
   void bind_inputs(const std::vector<const Tensor*>& given, std::string_view where);
@@ -190,6 +210,12 @@ class Executable {
   std::vector<bool> state_written_;       // per compiled input: state the code updates in place
   int64_t prof_runs_ = 0;
   std::map<int64_t, std::unique_ptr<Executable>> siblings_;  // by batch size
+  bool updates_state_ = false;  // the graph has state updates: a run bumps the store's generation
+  // The prepared state (inference): private, never in the (shared) store, computed from
+  // prep_source_'s state at prep_generation_.
+  std::unique_ptr<StateStore> prep_store_;
+  const StateStore* prep_source_ = nullptr;
+  uint64_t prep_generation_ = 0;
 };
 
 // Compiles `g` for options.target ("cpu", "cuda"; empty: $KILN_TARGET, else "cpu"). Throws
@@ -199,8 +225,12 @@ class Executable {
 std::shared_ptr<Executable> compile(const Graph& g, const CompileOptions& options = {},
                                     std::shared_ptr<StateStore> store = {});
 
-// The pipeline and plans compile() runs before the backend (no cache).
-std::shared_ptr<const Prepared> prepare(const Graph& g, const CompileOptions& options = {});
+// The pipeline and plans compile() runs before the backend (no cache). A graph without
+// state updates ("X.next" outputs) does not train: the pipeline runs in inference mode
+// (PassOptions::inference: passes/inference.h). With split_state (an Executable's
+// compile), what such a graph computes from its state alone becomes Prepared::prep.
+std::shared_ptr<const Prepared> prepare(const Graph& g, const CompileOptions& options = {},
+                                        bool split_state = false);
 
 // The cache key compile() would use (hex).
 std::string compile_cache_key(const Graph& g, const CompileOptions& options = {});

@@ -310,6 +310,13 @@ void Ctx::set_output(int i, Val v) {
 
 ValueId Ctx::materialize(Val& v) {
   if (v.id.valid()) return v.id;
+  if (v.recipe) {
+    std::vector<Val> operands = v.recipe->operands;
+    std::vector<ValueId> ids;
+    for (Val& o : operands) ids.push_back(materialize(o));
+    v.id = g_.add_node_at(v.recipe->op, std::move(ids), v.recipe->attrs, "", "");
+    return v.id;
+  }
   if (!v.input.empty()) {
     auto it = lazy_inputs_.find(v.input);
     if (it == lazy_inputs_.end()) it = lazy_inputs_.emplace(v.input, g_.add_input(v.input, v.type)).first;
@@ -340,19 +347,27 @@ Val Ctx::scalar(DType t, double value) {
 // weights transformed by constants may; bigger ones are left to the fold_constants pass.
 constexpr int64_t kFoldLimit = 1 << 16;
 
-Val Ctx::node(Op op, std::vector<Val> operands, AttrMap attrs) {
+Val Ctx::node(Op op, std::vector<Val> operands, AttrMap attrs, bool from_batch) {
   std::vector<TensorType> types;
   bool all_known = true;
   for (const Val& v : operands) {
     types.push_back(v.type);
     all_known = all_known && v.known.has_value();
+    from_batch = from_batch || v.from_batch;
   }
   attrs = complete_attrs(op, std::move(attrs));
   TensorType rt = infer_type(op, types, attrs);
   if (all_known && rt.numel() <= kFoldLimit) {
     std::vector<const Tensor*> ptrs;
     for (const Val& v : operands) ptrs.push_back(&*v.known);
-    return constant(eval_op(op, ptrs, attrs, rt));
+    Val r = constant(eval_op(op, ptrs, attrs, rt));
+    if (from_batch) {
+      // Known here, but computed from the batch size: as data in the graph it is this node
+      // (over the batch-free values it started from), which passes/rebatch can follow.
+      r.from_batch = true;
+      r.recipe = std::make_shared<const Recipe>(Recipe{op, std::move(operands), std::move(attrs)});
+    }
+    return r;
   }
   std::vector<ValueId> ids;
   for (Val& v : operands) ids.push_back(materialize(v));

@@ -5,6 +5,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -23,6 +24,8 @@ struct Unsupported : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+struct Recipe;
+
 // An ONNX value as the importer sees it: a Kiln value, a value known at import time
 // (constants, shapes, what folds from them), or both.
 struct Val {
@@ -32,6 +35,19 @@ struct Val {
                                 // float initializer's initial value (it is state)
   std::string input;            // that graph input's Kiln name (added when first needed)
   TensorType type;
+  // A known value computed from a value's shape (Shape, Size and what folds from them): it
+  // may hold the batch size (the leading dimension of the inputs, symbolic or not). Such a value made
+  // by a node has its `recipe`: in the graph (materialize) it is that node over the
+  // operands, not a constant, so a broadcast or reshape to the batch stays one that
+  // passes/rebatch follows (a constant [1, S] at batch 1 could not be rebatched).
+  bool from_batch = false;
+  std::shared_ptr<const Recipe> recipe;
+};
+
+struct Recipe {
+  Op op;
+  std::vector<Val> operands;
+  AttrMap attrs;
 };
 
 class Ctx {
@@ -96,7 +112,8 @@ class Ctx {
   Val own_state(int i, const std::string& leaf);
   // --- building ---
   // Appends `op` (or, when every operand is known and the result small, computes it now).
-  Val node(Op op, std::vector<Val> operands, AttrMap attrs = {});
+  // from_batch: the attributes came from a value computed from the batch size (Val::from_batch).
+  Val node(Op op, std::vector<Val> operands, AttrMap attrs = {}, bool from_batch = false);
   Val constant(Tensor t);
   Val scalar(DType t, double v);  // a rank-0 constant
   ValueId materialize(Val& v);    // the value in the graph (adding a constant or input)

@@ -1079,8 +1079,11 @@ void expand(Ctx& c) {
   Val x = c.in(0);
   std::optional<Shape> s = broadcast_shapes(x.type.shape, c.in_ints(1, "shape"));
   if (!s) throw Error("cannot broadcast " + x.type.str() + " to the shape given");
-  if (*s == x.type.shape) c.set_output(0, x);
-  else c.set_output(0, c.node(Op::BroadcastTo, {x}, {{"shape", *s}}));
+  // A shape computed from the batch size keeps its broadcast even where it changes nothing
+  // (at batch 1 an Expand to [N, S] of a [1, S] value): the graph rebatched broadcasts.
+  const bool from_batch = c.in(1).from_batch;
+  if (*s == x.type.shape && !from_batch) c.set_output(0, x);
+  else c.set_output(0, c.node(Op::BroadcastTo, {x}, {{"shape", *s}}, from_batch));
 }
 
 void concat(Ctx& c) {
@@ -1345,7 +1348,9 @@ void constant_of_shape(Ctx& c) {
   Tensor v = c.has_attr("value") ? c.attr_tensor("value") : Tensor::scalar(DType::f32, 0.0);
   if (v.numel() != 1) throw Error("value must hold one element");
   Tensor e = v.reshaped({});
-  c.set_output(0, c.constant(Tensor::splat(e, s)));  // Tensor::splat bounds the shape
+  Val out = c.constant(Tensor::splat(e, s));  // Tensor::splat bounds the shape
+  out.from_batch = c.in(0).from_batch;
+  c.set_output(0, std::move(out));
 }
 
 void shape_op(Ctx& c) {
@@ -1356,10 +1361,16 @@ void shape_op(Ctx& c) {
   end = std::clamp<int64_t>(end < 0 ? end + r : end, 0, r);
   std::vector<int64_t> v;
   for (int64_t d = start; d < end; ++d) v.push_back(s[d]);
-  c.set_output(0, c.constant(Tensor::from(DType::i64, {static_cast<int64_t>(v.size())}, v)));
+  Val out = c.constant(Tensor::from(DType::i64, {static_cast<int64_t>(v.size())}, v));
+  out.from_batch = true;
+  c.set_output(0, std::move(out));
 }
 
-void size_op(Ctx& c) { c.set_output(0, c.constant(Tensor::scalar(DType::i64, c.type(0).numel()))); }
+void size_op(Ctx& c) {
+  Val r = c.constant(Tensor::scalar(DType::i64, c.type(0).numel()));
+  r.from_batch = true;
+  c.set_output(0, std::move(r));
+}
 
 void range(Ctx& c) {
   const Tensor &s = c.in_const(0, "start"), &l = c.in_const(1, "limit"), &d = c.in_const(2, "delta");

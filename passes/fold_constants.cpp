@@ -17,9 +17,11 @@ Graph fold_constants(const Graph& g, const PassOptions& options) {
   for (const Node& n : g.nodes()) {
     // broadcast_to of a scalar is already the folded form of a splat.
     bool canonical_splat = n.op == Op::BroadcastTo && g.type(n.operands[0]).numel() == 1;
+    const int64_t result_size = g.type(n.result()).numel();
     bool foldable = n.op != Op::Constant && n.op != Op::Fused && !n.operands.empty() && !canonical_splat &&
-                    g.type(n.result()).numel() <= options.fold_max_elements;
+                    (result_size <= options.fold_max_elements || options.inference);
     std::vector<const Tensor*> operands;
+    int64_t largest_dense = 0;  // the largest operand that is not a splat
     for (ValueId v : n.operands) {
       if (!foldable) break;
       const Node* def = dst.defining_node(rb.map(v));
@@ -34,7 +36,11 @@ Graph fold_constants(const Graph& g, const PassOptions& options) {
         break;
       }
       operands.push_back(&value);
+      if (!value.is_splat()) largest_dense = std::max(largest_dense, value.numel());
     }
+    // Inference (passes/inference.h): a weight's transform of any size folds when its
+    // result is no larger than a dense operand, which it replaces.
+    if (foldable && result_size > options.fold_max_elements && result_size > largest_dense) foldable = false;
     if (!foldable) {
       rb.copy(n);
       continue;

@@ -1,13 +1,59 @@
 // fuse_matmul_epilogue and fuse_conv_epilogue: an anchor (matmul or conv2d) absorbs the
 // elementwise chain that follows it, at most one bias add/sub then at most one activation,
-// all over the anchor's result shape (a full-size addend an elementwise node computes is
-// left to fuse_elementwise: elementwise_addend). Codegen lowers such a body as one GEMM or
+// all over the anchor's result shape (for a matmul, a full-size addend an elementwise node
+// computes is left to fuse_elementwise: elementwise_addend; a conv takes it: ResNet's
+// residual). A conv's activation may also be relu6 (maximum(v, 0) then minimum(., 6), as
+// ONNX's Clip imports) or silu (v * sigmoid(v)). Codegen lowers such a body as one GEMM or
 // convolution whose epilogue runs on each output tile while it is still in cache.
 #include "passes/fuse.h"
 #include "passes/fuse_util.h"
 
+#include <cmath>
+
+#include "ir/error.h"
+
 namespace kiln {
 namespace {
+
+// True when `v` is a one-element constant (a scalar, or a splat) equal to `want`, +0.0 not
+// -0.0 (maximum(v, -0.0) is not relu6's maximum(v, 0) at v = +0.0).
+bool is_scalar_constant(const Graph& g, ValueId v, double want) {
+  const Node* c = g.defining_node(v);
+  if (c == nullptr) return false;
+  if (c->op == Op::BroadcastTo) return is_scalar_constant(g, c->operands[0], want);
+  if (c->op != Op::Constant) return false;
+  const Tensor& t = attr_tensor(c->attrs, "value");
+  if (!is_float(t.dtype()) || (!t.is_splat() && t.numel() != 1)) return false;
+  const double e = t.get(0);
+  return e == want && !std::signbit(e);
+}
+
+// The nodes of a two-node activation of `cur` that a conv epilogue takes, in order:
+// relu6 = minimum(maximum(cur, 0), 6) and silu = mul(cur, sigmoid(cur)) (either operand
+// order: mul is exactly commutative). Empty when `first` (a user of cur) starts neither.
+std::vector<size_t> two_node_activation(const fusion::Partition& p, const Graph& g, ValueId cur, size_t first) {
+  const Node& a = g.nodes()[first];
+  const auto only_user = [&](ValueId v) -> int {
+    const std::vector<size_t>& u = p.users(v);
+    return u.size() == 1 && !p.is_output(v) ? static_cast<int>(u[0]) : -1;
+  };
+  if (a.op == Op::Maximum && a.operands[0] == cur && is_scalar_constant(g, a.operands[1], 0.0)) {
+    int m = only_user(a.result());
+    if (m < 0) return {};
+    const Node& b = g.nodes()[static_cast<size_t>(m)];
+    if (b.op == Op::Minimum && b.operands[0] == a.result() && is_scalar_constant(g, b.operands[1], 6.0))
+      return {first, static_cast<size_t>(m)};
+  }
+  if (a.op == Op::Sigmoid) {
+    int m = only_user(a.result());
+    if (m < 0) return {};
+    const Node& b = g.nodes()[static_cast<size_t>(m)];
+    if (b.op == Op::Mul && ((b.operands[0] == cur && b.operands[1] == a.result()) ||
+                            (b.operands[1] == cur && b.operands[0] == a.result())))
+      return {first, static_cast<size_t>(m)};
+  }
+  return {};
+}
 
 bool is_activation(Op op) { return op == Op::Relu || op == Op::Sigmoid || op == Op::Tanh; }
 
@@ -32,13 +78,26 @@ Graph fuse_epilogue(const Graph& g, const PassOptions& options, Op anchor, const
     int group = -1;
     ValueId cur = a.result();
     bool have_bias = false;
+    const bool conv = anchor == Op::Conv2d;
     for (;;) {
       bool extended = false;
+      bool done = false;
       for (size_t u : p.users(cur)) {
         const Node& n = g.nodes()[u];
         if (g.type(n.result()).shape != shape || p.grouped(u)) continue;
+        if (conv) {
+          std::vector<size_t> act = two_node_activation(p, g, cur, u);
+          if (!act.empty()) {
+            if (group < 0) group = p.new_group(i);
+            if (!p.can_join(group, act[0])) continue;
+            p.join(group, act[0]);
+            if (p.can_join(group, act[1])) p.join(group, act[1]);  // else the first ends it
+            done = true;  // an activation ends the epilogue
+            break;
+          }
+        }
         bool bias = !have_bias && (n.op == Op::Add || (n.op == Op::Sub && n.operands[0] == cur)) &&
-                    n.operands[0] != n.operands[1] && !elementwise_addend(g, n, cur, shape);
+                    n.operands[0] != n.operands[1] && (conv || !elementwise_addend(g, n, cur, shape));
         if (!bias && !is_activation(n.op)) continue;
         if (group < 0) group = p.new_group(i);
         if (!p.can_join(group, u)) continue;
@@ -48,7 +107,7 @@ Graph fuse_epilogue(const Graph& g, const PassOptions& options, Op anchor, const
         extended = !is_activation(n.op);  // an activation ends the epilogue
         break;
       }
-      if (!extended) break;
+      if (!extended || done) break;
     }
   }
   return fusion::outline(p, prefix);

@@ -8,6 +8,7 @@
 
 #include "ir/printer.h"
 #include "passes/fuse.h"
+#include "passes/inference.h"
 #include "passes/schedule.h"
 #include "passes/simplify.h"
 
@@ -21,6 +22,8 @@ std::vector<PassInfo>& registry() {
       {"cse", "merge nodes computing the same thing", cse},
       {"dce", "remove nodes no output depends on", dce},
       {"simplify", "fold_constants, simplify_algebra, cse and dce to a fixed point", simplify},
+      {"fold_batch_norm", "conv2d / matmul + inference batch_norm into new weights and bias (inference)",
+       fold_batch_norm},
       {"fuse_matmul_epilogue", "matmul + bias + activation into one fused node", fuse_matmul_epilogue},
       {"fuse_conv_epilogue", "conv2d + bias + activation into one fused node", fuse_conv_epilogue},
       {"fuse_reductions", "reductions with their elementwise prologue and epilogue", fuse_reductions},
@@ -60,8 +63,19 @@ const std::vector<std::string>& default_pipeline() {
   return names;
 }
 
+const std::vector<std::string>& inference_pipeline() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v = {"fold_batch_norm"};
+    v.insert(v.end(), default_pipeline().begin(), default_pipeline().end());
+    return v;
+  }();
+  return names;
+}
+
 std::vector<std::string> resolve_pipeline(const PipelineOptions& options) {
-  std::vector<std::string> names = options.passes.empty() ? default_pipeline() : options.passes;
+  std::vector<std::string> names = !options.passes.empty()            ? options.passes
+                                   : options.pass_options.inference ? inference_pipeline()
+                                                                    : default_pipeline();
   for (const std::string& n : names)
     if (!find_pass(n)) {
       std::string known;

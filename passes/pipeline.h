@@ -32,9 +32,12 @@ const PassInfo* find_pass(std::string_view name);
 void register_pass(PassInfo pass);
 // The default pipeline: simplify, fuse, simplify what fusion left, schedule.
 const std::vector<std::string>& default_pipeline();
+// The pipeline of a graph that does not train (PassOptions::inference): fold_batch_norm,
+// then the default pipeline (whose fold_constants then folds weight transforms of any size).
+const std::vector<std::string>& inference_pipeline();
 
 struct PipelineOptions {
-  std::vector<std::string> passes;  // empty: default_pipeline()
+  std::vector<std::string> passes;  // empty: default_pipeline(), or inference_pipeline() in inference mode
   PassOptions pass_options;
 #ifdef NDEBUG
   bool verify_each = false;

@@ -150,6 +150,10 @@ class Rebatcher {
       attrs["stop"] = stop;
     } else if (n.op == Op::Constant) {
       const Tensor& t = attr_tensor(attrs, "value");
+      // At batch 1 a full constant's axis of size 1 is a broadcast axis: its one row serves
+      // every batch element, as the rows of a value expanded from batch-free data (a BERT's
+      // position and token-type ids, exported as [1, S] constants) all would.
+      if (!t.is_splat() && from_ == 1) return attrs;
       int j = guess_batch_axis(n, Shape{}, out);
       if (j != kNone) {
         if (!t.is_splat())

@@ -21,7 +21,10 @@
 //
 // Where the batch comes from nothing (a splat constant, a broadcast_to of a value without
 // it), the axis of the old batch size is taken to be the batch; two such axes are refused
-// as ambiguous, and a full constant tensor with one is refused. Values computed from the
+// as ambiguous, and a full constant tensor with one is refused, except at batch 1: there a
+// full constant's axes of size 1 are broadcast axes and it is kept as it is (one row for
+// every batch element, as a [1, S] position-id constant of a BERT exported at batch 1 is;
+// the consumers broadcast it, and one that cannot is refused naming itself). Values computed from the
 // batch size at trace time: autodiff's gradient of a mean (a literal 1/count) is
 // recomputed; a literal a hand-written .kir spells itself (x * 0.015625 for a mean over 64)
 // cannot be told from any other number and is kept: write mean, not such a literal.

@@ -52,6 +52,8 @@ class Simplifier {
     if (type(v) == rt) return use(v);
     return make(Op::BroadcastTo, {v}, {{"shape", rt.shape}});
   }
+  // reshape / transpose of a splat -> the splat at the result's shape.
+  std::optional<Replacement> reshaped_splat(ValueId v, const TensorType& rt);
   // select(gt(r, 0), max_pool2d_grad(r, dy), 0) -> max_pool2d_grad(r, select(gt(max_pool2d(r), 0), dy, 0)).
   std::optional<Replacement> mask_pooled_gradient(const Node& n, const std::vector<ValueId>& x,
                                                   const TensorType& rt);
@@ -97,6 +99,22 @@ bool Simplifier::is_all(ValueId v, double want) const {
     if (e != want || std::signbit(e) != std::signbit(want)) return false;
   }
   return true;
+}
+
+// A reshape or transpose of a splat (a constant splat, or a broadcast_to of a one-element
+// value) is the same splat at the new shape: every element is the one value either way, so
+// a splat weight stays one element however it is rearranged.
+std::optional<Replacement> Simplifier::reshaped_splat(ValueId v, const TensorType& rt) {
+  if (const Node* c = def(v, Op::Constant)) {
+    const Tensor& t = attr_tensor(c->attrs, "value");
+    if (!t.is_splat() || t.numel() <= 1) return std::nullopt;
+    return make(Op::Constant, {}, {{"value", Tensor::splat(t.element(), rt.shape)}});
+  }
+  const Node* b = def(v, Op::BroadcastTo);
+  if (b == nullptr) return std::nullopt;
+  const TensorType& one = type(b->operands[0]);
+  if (one.numel() != 1 || one.rank() > rt.rank()) return std::nullopt;
+  return as_result(b->operands[0], rt);
 }
 
 bool is_identity_perm(const std::vector<int64_t>& p) {
@@ -171,6 +189,7 @@ std::optional<Replacement> Simplifier::rewrite(const Node& n, const std::vector<
 
     case Op::Reshape:
       if (type(x[0]) == rt) return use(x[0]);
+      if (auto r = reshaped_splat(x[0], rt)) return r;
       if (const Node* d = def(x[0], Op::Reshape)) {
         ValueId inner = d->operands[0];
         if (type(inner) == rt) return use(inner);
@@ -180,6 +199,7 @@ std::optional<Replacement> Simplifier::rewrite(const Node& n, const std::vector<
     case Op::Transpose: {
       const auto& q = attr_ints(n.attrs, "perm");
       if (is_identity_perm(q)) return use(x[0]);
+      if (auto r = reshaped_splat(x[0], rt)) return r;
       if (const Node* d = def(x[0], Op::Transpose)) {
         const auto& p = attr_ints(d->attrs, "perm");
         std::vector<int64_t> perm(q.size());

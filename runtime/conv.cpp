@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "runtime/blas.h"
+#include "runtime/conv_epilogue.h"
 #include "runtime/conv_internal.h"
 #include "runtime/kernels.h"
 #include "runtime/thread_pool.h"
@@ -370,8 +371,16 @@ void direct_conv(const ConvShape& s, const T* x, const T* w, const T* bias, T* y
 // Every image of a convolution direct_ok accepts, by the direct path. With fewer images
 // than threads (batch-1 inference) each image's output channels are split too, in parts of
 // whole blocks of 4; every output is computed alike in any part, so the split changes no bit.
+// An act other than none or relu, or a residual, is the epilogue's (runtime/conv_epilogue.h),
+// applied to each block the kernels finish; a plain relu stays inside the kernels.
+bool needs_epilogue(const void* residual, int32_t act) {
+  return residual != nullptr || (act != KILN_ACT_NONE && act != KILN_ACT_RELU);
+}
+
 template <typename T>
-void direct_all(const ConvShape& s, const T* x, const T* w, const T* bias, T* y, int32_t act) {
+void direct_all(const ConvShape& s, const T* x, const T* w, const T* bias, T* y, int32_t act,
+                const T* residual = nullptr) {
+  const bool epi = needs_epilogue(residual, act);
   const int64_t threads = kiln_rt_num_threads(), blocks = (s.o + 3) / 4;
   const int64_t parts =
       s.n < threads && !kiln::rt::in_parallel_region() ? std::min(blocks, (threads + s.n - 1) / std::max<int64_t>(s.n, 1)) : 1;
@@ -380,7 +389,9 @@ void direct_all(const ConvShape& s, const T* x, const T* w, const T* bias, T* y,
     for (int64_t item = begin; item < end; ++item) {
       int64_t n = item / parts, part = item % parts;
       int64_t o_begin = std::min(s.o, blocks * part / parts * 4), o_end = std::min(s.o, blocks * (part + 1) / parts * 4);
-      direct_conv(s, x + n * s.c * s.h * s.w, w, bias, y + n * s.o * s.p, xp, o_begin, o_end, act);
+      direct_conv(s, x + n * s.c * s.h * s.w, w, bias, y + n * s.o * s.p, xp, o_begin, o_end, epi ? KILN_ACT_NONE : act);
+      const int64_t at = (n * s.o + o_begin) * s.p;
+      if (epi) kiln::rt::conv_epilogue(y + at, residual ? residual + at : nullptr, (o_end - o_begin) * s.p, act);
     }
   };
   if (parts > 1)
@@ -406,11 +417,26 @@ std::optional<ConvShape> transposed_direct(const ConvShape& s) {
 // `special`: the kernel for the shape (depthwise, direct); without it, im2col + GEMM.
 template <typename T>
 void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams* params, int32_t act,
-            bool special = true) {
+            bool special = true, const T* residual = nullptr) {
   const ConvShape s(*params);
-  if (special && kiln::rt::is_depthwise(*params)) return kiln::rt::depthwise_conv2d(x, w, bias, y, *params, act);
-  if (special && direct_ok(s)) return direct_all(s, x, w, bias, y, act);
-  if (special && kiln::rt::winograd_shape(*params) && kiln::rt::winograd_conv2d(x, w, bias, y, *params, act)) return;
+  const bool epi = needs_epilogue(residual, act);
+  if (special) {
+    // The depthwise and Winograd kernels apply bias and relu themselves; the rest of an
+    // epilogue follows over the whole output.
+    const int32_t own_act = epi ? KILN_ACT_NONE : act;
+    bool done = false;
+    if (kiln::rt::is_depthwise(*params)) {
+      kiln::rt::depthwise_conv2d(x, w, bias, y, *params, own_act);
+      done = true;
+    } else {
+      done = kiln::rt::winograd_shape(*params) && kiln::rt::winograd_conv2d(x, w, bias, y, *params, own_act);
+    }
+    if (done) {
+      if (epi) kiln::rt::conv_epilogue(y, residual, s.n * s.o * s.p, act);
+      return;
+    }
+    if (direct_ok(s)) return direct_all(s, x, w, bias, y, act, residual);
+  }
   for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {
     T* col = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
     for (int64_t item = begin; item < end; ++item) {
@@ -422,9 +448,24 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
         for (int64_t oc = 0; oc < s.og; ++oc) std::fill_n(yg + oc * s.p, s.p, bias[g * s.og + oc]);
       gemm<T>(false, false, s.og, s.p, s.k, w + g * s.og * s.k, s.k, s.pointwise ? xg : col, s.p, bias != nullptr, yg,
               s.p);
-      if (act == KILN_ACT_RELU) relu_in_place(yg, s.og * s.p);
+      if (epi) kiln::rt::conv_epilogue(yg, residual ? residual + (yg - y) : nullptr, s.og * s.p, act);
+      else if (act == KILN_ACT_RELU) relu_in_place(yg, s.og * s.p);
     }
   });
+}
+
+// conv2d with the epilogue. A residual in y's own buffer (a fused region planned in place
+// over it) is copied first: the kernels write y before the epilogue reads the residual.
+template <typename T>
+void conv2d_epi(const T* x, const T* w, const T* bias, const T* residual, T* y, const KilnConv2dParams* p,
+                int32_t act) {
+  const int64_t count = p->n * p->o * p->oh * p->ow;
+  std::vector<T> copy;
+  if (residual && residual < y + count && y < residual + count) {
+    copy.assign(residual, residual + count);
+    residual = copy.data();
+  }
+  conv2d(x, w, bias, y, p, act, true, residual);
 }
 
 template <typename T>
@@ -680,6 +721,14 @@ void kiln_rt_conv2d_act_f32(const float* x, const float* w, const float* bias, f
 void kiln_rt_conv2d_act_f64(const double* x, const double* w, const double* bias, double* y,
                             const KilnConv2dParams* p, int32_t act) {
   guarded("conv2d: out of memory", [&] { conv2d(x, w, bias, y, p, act); });
+}
+void kiln_rt_conv2d_epi_f32(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                            const KilnConv2dParams* p, int32_t act) {
+  guarded("conv2d: out of memory", [&] { conv2d_epi(x, w, bias, residual, y, p, act); });
+}
+void kiln_rt_conv2d_epi_f64(const double* x, const double* w, const double* bias, const double* residual, double* y,
+                            const KilnConv2dParams* p, int32_t act) {
+  guarded("conv2d: out of memory", [&] { conv2d_epi(x, w, bias, residual, y, p, act); });
 }
 void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams* p) {
   guarded("conv2d_grad_input: out of memory", [&] { conv2d_grad_input(dy, w, dx, p); });

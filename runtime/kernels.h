@@ -46,10 +46,19 @@ void kiln_rt_conv2d_f64(const double* x, const double* w, const double* bias, do
 // y = act(conv2d(x, w) (+ bias if not null)), the activation applied to each image's output
 // while it is still in cache (no second pass over y). KILN_ACT_RELU is the interpreter's
 // relu: NaN passes, everything else not above 0 (-0.0 included) becomes +0.0.
-enum { KILN_ACT_NONE = 0, KILN_ACT_RELU = 1 };
+// KILN_ACT_RELU6 and KILN_ACT_SILU are conv2d_epi's (runtime/conv_epilogue.h).
+enum { KILN_ACT_NONE = 0, KILN_ACT_RELU = 1, KILN_ACT_RELU6 = 2, KILN_ACT_SILU = 3 };
 void kiln_rt_conv2d_act_f32(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams* p,
                             int32_t act);
 void kiln_rt_conv2d_act_f64(const double* x, const double* w, const double* bias, double* y,
+                            const KilnConv2dParams* p, int32_t act);
+// y = act(conv2d(x, w) (+ bias if not null) + residual (if not null)): a conv's whole
+// epilogue (ResNet's conv + bias + residual add + relu; MobileNet's relu6, EfficientNet's
+// silu), applied to each block of output while it is in cache (runtime/conv_epilogue.h).
+// residual has y's shape; it may be y's own buffer (then it is read before y is written).
+void kiln_rt_conv2d_epi_f32(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                            const KilnConv2dParams* p, int32_t act);
+void kiln_rt_conv2d_epi_f64(const double* x, const double* w, const double* bias, const double* residual, double* y,
                             const KilnConv2dParams* p, int32_t act);
 // dx = conv2d_grad_input(dy, w): dx is overwritten (not accumulated)
 void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams* p);

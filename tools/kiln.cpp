@@ -292,13 +292,25 @@ int run_run(const Run& a) {
     options.profile = a.profile;
     phase.emplace("compile");
     auto exe = kiln::compile(g, options);
+    // A graph without state updates does not train: its state is set once and the
+    // executable prepares its weights once (inference mode, docs/passes.md), not per run.
+    const bool trains = std::any_of(g.outputs().begin(), g.outputs().end(), [&](const kiln::GraphOutput& o) {
+      return kiln::updated_state(g, o).valid();
+    });
+    kiln::TensorMap plain;
+    if (!trains) {
+      kiln::TensorMap state;
+      for (auto& [name, t] : inputs) (g.is_state(g.find(name)) ? state : plain).emplace(name, t);
+      exe->set_state(state);
+    }
+    auto once = [&] { return trains ? exe->evaluate(inputs) : exe->run(plain); };
     phase.emplace("first run");
-    outputs = exe->evaluate(inputs);
+    outputs = once();
     phase.reset();
     first_result.reset();
     if (a.repeat) {  // the steady state: the first run (page faults, pool start-up) not counted
       exe->reset_profile();
-      for (int i = 0; i < *a.repeat; ++i) outputs = exe->evaluate(inputs);
+      for (int i = 0; i < *a.repeat; ++i) outputs = once();
     }
     if (a.profile) profile = exe->profile_report();
   }
@@ -334,7 +346,7 @@ struct Opt {
   std::optional<int> stop_after;
   std::optional<double> rtol, atol;
   bool list_passes = false, print_after_all = false, verify_each = false, no_verify_each = false,
-       time_passes = false, print_plan = false, bisect = false;
+       time_passes = false, print_plan = false, bisect = false, inference = false;
 };
 
 int run_opt(const Opt& a) {
@@ -343,6 +355,9 @@ int run_opt(const Opt& a) {
     std::string def;
     for (const std::string& n : kiln::default_pipeline()) def += (def.empty() ? "" : ",") + n;
     fmt::print("\ndefault pipeline: {}\n", def);
+    def.clear();
+    for (const std::string& n : kiln::inference_pipeline()) def += (def.empty() ? "" : ",") + n;
+    fmt::print("inference pipeline (--inference): {}\n", def);
     return 0;
   }
   need_file("opt", a.file);
@@ -356,6 +371,7 @@ int run_opt(const Opt& a) {
   if (a.verify_each) o.verify_each = true;
   if (a.no_verify_each) o.verify_each = false;
   o.time_passes = a.time_passes;
+  o.pass_options.inference = o.pass_options.prepared_state = a.inference;
   if (a.stop_after) o.stop_after = *a.stop_after;
   o.log = &std::cout;
   kiln::Graph g = kiln::tool::load_graph(a.file);
@@ -487,7 +503,10 @@ int run_command_line(int argc, char** argv) {
       "State inputs may come instead from --state-weights (a trained model:\n"
       "  kiln train lenet --data fashion-mnist --export out/\n"
       "  kiln run out/model.kir --state-weights out/weights.safetensors --input x=images.npy)\n"
-      "or, for an ONNX model, from its initializers.");
+      "or, for an ONNX model, from its initializers.\n"
+      "A graph that updates no state (no X.next output: an inference model) is compiled in\n"
+      "inference mode: batch norms fold into the convolutions before them and what depends\n"
+      "on the weights alone is computed once (docs/passes.md, \"Inference mode\").");
   p.add_file(run_cmd, run.file);
   p.add_list(run_cmd, "--input", "NAME=FILE.npy", run.inputs, "the value of graph input %NAME (repeatable)");
   p.add_text(run_cmd, "--state-weights", "FILE|DIR", run.state_weights,
@@ -528,6 +547,10 @@ int run_command_line(int argc, char** argv) {
   p.add_flag(opt_cmd, "--no-verify-each", opt.no_verify_each, "do not");
   p.add_count(opt_cmd, "--stop-after", opt.stop_after, "run only the first N passes (to bisect by hand)");
   p.add_flag(opt_cmd, "--time-passes", opt.time_passes, "print how long each pass took and the node counts");
+  p.add_flag(opt_cmd, "--inference", opt.inference,
+             "inference mode, as kiln run and compile() choose for a graph without state updates: the "
+             "inference pipeline (fold_batch_norm first, state weights included, as an executable that "
+             "prepares them once) and weight transforms folded at any size");
   p.add_flag(opt_cmd, "--print-plan", opt.print_plan,
              "plan memory for the result and print the plan and its report (arena bytes, sum of buffers, "
              "peak live bytes, buffer count)");

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <limits>
 #include <set>
 
@@ -147,7 +148,7 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
     }
     case Op::Constant: internal_error("codegen", "cpu codegen: a constant planned as a kernel");
     case Op::Fused: {
-      if (lower_conv_relu(n, ptr)) return;
+      if (lower_conv_epilogue(n, ptr)) return;
       std::vector<Value*> body_ptr(n.body->values().size(), nullptr);
       for (size_t j = 0; j < n.operands.size(); ++j) body_ptr[n.body->inputs()[j].value.id] = in(j);
       std::vector<Value*> outs;
@@ -321,34 +322,78 @@ void Lowerer::lower_dropout(const Node& n, const TensorType& x, const std::vecto
   });
 }
 
-// A fused conv2d + relu (fuse_conv_epilogue's body, nothing else in it) as one call of the
-// runtime's conv2d_act, which applies the relu to each image's output while it is in cache
-// instead of a second pass over the whole result. False for any other body.
-bool Lowerer::lower_conv_relu(const Node& n, const std::vector<Value*>& ptr) {
+// A fused conv2d with its epilogue (fuse_conv_epilogue's body: the conv, then optionally
+// the add of a full-size residual, then optionally relu, relu6 or silu, nothing else) as
+// one call of the runtime's conv2d_act (relu alone) or conv2d_epi, which apply it to each
+// block of output while it is in cache instead of in a second pass over the whole result.
+// False for any other body (the general path: the conv, then a loop over its result).
+bool Lowerer::lower_conv_epilogue(const Node& n, const std::vector<Value*>& ptr) {
   const Graph& body = *n.body;
-  const Node* conv = nullptr;
-  const Node* relu = nullptr;
-  for (const Node& b : body.nodes()) {
-    if (b.op == Op::Conv2d && conv == nullptr) conv = &b;
-    else if (b.op == Op::Relu && relu == nullptr) relu = &b;
-    else if (b.op != Op::Constant) return false;
-  }
-  if (conv == nullptr || relu == nullptr || relu->operands[0] != conv->result() || n.results.size() != 1 ||
-      body.outputs().size() != 1 || body.outputs()[0].value != relu->result())
-    return false;
-  std::vector<Value*> in;
-  for (ValueId v : conv->operands) {
+  if (n.results.size() != 1 || body.outputs().size() != 1) return false;
+  const auto constant_is = [&](ValueId v, double want) {
+    const Node* c = body.defining_node(v);
+    if (c == nullptr || c->op != Op::Constant) return false;
+    const Tensor& t = attr_tensor(c->attrs, "value");
+    return (t.is_splat() || t.numel() == 1) && t.get(0) == want && !std::signbit(t.get(0));
+  };
+  const auto input_ptr = [&](ValueId v) -> Value* {
     int32_t k = body.value(v).input;
-    if (k < 0) return false;  // a constant weight: the general path
-    in.push_back(ptr[n.operands.at(static_cast<size_t>(k)).id]);
+    return k < 0 ? nullptr : ptr[n.operands.at(static_cast<size_t>(k)).id];
+  };
+  std::vector<const Node*> ops;  // the body's nodes but its constants
+  for (const Node& b : body.nodes())
+    if (b.op != Op::Constant) ops.push_back(&b);
+  if (ops.empty() || ops[0]->op != Op::Conv2d) return false;
+  const Node& conv = *ops[0];
+  const TensorType& yt = body.type(conv.result());
+  ValueId cur = conv.result();
+  size_t k = 1;
+  Value* residual = nullptr;
+  if (k < ops.size() && ops[k]->op == Op::Add) {
+    const Node& add = *ops[k];
+    ValueId other = add.operands[0] == cur ? add.operands[1] : add.operands[0];
+    if ((add.operands[0] != cur && add.operands[1] != cur) || body.type(other) != yt ||
+        (residual = input_ptr(other)) == nullptr)
+      return false;
+    cur = add.result();
+    ++k;
   }
-  const TensorType& rt = body.type(relu->result());
-  RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_conv2d_act_f32 : RtFn::kiln_rt_conv2d_act_f64;
-  Value* bias = in.size() > 2 ? in[2] : llvm::ConstantPointerNull::get(llvm::PointerType::get(C_, 0));
-  B_.CreateCall(runtime(f), {in[0], in[1], bias, ptr[n.results[0].id],
-                             conv_params(*conv, body.type(conv->operands[0]).shape, body.type(conv->operands[1]).shape,
-                                         rt.shape),
-                             B_.getInt32(KILN_ACT_RELU)});
+  int32_t act = KILN_ACT_NONE;
+  if (k + 1 == ops.size() && ops[k]->op == Op::Relu && ops[k]->operands[0] == cur) {
+    act = KILN_ACT_RELU;
+    cur = ops[k++]->result();
+  } else if (k + 2 == ops.size() && ops[k]->op == Op::Maximum && ops[k]->operands[0] == cur &&
+             constant_is(ops[k]->operands[1], 0.0) && ops[k + 1]->op == Op::Minimum &&
+             ops[k + 1]->operands[0] == ops[k]->result() && constant_is(ops[k + 1]->operands[1], 6.0)) {
+    act = KILN_ACT_RELU6;
+    cur = ops[k + 1]->result();
+    k += 2;
+  } else if (k + 2 == ops.size() && ops[k]->op == Op::Sigmoid && ops[k]->operands[0] == cur &&
+             ops[k + 1]->op == Op::Mul &&
+             ((ops[k + 1]->operands[0] == cur && ops[k + 1]->operands[1] == ops[k]->result()) ||
+              (ops[k + 1]->operands[1] == cur && ops[k + 1]->operands[0] == ops[k]->result()))) {
+    act = KILN_ACT_SILU;
+    cur = ops[k + 1]->result();
+    k += 2;
+  }
+  if (k != ops.size() || body.outputs()[0].value != cur || (act == KILN_ACT_NONE && residual == nullptr)) return false;
+  std::vector<Value*> in;
+  for (ValueId v : conv.operands) {
+    Value* p = input_ptr(v);
+    if (p == nullptr) return false;  // a constant weight: the general path
+    in.push_back(p);
+  }
+  Value* null = llvm::ConstantPointerNull::get(llvm::PointerType::get(C_, 0));
+  Value* bias = in.size() > 2 ? in[2] : null;
+  Value* params = conv_params(conv, body.type(conv.operands[0]).shape, body.type(conv.operands[1]).shape, yt.shape);
+  const bool f32 = yt.dtype == DType::f32;
+  if (residual == nullptr && act == KILN_ACT_RELU) {
+    B_.CreateCall(runtime(f32 ? RtFn::kiln_rt_conv2d_act_f32 : RtFn::kiln_rt_conv2d_act_f64),
+                  {in[0], in[1], bias, ptr[n.results[0].id], params, B_.getInt32(act)});
+  } else {
+    B_.CreateCall(runtime(f32 ? RtFn::kiln_rt_conv2d_epi_f32 : RtFn::kiln_rt_conv2d_epi_f64),
+                  {in[0], in[1], bias, residual ? residual : null, ptr[n.results[0].id], params, B_.getInt32(act)});
+  }
   return true;
 }
 

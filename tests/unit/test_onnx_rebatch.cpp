@@ -153,3 +153,47 @@ TEST_CASE("onnx rebatch: Concat, Pad and Gather along the batch are refused, nam
                     .bytes(),
                 "onnx Pad 'Pad_1'");
 }
+
+TEST_CASE("onnx rebatch: values folded from the input's shape (a BERT's token types and mask) rebatch",
+          "[onnx][rebatch]") {
+  // A BERT exported without token_type_ids / attention_mask makes them from its input's
+  // shape: Expand of a [1, S] buffer to Shape(input_ids), ConstantOfShape(Shape(input_ids))
+  // unsqueezed to [N, 1, 1, S]. Imported at batch 1 both folded into constants with a
+  // leading axis of size 1, and rebatching refused them ("%2 = constant ... axis 0 has the
+  // batch size 1"). They stay nodes over the batch-free values now, which rebatch follows.
+  // y = x + float(Expand(Unsqueeze([0, 1, 2, 3], 0), Shape(x))).
+  check_rebatches_exactly(OnnxBuilder().input("x", {0, 4}, true).ints("pos", {0, 1, 2, 3}).ints("zero", {0})
+                              .node("Unsqueeze", {"pos", "zero"}, "pos2").node("Shape", {"x"}, "s")
+                              .node("Expand", {"pos2", "s"}, "e").node("Cast", {"e"}, "f", {{"to", 1}})
+                              .node("Add", {"x", "f"}, "y").output("y", 2).bytes(),
+                          {4});
+  // y = Unsqueeze(x, [1, 2]) + Unsqueeze(ConstantOfShape(Shape(x)), [1, 2]): [N, 1, 1, 4].
+  check_rebatches_exactly(OnnxBuilder().input("x", {0, 4}, true).ints("axes", {1, 2}).node("Shape", {"x"}, "s")
+                              .node("ConstantOfShape", {"s"}, "m").node("Unsqueeze", {"m", "axes"}, "m4")
+                              .node("Unsqueeze", {"x", "axes"}, "x4").node("Add", {"x4", "m4"}, "y").output("y", 4)
+                              .bytes(),
+                          {4});
+}
+
+TEST_CASE("onnx rebatch: a [1, S] constant of a model exported at batch 1 broadcasts over the new batch",
+          "[onnx][rebatch]") {
+  // A BERT exported with a static batch of 1 holds its position and token-type ids as
+  // Constant nodes of shape [1, S]; rebatching refused them ("%6 = constant is a constant
+  // tensor whose axis 0 has the batch size 1"). Their one row serves every batch element.
+  // y = x + float(Unsqueeze([0, 1, 2, 3], 0)), x: f32[1, 4] (static).
+  Graph g = import_onnx_bytes(OnnxBuilder().input("x", {1, 4}).ints("pos", {0, 1, 2, 3}).ints("zero", {0})
+                                  .node("Unsqueeze", {"pos", "zero"}, "pos2").node("Cast", {"pos2"}, "f", {{"to", 1}})
+                                  .node("Add", {"x", "f"}, "y").output("y", 2).bytes(),
+                              "m.onnx")
+                .graph;
+  Graph g3 = rebatch(g, 3);
+  const Tensor x = iota({3, 4});
+  Tensor want = x;
+  for (int64_t i = 0; i < want.numel(); ++i) want.set(i, x.get(i) + static_cast<double>(i % 4));
+  CHECK(interpret(g3, {{"x", x}}).at("y") == want);
+  // A full constant of a batch above 1 is still refused: its rows may differ.
+  Graph two = parse("graph @c(%x: f32[2,3]) {\n  %c = constant() {value=[1, 2, 3, 4, 5, 6]} : f32[2,3]\n"
+                    "  %y = add(%x, %c) : f32[2,3]\n  return y = %y\n}\n",
+                    "c.kir");
+  CHECK_THAT(error_of([&] { rebatch(two, 3); }), ContainsSubstring("axis 0 has the batch size 2"));
+}

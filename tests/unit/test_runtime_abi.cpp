@@ -31,7 +31,11 @@ std::string abi_graph(const std::string& t) {
   %t = tanh(%e) : T[512,512]
   %y2 = conv2d(%x, %w) {groups=2, stride=[2, 2]} : T[2,6,4,4]
   %yr = relu(%y2) : T[2,6,4,4]
-  return y = %y, dx = %dx, dw = %dw, mp = %mp, dm = %dm, ap = %ap, da = %da, m = %m, t = %t, yr = %yr
+  %y3 = conv2d(%x, %w) {groups=2, padding=[1, 0], stride=[2, 2]} : T[2,6,5,4]
+  %r3 = slice(%y) {start=[0, 0, 0, 0], stop=[2, 6, 5, 4], step=[1, 1, 1, 1]} : T[2,6,5,4]
+  %s3 = add(%y3, %r3) : T[2,6,5,4]
+  %z3 = relu(%s3) : T[2,6,5,4]
+  return y = %y, dx = %dx, dw = %dw, mp = %mp, dm = %dm, ap = %ap, da = %da, m = %m, t = %t, yr = %yr, z3 = %z3
 }
 )";
   for (size_t at; (at = text.find('T')) != std::string::npos;) text.replace(at, 1, t);

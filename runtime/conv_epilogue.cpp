@@ -1,0 +1,61 @@
+// The convolution epilogue (runtime/conv_epilogue.h).
+#include "runtime/conv_epilogue.h"
+
+#include <cmath>
+
+#include "runtime/kernels.h"
+
+namespace kiln::rt {
+namespace {
+
+template <typename T>
+inline T sigmoid(T v) {  // ir/interp.cpp's, so the bits agree
+  if (v >= 0) return T(1) / (T(1) + std::exp(-v));
+  T e = std::exp(v);
+  return e / (T(1) + e);
+}
+
+// One activation over the block, the residual added first; a loop per case so that each
+// vectorizes (silu's exp is a libm call either way).
+template <typename T, bool kResidual>
+void apply(T* y, const T* r, int64_t count, int32_t act) {
+  auto in = [&](int64_t i) { return kResidual ? y[i] + r[i] : y[i]; };
+  switch (act) {
+    case KILN_ACT_RELU:
+      for (int64_t i = 0; i < count; ++i) {
+        T v = in(i);
+        y[i] = v > T(0) || v != v ? v : T(0);
+      }
+      return;
+    case KILN_ACT_RELU6:
+      for (int64_t i = 0; i < count; ++i) {
+        T v = in(i);
+        T m = v != v ? v : v > T(0) ? v : T(0);  // maximum(v, 0)
+        y[i] = m != m ? m : m < T(6) ? m : T(6);  // minimum(m, 6)
+      }
+      return;
+    case KILN_ACT_SILU:
+      for (int64_t i = 0; i < count; ++i) {
+        T v = in(i);
+        y[i] = v * sigmoid(v);
+      }
+      return;
+    default:
+      if constexpr (kResidual)
+        for (int64_t i = 0; i < count; ++i) y[i] = in(i);
+      return;
+  }
+}
+
+template <typename T>
+void epilogue(T* y, const T* residual, int64_t count, int32_t act) {
+  if (residual) apply<T, true>(y, residual, count, act);
+  else apply<T, false>(y, residual, count, act);
+}
+
+}  // namespace
+
+void conv_epilogue(float* y, const float* residual, int64_t count, int32_t act) { epilogue(y, residual, count, act); }
+void conv_epilogue(double* y, const double* residual, int64_t count, int32_t act) { epilogue(y, residual, count, act); }
+
+}  // namespace kiln::rt

@@ -1,0 +1,240 @@
+// Inference mode (passes/inference.h): batch-norm folding, weight transforms folded at any
+// size, and the weight preparation an Executable runs once per state value. Property: the
+// folded graph computes what the unfolded one does, on random inputs and weights, to the
+// rounding that folding changes (rtol 1e-5, atol 1e-5: the batch_norm's rounding after
+// the sum against the folded weights' before it).
+#include <catch2/catch_test_macros.hpp>
+
+#include <cmath>
+#include <random>
+
+#include "codegen/executable.h"
+#include "ir/interp.h"
+#include "ir/printer.h"
+#include "passes/inference.h"
+#include "passes/pipeline.h"
+#include "passes/rebatch.h"
+
+using namespace kiln;
+
+namespace {
+
+Tensor random_tensor(Shape shape, std::mt19937& rng, double lo = -1, double hi = 1) {
+  Tensor t(DType::f32, std::move(shape));
+  std::uniform_real_distribution<double> u(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, u(rng));
+  return t;
+}
+
+// Every output of `got` within rtol 1e-5, atol 1e-5 of `want`'s.
+void check_close(const TensorMap& got, const TensorMap& want) {
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, w] : want) {
+    const Tensor& g = got.at(name);
+    REQUIRE(g.type() == w.type());
+    double worst = 0;
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      double d = std::abs(g.get(i) - w.get(i)) - (1e-5 + 1e-5 * std::abs(w.get(i)));
+      worst = std::max(worst, d);
+    }
+    CAPTURE(name);
+    CHECK(worst <= 0);
+  }
+}
+
+bool has_op(const Graph& g, Op op) {
+  for (const Node& n : g.nodes()) {
+    if (n.op == op) return true;
+    if (n.body && has_op(*n.body, op)) return true;
+  }
+  return false;
+}
+
+// A ResNet-like block: conv(3x3) + batch_norm + relu, conv + batch_norm, + x, relu; then a
+// linear layer with a batch_norm over its columns. Weights are state (as `kiln import`
+// makes them) or constants (`--constant-weights`).
+struct Block {
+  Graph g;
+  TensorMap state;
+};
+
+Block resnet_block(bool constant_weights, std::mt19937& rng) {
+  Block b{Graph("block"), {}};
+  Graph& g = b.g;
+  ValueId x = g.add_input("x", TensorType{DType::f32, {2, 4, 6, 6}});
+  ValueId h = g.add_input("h", TensorType{DType::f32, {2, 5}});
+  auto weight = [&](const std::string& name, Shape shape, double lo = -1, double hi = 1) {
+    Tensor t = random_tensor(std::move(shape), rng, lo, hi);
+    if (constant_weights) return g.add_constant(t, name);
+    b.state.emplace(name, t);
+    return g.add_input(name, t.type(), true);
+  };
+  auto bn = [&](ValueId v, const std::string& p, int64_t c) {
+    return g.add_node(Op::BatchNorm, {v, weight(p + ".g", {c}, 0.5, 2), weight(p + ".b", {c}), weight(p + ".m", {c}),
+                                      weight(p + ".v", {c}, 0.1, 3)});
+  };
+  ValueId c1 = g.add_node(Op::Conv2d, {x, weight("w1", {4, 4, 3, 3}), weight("b1", {4})}, {{"padding", Shape{1, 1}}});
+  ValueId r1 = g.add_node(Op::Relu, {bn(c1, "bn1", 4)});
+  ValueId c2 = g.add_node(Op::Conv2d, {r1, weight("w2", {4, 4, 3, 3})}, {{"padding", Shape{1, 1}}});
+  ValueId y = g.add_node(Op::Relu, {g.add_node(Op::Add, {bn(c2, "bn2", 4), x})});
+  ValueId z = bn(g.add_node(Op::Matmul, {h, weight("wl", {5, 3})}), "bn3", 3);
+  g.add_output("y", y);
+  g.add_output("z", z);
+  return b;
+}
+
+TensorMap with(TensorMap a, const TensorMap& b) {
+  for (const auto& [k, v] : b) a.insert_or_assign(k, v);
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("fold_batch_norm: conv2d and matmul batch norms fold, and compute what they did", "[inference]") {
+  std::mt19937 rng(7);
+  for (bool constant_weights : {false, true}) {
+    CAPTURE(constant_weights);
+    Block b = resnet_block(constant_weights, rng);
+    PipelineOptions po;
+    po.pass_options.inference = po.pass_options.prepared_state = true;
+    Graph folded = run_pipeline(b.g, po).graph;
+    CAPTURE(print(folded));
+    CHECK_FALSE(has_op(folded, Op::BatchNorm));
+    if (constant_weights) CHECK_FALSE(has_op(folded, Op::Rsqrt));  // computed at compile time
+    // Without prepared state (an AOT object) only constant weights fold.
+    po.pass_options.prepared_state = false;
+    CHECK(has_op(run_pipeline(b.g, po).graph, Op::BatchNorm) == !constant_weights);
+    for (int trial = 0; trial < 3; ++trial) {
+      TensorMap in = with(b.state, {{"x", random_tensor({2, 4, 6, 6}, rng)}, {"h", random_tensor({2, 5}, rng)}});
+      check_close(interpret(folded, in), interpret(b.g, in));
+    }
+  }
+}
+
+TEST_CASE("inference executables fold state batch norms once per state value", "[inference][executable]") {
+  std::mt19937 rng(11);
+  Block b = resnet_block(false, rng);
+  auto exe = compile(b.g);
+  const Prepared& p = exe->prepared();
+  CHECK_FALSE(p.prep_names.empty());
+  CHECK_FALSE(has_op(p.graph, Op::BatchNorm));
+  CHECK_FALSE(has_op(p.graph, Op::Rsqrt));  // per run: no weight arithmetic left
+  // The executable's signature is the graph's: the prepared state is private.
+  CHECK(exe->state_names().size() == b.state.size());
+  CompileOptions unfolded;
+  unfolded.inference = false;
+  auto base = compile(b.g, unfolded);
+  CHECK(base->prepared().prep_names.empty());
+  CHECK(has_op(base->prepared().graph, Op::BatchNorm));
+
+  exe->set_state(b.state);
+  base->set_state(b.state);
+  const TensorMap in{{"x", random_tensor({2, 4, 6, 6}, rng)}, {"h", random_tensor({2, 5}, rng)}};
+  check_close(exe->run(in), interpret(b.g, with(b.state, in)));
+  check_close(exe->run(in), base->run(in));
+  // New weights: the preparation is redone.
+  TensorMap next = b.state;
+  next.insert_or_assign("bn1.v", random_tensor({4}, rng, 0.1, 3));
+  next.insert_or_assign("w2", random_tensor({4, 4, 3, 3}, rng));
+  exe->set_state(next);
+  check_close(exe->run(in), interpret(b.g, with(next, in)));
+  // evaluate() uses the state it is given, and leaves the held state's preparation alone.
+  check_close(exe->evaluate(with(b.state, in)), interpret(b.g, with(b.state, in)));
+  check_close(exe->run(in), interpret(b.g, with(next, in)));
+  // Another batch size: the sibling prepares its own.
+  const TensorMap in3{{"x", random_tensor({3, 4, 6, 6}, rng)}, {"h", random_tensor({3, 5}, rng)}};
+  check_close(exe->run(in3), interpret(rebatch(b.g, 3), with(next, in3)));
+}
+
+TEST_CASE("inference executables see weights a training executable updates in a shared store", "[inference][executable]") {
+  std::mt19937 rng(5);
+  Block b = resnet_block(false, rng);
+  // A "training" graph over the same store: w1.next = w1 * 0.5, bn1.m.next = bn1.m + 1.
+  Graph t("train");
+  ValueId w1 = t.add_input("w1", TensorType{DType::f32, {4, 4, 3, 3}}, true);
+  ValueId m = t.add_input("bn1.m", TensorType{DType::f32, {4}}, true);
+  t.add_output("w1.next", t.add_node(Op::Mul, {w1, t.add_constant(Tensor::scalar(DType::f32, 0.5))}));
+  t.add_output("bn1.m.next", t.add_node(Op::Add, {m, t.add_constant(Tensor::scalar(DType::f32, 1.0))}));
+  auto train = compile(t);
+  CHECK(train->prepared().prep_names.empty());  // it trains: no inference mode
+  auto infer = compile(b.g);
+  infer->set_state(b.state);
+  train->share_state_with(*infer);
+  const TensorMap in{{"x", random_tensor({2, 4, 6, 6}, rng)}, {"h", random_tensor({2, 5}, rng)}};
+  check_close(infer->run(in), interpret(b.g, with(b.state, in)));
+  train->step({});
+  train->step({});
+  check_close(infer->run(in), interpret(b.g, with(infer->state(), in)));
+  const float m0 = static_cast<float>(b.state.at("bn1.m").get(0));
+  CHECK(infer->state("bn1.m").get(0) == static_cast<float>(static_cast<float>(m0 + 1.0f) + 1.0f));
+}
+
+TEST_CASE("inference fold_constants folds a large constant weight's transpose, a splat's stays one element",
+          "[inference]") {
+  std::mt19937 rng(3);
+  Graph g("t");
+  ValueId x = g.add_input("x", TensorType{DType::f32, {2, 600}});
+  Tensor w = random_tensor({300, 600}, rng);  // 180000 elements: over fold_max_elements
+  ValueId wt = g.add_node(Op::Transpose, {g.add_constant(w, "w")}, {{"perm", Shape{1, 0}}});
+  ValueId r = g.add_node(Op::Reshape, {wt}, {{"shape", Shape{600, 20, 15}}});
+  ValueId y = g.add_node(Op::Matmul, {x, g.add_node(Op::Reshape, {r}, {{"shape", Shape{600, 300}}})});
+  ValueId s = g.add_node(Op::BroadcastTo, {g.add_constant(Tensor::scalar(DType::f32, 0.25))},
+                         {{"shape", Shape{300, 2}}});
+  ValueId st = g.add_node(Op::Transpose, {s}, {{"perm", Shape{1, 0}}});
+  g.add_output("y", g.add_node(Op::Add, {y, st}));
+  PipelineOptions po;
+  po.passes = {"simplify"};
+  Graph train_mode = run_pipeline(g, po).graph;
+  CHECK(has_op(train_mode, Op::Transpose));
+  po.pass_options.inference = true;
+  Graph folded = run_pipeline(g, po).graph;
+  CAPTURE(print(folded));
+  CHECK_FALSE(has_op(folded, Op::Transpose));
+  CHECK_FALSE(has_op(folded, Op::Reshape));
+  int64_t largest_constant = 0;
+  for (const Node& n : folded.nodes())
+    if (n.op == Op::Constant) {
+      const Tensor& v = attr_tensor(n.attrs, "value");
+      largest_constant = std::max(largest_constant, v.is_splat() ? 1 : v.numel());
+    }
+  CHECK(largest_constant == w.numel());  // the weight, transposed, once; the splat one element
+  const TensorMap in{{"x", random_tensor({2, 600}, rng)}};
+  CHECK(interpret(folded, in).at("y") == interpret(g, in).at("y"));  // a transpose is exact
+}
+
+TEST_CASE("split_state_prep hoists arithmetic on state and transposes no GEMM folds", "[inference]") {
+  Graph g("p");
+  ValueId x = g.add_input("x", TensorType{DType::f32, {2, 3}});
+  ValueId w = g.add_input("w", TensorType{DType::f32, {4, 3}}, true);
+  ValueId wt = g.add_node(Op::Transpose, {w}, {{"perm", Shape{1, 0}}});
+  ValueId y = g.add_node(Op::Matmul, {x, wt});
+  ValueId w2 = g.add_node(Op::Mul, {wt, g.add_constant(Tensor::scalar(DType::f32, 2.0))});
+  g.add_output("y", y);
+  g.add_output("z", g.add_node(Op::Matmul, {x, w2}));
+  // A transpose a fused GEMM epilogue reads (y2 = x @ transpose(w) + 1, fused) is prepared.
+  ValueId w3 = g.add_input("w3", TensorType{DType::f32, {4, 3}}, true);
+  ValueId w3t = g.add_node(Op::Transpose, {w3}, {{"perm", Shape{1, 0}}});
+  Graph gemm("gemm_body");
+  ValueId bx = gemm.add_input("x", TensorType{DType::f32, {2, 3}});
+  ValueId bw = gemm.add_input("w", TensorType{DType::f32, {3, 4}});
+  gemm.add_output("r", gemm.add_node(Op::Add, {gemm.add_node(Op::Matmul, {bx, bw}),
+                                               gemm.add_constant(Tensor::scalar(DType::f32, 1.0))}));
+  g.add_output("y2", g.add_fused({x, w3t}, gemm)[0]);
+  StatePrep sp = split_state_prep(g);
+  REQUIRE(sp.names.size() == 2);
+  CHECK(sp.prep.inputs().size() == 2);
+  CHECK(sp.main.inputs().size() == 5);
+  CHECK(sp.main.is_state(sp.main.inputs()[3].value));
+  int transposes = 0;
+  for (const Node& n : sp.main.nodes()) transposes += n.op == Op::Transpose;
+  CHECK(transposes == 1);  // y's GEMM reads w transposed in place; w3's is prepared
+  CHECK_FALSE(has_op(sp.main, Op::Mul));
+  std::mt19937 rng(1);
+  const TensorMap in{{"x", random_tensor({2, 3}, rng)}, {"w", random_tensor({4, 3}, rng)},
+                     {"w3", random_tensor({4, 3}, rng)}};
+  TensorMap prep = interpret(sp.prep, {{"w", in.at("w")}, {"w3", in.at("w3")}});
+  TensorMap main_in = in;
+  for (const std::string& name : sp.names) main_in.emplace(name, prep.at(name));
+  TensorMap got = interpret(sp.main, main_in), want = interpret(g, in);
+  for (const char* o : {"y", "z", "y2"}) CHECK(got.at(o) == want.at(o));
+}
