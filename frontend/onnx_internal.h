@@ -1,4 +1,4 @@
-// Inside the ONNX importer (frontend/onnx_import.cpp drives, frontend/onnx_ops.cpp maps
+// Inside the ONNX importer (frontend/onnx_import.cpp drives, frontend/onnx_ops*.cpp map
 // the ops): the per-node context each op's mapping function works through.
 #pragma once
 
