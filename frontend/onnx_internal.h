@@ -58,6 +58,7 @@ class Ctx {
   int64_t attr_int(const std::string& name, int64_t def);
   double attr_float(const std::string& name, double def);
   std::vector<int64_t> attr_ints(const std::string& name, std::vector<int64_t> def = {});
+  std::vector<double> attr_floats(const std::string& name);  // empty when absent
   std::string attr_string(const std::string& name, std::string def = "");
   Tensor attr_tensor(const std::string& name);
   // Marks attributes read without a value check (documented as ignored for inference).

@@ -66,6 +66,23 @@ void pow_(Ctx& c) {
   c.set_output(0, cast(c, r, x.type.dtype));
 }
 
+// Mod: fmod=1 is C's fmod, the remainder with the dividend's sign (Kiln's fmod, exact);
+// fmod=0 (the default) the remainder with the divisor's sign, as Python's % and NumPy's mod
+// (ONNX asks for fmod=1 with floats; NumPy's mod is given for them too): fmod's remainder,
+// plus the divisor where the two are nonzero and of opposite signs. A zero integer divisor
+// gives 0.
+void mod(Ctx& c) {
+  Val a = c.in(0), b = c.in(1);
+  Val r = bin(c, Op::Fmod, a, b);
+  if (c.attr_int("fmod", 0) == 0) {
+    Val zero = lit(c, r, 0);
+    Val opposite = bin(c, Op::Ne, bin(c, Op::Lt, r, zero), bin(c, Op::Lt, b, zero));
+    Val fix = select(c, bin(c, Op::Ne, r, zero), opposite, c.scalar(DType::boolean, 0));
+    r = select(c, fix, bin(c, Op::Add, r, b), r);
+  }
+  c.set_output(0, r);
+}
+
 void reciprocal(Ctx& c) {
   Val x = c.in(0);
   c.set_output(0, bin(c, Op::Div, lit(c, x, 1), x));
@@ -241,6 +258,12 @@ void add_elementwise_ops(OpTable& t) {
       {"Tanh", unary<Op::Tanh>},
       {"Sigmoid", unary<Op::Sigmoid>},
       {"Relu", unary<Op::Relu>},
+      {"Floor", unary<Op::Floor>},
+      {"Ceil", unary<Op::Ceil>},
+      {"Round", unary<Op::Round>},
+      {"Sin", unary<Op::Sin>},
+      {"Cos", unary<Op::Cos>},
+      {"Mod", mod},
       {"Erf", unary<Op::Erf>},
       {"Reciprocal", reciprocal},
       {"Identity", identity},

@@ -365,6 +365,28 @@ std::vector<int64_t> ceil_extra(const Window& w, const TensorType& x) {
   return extra;
 }
 
+// An average pool whose windows count different numbers of cells (pads Kiln's avg_pool2d
+// cannot take, ceil_mode's partial windows): the mean over the whole window of the input
+// padded with zeros (ceil_mode's extra too), times the window's size over its count, a
+// constant [OH, OW]. The count is of the cells inside the input, or with count_include_pad
+// inside the padded input (a partial window past the pads counts only what it covers, as
+// ONNX's reference and PyTorch do).
+Val avg_pool_counted(Ctx& c, const Val& x, const Window& w, const std::vector<int64_t>& extra, bool include_pad) {
+  Val padded = pad_spatial(c, x, w, 0.0, extra);
+  Val y = c.node(Op::AvgPool2d, {padded}, {{"kernel", w.kernel}, {"stride", w.strides}, {"count_include_pad", true}});
+  const int64_t oh = y.type.shape[2], ow = y.type.shape[3];
+  auto covered = [&](int d, int64_t o) {  // cells of window o along spatial dim d that count
+    const int64_t in = x.type.shape[2 + d], at = o * w.strides[d] - w.begin[d];
+    const int64_t lo = include_pad ? -w.begin[d] : 0, hi = include_pad ? in + w.end[d] : in;
+    return std::max<int64_t>(std::min(at + w.kernel[d], hi) - std::max(at, lo), 1);
+  };
+  Tensor scale(x.type.dtype, {oh, ow});
+  const double cells = static_cast<double>(w.kernel[0] * w.kernel[1]);
+  for (int64_t i = 0; i < oh; ++i)
+    for (int64_t j = 0; j < ow; ++j) scale.set(i * ow + j, cells / static_cast<double>(covered(0, i) * covered(1, j)));
+  return bin(c, Op::Mul, y, c.constant(std::move(scale)));
+}
+
 template <bool is_max>
 void pool(Ctx& c) {
   Val x = c.in(0);
@@ -435,10 +457,10 @@ void pool(Ctx& c) {
   } else if (include_pad && extra == std::vector<int64_t>{0, 0} && !dilated) {  // padded zeros count
     a.emplace("count_include_pad", true);
     y = c.node(Op::AvgPool2d, {pad_spatial(c, x, w, 0.0)}, a);
+  } else if (!dilated) {
+    y = avg_pool_counted(c, x, w, extra, include_pad);
   } else {
-    throw Unsupported(dilated ? "dilations other than 1"
-                      : ceil  ? "ceil_mode=1 where it adds a partial window"
-                              : "pads Kiln's avg_pool2d cannot take with count_include_pad=0");
+    throw Unsupported("an average pool with dilations other than 1");
   }
   c.set_output(0, drop_1d(c, y, w));
 }
@@ -449,6 +471,114 @@ void global_pool(Ctx& c) {
   want_float(x, "the input");
   AttrMap a{{"axes", iota(2, x.type.rank())}, {"keepdims", true}};
   c.set_output(0, c.node(is_max ? Op::Max : Op::Mean, {x}, a));
+}
+
+// --- resizing ------------------------------------------------------------------------------
+
+// Resize (and Upsample, its older form) in nearest and linear modes, one axis at a time:
+// each output cell's coordinate in the input (coordinate_transformation_mode) is computed
+// at import; nearest gathers the cell nearest_mode picks, linear gathers the two cells
+// around it and blends them with constant weights (multilinear = one linear pass per axis).
+// Coordinates outside the input read its edge, as ONNX's reference does.
+Val resize_axis(Ctx& c, const Val& x, int64_t axis, int64_t out, double scale, const std::string& mode,
+                const std::string& coords, const std::string& nearest) {
+  const int64_t in = x.type.shape[axis];
+  if (in == 0) throw Error(fmt::format("cannot resize an empty axis {} of {}", axis, x.type.str()));
+  auto source = [&](int64_t o) {
+    const double oc = static_cast<double>(o);
+    if (coords == "asymmetric") return oc / scale;
+    if (coords == "align_corners") {  // over the unrounded output length in * scale, as ONNX's reference
+      const double span = static_cast<double>(in) * scale - 1;
+      return span <= 0 ? 0.0 : oc * static_cast<double>(in - 1) / span;
+    }
+    if (coords == "pytorch_half_pixel") return out > 1 ? (oc + 0.5) / scale - 0.5 : 0.0;
+    return (oc + 0.5) / scale - 0.5;  // half_pixel
+  };
+  auto clamp_index = [in](double v) { return std::clamp<int64_t>(static_cast<int64_t>(v), 0, in - 1); };
+  Shape ws(static_cast<size_t>(x.type.rank()), 1);
+  ws[axis] = out;
+  Tensor lo(DType::i64, {out}), hi(DType::i64, {out}), w(x.type.dtype, ws);
+  for (int64_t o = 0; o < out; ++o) {
+    const double s = source(o);
+    if (mode == "nearest") {
+      const double f = std::floor(s);
+      const bool tie = s - f == 0.5;
+      const double pick = nearest == "floor"               ? f
+                          : nearest == "ceil"              ? std::ceil(s)
+                          : nearest == "round_prefer_ceil" ? (tie ? f + 1 : std::round(s))
+                                                           : (tie ? f : std::round(s));  // round_prefer_floor
+      lo.set_int(o, clamp_index(pick));
+    } else {
+      const double t = std::clamp(s, 0.0, static_cast<double>(in - 1)), f = std::floor(t);
+      lo.set_int(o, clamp_index(f));
+      hi.set_int(o, clamp_index(f + 1));
+      w.set(o, t - f);
+    }
+  }
+  AttrMap a{{"axis", axis}};
+  Val near = c.node(Op::Gather, {x, c.constant(std::move(lo))}, a);
+  if (mode == "nearest") return near;
+  Val far = c.node(Op::Gather, {x, c.constant(std::move(hi))}, a);
+  Val wv = c.constant(std::move(w));
+  return bin(c, Op::Add, near, bin(c, Op::Mul, bin(c, Op::Sub, far, near), wv));
+}
+
+void resize(Ctx& c) {
+  Val x = c.in(0);
+  want_float(x, "the input");
+  const int64_t r = x.type.rank();
+  const bool upsample = c.node().op_type() == "Upsample";
+  std::string mode = c.attr_string("mode", "nearest");
+  if (mode == "bilinear" || mode == "trilinear") mode = "linear";  // Upsample's opset-7 spellings
+  if (mode != "nearest" && mode != "linear") throw Unsupported("mode=" + mode);
+  std::string coords = "asymmetric", nearest = "floor";  // Upsample's and opset-10 Resize's
+  if (!upsample && c.opset() >= 11) {
+    coords = c.attr_string("coordinate_transformation_mode", "half_pixel");
+    nearest = c.attr_string("nearest_mode", "round_prefer_floor");
+    c.ignore_attr("cubic_coeff_a");     // cubic only
+    c.ignore_attr("exclude_outside");   // cubic only
+    c.ignore_attr("extrapolation_value");  // tf_crop_and_resize only
+  }
+  if (coords != "half_pixel" && coords != "asymmetric" && coords != "align_corners" && coords != "pytorch_half_pixel")
+    throw Unsupported("coordinate_transformation_mode=" + coords);
+  if (nearest != "round_prefer_floor" && nearest != "round_prefer_ceil" && nearest != "floor" && nearest != "ceil")
+    throw Unsupported("nearest_mode=" + nearest);
+  if (c.attr_int("antialias", 0) != 0) throw Unsupported("antialias=1");
+  if (c.has_attr("axes")) throw Unsupported("the axes attribute");
+  if (c.attr_string("keep_aspect_ratio_policy", "stretch") != "stretch") throw Unsupported("keep_aspect_ratio_policy");
+  std::vector<double> scales;
+  std::vector<int64_t> sizes;
+  const int scales_at = upsample || c.opset() < 11 ? 1 : 2;
+  if (upsample && c.opset() < 9) {
+    for (double s : c.attr_floats("scales")) scales.push_back(s);
+  } else if (c.has_input(scales_at) && c.type(scales_at).numel() > 0) {
+    const Tensor& t = c.in_const(scales_at, "scales");
+    for (int64_t i = 0; i < t.numel(); ++i) scales.push_back(t.get(i));
+  } else if (!upsample && c.has_input(3)) {
+    sizes = c.in_ints(3, "sizes");
+  } else {
+    throw Error("neither scales nor sizes is given");
+  }
+  if (!scales.empty() && static_cast<int64_t>(scales.size()) != r) throw Error("scales must have one value per axis");
+  if (!sizes.empty() && static_cast<int64_t>(sizes.size()) != r) throw Error("sizes must have one value per axis");
+  for (int64_t a = 0; a < r; ++a) {
+    const int64_t in = x.type.shape[a];
+    double scale;
+    int64_t out;
+    if (!sizes.empty()) {
+      out = sizes[a];
+      if (out < 1 || out > (int64_t{1} << 31)) throw Error(fmt::format("size {} of axis {} is out of range", out, a));
+      scale = static_cast<double>(out) / static_cast<double>(in);
+    } else {
+      scale = scales[a];
+      if (!(scale > 0 && scale * static_cast<double>(in) < 2147483648.0))
+        throw Error(fmt::format("scale {} of axis {} is out of range", scale, a));
+      out = static_cast<int64_t>(std::floor(static_cast<double>(in) * scale));
+    }
+    if (out == in && scale == 1.0) continue;
+    x = resize_axis(c, x, a, out, scale, mode, coords, nearest);
+  }
+  c.set_output(0, x);
 }
 
 // --- normalization ---------------------------------------------------------------------------
@@ -698,6 +828,8 @@ void add_nn_ops(OpTable& t) {
       {"GlobalAveragePool", global_pool<false>},
       {"GlobalMaxPool", global_pool<true>},
       {"Softmax", softmax<Op::Softmax>},
+      {"Resize", resize},
+      {"Upsample", resize},
       {"LogSoftmax", softmax<Op::LogSoftmax>},
       {"BatchNormalization", batch_norm},
       {"InstanceNormalization", instance_norm},

@@ -1,4 +1,4 @@
-// ONNX import, the op table's reduce family. Reductions: Reduce*, ArgMax, ArgMin.
+// ONNX import, the op table's reduce family. Reductions and scans: Reduce*, ArgMax, ArgMin, CumSum.
 // frontend/onnx_ops.cpp assembles the table; docs/onnx.md lists what is supported.
 #include <fmt/core.h>
 
@@ -26,6 +26,22 @@ std::optional<std::vector<int64_t>> reduce_axes(Ctx& c, int64_t rank, bool axes_
   return axes;
 }
 
+// x shifted by s along `axis`: s zeros in front, its last s elements dropped.
+Val shifted(Ctx& c, const Val& x, int64_t axis, int64_t s) {
+  const int64_t n = x.type.shape[axis];
+  std::vector<int64_t> lo(static_cast<size_t>(x.type.rank()), 0), hi = lo;
+  lo[axis] = s;
+  return slice_axis(c, c.node(Op::Pad, {x}, {{"low", lo}, {"high", hi}, {"value", 0.0}}), axis, 0, n);
+}
+
+// x reversed along `axis` (a gather of the indices n-1..0).
+Val reversed(Ctx& c, const Val& x, int64_t axis) {
+  const int64_t n = x.type.shape[axis];
+  Tensor rev(DType::i64, {n});
+  for (int64_t i = 0; i < n; ++i) rev.set_int(i, n - 1 - i);
+  return c.node(Op::Gather, {x, c.constant(std::move(rev))}, {{"axis", axis}});
+}
+
 // log(sum(exp(x))) over `axes`, shifted by the maximum m as softmax is: m + log(sum(exp(x - m)))
 // neither overflows (x = [100, 0] gives 100) nor underflows (x = [-200, -200] gives -199.31).
 // Where m is infinite the shift is 0, so the result is log(sum(exp(x))) as written: +inf
@@ -44,7 +60,49 @@ Val log_sum_exp(Ctx& c, const Val& x, const std::vector<int64_t>& axes, bool kee
   return bin(c, Op::Add, un(c, Op::Log, sum), reshape(c, shift, sum.type.shape));
 }
 
-enum class Reduce { Sum, Mean, Max, Min, SumSquare, L1, L2, LogSum, LogSumExp };
+// The product over `axes` (empty: all), exact for zeros, negatives, infinities and NaN (no
+// exp/log): the reduced axes moved last and flattened to one of n elements, then halved
+// log2(n) times by multiplying its two halves (an odd one padded by a 1). Empty axes give 1.
+Val product(Ctx& c, const Val& x, std::vector<int64_t> axes, bool keep) {
+  const int64_t r = x.type.rank();
+  if (axes.empty()) axes = iota(0, r);
+  std::vector<bool> reduced(static_cast<size_t>(r), false);
+  for (int64_t a : axes) reduced[a] = true;
+  std::vector<int64_t> perm;
+  Shape kept, out;
+  int64_t n = 1;
+  for (int64_t d = 0; d < r; ++d) {
+    if (!reduced[d]) {
+      perm.push_back(d);
+      kept.push_back(x.type.shape[d]);
+    }
+    out.push_back(reduced[d] ? 1 : x.type.shape[d]);
+  }
+  for (int64_t d = 0; d < r; ++d) {
+    if (!reduced[d]) continue;
+    perm.push_back(d);
+    n *= x.type.shape[d];
+  }
+  if (!keep) out = kept;
+  if (n == 0) return c.constant(Tensor::splat(Tensor::scalar(x.type.dtype, 1), out));
+  Shape rows = kept;
+  rows.push_back(n);
+  Val y = reshape(c, transpose(c, x, perm), rows);
+  const int64_t last = static_cast<int64_t>(kept.size());
+  while (n > 1) {
+    if (n % 2) {
+      std::vector<int64_t> lo(static_cast<size_t>(last + 1), 0), hi = lo;
+      hi[last] = 1;
+      y = c.node(Op::Pad, {y}, {{"low", lo}, {"high", hi}, {"value", 1.0}});
+      ++n;
+    }
+    y = bin(c, Op::Mul, slice_axis(c, y, last, 0, n / 2), slice_axis(c, y, last, n / 2, n));
+    n /= 2;
+  }
+  return reshape(c, y, out);
+}
+
+enum class Reduce { Sum, Mean, Max, Min, Prod, SumSquare, L1, L2, LogSum, LogSumExp };
 
 template <Reduce kind>
 void reduce(Ctx& c) {
@@ -62,6 +120,7 @@ void reduce(Ctx& c) {
     case Reduce::Mean: c.set_output(0, c.node(Op::Mean, {x}, a)); break;
     case Reduce::Max: c.set_output(0, c.node(Op::Max, {x}, a)); break;
     case Reduce::Min: c.set_output(0, c.node(Op::Min, {x}, a)); break;
+    case Reduce::Prod: c.set_output(0, product(c, x, *axes, keep)); break;
     case Reduce::SumSquare: c.set_output(0, c.node(Op::Sum, {bin(c, Op::Mul, x, x)}, a)); break;
     case Reduce::L1: c.set_output(0, c.node(Op::Sum, {un(c, Op::Abs, x)}, a)); break;
     case Reduce::L2:
@@ -81,13 +140,35 @@ void arg_extreme(Ctx& c) {
   Val x = c.in(0);
   int64_t axis = norm_axis(c.attr_int("axis", 0), x.type.rank());
   bool keep = c.attr_int("keepdims", 1) != 0;
-  if (c.attr_int("select_last_index", 0) != 0) throw Unsupported("select_last_index=1");
-  if (is_min) {
-    if (!is_float(x.type.dtype)) throw Unsupported("ArgMin of integers");
-    x = un(c, Op::Neg, x);
+  const bool last = c.attr_int("select_last_index", 0) != 0;
+  // The minimum is the maximum of an order-reversing map: -x for floats (NaN stays the
+  // maximum, as NumPy's argmin picks it), -1 - x for integers (no overflow at INT_MIN).
+  if (is_min) x = is_float(x.type.dtype) ? un(c, Op::Neg, x) : bin(c, Op::Sub, lit(c, x, -1), x);
+  const int64_t n = x.type.shape[axis];
+  if (last && n > 1) x = reversed(c, x, axis);  // its first maximum, counted from the end
+  Val r = cast(c, c.node(Op::Argmax, {x}, {{"axis", axis}, {"keepdims", keep}}), DType::i64);
+  if (last && n > 1) r = bin(c, Op::Sub, lit(c, r, static_cast<double>(n - 1)), r);
+  c.set_output(0, r);
+}
+
+// CumSum: the inclusive prefix sums along `axis` as log2(n) steps of y += y shifted by 1, 2,
+// 4, ... (Hillis-Steele; integers and floats); exclusive shifts the result by one, reverse
+// sums from the end (the input and the result reversed).
+void cumsum(Ctx& c) {
+  Val x = c.in(0);
+  std::vector<int64_t> axes = c.in_ints(1, "axis");
+  if (axes.size() != 1) throw Error("axis must hold one value");
+  const int64_t axis = norm_axis(axes[0], x.type.rank());
+  const bool exclusive = c.attr_int("exclusive", 0) != 0, reverse = c.attr_int("reverse", 0) != 0;
+  const int64_t n = x.type.shape[axis];
+  if (n == 0) {
+    c.set_output(0, x);
+    return;
   }
-  Val r = c.node(Op::Argmax, {x}, {{"axis", axis}, {"keepdims", keep}});
-  c.set_output(0, cast(c, r, DType::i64));
+  Val y = reverse ? reversed(c, x, axis) : x;
+  for (int64_t s = 1; s < n; s *= 2) y = bin(c, Op::Add, y, shifted(c, y, axis, s));
+  if (exclusive) y = shifted(c, y, axis, 1);
+  c.set_output(0, reverse ? reversed(c, y, axis) : y);
 }
 
 }  // namespace
@@ -98,6 +179,8 @@ void add_reduce_ops(OpTable& t) {
       {"ReduceMean", reduce<Reduce::Mean>},
       {"ReduceMax", reduce<Reduce::Max>},
       {"ReduceMin", reduce<Reduce::Min>},
+      {"ReduceProd", reduce<Reduce::Prod>},
+      {"CumSum", cumsum},
       {"ReduceSumSquare", reduce<Reduce::SumSquare>},
       {"ReduceL1", reduce<Reduce::L1>},
       {"ReduceL2", reduce<Reduce::L2>},

@@ -112,15 +112,31 @@ void slice(Ctx& c) {
   if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
     throw Error("starts, ends, axes and steps differ in length");
   std::vector<int64_t> st(r, 0), sp(x.type.shape), se(r, 1);
+  std::vector<std::pair<int64_t, Tensor>> backward;  // negative steps: an axis and the indices it keeps
   for (size_t i = 0; i < starts.size(); ++i) {
     int64_t a = norm_axis(axes[i], r), d = x.type.shape[a];
-    if (steps[i] <= 0) throw Unsupported("negative or zero steps");
-    auto clampi = [d](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + d : v, 0, d); };
-    st[a] = clampi(starts[i]);
-    sp[a] = std::max(clampi(ends[i]), st[a]);
-    se[a] = steps[i];
+    if (steps[i] == 0) throw Error(fmt::format("step 0 on axis {}", axes[i]));
+    // ONNX's clamping: [0, d] for a positive step, [0, d - 1] for the start and [-1, d - 1]
+    // for the end of a negative one (the end is exclusive).
+    auto from_end = [d](int64_t v) { return v < 0 ? v + d : v; };  // v < 0, d >= 0: no overflow
+    if (steps[i] > 0) {
+      st[a] = std::clamp<int64_t>(from_end(starts[i]), 0, d);
+      sp[a] = std::max(std::clamp<int64_t>(from_end(ends[i]), 0, d), st[a]);
+      se[a] = steps[i];
+      continue;
+    }
+    const int64_t s = d == 0 ? 0 : std::clamp<int64_t>(from_end(starts[i]), 0, d - 1);
+    const int64_t e = d == 0 ? 0 : std::clamp<int64_t>(from_end(ends[i]), -1, d - 1);
+    // steps[i] = INT64_MIN cannot be negated: it takes one element, as any step past the axis.
+    const int64_t stride = steps[i] == std::numeric_limits<int64_t>::min() ? d + 1 : -steps[i];
+    const int64_t n = s > e ? (s - e - 1) / stride + 1 : 0;
+    Tensor keep(DType::i64, {n});
+    for (int64_t k = 0; k < n; ++k) keep.set_int(k, s - k * stride);
+    backward.emplace_back(a, std::move(keep));
   }
-  c.set_output(0, c.node(Op::Slice, {x}, {{"start", st}, {"stop", sp}, {"step", se}}));
+  Val y = c.node(Op::Slice, {x}, {{"start", st}, {"stop", sp}, {"step", se}});
+  for (auto& [a, keep] : backward) y = c.node(Op::Gather, {y, c.constant(std::move(keep))}, {{"axis", a}});
+  c.set_output(0, y);
 }
 
 // Pad's edge and reflect modes: per axis, the border cells (edge: the first or last cell
