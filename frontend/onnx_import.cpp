@@ -229,6 +229,14 @@ std::vector<int64_t> Ctx::attr_ints(const std::string& name, std::vector<int64_t
   return {a->ints().begin(), a->ints().end()};
 }
 
+std::vector<double> Ctx::attr_floats(const std::string& name) {
+  read_.insert(name);
+  const onnx::AttributeProto* a = find_attr(name);
+  if (!a) return {};
+  want_attr_type(*a, onnx::AttributeProto::FLOATS);
+  return {a->floats().begin(), a->floats().end()};
+}
+
 std::string Ctx::attr_string(const std::string& name, std::string def) {
   read_.insert(name);
   const onnx::AttributeProto* a = find_attr(name);

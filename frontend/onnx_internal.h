@@ -1,4 +1,4 @@
-// Inside the ONNX importer (frontend/onnx_import.cpp drives, frontend/onnx_ops.cpp maps
+// Inside the ONNX importer (frontend/onnx_import.cpp drives, frontend/onnx_ops*.cpp map
 // the ops): the per-node context each op's mapping function works through.
 #pragma once
 
@@ -74,6 +74,7 @@ class Ctx {
   int64_t attr_int(const std::string& name, int64_t def);
   double attr_float(const std::string& name, double def);
   std::vector<int64_t> attr_ints(const std::string& name, std::vector<int64_t> def = {});
+  std::vector<double> attr_floats(const std::string& name);  // empty when absent
   std::string attr_string(const std::string& name, std::string def = "");
   Tensor attr_tensor(const std::string& name);
   // Marks attributes read without a value check (documented as ignored for inference).

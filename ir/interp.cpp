@@ -56,6 +56,17 @@ T divide(T a, T b) {
     return a / b;
   }
 }
+// fmod: C's fmod for floats (exact; NaN for b = 0); for integers a % b, 0 for b = 0 and for
+// INT_MIN % -1 (whose quotient overflows).
+template <typename T>
+T remainder_of(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    if (b == 0 || b == T(-1)) return 0;
+    return a % b;
+  } else {
+    return std::fmod(a, b);
+  }
+}
 template <typename T>
 bool is_nan(T x) {
   if constexpr (std::is_floating_point_v<T>) return std::isnan(x);
@@ -335,6 +346,16 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
       return unary_float(*in[0], rt, [](auto v) { return std::log1p(v); });
     case Op::Expm1:
       return unary_float(*in[0], rt, [](auto v) { return std::expm1(v); });
+    case Op::Floor:
+      return unary_float(*in[0], rt, [](auto v) { return std::floor(v); });
+    case Op::Ceil:
+      return unary_float(*in[0], rt, [](auto v) { return std::ceil(v); });
+    case Op::Round:  // ties to even: nearbyint in the default rounding mode, which Kiln never changes
+      return unary_float(*in[0], rt, [](auto v) { return std::nearbyint(v); });
+    case Op::Sin:
+      return unary_float(*in[0], rt, [](auto v) { return std::sin(v); });
+    case Op::Cos:
+      return unary_float(*in[0], rt, [](auto v) { return std::cos(v); });
     case Op::Sigmoid:
       return unary_float(*in[0], rt, [](auto v) {
         using T = decltype(v);
@@ -356,6 +377,8 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
       return binary<false>(*in[0], *in[1], rt, [](auto a, auto b) { return wrap_mul(a, b); });
     case Op::Div:
       return binary<false>(*in[0], *in[1], rt, [](auto a, auto b) { return divide(a, b); });
+    case Op::Fmod:
+      return binary<false>(*in[0], *in[1], rt, [](auto a, auto b) { return remainder_of(a, b); });
     case Op::Pow:
       return binary<false>(*in[0], *in[1], rt, [](auto a, auto b) {
         using T = decltype(a);

@@ -169,10 +169,11 @@ TensorType rule_type(const Rule& r) {
   switch (op) {
     case Op::Neg: case Op::Abs: case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt:
     case Op::Tanh: case Op::Sigmoid: case Op::Erf: case Op::Log1p: case Op::Expm1: case Op::Relu:
+    case Op::Floor: case Op::Ceil: case Op::Round: case Op::Sin: case Op::Cos:
       if (in[0].dtype == DType::boolean) r.fail("operand must be numeric, not bool");
       return in[0];
     case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow:
-    case Op::Maximum: case Op::Minimum:
+    case Op::Maximum: case Op::Minimum: case Op::Fmod:
       r.want_same_dtype(0, 1);
       if (in[0].dtype == DType::boolean) r.fail("operands must be numeric, not bool");
       return {in[0].dtype, r.broadcast(in[0].shape, in[1].shape)};

@@ -100,6 +100,9 @@ std::vector<ValueId> vjp(Emitter& e, const Node& n, ValueId dy, const std::vecto
     case Op::Log: return {e.div(dy, x(0))};
     case Op::Log1p: return {e.div(dy, e.add(x(0), e.scalar(1.0, dt)))};
     case Op::Expm1: return {e.mul(dy, e.add(y, e.scalar(1.0, dt)))};
+    case Op::Floor: case Op::Ceil: case Op::Round: return {ValueId{}};  // constant between the steps
+    case Op::Sin: return {e.mul(dy, e.op(Op::Cos, {x(0)}))};
+    case Op::Cos: return {e.neg(e.mul(dy, e.op(Op::Sin, {x(0)})))};
     case Op::Sqrt: return {e.div(e.mul(dy, 0.5), y)};
     case Op::Rsqrt: return {e.mul(e.mul(dy, -0.5), e.mul(y, e.mul(y, y)))};
     case Op::Tanh: return {e.mul(dy, e.sub(e.scalar(1.0, dt), e.mul(y, y)))};
@@ -116,6 +119,10 @@ std::vector<ValueId> vjp(Emitter& e, const Node& n, ValueId dy, const std::vecto
     case Op::Div:
       return {when(0, [&] { return ub(e.div(dy, x(1)), 0); }),
               when(1, [&] { return ub(e.neg(e.div(e.mul(dy, y), x(1))), 1); })};
+    // fmod(a, b) = a - trunc(a / b) b: d/da = 1, d/db = -trunc(a / b) = (fmod(a, b) - a) / b.
+    case Op::Fmod:
+      return {when(0, [&] { return ub(dy, 0); }),
+              when(1, [&] { return ub(e.mul(dy, e.div(e.sub(y, x(0)), x(1))), 1); })};
     case Op::Pow: {
       ValueId da = when(0, [&] {
         ValueId one = e.scalar(1.0, dt);

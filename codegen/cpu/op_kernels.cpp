@@ -34,7 +34,8 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
   int64_t esize = static_cast<int64_t>(dtype_size(rt.dtype));
   switch (n.op) {
     case Op::Neg: case Op::Abs: case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh:
-    case Op::Sigmoid: case Op::Erf: case Op::Log1p: case Op::Expm1: case Op::Relu: case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow:
+    case Op::Sigmoid: case Op::Erf: case Op::Log1p: case Op::Expm1: case Op::Floor: case Op::Ceil:
+    case Op::Round: case Op::Sin: case Op::Cos: case Op::Fmod: case Op::Relu: case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow:
     case Op::Maximum: case Op::Minimum: case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt:
     case Op::Ge: case Op::Select: case Op::Cast:
       internal_error("codegen", "cpu codegen: elementwise node outside a loop group");

@@ -72,6 +72,11 @@ Value* Lowerer::ew(const Node& n, DType in, DType out, const std::vector<Value*>
     case Op::Erf: return libm("erff", "erf", a[0]);
     case Op::Log1p: return libm("log1pf", "log1p", a[0]);
     case Op::Expm1: return libm("expm1f", "expm1", a[0]);
+    case Op::Floor: return intrinsic(llvm::Intrinsic::floor, a[0]);
+    case Op::Ceil: return intrinsic(llvm::Intrinsic::ceil, a[0]);
+    case Op::Round: return intrinsic(llvm::Intrinsic::roundeven, a[0]);
+    case Op::Sin: return libm("sinf", "sin", a[0]);
+    case Op::Cos: return libm("cosf", "cos", a[0]);
     case Op::Sigmoid: {
       Value* one = scalar(in, 1);
       Value* pos = B_.CreateFDiv(one, B_.CreateFAdd(one, intrinsic(llvm::Intrinsic::exp, B_.CreateFNeg(a[0]))));
@@ -95,6 +100,16 @@ Value* Lowerer::ew(const Node& n, DType in, DType out, const std::vector<Value*>
                                 B_.CreateICmpEQ(a[0], llvm::ConstantInt::get(t, llvm::APInt::getSignedMinValue(t->getIntegerBitWidth()))));
       Value* d = B_.CreateSelect(B_.CreateOr(bz, ovf), llvm::ConstantInt::get(t, 1), a[1]);
       return B_.CreateSelect(bz, zero(), B_.CreateSDiv(a[0], d));
+    }
+    case Op::Fmod: {
+      if (fl) return B_.CreateFRem(a[0], a[1]);  // C's fmod
+      // b == 0 and b == -1 give 0 (docs/ir.md), with no undefined srem (INT_MIN % -1):
+      // those divisors are replaced by 1 before dividing.
+      llvm::Type* t = a[0]->getType();
+      Value* none = B_.CreateOr(B_.CreateICmpEQ(a[1], zero()),
+                                B_.CreateICmpEQ(a[1], llvm::ConstantInt::get(t, static_cast<uint64_t>(-1), true)));
+      Value* d = B_.CreateSelect(none, llvm::ConstantInt::get(t, 1), a[1]);
+      return B_.CreateSelect(none, zero(), B_.CreateSRem(a[0], d));
     }
     case Op::Pow: return B_.CreateBinaryIntrinsic(llvm::Intrinsic::pow, a[0], a[1]);
     case Op::Maximum:

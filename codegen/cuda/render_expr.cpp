@@ -91,6 +91,11 @@ std::string ew_expr(const Node& n, DType in, DType out, const std::vector<std::s
     case Op::Erf: return fn("erf", in) + "(" + a[0] + ")";
     case Op::Log1p: return fn("log1p", in) + "(" + a[0] + ")";
     case Op::Expm1: return fn("expm1", in) + "(" + a[0] + ")";
+    case Op::Floor: return fn("floor", in) + "(" + a[0] + ")";
+    case Op::Ceil: return fn("ceil", in) + "(" + a[0] + ")";
+    case Op::Round: return fn("rint", in) + "(" + a[0] + ")";  // to nearest, ties to even
+    case Op::Sin: return fn("sin", in) + "(" + a[0] + ")";
+    case Op::Cos: return fn("cos", in) + "(" + a[0] + ")";
     case Op::Sigmoid: return "kiln_sigmoid(" + a[0] + ")";
     case Op::Relu:
       return fl ? "((kiln_isnan(" + a[0] + ") || " + a[0] + " > (" + T + ")0) ? " + a[0] + " : (" + T + ")0)"
@@ -99,6 +104,7 @@ std::string ew_expr(const Node& n, DType in, DType out, const std::vector<std::s
     case Op::Sub: return fl ? "(" + a[0] + " - " + a[1] + ")" : "kiln_sub(" + a[0] + ", " + a[1] + ")";
     case Op::Mul: return fl ? "(" + a[0] + " * " + a[1] + ")" : "kiln_mul(" + a[0] + ", " + a[1] + ")";
     case Op::Div: return fl ? "(" + a[0] + " / " + a[1] + ")" : "kiln_div(" + a[0] + ", " + a[1] + ")";
+    case Op::Fmod: return (fl ? fn("fmod", in) : std::string("kiln_fmod")) + "(" + a[0] + ", " + a[1] + ")";
     case Op::Pow: return fn("pow", in) + "(" + a[0] + ", " + a[1] + ")";
     case Op::Maximum:
       return fl ? "kiln_maximum(" + a[0] + ", " + a[1] + ")" : "(" + a[0] + " > " + a[1] + " ? " + a[0] + " : " + a[1] + ")";
@@ -164,6 +170,9 @@ KILN_FN i64 kiln_abs(i64 a) { return a < 0 ? kiln_neg(a) : a; }
 // x / 0 = 0 and INT_MIN / -1 = INT_MIN (x / -1 is the wrapping negation).
 KILN_FN i32 kiln_div(i32 a, i32 b) { return b == 0 ? 0 : b == -1 ? kiln_neg(a) : a / b; }
 KILN_FN i64 kiln_div(i64 a, i64 b) { return b == 0 ? 0 : b == -1 ? kiln_neg(a) : a / b; }
+// x fmod 0 = 0 and x fmod -1 = 0 (INT_MIN % -1 overflows in C).
+KILN_FN i32 kiln_fmod(i32 a, i32 b) { return b == 0 || b == -1 ? 0 : a % b; }
+KILN_FN i64 kiln_fmod(i64 a, i64 b) { return b == 0 || b == -1 ? 0 : a % b; }
 
 KILN_FN i32 kiln_min(i32 a, i32 b) { return a < b ? a : b; }
 KILN_FN i64 kiln_min(i64 a, i64 b) { return a < b ? a : b; }

@@ -232,7 +232,8 @@ void render_op(Emitter& out, const Graph& g, const Node& n, const std::function<
   int64_t numel = rt.numel();
   switch (n.op) {
     case Op::Neg: case Op::Abs: case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh:
-    case Op::Sigmoid: case Op::Erf: case Op::Log1p: case Op::Expm1: case Op::Relu: case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow:
+    case Op::Sigmoid: case Op::Erf: case Op::Log1p: case Op::Expm1: case Op::Floor: case Op::Ceil:
+    case Op::Round: case Op::Sin: case Op::Cos: case Op::Fmod: case Op::Relu: case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow:
     case Op::Maximum: case Op::Minimum: case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt:
     case Op::Ge: case Op::Select: case Op::Cast: case Op::Matmul: case Op::Fused: case Op::Constant:
       internal_error("op", "cuda render: " + std::string(op_name(n.op)) + " is not an op kernel (the plan runs it otherwise)");

@@ -111,7 +111,23 @@ inline std::vector<OpCase> op_cases(Op op) {
       for (DType dt : floats) add(dt, {{{5, 37}, {lo, 30}}}, op, {}, tol(dt), 0);
       break;
     }
-    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow: case Op::Maximum: case Op::Minimum:
+    case Op::Sin: case Op::Cos:
+      for (DType dt : floats) {
+        add(dt, {{{5, 37}, {-30, 30}}}, op, {}, tol(dt), 1e-6);
+        poison("x0", {{0, inf}, {1, -inf}, {2, nan}, {3, 1e6}, {4, -0.0}});
+      }
+      break;
+    case Op::Floor: case Op::Ceil: case Op::Round:
+      for (DType dt : floats) {
+        add(dt, {{{5, 37}, {-30, 30}}}, op, {}, 0, 0);
+        // Ties (round: to even), signed zeros, values past 2^52 and 2^23 (already integral),
+        // infinities and NaN.
+        add(dt, {{{16}, {-1, 1}}}, op, {}, 0, 0);
+        poison("x0", {{0, 2.5}, {1, -2.5}, {2, 0.5}, {3, -0.5}, {4, 1.5}, {5, -0.0}, {6, 3.5e15 + 0.5},
+                      {7, 8388609.0}, {8, inf}, {9, -inf}, {10, nan}, {11, 0.49999997}});
+      }
+      break;
+    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow: case Op::Maximum: case Op::Minimum: case Op::Fmod:
     case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt: case Op::Ge: {
       bool cmp = op_info(op).has(kCompare);
       for (DType dt : numeric) {
@@ -121,7 +137,18 @@ inline std::vector<OpCase> op_cases(Op op) {
         const std::vector<std::pair<Shape, Shape>> shapes = {
             {{4, 33}, {4, 33}}, {{4, 1, 5}, {3, 5}}, {{}, {7}}, {{2, 3, 1}, {1, 1, 9}}, {{6}, {}}};
         for (const auto& [sa, sb] : shapes)
-          add(dt, {{sa, {lo, hi}}, {sb, {blo, hi}}}, op, {}, cmp ? 0 : tol(dt), 0, DType::f32, cmp);
+          add(dt, {{sa, {lo, hi}}, {sb, {blo, hi}}}, op, {}, cmp || op == Op::Fmod ? 0 : tol(dt), 0, DType::f32, cmp);
+        if (op == Op::Fmod) {  // exact: zero and -1 divisors, INT_MIN, signs, huge quotients, inf and NaN
+          add(dt, {{{8}, {1, 2}}, {{8}, {1, 2}}}, op, {}, 0, 0);
+          const double big = is_float(dt) ? 1e30 : dt == DType::i32 ? -2147483648.0 : -9.2233720368547758e18;
+          poison("x0", {{0, 7}, {1, -7}, {2, 7}, {3, -7}, {4, big}, {5, big}, {6, 5}, {7, -0.0}});
+          poison("x1", {{0, 0}, {1, 3}, {2, -3}, {3, -3}, {4, -1}, {5, 0.75}, {6, -1}, {7, 2}});
+          if (is_float(dt)) {
+            add(dt, {{{4}, {1, 2}}, {{4}, {1, 2}}}, op, {}, 0, 0);
+            poison("x0", {{0, inf}, {1, nan}, {2, 5}, {3, 1e-30}});
+            poison("x1", {{0, 2}, {1, 2}, {2, inf}, {3, 3}});
+          }
+        }
       }
       break;
     }

@@ -79,14 +79,15 @@ Graph every_op_graph(std::set<Op>& covered) {
     out(v);
     return v;
   };
-  for (Op op : {Op::Neg, Op::Abs, Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::Sigmoid, Op::Erf, Op::Log1p, Op::Expm1, Op::Relu}) node(op, {x});
+  for (Op op : {Op::Neg, Op::Abs, Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::Sigmoid, Op::Erf, Op::Log1p, Op::Expm1, Op::Floor, Op::Ceil,
+                Op::Round, Op::Sin, Op::Cos, Op::Relu}) node(op, {x});
   node(Op::Neg, {xi});
   node(Op::Abs, {xi});
   node(Op::Relu, {xi});
-  for (Op op : {Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Pow, Op::Maximum, Op::Minimum, Op::Eq, Op::Ne, Op::Lt, Op::Le,
-                Op::Gt, Op::Ge})
+  for (Op op : {Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Pow, Op::Fmod, Op::Maximum, Op::Minimum, Op::Eq, Op::Ne, Op::Lt,
+                Op::Le, Op::Gt, Op::Ge})
     node(op, {x, b});
-  for (Op op : {Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Maximum, Op::Minimum, Op::Lt}) node(op, {xi, xi});
+  for (Op op : {Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Fmod, Op::Maximum, Op::Minimum, Op::Lt}) node(op, {xi, xi});
   node(Op::Select, {c, x, b});
   for (DType t : kAllDTypes) {
     node(Op::Cast, {x}, {{"dtype", t}});

@@ -119,7 +119,8 @@ TEST_CASE("every op in ops.def has a builder", "[frontend]") {
   Sym dpool = t.input("dpool", f32({1, 2, 2, 2}));  // a 2x2 pooling of img
   std::vector<Sym> built = {
       neg(x), abs(x), exp(x), log(x), sqrt(x), rsqrt(x), tanh(x), sigmoid(x), erf(x), log1p(x), expm1(x), relu(x),
-      add(x, x), sub(x, x), mul(x, x), div(x, x), pow(x, 2.0), maximum(x, x), minimum(x, x),
+      floor(x), ceil(x), round(x), sin(x), cos(x),
+      add(x, x), sub(x, x), mul(x, x), div(x, x), pow(x, 2.0), maximum(x, x), minimum(x, x), fmod(x, x),
       eq(x, x), ne(x, x), lt(x, x), le(x, x), gt(x, x), ge(x, x),
       select(x > 0.0, x, x), cast(x, DType::i32),
       sum(x), mean(x, {1}), max(x, {0}, true), min(x), argmax(x),

@@ -161,6 +161,23 @@ OpCases unary(Op op, Gen gen) {
   return c;
 }
 
+// floor, ceil, round: constant between their steps, so a zero gradient, which the finite
+// differences agree with away from the steps (integers; for round, the halves between them).
+OpCases stepwise(Op op) {
+  OpCases c{Marker::Differentiable, {}};
+  for (Shape s : {Shape{3, 4}, Shape{}}) {
+    c.cases.push_back([=] {
+      CaseBuilder b(spell(op) + " " + shape_str(s) + " plus x");
+      Tensor v(f64, s);
+      const double lo = op == Op::Round ? -0.4 : 0.1, hi = op == Op::Round ? 0.4 : 0.9;
+      for (int64_t i = 0; i < v.numel(); ++i) v.set(i, static_cast<double>(i % 7) - 3 + b.rng().uniform(lo, hi));
+      Sym x = b.wrt_value("x", v);
+      return b.weighted(b.tracer().apply(op, {x}) + x * x);
+    });
+  }
+  return c;
+}
+
 // Every binary op over the same broadcasting shapes: equal, scalar on either side,
 // [3,1]x[1,4], rank mismatch both ways, and the same value on both sides.
 OpCases binary(Op op, Gen ga, Gen gb) {
@@ -345,12 +362,20 @@ OpCases cases_for(Op op) {
     case Op::Erf: return unary(op, Gen::Uniform);
     case Op::Log1p: return unary(op, Gen::Positive);
     case Op::Expm1: return unary(op, Gen::Uniform);
+    case Op::Sin: return unary(op, Gen::Uniform);
+    case Op::Cos: return unary(op, Gen::Uniform);
+    case Op::Floor: return stepwise(op);
+    case Op::Ceil: return stepwise(op);
+    case Op::Round: return stepwise(op);
     case Op::Relu: return unary(op, Gen::AwayFromZero);
 
     case Op::Add: return binary(op, Gen::Uniform, Gen::Uniform);
     case Op::Sub: return binary(op, Gen::Uniform, Gen::Uniform);
     case Op::Mul: return binary(op, Gen::Uniform, Gen::Uniform);
     case Op::Div: return binary(op, Gen::Uniform, Gen::AwayFromZero);
+    // Quotients a / b up to 4 in size: the finite differences see the slope away from the
+    // jumps at integer quotients.
+    case Op::Fmod: return binary(op, Gen::Uniform, Gen::AwayFromZero);
     case Op::Pow: {
       OpCases c = binary(op, Gen::Positive, Gen::Uniform);
       c.cases.push_back([] {  // integer exponents on a negative base: d/da only
@@ -759,8 +784,8 @@ TEST_CASE("gradcheck: the op table has cases for every op", "[gradcheck]") {
     total += oc.cases.size();
     if (oc.marker == Marker::Differentiable) ++differentiable;
   }
-  // 56 ops less 6 compares, argmax, one_hot, constant, the 5 backward-only ops and fused.
-  CHECK(differentiable == 41);
+  // 62 ops less 6 compares, argmax, one_hot, constant, the 5 backward-only ops and fused.
+  CHECK(differentiable == 47);
   CHECK(total > 150);
 }
 

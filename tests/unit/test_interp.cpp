@@ -172,6 +172,39 @@ void case_expm1() {
   expect(run(Op::Expm1, {f64({3}, {1e-300, kInf, -kInf})}), DType::f64, {3}, {1e-300, kInf, -1});
 }
 
+void case_floor() {
+  expect(run(Op::Floor, {f32({7}, {2.5, -2.5, -0.0, 0.999, -1e-30, kInf, kNaN})}), DType::f32, {7},
+         {2, -3, -0.0, 0, -1, kInf, kNaN});
+  expect(run(Op::Floor, {f64({2}, {4503599627370497.0, -3.5e15 - 0.5})}), DType::f64, {2},
+         {4503599627370497.0, -3.5e15 - 1});
+}
+
+void case_ceil() {
+  expect(run(Op::Ceil, {f32({7}, {2.5, -2.5, -0.5, 0.001, 1e-30, -kInf, kNaN})}), DType::f32, {7},
+         {3, -2, -0.0, 1, 1, -kInf, kNaN});
+  expect(run(Op::Ceil, {f64({1}, {3.5e15 + 0.5})}), DType::f64, {1}, {3.5e15 + 1});
+}
+
+void case_round() {
+  // Ties to even, as ONNX's Round; the sign of zero is kept.
+  expect(run(Op::Round, {f32({9}, {0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 2.6, kNaN})}), DType::f32, {9},
+         {0, 2, 2, -0.0, -2, -2, 0, 3, kNaN});
+  expect(run(Op::Round, {f64({3}, {3.5e15 + 0.5, 3.5e15 + 1.5, -kInf})}), DType::f64, {3},
+         {3.5e15, 3.5e15 + 2, -kInf});
+}
+
+void case_sin() {
+  expect(run(Op::Sin, {f32({4}, {0, 1.5707963267948966, -1, 100})}), DType::f32, {4},
+         {0, 1, -0.8414709848078965, -0.5063656411097588}, kF32);
+  expect(run(Op::Sin, {f64({3}, {-0.0, kInf, kNaN})}), DType::f64, {3}, {-0.0, kNaN, kNaN});
+}
+
+void case_cos() {
+  expect(run(Op::Cos, {f32({4}, {0, 3.141592653589793, -1, 100})}), DType::f32, {4},
+         {1, -1, 0.5403023058681398, 0.8623188722876839}, kF32);
+  expect(run(Op::Cos, {f64({2}, {-kInf, kNaN})}), DType::f64, {2}, {kNaN, kNaN});
+}
+
 void case_sigmoid() {
   // Large |x| neither overflows nor gives NaN.
   expect(run(Op::Sigmoid, {f32({7}, {0, 2, -2, 100, -100, 1000, -1000})}), DType::f32, {7},
@@ -217,6 +250,18 @@ void case_div() {
   expect(run(Op::Div, {i32({1}, {-2147483648.0}), i32({1}, {-1})}), DType::i32, {1}, {-2147483648.0});
   // Division by zero gives 0 (docs/ir.md), as in every backend.
   expect(run(Op::Div, {i32({3}, {1, -2, 0}), i32({}, {0})}), DType::i32, {3}, {0, 0, 0});
+}
+
+void case_fmod() {
+  // The remainder has the dividend's sign (C's fmod), exactly: no rounding of a / b.
+  expect(run(Op::Fmod, {f32({4}, {7, -7, 7, -7}), f32({4}, {3, 3, -3, -3})}), DType::f32, {4}, {1, -1, 1, -1});
+  expect(run(Op::Fmod, {f64({5}, {1e30, 5.5, -0.0, kInf, 5}), f64({5}, {0.75, 0, 2, 2, kInf})}), DType::f64, {5},
+         {std::fmod(1e30, 0.75), kNaN, -0.0, kNaN, 5});
+  expect(run(Op::Fmod, {i32({4}, {7, -7, 7, -7}), i32({4}, {3, 3, -3, -3})}), DType::i32, {4}, {1, -1, 1, -1});
+  // Integer b = 0 gives 0; INT_MIN fmod -1 is 0 (its quotient overflows).
+  expect(run(Op::Fmod, {i32({3}, {5, -2147483648.0, -2147483648.0}), i32({3}, {0, -1, 3})}), DType::i32, {3},
+         {0, 0, -2});
+  expect(run(Op::Fmod, {i64({2}, {-9, 9}), i64({}, {4})}), DType::i64, {2}, {-1, 1});
 }
 
 void case_pow() {
@@ -702,6 +747,12 @@ void run_case(Op op) {
     case Op::Erf: return case_erf();
     case Op::Log1p: return case_log1p();
     case Op::Expm1: return case_expm1();
+    case Op::Floor: return case_floor();
+    case Op::Ceil: return case_ceil();
+    case Op::Round: return case_round();
+    case Op::Sin: return case_sin();
+    case Op::Cos: return case_cos();
+    case Op::Fmod: return case_fmod();
     case Op::Gather: return case_gather();
     case Op::GatherGrad: return case_gather_grad();
     case Op::LayerNorm: return case_layer_norm();

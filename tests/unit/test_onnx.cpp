@@ -170,7 +170,7 @@ TEST_CASE("onnx: every unsupported op and attribute is listed in one error", "[o
   // 50 unsupported nodes of three kinds, a LeakyRelu with an unknown attribute, a Pad mode.
   for (int i = 0; i < 50; ++i) {
     onnx::NodeProto* n = g->add_node();
-    n->set_op_type(i % 3 == 0 ? "Sin" : i % 3 == 1 ? "Cos" : "Floor");
+    n->set_op_type(i % 3 == 0 ? "Tan" : i % 3 == 1 ? "Sinh" : "Cosh");
     n->set_name("n" + std::to_string(i));
     n->add_input(prev);
     prev = "t" + std::to_string(i);
@@ -202,9 +202,9 @@ TEST_CASE("onnx: every unsupported op and attribute is listed in one error", "[o
   std::string e = import_error(bytes(m));
   CAPTURE(e);
   CHECK_THAT(e, ContainsSubstring("cannot import the model: 50 node(s) of 3 unsupported op type(s)"));
-  CHECK_THAT(e, ContainsSubstring("unsupported op Sin x17 (first: 'n0', 'n3', 'n6')"));
-  CHECK_THAT(e, ContainsSubstring("unsupported op Cos x17 (first: 'n1', 'n4', 'n7')"));
-  CHECK_THAT(e, ContainsSubstring("unsupported op Floor x16 (first: 'n2', 'n5', 'n8')"));
+  CHECK_THAT(e, ContainsSubstring("unsupported op Tan x17 (first: 'n0', 'n3', 'n6')"));
+  CHECK_THAT(e, ContainsSubstring("unsupported op Sinh x17 (first: 'n1', 'n4', 'n7')"));
+  CHECK_THAT(e, ContainsSubstring("unsupported op Cosh x16 (first: 'n2', 'n5', 'n8')"));
   CHECK_THAT(e, ContainsSubstring("Cast 'to_half': casts to FLOAT16"));
   // Nodes downstream of an unsupported one are not reported again.
   CHECK(e.find("Sum") == std::string::npos);
@@ -515,4 +515,299 @@ TEST_CASE("onnx: a model saved at a newer IR version than libonnx's checker know
   // What such a version adds that Kiln cannot read is still refused by name.
   m.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->set_elem_type(17);  // FLOAT8E4M3FN
   CHECK_THAT(import_error(bytes(m)), ContainsSubstring("graph input 'x0' has element type FLOAT8E4M3FN"));
+}
+
+// --- ops real exports need: elementwise rounding and trigonometry, Mod, GatherElements ------
+
+namespace {
+
+void set_elem_type(onnx::ModelProto& m, int32_t t) {
+  m.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->set_elem_type(t);
+  m.mutable_graph()->mutable_output(0)->mutable_type()->mutable_tensor_type()->set_elem_type(t);
+}
+
+}  // namespace
+
+TEST_CASE("onnx: Floor, Ceil, Round (ties to even), Sin and Cos", "[onnx]") {
+  const std::vector<double> halves{2.5, -2.5, 0.5, -0.5, 1.7, kNaN};
+  const std::vector<double> angles{0, 1, -2, 3.5, 100, kInf};
+  struct Want {
+    const char* op;
+    const std::vector<double>& x;
+    std::vector<double> y;
+  };
+  for (const Want& w : {Want{"Floor", halves, {2, -3, 0, -1, 1, kNaN}}, Want{"Ceil", halves, {3, -2, 1, -0.0, 2, kNaN}},
+                        Want{"Round", halves, {2, -2, 0, -0.0, 2, kNaN}},
+                        Want{"Sin", angles, {0, 0.8414709848078965, -0.9092974268256817, -0.35078322768961984,
+                                             -0.5063656411097588, kNaN}},
+                        Want{"Cos", angles, {1, 0.5403023058681398, -0.4161468365471424, -0.9364566872907963,
+                                             0.8623188722876839, kNaN}}}) {
+    CAPTURE(w.op);
+    onnx::ModelProto m = one_node(w.op, {6});
+    set_shape(m.mutable_graph()->mutable_output(0), {6});
+    check_both(m, Tensor::from(DType::f32, {6}, w.x), w.y);
+  }
+}
+
+TEST_CASE("onnx: Mod takes the divisor's sign with fmod=0 and the dividend's with fmod=1", "[onnx]") {
+  SECTION("integers, fmod=0 (Python's %) and fmod=1 (C's %), zero divisors give 0") {
+    for (int64_t f : {0, 1}) {
+      CAPTURE(f);
+      onnx::ModelProto m = one_node("Mod", {6});
+      set_elem_type(m, onnx::TensorProto::INT64);
+      attr(m.mutable_graph()->mutable_node(0), "fmod", onnx::AttributeProto::INT)->set_i(f);
+      add_initializer(m, "b", Tensor::from(DType::i64, {6}, std::vector<double>{3, 3, -3, -3, 0, 2}), 1);
+      Tensor a = Tensor::from(DType::i64, {6}, std::vector<double>{7, -7, 7, -7, 5, 0});
+      check_both(m, a, f ? std::vector<double>{1, -1, 1, -1, 0, 0} : std::vector<double>{1, 2, -2, -1, 0, 0});
+    }
+  }
+  SECTION("floats, fmod=1: exact, whatever the quotient's size") {
+    onnx::ModelProto m = one_node("Mod", {6});
+    attr(m.mutable_graph()->mutable_node(0), "fmod", onnx::AttributeProto::INT)->set_i(1);
+    add_initializer(m, "b", Tensor::from(DType::f32, {6}, std::vector<double>{2, 2, -2, 0.75, 1, 1}), 1);
+    // 1e10 = 0.75 * 13333333333 + 0.25: a - trunc(a / b) * b in float would not give 0.25.
+    Tensor a = Tensor::from(DType::f32, {6}, std::vector<double>{5.5, -5.5, 5.5, 1e10, -0.0, kInf});
+    check_both(m, a, {1.5, -1.5, 1.5, 0.25, -0.0, kNaN});
+  }
+  SECTION("floats, fmod=0: the divisor's sign, as NumPy's mod") {
+    onnx::ModelProto m = one_node("Mod", {3});
+    add_initializer(m, "b", Tensor::from(DType::f32, {3}, std::vector<double>{2, -2, kInf}), 1);
+    check_both(m, Tensor::from(DType::f32, {3}, std::vector<double>{-5.5, 5.5, -5}), {0.5, -0.5, kInf});
+  }
+}
+
+namespace {
+
+// OP(data, x0): i64 indices x0 (given at run time) into a float data initializer.
+onnx::ModelProto indexing(const std::string& op, const Shape& idx_shape, const Tensor& data, const char* attr_name,
+                          int64_t attr_value) {
+  onnx::ModelProto m = one_node(op, idx_shape);
+  set_elem_type(m, onnx::TensorProto::INT64);
+  m.mutable_graph()->mutable_output(0)->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  attr(m.mutable_graph()->mutable_node(0), attr_name, onnx::AttributeProto::INT)->set_i(attr_value);
+  add_initializer(m, "data", data, 0);
+  m.mutable_graph()->mutable_node(0)->add_input("x0");
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("onnx: GatherElements picks along one axis, at run time and folded at import", "[onnx]") {
+  auto model = [](const Shape& idx_shape, const Tensor& data, int64_t axis) {
+    return indexing("GatherElements", idx_shape, data, "axis", axis);
+  };
+  SECTION("ONNX's example, negative indices, and out-of-range ones at run time read 0") {
+    onnx::ModelProto m = model({2, 2}, Tensor::from(DType::f32, {2, 2}, std::vector<double>{1, 2, 3, 4}), 1);
+    check_both(m, Tensor::from(DType::i64, {2, 2}, std::vector<double>{0, 0, 1, 0}), {1, 1, 4, 3});
+    check_both(m, Tensor::from(DType::i64, {2, 2}, std::vector<double>{-1, 0, 1, -2}), {2, 1, 4, 3});
+    check_both(m, Tensor::from(DType::i64, {2, 2}, std::vector<double>{2, 0, -3, 1}), {0, 1, 0, 4});
+  }
+  SECTION("axis 0 of a rank-3 input, indices smaller than the input along the other axes") {
+    Tensor data(DType::f32, {3, 2, 2});
+    for (int64_t i = 0; i < 12; ++i) data.set(i, static_cast<double>(i));
+    onnx::ModelProto m = model({2, 1, 2}, data, 0);
+    check_both(m, Tensor::from(DType::i64, {2, 1, 2}, std::vector<double>{2, 0, 1, 2}), {8, 1, 4, 9});
+  }
+  SECTION("indices and data known at import: folded to a constant, checked") {
+    onnx::ModelProto m = model({2, 2}, Tensor::from(DType::f32, {2, 2}, std::vector<double>{1, 2, 3, 4}), 1);
+    onnx::ModelProto bad = m;
+    add_initializer(m, "idx", Tensor::from(DType::i64, {2, 2}, std::vector<double>{1, 0, -1, 0}), 1);
+    OnnxImportOptions opt;
+    opt.constant_weights = true;
+    OnnxModel om = import_onnx_bytes(bytes(m), "m.onnx", opt);
+    for (const Node& n : om.graph.nodes()) CHECK(n.op == Op::Constant);
+    // x0, the graph input the indices were, is still an input (read by nothing).
+    Tensor y = interpret(om.graph, {{"x0", Tensor(DType::i64, {2, 2})}}).at(om.outputs.at(0).second);
+    CHECK(y.shape() == Shape{2, 2});
+    for (int64_t i = 0; i < 4; ++i) CHECK(y.get(i) == std::vector<double>{2, 1, 4, 3}[i]);
+    add_initializer(bad, "idx", Tensor::from(DType::i64, {2, 2}, std::vector<double>{0, 2, 0, 0}), 1);
+    CHECK_THAT(import_error(bytes(bad)), ContainsSubstring("index 2 is out of range for axis 1 of f32[2,2]"));
+  }
+}
+
+// --- importer attributes: ReduceProd, select_last_index, negative steps, partial windows ---
+
+namespace {
+
+void ints_attr(onnx::ModelProto& m, const std::string& name, const std::vector<int64_t>& v) {
+  onnx::AttributeProto* a = attr(m.mutable_graph()->mutable_node(0), name, onnx::AttributeProto::INTS);
+  for (int64_t e : v) a->add_ints(e);
+}
+
+void int_attr(onnx::ModelProto& m, const std::string& name, int64_t v) {
+  attr(m.mutable_graph()->mutable_node(0), name, onnx::AttributeProto::INT)->set_i(v);
+}
+
+Tensor iota_f32(const Shape& s, double from = 0) {
+  Tensor t(DType::f32, s);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, from + static_cast<double>(i));
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("onnx: ReduceProd multiplies, exact for zeros and negatives, odd lengths too", "[onnx]") {
+  const Tensor x = Tensor::from(DType::f32, {3, 5}, std::vector<double>{1, 2, 3, 4, 5, -1, -1, -1, -1, -1, 0, -2, 3, 7, 9});
+  SECTION("one axis, opset 13 (an attribute)") {
+    onnx::ModelProto m = one_node("ReduceProd", {3, 5}, 13);
+    ints_attr(m, "axes", {1});
+    int_attr(m, "keepdims", 0);
+    set_shape(m.mutable_graph()->mutable_output(0), {3});
+    check_both(m, x, {120, -1, -0.0});
+  }
+  SECTION("axis 0 kept") {
+    onnx::ModelProto m = one_node("ReduceProd", {3, 5}, 13);
+    ints_attr(m, "axes", {0});
+    check_both(m, x, {-0.0, 4, -9, -28, -45});
+  }
+  SECTION("all axes") {
+    onnx::ModelProto m = one_node("ReduceProd", {3, 5}, 13);
+    int_attr(m, "keepdims", 0);
+    Tensor y = Tensor::from(DType::f32, {3, 5}, std::vector<double>{1, 2, 3, 4, 5, -1, -1, -1, -1, -1, 0.5, -2, 3, 1, 1});
+    check_both(m, y, {360});
+  }
+}
+
+TEST_CASE("onnx: ArgMax and ArgMin with select_last_index, ArgMin of integers", "[onnx]") {
+  for (int64_t last : {0, 1}) {
+    CAPTURE(last);
+    onnx::ModelProto m = one_node("ArgMax", {2, 4});
+    int_attr(m, "axis", 1);
+    int_attr(m, "keepdims", 0);
+    int_attr(m, "select_last_index", last);
+    m.mutable_graph()->mutable_output(0)->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::INT64);
+    check_both(m, Tensor::from(DType::f32, {2, 4}, std::vector<double>{1, 3, 3, 2, 5, 5, 5, 5}),
+               last ? std::vector<double>{2, 3} : std::vector<double>{1, 0});
+
+    onnx::ModelProto mi = one_node("ArgMin", {2, 4});
+    int_attr(mi, "axis", -1);
+    int_attr(mi, "select_last_index", last);
+    set_elem_type(mi, onnx::TensorProto::INT64);
+    const double lowest = -9223372036854775808.0;  // -1 - x has no overflow there, -x would
+    check_both(mi, Tensor::from(DType::i64, {2, 4}, std::vector<double>{3, -1, -1, 4, lowest, 0, lowest, 5}),
+               last ? std::vector<double>{2, 2} : std::vector<double>{1, 0});
+  }
+}
+
+TEST_CASE("onnx: Slice with negative steps", "[onnx]") {
+  auto model = [](const Shape& s, std::vector<double> starts, std::vector<double> ends, std::vector<double> axes,
+                  std::vector<double> steps) {
+    onnx::ModelProto m = one_node("Slice", s);
+    const int64_t n = static_cast<int64_t>(starts.size());
+    add_initializer(m, "starts", Tensor::from(DType::i64, {n}, starts), 1);
+    add_initializer(m, "ends", Tensor::from(DType::i64, {n}, ends), 2);
+    add_initializer(m, "axes", Tensor::from(DType::i64, {n}, axes), 3);
+    add_initializer(m, "steps", Tensor::from(DType::i64, {n}, steps), 4);
+    return m;
+  };
+  const double int64_min = -9223372036854775808.0, int64_max = 9223372036854775807.0;
+  // Reversed whole: from the last element to past the first (an end of INT64_MIN).
+  check_both(model({10}, {-1}, {int64_min}, {0}, {-1}), iota_f32({10}), {9, 8, 7, 6, 5, 4, 3, 2, 1, 0});
+  check_both(model({10}, {int64_max}, {1}, {0}, {-3}), iota_f32({10}), {9, 6, 3});
+  check_both(model({10}, {8}, {8}, {0}, {-1}), iota_f32({10}), {});
+  // A negative step on one axis and a positive one on the other.
+  check_both(model({3, 4}, {2, 0}, {-4, 4}, {0, 1}, {-1, 2}), iota_f32({3, 4}), {8, 10, 4, 6, 0, 2});
+  CHECK_THAT(import_error(bytes(model({10}, {0}, {5}, {0}, {0}))), ContainsSubstring("step 0 on axis 0"));
+}
+
+TEST_CASE("onnx: AveragePool's partial windows (ceil_mode) and pads with count_include_pad=0", "[onnx]") {
+  // Reference values from ONNX's reference evaluator.
+  auto model = [](const Shape& s, std::vector<int64_t> kernel, std::vector<int64_t> strides, std::vector<int64_t> pads,
+                  int64_t ceil, int64_t include) {
+    onnx::ModelProto m = one_node("AveragePool", s);
+    ints_attr(m, "kernel_shape", kernel);
+    ints_attr(m, "strides", strides);
+    ints_attr(m, "pads", pads);
+    int_attr(m, "ceil_mode", ceil);
+    int_attr(m, "count_include_pad", include);
+    return m;
+  };
+  SECTION("ceil_mode: the last window covers one column and row") {
+    check_both(model({1, 1, 5, 5}, {2, 2}, {2, 2}, {0, 0, 0, 0}, 1, 0), iota_f32({1, 1, 5, 5}, 1),
+               {4, 6, 7.5, 14, 16, 17.5, 21.5, 23.5, 25});
+  }
+  SECTION("asymmetric pads larger than half the window, padded cells not counted") {
+    check_both(model({1, 1, 4, 4}, {3, 3}, {1, 1}, {2, 1, 0, 1}, 0, 0), iota_f32({1, 1, 4, 4}, 1),
+               {1.5, 2, 3, 3.5, 3.5, 4, 5, 5.5, 5.5, 6, 7, 7.5, 9.5, 10, 11, 11.5});
+  }
+  SECTION("ceil_mode past the pads: the pads count with count_include_pad=1, what lies past them never") {
+    check_both(model({1, 1, 6, 6}, {3, 3}, {2, 2}, {1, 1, 1, 1}, 1, 1), iota_f32({1, 1, 6, 6}, 1),
+               {2, 4, 5.333333492279053, 3, 9, 15, 17, 9, 17, 27, 29, 15, 10.5, 16.5, 17.5, 9});
+    check_both(model({1, 1, 6, 6}, {3, 3}, {2, 2}, {1, 1, 1, 1}, 1, 0), iota_f32({1, 1, 6, 6}, 1),
+               {4.5, 6, 8, 9, 13.5, 15, 17, 18, 25.5, 27, 29, 30, 31.5, 33, 35, 36});
+  }
+}
+
+TEST_CASE("onnx: GatherND, with batch dims, at run time and known at import", "[onnx]") {
+  Tensor data = iota_f32({2, 3, 4});
+  SECTION("two of three dims named, a negative index") {
+    onnx::ModelProto m = indexing("GatherND", {2, 2}, data, "batch_dims", 0);
+    check_both(m, Tensor::from(DType::i64, {2, 2}, std::vector<double>{1, -1, 0, 2}), {20, 21, 22, 23, 8, 9, 10, 11});
+    // Out of range at run time: zeros, not a neighbouring slice.
+    check_both(m, Tensor::from(DType::i64, {2, 2}, std::vector<double>{2, 0, 0, 3}), {0, 0, 0, 0, 0, 0, 0, 0});
+  }
+  SECTION("batch_dims=1") {
+    onnx::ModelProto m = indexing("GatherND", {2, 2}, data, "batch_dims", 1);
+    check_both(m, Tensor::from(DType::i64, {2, 2}, std::vector<double>{2, 1, 0, 3}), {9, 15});
+  }
+  SECTION("indices known at import") {
+    onnx::ModelProto m = indexing("GatherND", {2, 2}, data, "batch_dims", 1);
+    onnx::ModelProto bad = m;
+    add_initializer(m, "idx", Tensor::from(DType::i64, {2, 2}, std::vector<double>{2, 1, 0, -1}), 1);
+    OnnxImportOptions opt;
+    opt.constant_weights = true;
+    OnnxModel om = import_onnx_bytes(bytes(m), "m.onnx", opt);
+    for (const Node& n : om.graph.nodes()) CHECK(n.op == Op::Constant);
+    Tensor y = interpret(om.graph, {{"x0", Tensor(DType::i64, {2, 2})}}).at(om.outputs.at(0).second);
+    CHECK(y.shape() == Shape{2});
+    CHECK(y.get(0) == 9);
+    CHECK(y.get(1) == 15);
+    add_initializer(bad, "idx", Tensor::from(DType::i64, {2, 2}, std::vector<double>{0, 4, 0, 0}), 1);
+    CHECK_THAT(import_error(bytes(bad)), ContainsSubstring("index 4 is out of range for axis 2 of f32[2,3,4]"));
+  }
+}
+
+TEST_CASE("onnx: CumSum, exclusive and reverse, floats and integers", "[onnx]") {
+  const Tensor x = Tensor::from(DType::f32, {2, 5}, std::vector<double>{1, 2, 3, 4, 5, -1, 0.5, 2, 8, -3});
+  const std::vector<std::vector<double>> want = {{1, 3, 6, 10, 15, -1, -0.5, 1.5, 9.5, 6.5},
+                                                 {15, 14, 12, 9, 5, 6.5, 7.5, 7, 5, -3},
+                                                 {0, 1, 3, 6, 10, 0, -1, -0.5, 1.5, 9.5},
+                                                 {14, 12, 9, 5, 0, 7.5, 7, 5, -3, 0}};
+  for (int64_t exclusive : {0, 1})
+    for (int64_t reverse : {0, 1}) {
+      CAPTURE(exclusive, reverse);
+      onnx::ModelProto m = one_node("CumSum", {2, 5});
+      add_initializer(m, "axis", Tensor::from(DType::i64, {}, std::vector<double>{1}), 1);
+      int_attr(m, "exclusive", exclusive);
+      int_attr(m, "reverse", reverse);
+      check_both(m, x, want[static_cast<size_t>(2 * exclusive + reverse)]);
+    }
+  onnx::ModelProto m = one_node("CumSum", {3, 4});
+  set_elem_type(m, onnx::TensorProto::INT64);
+  add_initializer(m, "axis", Tensor::from(DType::i64, {}, std::vector<double>{-2}), 1);
+  Tensor xi(DType::i64, {3, 4});
+  for (int64_t i = 0; i < 12; ++i) xi.set_int(i, i);
+  check_both(m, xi, {0, 1, 2, 3, 4, 6, 8, 10, 12, 15, 18, 21});
+}
+
+TEST_CASE("onnx: Resize in nearest and linear modes, by scales and by sizes", "[onnx]") {
+  // Reference values from ONNX's reference evaluator.
+  auto model = [](const std::string& mode, const std::string& coords, const std::string& nearest,
+                  std::vector<double> scales, std::vector<double> sizes) {
+    onnx::ModelProto m = one_node("Resize", {1, 1, 2, 2});
+    onnx::NodeProto* n = m.mutable_graph()->mutable_node(0);
+    attr(n, "mode", onnx::AttributeProto::STRING)->set_s(mode);
+    if (!coords.empty()) attr(n, "coordinate_transformation_mode", onnx::AttributeProto::STRING)->set_s(coords);
+    if (!nearest.empty()) attr(n, "nearest_mode", onnx::AttributeProto::STRING)->set_s(nearest);
+    add_initializer(m, "roi", Tensor(DType::f32, {0}), 1);
+    if (!scales.empty()) add_initializer(m, "scales", Tensor::from(DType::f32, {4}, scales), 2);
+    if (!sizes.empty()) add_initializer(m, "sizes", Tensor::from(DType::i64, {4}, sizes), 3);
+    return m;
+  };
+  const Tensor x = iota_f32({1, 1, 2, 2}, 1);
+  check_both(model("linear", "", "", {1, 1, 2, 2}, {}), x,
+             {1, 1.25, 1.75, 2, 1.5, 1.75, 2.25, 2.5, 2.5, 2.75, 3.25, 3.5, 3, 3.25, 3.75, 4});
+  check_both(model("nearest", "", "", {1, 1, 1.5, 1.5}, {}), x, {1, 1, 2, 1, 1, 2, 3, 3, 4});
+  check_both(model("linear", "align_corners", "", {}, {1, 1, 3, 3}), x, {1, 1.5, 2, 2, 2.5, 3, 3, 3.5, 4});
+  check_both(model("nearest", "asymmetric", "ceil", {}, {1, 1, 3, 1}), x, {1, 3, 3});
 }

@@ -41,12 +41,13 @@ Graph graph_for(Op op, bool alt) {
   ValueId r;
   switch (op) {
     case Op::Neg: case Op::Abs: case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt:
-    case Op::Tanh: case Op::Sigmoid: case Op::Erf: case Op::Log1p: case Op::Expm1: case Op::Relu: {
+    case Op::Tanh: case Op::Sigmoid: case Op::Erf: case Op::Log1p: case Op::Expm1: case Op::Relu:
+    case Op::Floor: case Op::Ceil: case Op::Round: case Op::Sin: case Op::Cos: {
       ValueId x = g.add_input("x", alt ? TensorType{DType::f64, {}} : f32({2, 3}));
       r = g.add_node(op, {x});
       break;
     }
-    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow: case Op::Maximum:
+    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow: case Op::Fmod: case Op::Maximum:
     case Op::Minimum: case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt: case Op::Ge: {
       ValueId x = g.add_input("x", f32({2, 3}));
       ValueId y = g.add_input("y", alt ? f32({2, 1}) : f32({3}));

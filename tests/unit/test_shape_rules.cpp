@@ -30,8 +30,9 @@ Case case_for(Op op) {
     case Op::Neg: case Op::Abs: case Op::Relu:
       return {{f32({2, 3})}, {}, f32({2, 3}), {b8({2})}, {}, "must be numeric, not bool"};
     case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh: case Op::Sigmoid: case Op::Erf: case Op::Log1p: case Op::Expm1:
+    case Op::Floor: case Op::Ceil: case Op::Round: case Op::Sin: case Op::Cos:
       return {{f32({4})}, {}, f32({4}), {i32({4})}, {}, "operand 0 must be f32 or f64, not i32"};
-    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Maximum: case Op::Minimum:
+    case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Maximum: case Op::Minimum: case Op::Fmod:
       return {{f32({3, 1}), f32({1, 4})}, {}, f32({3, 4}), {f32({2, 3}), f32({4})}, {},
               "shapes [2,3] and [4] do not broadcast"};
     case Op::Pow:

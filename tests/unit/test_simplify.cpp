@@ -602,7 +602,7 @@ class RandomGraph {
   }
 
   void step() {
-    static const Op unary[] = {Op::Neg, Op::Abs, Op::Relu, Op::Exp, Op::Tanh, Op::Sigmoid, Op::Erf, Op::Log1p, Op::Expm1, Op::Sqrt, Op::Log, Op::Rsqrt};
+    static const Op unary[] = {Op::Neg, Op::Abs, Op::Relu, Op::Exp, Op::Tanh, Op::Sigmoid, Op::Erf, Op::Log1p, Op::Expm1, Op::Sin, Op::Cos, Op::Floor, Op::Sqrt, Op::Log, Op::Rsqrt};
     static const Op binary[] = {Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Maximum, Op::Minimum, Op::Pow};
     static const Op identity_ops[] = {Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Pow};
     static const Op reductions[] = {Op::Sum, Op::Mean, Op::Max, Op::Min};
