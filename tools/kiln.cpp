@@ -2,6 +2,7 @@
 #include <fmt/core.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -236,15 +237,37 @@ int run_train_step(const TrainStepArgs& a) {
 struct Run {
   std::string file, output_dir, target, arch, state_weights;
   std::vector<std::string> inputs;
-  bool interp = false, profile = false;
-  std::optional<int> repeat;  // runs, with --profile
+  bool interp = false, profile = false, time = false;
+  std::optional<int> repeat;  // runs, with --profile or --time
 };
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// --time's report: the phases up to the first result, then the steady state (each of the
+// --repeat runs timed alone).
+std::string time_report(double load_s, double compile_s, double first_s, std::vector<double> runs) {
+  std::string s = fmt::format("time: load {:.3f} s, compile {:.3f} s, first run {:.3f} ms\n", load_s, compile_s,
+                              1e3 * first_s);
+  if (runs.empty()) return s;
+  std::sort(runs.begin(), runs.end());
+  double sum = 0;
+  for (double r : runs) sum += r;
+  const size_t n = runs.size();
+  const double median = n % 2 ? runs[n / 2] : (runs[n / 2 - 1] + runs[n / 2]) / 2;
+  return s + fmt::format("time: {} runs: best {:.3f} ms, median {:.3f} ms, mean {:.3f} ms\n", n, 1e3 * runs.front(),
+                         1e3 * median, 1e3 * sum / static_cast<double>(n));
+}
 
 int run_run(const Run& a) {
   need_file("run", a.file);
   if (a.interp && a.profile) throw Error("--profile times compiled kernels; it does not go with --interp");
-  if (a.repeat && !a.profile) throw Error("--repeat N goes with --profile (it times N runs after a warm-up run)");
+  if (a.interp && a.time) throw Error("--time times the compiled code; it does not go with --interp");
+  if (a.repeat && !a.profile && !a.time)
+    throw Error("--repeat N goes with --profile or --time (it times N runs after a warm-up run)");
   if (a.repeat && *a.repeat < 1) throw Error("--repeat expects at least 1 run");
+  const auto start = std::chrono::steady_clock::now();
   kiln::tool::ModelFile m = kiln::tool::load_model_file(a.file);
   kiln::Graph& g = m.graph;
   if (!a.state_weights.empty()) {
@@ -269,23 +292,34 @@ int run_run(const Run& a) {
   }
   kiln::TensorMap inputs = read_inputs(g, a.file, a.inputs, /*any_batch=*/true, m.state);
   kiln::TensorMap outputs;
-  std::string profile;
+  std::string stats;  // --time's and --profile's reports
   if (a.interp) {
     outputs = kiln::interpret(g, inputs);
   } else {
+    const double load_s = seconds_since(start);
     kiln::CompileOptions options = compile_options(a.target, a.arch);
     options.profile = a.profile;
+    auto t = std::chrono::steady_clock::now();
     auto exe = kiln::compile(g, options);
+    const double compile_s = seconds_since(t);
+    t = std::chrono::steady_clock::now();
     outputs = exe->evaluate(inputs);
+    const double first_s = seconds_since(t);
+    std::vector<double> runs;
     if (a.repeat) {  // the steady state: the first run (page faults, pool start-up) not counted
       exe->reset_profile();
-      for (int i = 0; i < *a.repeat; ++i) outputs = exe->evaluate(inputs);
+      for (int i = 0; i < *a.repeat; ++i) {
+        t = std::chrono::steady_clock::now();
+        outputs = exe->evaluate(inputs);
+        runs.push_back(seconds_since(t));
+      }
     }
-    if (a.profile) profile = exe->profile_report();
+    if (a.time) stats = time_report(load_s, compile_s, first_s, std::move(runs));
+    if (a.profile) stats += exe->profile_report();
   }
   if (a.output_dir.empty()) {
     for (const kiln::GraphOutput& o : g.outputs()) fmt::print("{} = {}\n", o.name, summarize(outputs.at(o.name)));
-    std::fputs(profile.c_str(), stdout);
+    std::fputs(stats.c_str(), stdout);
     return 0;
   }
   std::error_code ec;
@@ -302,7 +336,7 @@ int run_run(const Run& a) {
   write_all_files(files);
   for (size_t i = 0; i < files.size(); ++i)
     fmt::print("wrote {} ({})\n", files[i].first, outputs.at(g.outputs()[i].name).type().str());
-  std::fputs(profile.c_str(), stdout);
+  std::fputs(stats.c_str(), stdout);
   return 0;
 }
 
@@ -457,7 +491,7 @@ int run_command_line(int argc, char** argv) {
   CLI::App* run_cmd = p.add_command(
       "run", "run a graph on .npy inputs, print or write its outputs",
       "FILE.kir|FILE.onnx --input NAME=FILE.npy ... [--state-weights FILE|DIR] [--output-dir DIR] [--interp | "
-      "--profile [--repeat N]]",
+      "[--profile] [--time] [--repeat N]]",
       "Compiles the graph for --target (default: $KILN_TARGET, else cpu) and runs it on the given\n"
       "inputs.\n"
       "Every graph input, state inputs included, needs an --input with a .npy file of exactly\n"
@@ -482,9 +516,14 @@ int run_command_line(int argc, char** argv) {
   p.add_flag(run_cmd, "--profile", run.profile,
              "after the outputs, print the time spent in each compiled kernel (fused regions, GEMMs, ...), "
              "slowest first");
+  p.add_flag(run_cmd, "--time", run.time,
+             "after the outputs (before --profile's table), print the wall time of each phase: 'load' (reading "
+             "FILE and the inputs, rebatching), 'compile', 'first run'; with --repeat N also the best, median "
+             "and mean of the N runs after it, each timed alone (end to end: Executable::evaluate, inputs in, "
+             "outputs out)");
   p.add_count(run_cmd, "--repeat", run.repeat,
-              "with --profile: run N more times after a first, untimed run and report those N (the steady "
-              "state); the outputs printed are the last run's");
+              "with --profile or --time: run N more times after a first, untimed run and report those N (the "
+              "steady state); the outputs printed are the last run's");
 
   Opt opt;
   CLI::App* opt_cmd = p.add_command(
