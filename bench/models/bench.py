@@ -21,8 +21,8 @@ softmax cross-entropy, the model in train mode: batch statistics, dropout) runs 
 bench/train_step_bench for Kiln and as an eager step for PyTorch. Memory and time to the
 first result: each system in its own process at batch 1 (Kiln: `kiln run MODEL`; ONNX
 Runtime: Python, import, session creation and one run; PyTorch: Python, import, the model
-built and one run), peak RSS from GNU time (/usr/bin/time). The ratio column is Kiln's speed over
-the best peer's (above 1: Kiln is faster).
+built, its state_dict loaded and one run), peak RSS from GNU time (/usr/bin/time). The
+ratio column is Kiln's speed over the best peer's (above 1: Kiln is faster).
 """
 import argparse
 import datetime
@@ -64,13 +64,14 @@ def child_main(argv):
         out = sess.run(None, {input_name: np.load(npy)})
         first = time.perf_counter() - t0
     else:
-        name, npy, threads = argv[1], argv[2], int(argv[3])
+        name, weights, npy, threads = argv[1], argv[2], argv[3], int(argv[4])
         import torch
         sys.path.insert(0, HERE)
         import zoo
         torch.set_num_threads(threads)
         t0 = time.perf_counter()
-        model = zoo.build(name)
+        model = zoo.build(name, statistics=False)
+        model.load_state_dict(torch.load(weights))
         with torch.no_grad():
             out = [model(torch.from_numpy(np.load(npy))).numpy()]
         first = time.perf_counter() - t0
@@ -193,14 +194,20 @@ def merge_best(old, new):
 # --- the run -----------------------------------------------------------------------------------
 
 def header(kiln, threads):
-    cpu = "unknown"
+    fields = {}
     try:
         for ln in open("/proc/cpuinfo"):
-            if ln.startswith("model name"):
-                cpu = ln.split(":", 1)[1].strip()
-                break
+            if ":" not in ln:
+                break  # the first processor's block only
+            k, v = ln.split(":", 1)
+            fields[k.strip()] = v.strip()
     except OSError:
         pass
+    cpu = fields.get("model name", platform.processor() or "unknown")
+    if "cpu family" in fields:  # a VM's model name can be as vague as "Intel(R) Xeon(R) Processor"
+        flags = fields.get("flags", "").split()
+        vec = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile") if f in flags]
+        cpu += f" (family {fields['cpu family']}, model {fields.get('model', '?')}; {' '.join(vec) or 'no avx2'})"
     info = subprocess.run([kiln, "info"], capture_output=True, text=True).stdout.strip()
     git = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"], capture_output=True,
                          text=True).stdout.strip()
@@ -333,6 +340,8 @@ def main():
             except Exception as e:
                 sessions[b] = None
                 result["failures"].append({"model": name, "batch": b, "system": "onnxruntime", "error": str(e)[:400]})
+        weights_pt = os.path.join(tmp, f"{name}.pt")  # for the PyTorch child of the memory figures
+        torch.save(model.state_dict(), weights_pt)
         figures = {b: {"kiln": None, "onnxruntime": None, "pytorch": None} for b in batches}
         for r in range(rounds):
             for b in batches:
@@ -418,8 +427,8 @@ def main():
             if st == 0:
                 c = json.loads(out.strip().splitlines()[-1])
                 mem.update(ort_rss_mb=rss / 1e6, ort_first_s=c["first_s"], ort_process_s=wall)
-            st, out, err, wall, rss = peak_rss_of([sys.executable, __file__, "--child", "torch", name, npys[1],
-                                                   str(a.threads)], a.timeout)
+            st, out, err, wall, rss = peak_rss_of([sys.executable, __file__, "--child", "torch", name, weights_pt,
+                                                   npys[1], str(a.threads)], a.timeout)
             if st == 0:
                 c = json.loads(out.strip().splitlines()[-1])
                 mem.update(pytorch_rss_mb=rss / 1e6, pytorch_first_s=c["first_s"], pytorch_process_s=wall)

@@ -31,14 +31,15 @@ def _fill_batch_norm(model, seed):
 
 
 def _vision(fn):
-    def build(seed):
+    def build(seed, statistics=True):
         import torchvision
         torch.manual_seed(seed)
-        return _fill_batch_norm(getattr(torchvision.models, fn)(weights=None), seed)
+        model = getattr(torchvision.models, fn)(weights=None)
+        return _fill_batch_norm(model, seed) if statistics else model.eval()
     return build
 
 
-def _bert(seed):
+def _bert(seed, statistics=True):
     from transformers import BertConfig, BertForSequenceClassification
     torch.manual_seed(seed)
     cfg = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
@@ -46,14 +47,14 @@ def _bert(seed):
     return BertForSequenceClassification(cfg).eval()
 
 
-def _distilbert(seed):
+def _distilbert(seed, statistics=True):
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
     torch.manual_seed(seed)
     cfg = DistilBertConfig(num_labels=2, attn_implementation="eager")
     return DistilBertForSequenceClassification(cfg).eval()
 
 
-def _gpt2(seed):
+def _gpt2(seed, statistics=True):
     from transformers import GPT2Config, GPT2Model
     torch.manual_seed(seed)
     cfg = GPT2Config(n_embd=256, n_layer=4, n_head=4, n_positions=SEQ, attn_implementation="eager")
@@ -92,10 +93,12 @@ class FirstOutput(torch.nn.Module):
         return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def build(name, seed=0):
-    """The model `name` in eval mode as a one-input, one-output module."""
+def build(name, seed=0, statistics=True):
+    """The model `name` in eval mode as a one-input, one-output module. statistics=False
+    skips filling batch norm's running statistics (for a model whose state_dict is loaded
+    next)."""
     label, kind, builder = MODELS[name]
-    model = builder(seed)
+    model = builder(seed, statistics)
     return FirstOutput(model).eval() if kind == "text" else model
 
 
