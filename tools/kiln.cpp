@@ -2,6 +2,7 @@
 #include <fmt/core.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -237,8 +238,8 @@ int run_train_step(const TrainStepArgs& a) {
 struct Run {
   std::string file, output_dir, target, arch, state_weights;
   std::vector<std::string> inputs;
-  bool interp = false, profile = false, timings = false;
-  std::optional<int> repeat;  // runs, with --profile
+  bool interp = false, profile = false, timings = false, time = false;
+  std::optional<int> repeat;  // runs, with --profile or --time
 };
 
 // --timings: "kiln: timing: PHASE  MS ms" lines on stderr, nested phases indented.
@@ -247,14 +248,36 @@ void print_timings(const std::vector<kiln::PhaseTime>& phases) {
     fmt::print(stderr, "kiln: timing: {:<{}}{:<24} {:10.3f} ms\n", "", 2 * p.depth, p.name, p.ms);
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// --time's report: the phases up to the first result, then the steady state (each of the
+// --repeat runs timed alone).
+std::string time_report(double load_s, double compile_s, double first_s, std::vector<double> runs) {
+  std::string s = fmt::format("time: load {:.3f} s, compile {:.3f} s, first run {:.3f} ms\n", load_s, compile_s,
+                              1e3 * first_s);
+  if (runs.empty()) return s;
+  std::sort(runs.begin(), runs.end());
+  double sum = 0;
+  for (double r : runs) sum += r;
+  const size_t n = runs.size();
+  const double median = n % 2 ? runs[n / 2] : (runs[n / 2 - 1] + runs[n / 2]) / 2;
+  return s + fmt::format("time: {} runs: best {:.3f} ms, median {:.3f} ms, mean {:.3f} ms\n", n, 1e3 * runs.front(),
+                         1e3 * median, 1e3 * sum / static_cast<double>(n));
+}
+
 int run_run(const Run& a) {
   need_file("run", a.file);
   if (a.interp && a.profile) throw Error("--profile times compiled kernels; it does not go with --interp");
-  if (a.repeat && !a.profile) throw Error("--repeat N goes with --profile (it times N runs after a warm-up run)");
+  if (a.interp && a.time) throw Error("--time times the compiled code; it does not go with --interp");
+  if (a.repeat && !a.profile && !a.time)
+    throw Error("--repeat N goes with --profile or --time (it times N runs after a warm-up run)");
   if (a.repeat && *a.repeat < 1) throw Error("--repeat expects at least 1 run");
   kiln::set_phase_timing(a.timings);
   std::optional<kiln::PhaseTimer> first_result(std::in_place, "first result");
   std::optional<kiln::PhaseTimer> phase(std::in_place, "load");
+  const auto start = std::chrono::steady_clock::now();
   kiln::tool::ModelFile m = kiln::tool::load_model_file(a.file);
   kiln::Graph& g = m.graph;
   if (!a.state_weights.empty()) {
@@ -281,43 +304,54 @@ int run_run(const Run& a) {
   kiln::TensorMap inputs = read_inputs(g, a.file, a.inputs, /*any_batch=*/true, m.state);
   m.state.clear();  // `inputs` holds what is used of it
   kiln::TensorMap outputs;
-  std::string profile;
+  std::string stats;  // --time's and --profile's reports
   if (a.interp) {
     phase.emplace("interpret");
     outputs = kiln::interpret(g, inputs);
     phase.reset();
     first_result.reset();
   } else {
+    const double load_s = seconds_since(start);
     kiln::CompileOptions options = compile_options(a.target, a.arch);
     options.profile = a.profile;
     phase.emplace("compile");
+    auto t = std::chrono::steady_clock::now();
     auto exe = kiln::compile(g, options);
+    const double compile_s = seconds_since(t);
     // A graph without state updates does not train: its state is set once and the
     // executable prepares its weights once (inference mode, docs/passes.md), not per run.
     const bool trains = std::any_of(g.outputs().begin(), g.outputs().end(), [&](const kiln::GraphOutput& o) {
       return kiln::updated_state(g, o).valid();
     });
+    phase.emplace("first run");  // with the preparation of the weights, once
+    t = std::chrono::steady_clock::now();
     kiln::TensorMap plain;
     if (!trains) {
       kiln::TensorMap state;
-      for (auto& [name, t] : inputs) (g.is_state(g.find(name)) ? state : plain).emplace(name, t);
+      for (auto& [name, value] : inputs) (g.is_state(g.find(name)) ? state : plain).emplace(name, value);
       exe->set_state(state);
     }
     auto once = [&] { return trains ? exe->evaluate(inputs) : exe->run(plain); };
-    phase.emplace("first run");
     outputs = once();
+    const double first_s = seconds_since(t);
     phase.reset();
     first_result.reset();
+    std::vector<double> runs;
     if (a.repeat) {  // the steady state: the first run (page faults, pool start-up) not counted
       exe->reset_profile();
-      for (int i = 0; i < *a.repeat; ++i) outputs = once();
+      for (int i = 0; i < *a.repeat; ++i) {
+        t = std::chrono::steady_clock::now();
+        outputs = once();
+        runs.push_back(seconds_since(t));
+      }
     }
-    if (a.profile) profile = exe->profile_report();
+    if (a.time) stats = time_report(load_s, compile_s, first_s, std::move(runs));
+    if (a.profile) stats += exe->profile_report();
   }
   print_timings(kiln::take_phase_times());
   if (a.output_dir.empty()) {
     for (const kiln::GraphOutput& o : g.outputs()) fmt::print("{} = {}\n", o.name, summarize(outputs.at(o.name)));
-    std::fputs(profile.c_str(), stdout);
+    std::fputs(stats.c_str(), stdout);
     return 0;
   }
   std::error_code ec;
@@ -334,7 +368,7 @@ int run_run(const Run& a) {
   write_all_files(files);
   for (size_t i = 0; i < files.size(); ++i)
     fmt::print("wrote {} ({})\n", files[i].first, outputs.at(g.outputs()[i].name).type().str());
-  std::fputs(profile.c_str(), stdout);
+  std::fputs(stats.c_str(), stdout);
   return 0;
 }
 
@@ -493,7 +527,7 @@ int run_command_line(int argc, char** argv) {
   CLI::App* run_cmd = p.add_command(
       "run", "run a graph on .npy inputs, print or write its outputs",
       "FILE.kir|FILE.onnx --input NAME=FILE.npy ... [--state-weights FILE|DIR] [--output-dir DIR] [--interp | "
-      "--profile [--repeat N]] [--timings]",
+      "[--profile] [--time] [--repeat N]] [--timings]",
       "Compiles the graph for --target (default: $KILN_TARGET, else cpu) and runs it on the given\n"
       "inputs.\n"
       "Every graph input, state inputs included, needs an --input with a .npy file of exactly\n"
@@ -521,9 +555,14 @@ int run_command_line(int argc, char** argv) {
   p.add_flag(run_cmd, "--profile", run.profile,
              "after the outputs, print the time spent in each compiled kernel (fused regions, GEMMs, ...), "
              "slowest first");
+  p.add_flag(run_cmd, "--time", run.time,
+             "after the outputs (before --profile's table), print the wall time of each phase: 'load' (reading "
+             "FILE and the inputs, rebatching), 'compile', 'first run'; with --repeat N also the best, median "
+             "and mean of the N runs after it, each timed alone (end to end: Executable::evaluate, inputs in, "
+             "outputs out)");
   p.add_count(run_cmd, "--repeat", run.repeat,
-              "with --profile: run N more times after a first, untimed run and report those N (the steady "
-              "state); the outputs printed are the last run's");
+              "with --profile or --time: run N more times after a first, untimed run and report those N (the "
+              "steady state); the outputs printed are the last run's");
   p.add_flag(run_cmd, "--timings", run.timings,
              "print on stderr how long each phase took up to the first result, as lines 'kiln: timing: PHASE "
              "MS ms' (nested phases indented): load (an ONNX model's parse, weights, check, import, batch "

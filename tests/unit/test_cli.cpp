@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 
 #include "ir/npy.h"
@@ -179,6 +180,39 @@ TEST_CASE("kiln takes --help anywhere and '--' to end the options", "[cli]") {
   }
 }
 
+TEST_CASE("kiln run --time reports the phases and, with --repeat, the steady-state runs", "[cli]") {
+  auto dir = temp_dir("time");
+  write_file(dir / "x.kir", "graph @g(%x: f32[2]) {\n  %0 = neg(%x) : f32[2]\n  return y = %0\n}\n");
+  kiln::write_npy((dir / "x.npy").string(), kiln::Tensor::from<float>(kiln::DType::f32, {2}, {1, -2}));
+  const std::string x = " --input x=" + (dir / "x.npy").string() + " " + (dir / "x.kir").string();
+  const std::regex phases(R"(time: load \d+\.\d{3} s, compile \d+\.\d{3} s, first run \d+\.\d{3} ms\n)");
+  const std::regex steady(R"(time: 4 runs: best (\d+\.\d{3}) ms, median (\d+\.\d{3}) ms, mean \d+\.\d{3} ms\n)");
+  auto once = run_kiln("run --time" + x);
+  CHECK(once.status == 0);
+  CHECK_THAT(once.output, StartsWith("y = f32[2] [-1, 2]\ntime: load "));
+  CHECK(std::regex_search(once.output, phases));
+  CHECK_THAT(once.output, !ContainsSubstring("runs:"));
+  auto r = run_kiln("run --time --repeat 4" + x);
+  CHECK(r.status == 0);
+  CHECK(std::regex_search(r.output, phases));
+  std::smatch m;
+  REQUIRE(std::regex_search(r.output, m, steady));
+  CHECK(std::stod(m[1].str()) <= std::stod(m[2].str()));  // the best is no slower than the median
+  // With --profile the times come first, then the kernel table of the same runs.
+  auto p = run_kiln("run --time --profile --repeat 4" + x);
+  CHECK(p.status == 0);
+  CHECK(std::regex_search(p.output, steady));
+  CHECK(p.output.find("time: ") < p.output.find("profile @g (cpu): 4 runs"));
+  // The file written, the times still printed; the interpreter is not timed.
+  auto w = run_kiln("run --time --output-dir " + (dir / "out").string() + x);
+  CHECK(w.status == 0);
+  CHECK(std::regex_search(w.output, phases));
+  CHECK(std::filesystem::exists(dir / "out" / "y.npy"));
+  auto e = run_kiln("run --time --interp" + x);
+  CHECK(e.status == 1);
+  CHECK_THAT(e.output, ContainsSubstring("--time times the compiled code"));
+}
+
 TEST_CASE("kiln --help lists every command and each command's help every option", "[cli]") {
   auto top = run_kiln("--help");
   for (const char* cmd : {"dump", "dot", "run", "opt", "grad", "train-step", "info"})
@@ -187,7 +221,7 @@ TEST_CASE("kiln --help lists every command and each command's help every option"
   std::string usage = run.output.substr(0, run.output.find('\n'));
   CHECK_THAT(usage, ContainsSubstring("--profile"));
   CHECK_THAT(usage, ContainsSubstring("--interp"));
-  for (const char* opt : {"--input", "--output-dir", "--interp", "--profile", "--repeat", "--timings"})
+  for (const char* opt : {"--input", "--output-dir", "--interp", "--profile", "--time", "--repeat", "--timings"})
     CHECK_THAT(run.output, ContainsSubstring(std::string("\n  ") + opt));
   auto opt = run_kiln("opt --help");
   for (const char* o : {"--passes", "--list-passes", "--print-after-all", "--print-after", "--verify-each",
