@@ -1,0 +1,78 @@
+// Kiln's own f32 GEMM, shared by its driver (runtime/gemm.cpp) and the instruction-set
+// translation units that hold its micro-kernels (runtime/gemm_avx512.cpp,
+// runtime/gemm_avx2.cpp). Private to the runtime (not installed).
+//
+// The algorithm is GotoBLAS/BLIS's: C is walked in NC-column panels; for each KC-deep slice
+// of K the B panel [KC, NC] is packed into NR-wide micro-panels, then for each MC-row block
+// the A block [MC, KC] is packed into MR-tall micro-panels, and a register-blocked
+// micro-kernel computes each MR x NR tile of C from one micro-panel of each, with FMAs.
+// Packing reads op(A) and op(B) through both transposes and any leading dimension, and pads
+// the edge micro-panels with zeros, so the kernel always runs whole tiles and only its
+// stores are clipped to the valid rows and columns.
+//
+// Determinism: every element of C is one accumulator in the kernel, summed in k order
+// over one KC slice, then combined as alpha * acc + beta' * C with one multiply and one
+// FMA (beta' = beta for the first slice, 1 after), whatever tile, block or thread the
+// element falls in. KC is a constant, so the slices are fixed by K alone: C is bitwise the
+// same for any cut of C into pieces, hence for any thread count. Both kernels use the same
+// KC and the same operations, so the AVX2 and the AVX-512 kernel agree bitwise too.
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::rt::gemm {
+
+// The cache sizes the blocking is derived from (per core, this Xeon's: 48 KiB L1d, 2 MiB
+// L2; most x86-64 cores since 2017 have at least 32 KiB / 1 MiB, where the same blocks
+// still fit L1 and half of L2 respectively).
+constexpr int64_t kL1Bytes = 48 << 10;
+constexpr int64_t kL2Bytes = 2 << 20;
+
+// KC: the depth of a slice. The kernel streams one B micro-panel [KC, NR] (reused by every
+// A micro-panel of the block, so it stays in L1) and one A micro-panel [MR, KC]; both
+// together must fit L1 with room for C's tile: with the AVX-512 kernel's NR = 32 and
+// MR = 14, KC = 256 takes 32 + 14 KiB of 48. Shared by both kernels (see above).
+constexpr int64_t kKC = 256;
+static_assert(kKC * (32 + 14) * 4 <= kL1Bytes, "the AVX-512 kernel's micro-panels must fit L1");
+
+// MC (rows of the packed A block, which stays in L2 while the kernel sweeps the B panel):
+// half of L2, leaving the other half to the B panel's stream and to C, rounded down to a
+// multiple of each kernel's MR.
+constexpr int64_t mc_for(int64_t mr) { return kL2Bytes / 2 / (kKC * 4) / mr * mr; }
+// NC (columns of the packed B panel, read from L2/L3 once per A block): 4096 columns,
+// 4 MiB at KC = 256; a multiple of every NR.
+constexpr int64_t kNC = 4096;
+
+// One GEMM: C[m, n] = alpha * op(A) op(B) + beta * C, row-major, op = transpose when t*.
+struct Args {
+  bool ta, tb;
+  int64_t m, n, k;
+  float alpha;
+  const float* a;
+  int64_t lda;
+  const float* b;
+  int64_t ldb;
+  float beta;
+  float* c;
+  int64_t ldc;
+};
+
+// Computes rows [m0, m1) x columns [n0, n1) of C (k >= 1). Returns false when its packing
+// buffers cannot be allocated (C is then partly written).
+using BlockFn = bool (*)(const Args& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+
+struct Kernel {
+  const char* name;  // "avx512 14x32"
+  int64_t mr, nr;
+  BlockFn block;
+};
+
+// The kernels compiled into the runtime; each may only run on a CPU with its features.
+extern const Kernel kAvx512;  // AVX-512F
+extern const Kernel kAvx2;    // AVX2 + FMA
+
+// Per-thread packing buffer of at least `floats` floats, 64-byte aligned, kept between
+// calls (slot 0: A, 1: B); nullptr when it cannot be allocated.
+float* pack_buffer(int slot, int64_t floats);
+
+}  // namespace kiln::rt::gemm
