@@ -9,10 +9,14 @@
 //       by a copy of this program started with that variable set, since OpenBLAS reads
 //       it once when it loads: the better of the runtime path and OpenBLAS's own threads).
 // The three are timed in turn, shape by shape, best of N; each row gives Kiln's GFLOP/s
-// as a fraction of the measured peak and as a ratio to the best OpenBLAS.
+// as a fraction of the measured peak and as a ratio to the best OpenBLAS, twice: by wall
+// time, and per CPU-second of the process (FLOPs over the CPU time all its threads used):
+// on a loaded machine the wall figures say as much about the neighbours as about the
+// code, while the CPU-time figures stay close to what a core does when it runs.
 #include <cblas.h>
 #include <immintrin.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,6 +42,18 @@ double g_min_time = 0.02;  // seconds per timed measurement (each repeats the ca
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
+
+double cpu_seconds(clockid_t which) {
+  timespec t{};
+  clock_gettime(which, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+// Seconds of one thing: by the wall clock, and CPU seconds of the whole process.
+struct Time {
+  double wall = 1e30, cpu = 1e30;
+  void keep_best(Time t) { wall = std::min(wall, t.wall), cpu = std::min(cpu, t.cpu); }
+};
 
 // --- (a) the FMA peak -------------------------------------------------------------------
 
@@ -74,18 +90,31 @@ __attribute__((target("avx2,fma"))) float fma_chains_ymm(int64_t iters) {
 
 volatile float g_sink;
 
+struct Peak {
+  double wall = 0;  // GFLOP/s of all the threads together, by the wall clock
+  double cpu = 0;   // the sum of each thread's GFLOP/s per second of its own CPU time
+};
+
 // Best GFLOP/s of `threads` threads each running `lanes`-wide chains at once.
-double fma_peak(int lanes, int threads) {
+Peak fma_peak(int lanes, int threads) {
   const int64_t iters = g_reps > 2 ? 4'000'000 : 1'000'000;
-  double best = 0;
+  const double flops = 2.0 * lanes * kChains * static_cast<double>(iters);
+  Peak best;
   for (int rep = 0; rep < std::max(3, g_reps); ++rep) {
+    std::vector<double> rate(static_cast<size_t>(threads));
     auto t0 = clock_type::now();
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&] { g_sink = lanes == 16 ? fma_chains_zmm(iters) : fma_chains_ymm(iters); });
+      pool.emplace_back([&, t] {
+        const double c0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+        g_sink = lanes == 16 ? fma_chains_zmm(iters) : fma_chains_ymm(iters);
+        rate[static_cast<size_t>(t)] = flops / (cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - c0) / 1e9;
+      });
     for (auto& th : pool) th.join();
-    const double flops = 2.0 * lanes * kChains * static_cast<double>(iters) * threads;
-    best = std::max(best, flops / seconds_since(t0) / 1e9);
+    best.wall = std::max(best.wall, flops * threads / seconds_since(t0) / 1e9);
+    double sum = 0;
+    for (double r : rate) sum += r;
+    best.cpu = std::max(best.cpu, sum);
   }
   return best;
 }
@@ -126,33 +155,35 @@ void run_cblas(const GemmShape& s, Operands& o) {
 
 // Seconds per call of f, one measurement of about g_min_time (after one warm-up call).
 template <typename F>
-double measure(F&& f) {
+Time measure(F&& f) {
   f();
   auto t0 = clock_type::now();
   f();
   const double once = std::max(seconds_since(t0), 1e-7);
   const int64_t calls = std::max<int64_t>(1, static_cast<int64_t>(g_min_time / once));
+  const double c0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
   t0 = clock_type::now();
   for (int64_t i = 0; i < calls; ++i) f();
-  return seconds_since(t0) / static_cast<double>(calls);
+  const double wall = seconds_since(t0), cpu = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
+  return {wall / static_cast<double>(calls), cpu / static_cast<double>(calls)};
 }
 
 // One measurement with OpenBLAS's kernels through the runtime's path, and one with
-// OpenBLAS's own threads (as many as the pool's) called directly: the faster.
-double measure_openblas(const GemmShape& s, Operands& o) {
+// OpenBLAS's own threads (as many as the pool's) called directly: the faster of each.
+Time measure_openblas(const GemmShape& s, Operands& o) {
   kiln::rt::set_gemm_kernel(kiln::rt::GemmKernel::openblas);
-  const double grid = measure([&] { run_runtime(s, o); });
+  Time best = measure([&] { run_runtime(s, o); });
   kiln::rt::set_gemm_kernel(kiln::rt::gemm_kernel_supported(kiln::rt::GemmKernel::avx512)
                                 ? kiln::rt::GemmKernel::avx512
                                 : kiln::rt::GemmKernel::avx2);
   openblas_set_num_threads(kiln_rt_num_threads());
-  const double direct = measure([&] { run_cblas(s, o); });
+  best.keep_best(measure([&] { run_cblas(s, o); }));
   openblas_set_num_threads(1);
-  return std::min(grid, direct);
+  return best;
 }
 
 // The copy of this program with OPENBLAS_CORETYPE=SkylakeX: reads "ta tb m n k batch"
-// lines, answers each with the seconds of one measure_openblas.
+// lines, answers each with the wall and CPU seconds of one measure_openblas.
 int serve() {
   kiln_rt_sgemm(0, 0, 2, 2, 2, 1.0f, std::vector<float>(4).data(), 2, std::vector<float>(4).data(), 2, 0.0f,
                 std::vector<float>(4).data(), 2);  // the runtime's OpenBLAS settings first
@@ -161,7 +192,8 @@ int serve() {
   while (std::scanf("%d %d %lld %lld %lld %lld %lf", &ta, &tb, &m, &n, &k, &batch, &g_min_time) == 7) {
     GemmShape s{"", ta != 0, tb != 0, m, n, k, batch};
     Operands o(s);
-    std::printf("%.9g\n", measure_openblas(s, o));
+    const Time t = measure_openblas(s, o);
+    std::printf("%.9g %.9g\n", t.wall, t.cpu);
     std::fflush(stdout);
   }
   return 0;
@@ -193,13 +225,14 @@ struct Peer {
     from = fdopen(out[0], "r");
     return to && from;
   }
-  // Seconds per call, or a negative number when the copy does not answer.
-  double time(const GemmShape& s) {
+  // Seconds per call (huge when the copy does not answer).
+  Time time(const GemmShape& s) {
     std::fprintf(to, "%d %d %lld %lld %lld %lld %.9g\n", int(s.ta), int(s.tb), (long long)s.m, (long long)s.n,
                  (long long)s.k, (long long)s.batch, g_min_time);
     std::fflush(to);
-    double t = -1;
-    return std::fscanf(from, "%lf", &t) == 1 ? t : -1;
+    Time t;
+    if (std::fscanf(from, "%lf %lf", &t.wall, &t.cpu) != 2) t = Time{};
+    return t;
   }
   ~Peer() {
     if (to) std::fclose(to);
@@ -242,53 +275,53 @@ void run(const char* self) {
   const int threads = kiln_rt_num_threads();
   const bool z = kiln::rt::gemm_kernel_supported(kiln::rt::GemmKernel::avx512);
   const bool y = kiln::rt::gemm_kernel_supported(kiln::rt::GemmKernel::avx2);
-  std::printf("(a) FMA peak, GFLOP/s (independent FMA chains, best of %d)\n", std::max(3, g_reps));
-  double peak1 = 0, peak = 0;
-  if (z) {
-    peak1 = fma_peak(16, 1), peak = fma_peak(16, threads);
-    std::printf("  zmm: 1 thread %.1f   %d threads %.1f\n", peak1, threads, peak);
-  }
-  if (y) {
-    const double p1 = fma_peak(8, 1), pn = fma_peak(8, threads);
-    std::printf("  ymm: 1 thread %.1f   %d threads %.1f\n", p1, threads, pn);
-    if (!z) peak1 = p1, peak = pn;
+  std::printf("(a) FMA peak, GFLOP/s (independent FMA chains, best of %d; wall clock / per CPU-second of "
+              "each thread, summed)\n",
+              std::max(3, g_reps));
+  Peak peak1, peak;
+  for (int lanes : {16, 8}) {
+    if (!(lanes == 16 ? z : y)) continue;
+    const Peak p1 = fma_peak(lanes, 1), pn = fma_peak(lanes, threads);
+    std::printf("  %s: 1 thread %.1f / %.1f   %d threads %.1f / %.1f\n", lanes == 16 ? "zmm" : "ymm", p1.wall,
+                p1.cpu, threads, pn.wall, pn.cpu);
+    if (peak.wall == 0) peak1 = p1, peak = pn;
   }
   if (!z && !y) std::printf("  (this CPU has neither AVX-512F nor AVX2 + FMA)\n");
   const kiln::rt::GemmKernel kern = kiln::rt::gemm_kernel();
-  std::printf("\n(b) SGEMM, %d threads, GFLOP/s, best of %d: kiln (%s), OpenBLAS as it runs here (%s), "
-              "OpenBLAS with OPENBLAS_CORETYPE=SkylakeX\n",
-              threads, g_reps, kiln::rt::gemm_kernel_name(kern), kiln_rt_gemm_config());
+  std::printf("\n(b) SGEMM, %d threads, GFLOP/s, best of %d: kiln (%s); debian: OpenBLAS as it runs here (%s); "
+              "skx: OpenBLAS with OPENBLAS_CORETYPE=SkylakeX\n",
+              threads, g_reps, kiln::rt::gemm_kernel_name(kern), kiln_rt_blas_config());
   Peer peer;
   const bool have_peer = peer.start(self);
   if (!have_peer)
     std::printf("  (could not start the SkylakeX copy; run: OPENBLAS_CORETYPE=SkylakeX KILN_GEMM=openblas %s)\n",
                 self);
-  std::printf("  %-22s %3s %6s %6s %5s %3s | %7s %5s | %7s %7s | %6s\n", "shape", "op", "M", "N", "K", "x", "kiln",
-              "peak", "debian", "skx", "/best");
+  std::printf("  %-20s %2s %5s %5s %4s %2s | wall: %6s %5s %6s %6s %5s | per CPU-s: %6s %5s %6s %5s\n", "shape",
+              "op", "M", "N", "K", "x", "kiln", "peak", "debian", "skx", "/best", "kiln", "peak", "skx", "/skx");
   for (const GemmShape& s : shapes()) {
     Operands o(s);
-    double tk = 1e30, td = 1e30, ts = 1e30;
+    Time tk, td, ts;
     for (int rep = 0; rep < g_reps; ++rep) {  // in turn, best of g_reps
       kiln::rt::set_gemm_kernel(kern);
-      tk = std::min(tk, measure([&] { run_runtime(s, o); }));
-      if (have_peer) {
-        const double t = peer.time(s);
-        if (t > 0) ts = std::min(ts, t);
-      }
-      td = std::min(td, measure_openblas(s, o));
+      tk.keep_best(measure([&] { run_runtime(s, o); }));
+      if (have_peer) ts.keep_best(peer.time(s));
+      td.keep_best(measure_openblas(s, o));
     }
     kiln::rt::set_gemm_kernel(kern);
     const double flop = 2.0 * double(s.m) * double(s.n) * double(s.k) * double(s.batch);
     auto gf = [&](double t) { return t < 1e29 ? flop / t / 1e9 : 0.0; };
-    const double best_blas = std::max(gf(td), gf(ts));
-    std::printf("  %-22s %s%s %6lld %6lld %5lld %3lld | %7.1f %5.2f | %7.1f %7.1f | %6.2f\n", s.what,
-                s.ta ? "T" : "N", s.tb ? "T" : "N", (long long)s.m, (long long)s.n, (long long)s.k,
-                (long long)s.batch, gf(tk), peak > 0 ? gf(tk) / peak : 0.0, gf(td), gf(ts), gf(tk) / best_blas);
+    const double best_blas = std::max(gf(td.wall), gf(ts.wall));
+    std::printf("  %-20.20s %s%s %5lld %5lld %4lld %2lld | wall: %6.1f %5.2f %6.1f %6.1f %5.2f | per CPU-s: %6.1f "
+                "%5.2f %6.1f %5.2f\n",
+                s.what, s.ta ? "T" : "N", s.tb ? "T" : "N", (long long)s.m, (long long)s.n, (long long)s.k,
+                (long long)s.batch, gf(tk.wall), peak.wall > 0 ? gf(tk.wall) / peak.wall : 0.0, gf(td.wall),
+                gf(ts.wall), gf(tk.wall) / best_blas, gf(tk.cpu), peak1.cpu > 0 ? gf(tk.cpu) / peak1.cpu : 0.0,
+                gf(ts.cpu), gf(ts.cpu) > 0 ? gf(tk.cpu) / gf(ts.cpu) : 0.0);
     std::fflush(stdout);
   }
-  std::printf("\npeak: the fraction of the %d-thread FMA peak (%.1f GFLOP/s; 1 thread: %.1f); /best: kiln over "
-              "the faster OpenBLAS\n",
-              threads, peak, peak1);
+  std::printf("\npeak: the fraction of the FMA peak (wall: of %d threads, %.1f GFLOP/s; per CPU-s: of one "
+              "core, %.1f); /best: kiln over the faster OpenBLAS; /skx: kiln over SkylakeX's OpenBLAS\n",
+              threads, peak.wall, peak1.cpu);
 }
 
 }  // namespace
