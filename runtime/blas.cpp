@@ -1,6 +1,5 @@
-// BLAS shims. An f32 GEMM with more than one row and column runs Kiln's own GEMM
-// (runtime/gemm.h) unless the CPU has neither AVX2 + FMA nor AVX-512F; the rest (f64, GEMV
-// shapes, and f32 on such a CPU) goes to OpenBLAS. OpenBLAS runs single-threaded (see runtime/thread_pool.h for the policy); a
+// BLAS shims. An f32 GEMM runs Kiln's own GEMM (runtime/gemm.h) unless the CPU has neither
+// AVX2 + FMA nor AVX-512F; the rest (f64, and f32 on such a CPU) goes to OpenBLAS. OpenBLAS runs single-threaded (see runtime/thread_pool.h for the policy); a
 // large GEMM is cut into a grid of blocks of C fixed by its shape, each block one
 // single-threaded OpenBLAS call, run over the runtime's pool when called from outside a
 // parallel loop and one after another inside one: the same calls either way, so results
@@ -258,10 +257,7 @@ extern "C" {
 void kiln_rt_sgemm(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                    int64_t ldc) {
-  // One row or column of C stays a GEMV (gemm_as_gemv), which reads its matrix once.
-  if (m != 1 && n != 1 &&
-      kiln::rt::sgemm(trans_a != 0, trans_b != 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
-    return;
+  if (kiln::rt::sgemm(trans_a != 0, trans_b != 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
   gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -278,7 +274,7 @@ const char* kiln_rt_gemm_config(void) {
     kiln::rt::GemmKernel k = kiln::rt::gemm_kernel();
     std::string blas = std::string(openblas_get_config()) + ", core " + openblas_get_corename();
     if (k == kiln::rt::GemmKernel::openblas) return "OpenBLAS (" + blas + ")";
-    return std::string("kiln ") + kiln::rt::gemm_kernel_name(k) + " (f64 and GEMV by OpenBLAS: " + blas + ")";
+    return std::string("kiln ") + kiln::rt::gemm_kernel_name(k) + " (f64 by OpenBLAS: " + blas + ")";
   }();
   return text.c_str();
 }
@@ -302,7 +298,7 @@ const char* kiln_rt_blas_warning(void) {
     const bool all = kiln::rt::gemm_kernel() == kiln::rt::GemmKernel::openblas;
     return std::string("OpenBLAS runs its '") + core + "' kernels, narrower than this CPU's " +
            (want[0] == 'S' ? "AVX-512" : "AVX2") + ": the products it computes (" +
-           (all ? "every GEMM" : "f64 GEMMs and matrix-vector products") +
+           (all ? "every GEMM" : "f64 GEMMs") +
            ") run several times slower than they could; set OPENBLAS_CORETYPE=" + want +
            " in the environment before Kiln starts";
   }();

@@ -84,6 +84,37 @@ Grid choose_grid(int64_t m, int64_t n, int64_t k, int64_t mr, int64_t nr, int64_
   return best;
 }
 
+// A matrix-vector product is bound by reading its matrix: it is cut once each piece keeps
+// at least this many multiply-adds (256 KiB of matrix), at multiples of 64 outputs.
+constexpr double kGemvPieceMacs = 1 << 16;
+
+// One row or one column of C (m == 1 or n == 1) by the kernel's matrix-vector product.
+bool gemv(const gemm::Kernel& kern, const gemm::Args& g, int64_t threads) {
+  const bool row = g.m == 1;
+  const int64_t len = row ? g.n : g.m;
+  // x: op(A)'s only row, or op(B)'s only column, made contiguous.
+  const float* x = row ? g.a : g.b;
+  const int64_t incx = row ? (g.ta ? g.lda : 1) : (g.tb ? 1 : g.ldb);
+  if (incx != 1) {
+    float* buf = gemm::pack_buffer(0, g.k);
+    if (!buf) return false;
+    for (int64_t p = 0; p < g.k; ++p) buf[p] = x[p * incx];
+    x = buf;
+  }
+  const double macs = static_cast<double>(len) * static_cast<double>(g.k);
+  const int64_t pieces = std::clamp<int64_t>(static_cast<int64_t>(macs / kGemvPieceMacs), 1,
+                                             std::min<int64_t>(threads, (len + 63) / 64));
+  auto start = [&](int64_t i) { return std::min(len, (len * i / pieces + 63) / 64 * 64); };
+  auto run = [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q) kern.gemv(g, x, start(q), start(q + 1));
+  };
+  if (pieces == 1)
+    run(0, 1);
+  else
+    parallel_for(pieces, 1, run);
+  return true;
+}
+
 // Start of piece i of `parts` over `tiles` tiles of `tile` along a side of length len.
 int64_t piece_start(int64_t len, int64_t tiles, int64_t tile, int64_t parts, int64_t i) {
   return std::min(len, tiles * i / parts * tile);
@@ -145,6 +176,10 @@ bool sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
   }
   const gemm::Args g{ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
   const int64_t threads = in_parallel_region() ? 1 : std::max<int64_t>(1, kiln_rt_num_threads());
+  if (m == 1 || n == 1) {
+    if (!gemv(*kern, g, threads)) record_error("gemm: out of memory for its packing buffers");
+    return true;
+  }
   const Grid grid = choose_grid(m, n, k, kern->mr, kern->nr, threads);
   const int64_t tm = (m + kern->mr - 1) / kern->mr, tn = (n + kern->nr - 1) / kern->nr;
   std::atomic<bool> failed{false};

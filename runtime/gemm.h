@@ -21,7 +21,8 @@ bool set_gemm_kernel(GemmKernel k);
 // "avx512 14x32", "avx2 6x16" or "openblas".
 const char* gemm_kernel_name(GemmKernel k);
 
-// C[m, n] = alpha * op(A) op(B) + beta * C by the current kernel, over the runtime's pool
+// C[m, n] = alpha * op(A) op(B) + beta * C by the current kernel (one row or column of C:
+// by its matrix-vector product), over the runtime's pool
 // (one thread inside a parallel loop); C's bits depend on the shape alone, never on the
 // thread count. Returns false without touching C when the current kernel is openblas.
 // On an allocation failure it records an error (kiln_rt_take_error).

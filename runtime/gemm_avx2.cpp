@@ -6,7 +6,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "runtime/gemm_internal.h"
 
@@ -24,6 +26,16 @@ __m256i lanes(int64_t n) {
 
 struct Avx2 {
   static constexpr int64_t MR = 6, NR = 16;
+
+  // acc += a * b in one rounding, 16 lanes as two ymm.
+  __attribute__((always_inline)) static void fma16(const v16& a, const v16& b, v16& acc) {
+    __m256 h[3][2];
+    std::memcpy(h[0], &a, sizeof a);
+    std::memcpy(h[1], &b, sizeof b);
+    std::memcpy(h[2], &acc, sizeof acc);
+    for (int i = 0; i < 2; ++i) h[2][i] = _mm256_fmadd_ps(h[0][i], h[1][i], h[2][i]);
+    std::memcpy(&acc, h[2], sizeof acc);
+  }
 
   static void tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta,
                    int64_t mv, int64_t nv) {
@@ -61,5 +73,5 @@ struct Avx2 {
 }  // namespace
 
 namespace kiln::rt::gemm {
-const Kernel kAvx2 = {"avx2 6x16", Avx2::MR, Avx2::NR, &blocked<Avx2>};
+const Kernel kAvx2 = {"avx2 6x16", Avx2::MR, Avx2::NR, &blocked<Avx2>, &gemv_range<Avx2>};
 }  // namespace kiln::rt::gemm

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "runtime/gemm_internal.h"
@@ -76,6 +78,12 @@ constexpr auto kTiles = tile_table(std::make_integer_sequence<int, 14>());
 struct Avx512 {
   static constexpr int64_t MR = 14, NR = 32;
 
+  // acc += a * b in one rounding, 16 lanes.
+  __attribute__((always_inline)) static void fma16(const v16& a, const v16& b, v16& acc) {
+    acc = reinterpret_cast<v16>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
+                                                 reinterpret_cast<__m512>(acc)));
+  }
+
   // The packing's transposes, 16 x 16 at a time: rows [0, rows) of src (16 floats each,
   // `ld` apart; zeros below) become the 16 rows of dst (`ldd` apart), of which the lanes in
   // `store` are written.
@@ -121,5 +129,5 @@ struct Avx512 {
 }  // namespace
 
 namespace kiln::rt::gemm {
-const Kernel kAvx512 = {"avx512 14x32", Avx512::MR, Avx512::NR, &blocked<Avx512>};
+const Kernel kAvx512 = {"avx512 14x32", Avx512::MR, Avx512::NR, &blocked<Avx512>, &gemv_range<Avx512>};
 }  // namespace kiln::rt::gemm

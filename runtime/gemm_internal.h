@@ -61,10 +61,15 @@ struct Args {
 // buffers cannot be allocated (C is then partly written).
 using BlockFn = bool (*)(const Args& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
 
+// One row or column of C (m == 1 or n == 1): outputs [lo, hi) of its vector, with x the
+// other operand's only row or column, contiguous (runtime/gemm_blocked.inc).
+using GemvFn = void (*)(const Args& g, const float* x, int64_t lo, int64_t hi);
+
 struct Kernel {
   const char* name;  // "avx512 14x32"
   int64_t mr, nr;
   BlockFn block;
+  GemvFn gemv;
 };
 
 // The kernels compiled into the runtime; each may only run on a CPU with its features.

@@ -33,11 +33,12 @@ struct Shape {
 };
 
 // Around the tiles (14 x 32, 6 x 16), the depth of a slice (KC = 256), an A block (MC =
-// 1022 rows for the AVX-512 kernel) and a B panel (NC = 4096 columns); m or n of 1 is a GEMV.
+// 1022 rows for the AVX-512 kernel) and a B panel (NC = 4096 columns); m or n of 1 is a
+// matrix-vector product (vectors of 64 outputs, dot products over 64 values of k, tails).
 const std::vector<Shape> kShapes = {{2, 2, 1},     {5, 7, 3},       {13, 31, 17},   {14, 32, 256}, {15, 33, 257},
                                     {29, 65, 300}, {6, 16, 8},      {7, 17, 9},     {100, 50, 513}, {3, 200, 40},
                                     {200, 3, 40},  {64, 1000, 27},  {1, 37, 50},    {37, 1, 50},   {1100, 20, 30},
-                                    {3, 4200, 5}};
+                                    {3, 4200, 5},  {1, 200, 300},   {150, 1, 130},  {1, 1, 70}};
 
 // The kernels this CPU runs besides OpenBLAS.
 std::vector<GemmKernel> kiln_kernels() {
@@ -208,7 +209,8 @@ TEST_CASE("gemm: child with KILN_NUM_THREADS", "[.gemm_threads_child]") {
     REQUIRE(kiln::rt::set_gemm_kernel(k));
     uint64_t h = 1469598103934665603ull;
     uint32_t seed = 100;
-    for (Shape s : {Shape{301, 517, 700}, {1000, 45, 300}, {37, 2000, 100}, {129, 130, 1100}})
+    for (Shape s : {Shape{301, 517, 700}, {1000, 45, 300}, {37, 2000, 100}, {129, 130, 1100}, {1, 3000, 700},
+                    {2500, 1, 300}})
       for (bool ta : {false, true}) h = fnv(Case(ta, !ta, s, 1.5f, 0.5f, seed++).run_kiln(), h);
     hashes += ' ' + std::to_string(h);
   }
