@@ -33,7 +33,7 @@ struct Shape {
 };
 
 // Around the tiles (14 x 32, 6 x 16), the depth of a slice (KC = 256), an A block (MC =
-// 1022 rows for the AVX-512 kernel) and a B panel (NC = 4096 columns); m or n of 1 is a
+// 1022 rows for the AVX-512 kernel) and a B panel (NC = 1024 columns); m or n of 1 is a
 // matrix-vector product (vectors of 64 outputs, dot products over 64 values of k, tails).
 const std::vector<Shape> kShapes = {{2, 2, 1},     {5, 7, 3},       {13, 31, 17},   {14, 32, 256}, {15, 33, 257},
                                     {29, 65, 300}, {6, 16, 8},      {7, 17, 9},     {100, 50, 513}, {3, 200, 40},
