@@ -185,19 +185,7 @@ TEST_CASE("gemm: KILN_GEMM chooses the kernel, and kiln info names it", "[gemm][
 
 // Shapes whose C is cut into pieces over the pool, each with ragged edges.
 TEST_CASE("gemm: the same bits at any KILN_NUM_THREADS", "[gemm][determinism]") {
-  std::string reference;
-  for (const char* threads : {"1", "2", "3", "5", "8"}) {
-    CAPTURE(threads);
-    RunResult r = run_shell(std::string("KILN_NUM_THREADS=") + threads + " '" + self_exe() +
-                            "' '[.gemm_threads_child]' 2>/dev/null");
-    INFO(r.output);
-    REQUIRE(r.status == 0);
-    auto at = r.output.find("hashes ");
-    REQUIRE(at != std::string::npos);
-    std::string hashes = r.output.substr(at, r.output.find('\n', at) - at);
-    if (reference.empty()) reference = hashes;
-    CHECK(hashes == reference);
-  }
+  check_same_hashes_at_any_thread_count("[.gemm_threads_child]");
 }
 
 // Run by the test above in a child process with KILN_NUM_THREADS set; prints the hashes.
