@@ -1,4 +1,5 @@
-// BLAS shims. OpenBLAS runs single-threaded (see runtime/thread_pool.h for the policy); a
+// BLAS shims. An f32 GEMM runs Kiln's own GEMM (runtime/gemm.h) unless the CPU has neither
+// AVX2 + FMA nor AVX-512F; the rest (f64, and f32 on such a CPU) goes to OpenBLAS. OpenBLAS runs single-threaded (see runtime/thread_pool.h for the policy); a
 // large GEMM is cut into a grid of blocks of C fixed by its shape, each block one
 // single-threaded OpenBLAS call, run over the runtime's pool when called from outside a
 // parallel loop and one after another inside one: the same calls either way, so results
@@ -13,7 +14,10 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <string>
+#include <strings.h>
 
+#include "runtime/gemm.h"
 #include "runtime/thread_pool.h"
 
 namespace kiln::rt {
@@ -253,6 +257,7 @@ extern "C" {
 void kiln_rt_sgemm(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                    int64_t ldc) {
+  if (kiln::rt::sgemm(trans_a != 0, trans_b != 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
   gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -263,4 +268,40 @@ void kiln_rt_dgemm(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64
 }
 
 const char* kiln_rt_blas_config(void) { return openblas_get_config(); }
+
+const char* kiln_rt_gemm_config(void) {
+  static const std::string text = [] {
+    kiln::rt::GemmKernel k = kiln::rt::gemm_kernel();
+    std::string blas = std::string(openblas_get_config()) + ", core " + openblas_get_corename();
+    if (k == kiln::rt::GemmKernel::openblas) return "OpenBLAS (" + blas + ")";
+    return std::string("kiln ") + kiln::rt::gemm_kernel_name(k) + " (f64 by OpenBLAS: " + blas + ")";
+  }();
+  return text.c_str();
+}
+
+const char* kiln_rt_blas_warning(void) {
+  static const std::string text = []() -> std::string {
+    const char* core = openblas_get_corename();
+    auto is = [&](std::initializer_list<const char*> names) {
+      for (const char* n : names)
+        if (strcasecmp(core, n) == 0) return true;
+      return false;
+    };
+    const bool wide = is({"skylakex", "cooperlake", "sapphirerapids"});
+    const char* want = nullptr;
+    if (__builtin_cpu_supports("avx512f") && !wide)
+      want = "SkylakeX";
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !wide &&
+             !is({"haswell", "zen"}))
+      want = "Haswell";
+    if (!want) return "";
+    const bool all = kiln::rt::gemm_kernel() == kiln::rt::GemmKernel::openblas;
+    return std::string("OpenBLAS runs its '") + core + "' kernels, narrower than this CPU's " +
+           (want[0] == 'S' ? "AVX-512" : "AVX2") + ": the products it computes (" +
+           (all ? "every GEMM" : "f64 GEMMs") +
+           ") run several times slower than they could; set OPENBLAS_CORETYPE=" + want +
+           " in the environment before Kiln starts";
+  }();
+  return text.empty() ? nullptr : text.c_str();
+}
 }

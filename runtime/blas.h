@@ -1,5 +1,6 @@
 // BLAS shims called by generated code. C linkage so JIT'ed and AOT code can bind to them
-// by name; everything goes to OpenBLAS.
+// by name. f32 GEMMs run Kiln's own GEMM (runtime/gemm.h) where the CPU has AVX2 + FMA or
+// AVX-512F; f64 and the rest go to OpenBLAS.
 #pragma once
 
 #include <cstdint>
@@ -15,4 +16,9 @@ void kiln_rt_dgemm(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64
                    int64_t ldc);
 // The BLAS library's own description ("OpenBLAS 0.3.21 ..."), for `kiln info`.
 const char* kiln_rt_blas_config(void);
+// Which GEMM kernel runs ("kiln avx512 14x32 (f64 by OpenBLAS: ...)"), for `kiln info`.
+const char* kiln_rt_gemm_config(void);
+// A warning when OpenBLAS runs kernels narrower than the CPU's vectors (Debian's 0.3.21 on a
+// CPU it does not know), or NULL.
+const char* kiln_rt_blas_warning(void);
 }

@@ -482,6 +482,8 @@ int run_info() {
   fmt::print("vector:   {}\n", vec.empty() ? "(none)" : vec);
   fmt::print("llvm:     {}\n", host.llvm_version);
   fmt::print("blas:     {}\n", kiln_rt_blas_config());
+  fmt::print("gemm:     {}\n", kiln_rt_gemm_config());
+  if (const char* warning = kiln_rt_blas_warning()) fmt::print("warning: {}\n", warning);
   return 0;
 }
 

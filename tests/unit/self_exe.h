@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <catch2/catch_test_macros.hpp>
+#include <initializer_list>
 #include <string>
+
+#include "subprocess.h"
 
 inline std::string self_exe() {
   char exe[4096];
@@ -13,4 +16,23 @@ inline std::string self_exe() {
   REQUIRE(len > 0);
   exe[len] = 0;
   return exe;
+}
+
+// Runs this binary's hidden test case `tag` (which prints one line "hashes ...") in a child
+// process at each of 1, 2, 3, 5 and 8 threads (the pool reads KILN_NUM_THREADS once per
+// process) and checks that every child printed the same line.
+inline void check_same_hashes_at_any_thread_count(const std::string& tag) {
+  std::string reference;
+  for (const char* threads : {"1", "2", "3", "5", "8"}) {
+    CAPTURE(threads);
+    RunResult r = run_shell(std::string("KILN_NUM_THREADS=") + threads + " '" + self_exe() + "' '" + tag +
+                            "' --out /dev/stderr 2>/dev/null");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    auto at = r.output.find("hashes ");
+    REQUIRE(at != std::string::npos);
+    std::string hashes = r.output.substr(at, r.output.find('\n', at) - at);
+    if (reference.empty()) reference = hashes;
+    CHECK(hashes == reference);
+  }
 }

@@ -68,19 +68,7 @@ uint64_t train_and_hash(const std::string& model, int64_t batch) {
 }  // namespace
 
 TEST_CASE("training gives bitwise the same weights at any KILN_NUM_THREADS", "[determinism]") {
-  std::string reference;
-  for (const char* threads : {"1", "2", "3", "5", "8"}) {
-    CAPTURE(threads);
-    RunResult r = run_shell(std::string("KILN_NUM_THREADS=") + threads + " '" + self_exe() +
-                            "' '[.determinism_child]' --out /dev/stderr 2>/dev/null");
-    INFO(r.output);
-    REQUIRE(r.status == 0);
-    auto at = r.output.find("hashes ");
-    REQUIRE(at != std::string::npos);
-    std::string hashes = r.output.substr(at, r.output.find('\n', at) - at);
-    if (reference.empty()) reference = hashes;
-    CHECK(hashes == reference);
-  }
+  check_same_hashes_at_any_thread_count("[.determinism_child]");
 }
 
 // Run by the test above in a child process with KILN_NUM_THREADS set; prints the hashes.

@@ -1,0 +1,32 @@
+// Kiln's own f32 GEMM (runtime/gemm_internal.h has the algorithm): which micro-kernel
+// kiln_rt_sgemm runs, and the GEMM itself. Private to the runtime and to Kiln's tools and
+// tests (not installed, not part of the C ABI).
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::rt {
+
+// openblas: OpenBLAS's sgemm (the fallback on a CPU with neither AVX2 + FMA nor AVX-512F).
+enum class GemmKernel { openblas, avx2, avx512 };
+
+// The kernel kiln_rt_sgemm runs: $KILN_GEMM (avx512, avx2 or openblas) when set and the
+// CPU has its features, else the widest the CPU has. Chosen at the first call.
+GemmKernel gemm_kernel();
+// Whether this CPU (and its operating system) can run `k`.
+bool gemm_kernel_supported(GemmKernel k);
+// Switches kiln_rt_sgemm to `k` (tests and benchmarks, between GEMMs); false, with nothing
+// changed, when the CPU cannot run it.
+bool set_gemm_kernel(GemmKernel k);
+// "avx512 14x32", "avx2 6x16" or "openblas".
+const char* gemm_kernel_name(GemmKernel k);
+
+// C[m, n] = alpha * op(A) op(B) + beta * C by the current kernel (one row or column of C:
+// by its matrix-vector product), over the runtime's pool
+// (one thread inside a parallel loop); C's bits depend on the shape alone, never on the
+// thread count. Returns false without touching C when the current kernel is openblas.
+// On an allocation failure it records an error (kiln_rt_take_error).
+bool sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+}  // namespace kiln::rt

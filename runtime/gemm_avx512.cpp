@@ -1,0 +1,133 @@
+// Kiln's GEMM micro-kernel for AVX-512F: a 14 x 32 tile of C in 28 zmm accumulators; each
+// step of k loads two vectors of the B micro-panel and broadcasts 14 values of the A
+// micro-panel into 28 FMAs (31 of the 32 zmm registers). Compiled for AVX-512F alone
+// (the pragma below); runtime/gemm.cpp calls it only on a CPU that has it.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "runtime/gemm_internal.h"
+
+#pragma GCC target("avx512f,fma")
+// GCC 12's AVX-512 shuffle intrinsics start from _mm512_undefined_ps(), which its
+// -Wuninitialized reports at each inlined use (GCC bug 105593), a false positive.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace {
+
+#include "runtime/gemm_blocked.inc"
+
+// Rows [0, R) of the tile, V vectors (16 columns each) of it: edge tiles compute only the
+// rows and vectors they store (the same operations per element as a whole tile).
+template <int R, int V>
+void tile_rv(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta,
+             int64_t nv) {
+  constexpr int64_t MR = 14, NR = 32;
+  __m512 acc[R][V];
+#pragma GCC unroll 14
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p, a += MR, b += NR) {
+    __m512 bv[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) bv[v] = _mm512_load_ps(b + 16 * v);
+#pragma GCC unroll 14
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r]);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+    }
+  }
+  // C = alpha * acc + beta * C (C not read when beta is 0), clipped to nv columns.
+  __mmask16 mask[V];
+#pragma GCC unroll 2
+  for (int v = 0; v < V; ++v) {
+    const int64_t lanes = std::clamp<int64_t>(nv - 16 * v, 0, 16);
+    mask[v] = lanes == 16 ? __mmask16(0xffff) : __mmask16((1u << lanes) - 1);
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 14
+  for (int r = 0; r < R; ++r) {
+    float* cr = c + r * ldc;
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) {
+      if (beta == 0.0f) {
+        _mm512_mask_storeu_ps(cr + 16 * v, mask[v], _mm512_mul_ps(va, acc[r][v]));
+      } else {
+        const __m512 old = _mm512_maskz_loadu_ps(mask[v], cr + 16 * v);
+        _mm512_mask_storeu_ps(cr + 16 * v, mask[v], _mm512_fmadd_ps(va, acc[r][v], _mm512_mul_ps(vb, old)));
+      }
+    }
+  }
+}
+
+using TileFn = void (*)(int64_t, const float*, const float*, float*, int64_t, float, float, int64_t);
+
+template <int... R>
+constexpr std::array<std::array<TileFn, 2>, sizeof...(R)> tile_table(std::integer_sequence<int, R...>) {
+  return {{{&tile_rv<R + 1, 1>, &tile_rv<R + 1, 2>}...}};
+}
+constexpr auto kTiles = tile_table(std::make_integer_sequence<int, 14>());
+
+struct Avx512 {
+  static constexpr int64_t MR = 14, NR = 32;
+
+  // acc += a * b in one rounding, 16 lanes.
+  __attribute__((always_inline)) static void fma16(const v16& a, const v16& b, v16& acc) {
+    acc = reinterpret_cast<v16>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
+                                                 reinterpret_cast<__m512>(acc)));
+  }
+
+  // The packing's transposes, 16 x 16 at a time: rows [0, rows) of src (16 floats each,
+  // `ld` apart; zeros below) become the 16 rows of dst (`ldd` apart), of which the lanes in
+  // `store` are written.
+  static constexpr int64_t kTransposeBlock = 16;
+  static void transpose_block(const float* src, int64_t ld, int64_t rows, float* dst, int64_t ldd,
+                              int64_t store_lanes) {
+    __m512 r[16], t[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 16; i += 4) {
+      r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+      r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+      r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 16; i += 8)
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+        t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xDD);
+      }
+    const __mmask16 m = store_lanes >= 16 ? __mmask16(0xffff) : __mmask16((1u << store_lanes) - 1);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      _mm512_mask_storeu_ps(dst + j * ldd, m, _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88));
+      _mm512_mask_storeu_ps(dst + (j + 8) * ldd, m, _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD));
+    }
+  }
+
+  static void tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta,
+                   int64_t mv, int64_t nv) {
+    kTiles[static_cast<size_t>(mv - 1)][nv > 16](kc, a, b, c, ldc, alpha, beta, nv);
+  }
+};
+
+}  // namespace
+
+namespace kiln::rt::gemm {
+const Kernel kAvx512 = {"avx512 14x32", Avx512::MR, Avx512::NR, &blocked<Avx512>, &gemv_range<Avx512>};
+}  // namespace kiln::rt::gemm
