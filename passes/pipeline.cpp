@@ -8,6 +8,7 @@
 
 #include "ir/printer.h"
 #include "passes/fuse.h"
+#include "passes/fuse_attention.h"
 #include "passes/schedule.h"
 #include "passes/simplify.h"
 
@@ -21,6 +22,7 @@ std::vector<PassInfo>& registry() {
       {"cse", "merge nodes computing the same thing", cse},
       {"dce", "remove nodes no output depends on", dce},
       {"simplify", "fold_constants, simplify_algebra, cse and dce to a fixed point", simplify},
+      {"fuse_attention", "softmax(q.k^T * scale + mask).v into one fused node (inference)", fuse_attention},
       {"fuse_matmul_epilogue", "matmul + bias + activation into one fused node", fuse_matmul_epilogue},
       {"fuse_conv_epilogue", "conv2d + bias + activation into one fused node", fuse_conv_epilogue},
       {"fuse_reductions", "reductions with their elementwise prologue and epilogue", fuse_reductions},
@@ -55,7 +57,7 @@ void register_pass(PassInfo pass) {
 
 const std::vector<std::string>& default_pipeline() {
   static const std::vector<std::string> names = {
-      "simplify", "fuse_matmul_epilogue", "fuse_conv_epilogue", "fuse_reductions", "fuse_elementwise", "dce",
+      "simplify", "fuse_attention", "fuse_matmul_epilogue", "fuse_conv_epilogue", "fuse_reductions", "fuse_elementwise", "dce",
       "schedule"};
   return names;
 }

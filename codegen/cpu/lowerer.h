@@ -100,6 +100,8 @@ class Lowerer {
   void copy_strided(DType t, const Shape& shape, Value* dst, Stream ds, Value* src, Stream ss);
   Value* conv_params(const Node& n, const Shape& x, const Shape& w, const Shape& y);
   bool lower_conv_relu(const Node& n, const std::vector<Value*>& ptr);
+  // ---- attention.cpp: a fuse_attention body as one runtime call (false: not one) -----
+  bool lower_attention(const Node& n, const std::vector<Value*>& ptr);
   Value* pool_params(const Node& n, const Shape& x, const Shape& y);
   // A runtime parameter struct as the constant i64 array it is laid out as (runtime/kernels.h).
   template <typename Params>

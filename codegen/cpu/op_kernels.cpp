@@ -147,7 +147,7 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
     }
     case Op::Constant: internal_error("codegen", "cpu codegen: a constant planned as a kernel");
     case Op::Fused: {
-      if (lower_conv_relu(n, ptr)) return;
+      if (lower_conv_relu(n, ptr) || lower_attention(n, ptr)) return;
       std::vector<Value*> body_ptr(n.body->values().size(), nullptr);
       for (size_t j = 0; j < n.operands.size(); ++j) body_ptr[n.body->inputs()[j].value.id] = in(j);
       std::vector<Value*> outs;
