@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -89,6 +90,7 @@ class Lowerer {
 
   // ---- scalar_ops.cpp -----------------------------------------------------------------
   Value* libm(const char* f32_name, const char* f64_name, Value* x);
+  Value* odd_rational(Value* a, float clamp, std::span<const float> p, std::span<const float> q);
   Value* cast_scalar(Value* x, DType from, DType to);
   Value* ew(const Node& n, DType in, DType out, const std::vector<Value*>& a);
   Value* compare(const std::vector<Value*>& a, DType in, llvm::CmpInst::Predicate f, llvm::CmpInst::Predicate s,
