@@ -654,13 +654,17 @@ void Lowerer::lower_softmax(const Node& n, const TensorType& xt, Value* x, Value
         B_.CreateStore(B_.CreateSelect(B_.CreateFCmpOGT(v, cur), v, cur), mx);
       });
       Value* m = B_.CreateLoad(ty(t), mx);
+      // softmax keeps each exponential in its output element (x[k] is read just before
+      // out[k] is written, so out may be x's own buffer) and divides in place: one exp per
+      // element, not two.
       Value* s = blocked_sum(t, len, [&](Value* k) {
-        return intrinsic(llvm::Intrinsic::exp, B_.CreateFSub(load(t, x, at(k)), m));
+        Value* e = intrinsic(llvm::Intrinsic::exp, B_.CreateFSub(load(t, x, at(k)), m));
+        if (!log) store(t, e, out, at(k));
+        return e;
       });
       Value* ls = log ? intrinsic(llvm::Intrinsic::log, s) : nullptr;
       for_loop(len, [&](Value* k) {
-        Value* d = B_.CreateFSub(load(t, x, at(k)), m);
-        Value* r = log ? B_.CreateFSub(d, ls) : B_.CreateFDiv(intrinsic(llvm::Intrinsic::exp, d), s);
+        Value* r = log ? B_.CreateFSub(B_.CreateFSub(load(t, x, at(k)), m), ls) : B_.CreateFDiv(load(t, out, at(k)), s);
         store(t, r, out, at(k));
       });
   });
