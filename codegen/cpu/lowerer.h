@@ -50,7 +50,20 @@ class Lowerer {
  private:
   // ---- emitter.cpp: types, constants, memory, loops -----------------------------------
   Value* c64(int64_t v) { return llvm::ConstantInt::get(i64_, static_cast<uint64_t>(v), true); }
-  void store(DType t, Value* v, Value* base, Value* off) { B_.CreateStore(v, B_.CreateInBoundsGEP(ty(t), base, off)); }
+  void store(DType t, Value* v, Value* base, Value* off) {
+    mark_access(B_.CreateStore(v, B_.CreateInBoundsGEP(ty(t), base, off)));
+  }
+  // Inside an elementwise loop kernel (lower_loop) every load and store joins the loop's
+  // access group and every loop's latch says its iterations are independent
+  // (llvm.loop.parallel_accesses): an in-place loop writes each element only after reading
+  // it, and reads nothing another iteration writes, which LLVM cannot prove through the
+  // task context's pointers; without this its vectorized loop checked the pointers at run
+  // time and ran the scalar fallback whenever the output was the input's own buffer.
+  void mark_access(llvm::Instruction* i) {
+    if (access_group_) i->setMetadata(llvm::LLVMContext::MD_access_group, access_group_);
+  }
+  void mark_latch(llvm::Instruction* br);
+  llvm::MDNode* access_group_ = nullptr;
   Value* intrinsic(llvm::Intrinsic::ID id, Value* x) { return B_.CreateUnaryIntrinsic(id, x); }
   Value* is_nan(Value* x) { return B_.CreateFCmpUNO(x, x); }
   llvm::Type* ty(DType t);

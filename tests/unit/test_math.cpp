@@ -12,6 +12,7 @@
 #include "codegen/executable.h"
 #include "ir/interp.h"
 #include "ir/math.h"
+#include "bench/transformer_graph.h"
 
 using namespace kiln;
 using Catch::Matchers::ContainsSubstring;
@@ -104,4 +105,17 @@ TEST_CASE("compiled f32 erf and tanh give the interpreter's bits and are vector 
     std::string text = exe->emit("asm");
     CHECK((text.find("ymm") != std::string::npos || text.find("zmm") != std::string::npos));
   }
+}
+
+TEST_CASE("elementwise loops writing over their operand's buffer run their vector code", "[math][cpu]") {
+  // The BERT layer's loops (GELU in place over the FFN GEMM's result, the residual adds):
+  // marked parallel, so LLVM vectorizes them without a run-time overlap check, which an
+  // in-place loop always failed, running the scalar fallback.
+  Graph g = bench::bert_layer({.batch = 2, .seq = 64, .hidden = 64, .heads = 4, .ffn = 256});
+  auto exe = compile(g, {.target = "cpu"});
+  std::string llvm = exe->emit("llvm");
+  CHECK(llvm.find("vector.memcheck") == std::string::npos);
+  bool vector_fma = llvm.find("<8 x float> @llvm.fma") != std::string::npos ||
+                    llvm.find("<16 x float> @llvm.fma") != std::string::npos;
+  CHECK(vector_fma);
 }
