@@ -3,6 +3,7 @@
 // backward ops), softmax and one_hot in interp_nn.cpp. Every kernel is a naive loop in the
 // operand's own C++ type.
 #include "ir/interp.h"
+#include "ir/math.h"
 
 #include <set>
 
@@ -339,9 +340,15 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
     case Op::Rsqrt:
       return unary_float(*in[0], rt, [](auto v) { return decltype(v)(1) / std::sqrt(v); });
     case Op::Tanh:
-      return unary_float(*in[0], rt, [](auto v) { return std::tanh(v); });
+      return unary_float(*in[0], rt, [](auto v) {
+        if constexpr (std::is_same_v<decltype(v), float>) return math::tanh_f32(v);  // ir/math.h
+        else return std::tanh(v);
+      });
     case Op::Erf:
-      return unary_float(*in[0], rt, [](auto v) { return std::erf(v); });
+      return unary_float(*in[0], rt, [](auto v) {
+        if constexpr (std::is_same_v<decltype(v), float>) return math::erf_f32(v);
+        else return std::erf(v);
+      });
     case Op::Log1p:
       return unary_float(*in[0], rt, [](auto v) { return std::log1p(v); });
     case Op::Expm1:

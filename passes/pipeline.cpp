@@ -9,6 +9,7 @@
 #include "ir/printer.h"
 #include "passes/fuse.h"
 #include "passes/inference.h"
+#include "passes/fuse_attention.h"
 #include "passes/schedule.h"
 #include "passes/simplify.h"
 
@@ -24,6 +25,7 @@ std::vector<PassInfo>& registry() {
       {"simplify", "fold_constants, simplify_algebra, cse and dce to a fixed point", simplify},
       {"fold_batch_norm", "conv2d / matmul + inference batch_norm into new weights and bias (inference)",
        fold_batch_norm},
+      {"fuse_attention", "softmax(q.k^T * scale + mask).v into one fused node (inference)", fuse_attention},
       {"fuse_matmul_epilogue", "matmul + bias + activation into one fused node", fuse_matmul_epilogue},
       {"fuse_conv_epilogue", "conv2d + bias + activation into one fused node", fuse_conv_epilogue},
       {"fuse_reductions", "reductions with their elementwise prologue and epilogue", fuse_reductions},
@@ -58,8 +60,8 @@ void register_pass(PassInfo pass) {
 
 const std::vector<std::string>& default_pipeline() {
   static const std::vector<std::string> names = {
-      "simplify", "fuse_matmul_epilogue", "fuse_conv_epilogue", "fuse_reductions", "fuse_elementwise", "dce",
-      "schedule"};
+      "simplify",        "fuse_attention",   "fuse_matmul_epilogue", "fuse_conv_epilogue",
+      "fuse_reductions", "fuse_elementwise", "dce",                  "schedule"};
   return names;
 }
 

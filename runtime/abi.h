@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "runtime/attention.h"
 #include "runtime/blas.h"
 #include "runtime/kernels.h"
 #include "runtime/profile.h"

@@ -104,7 +104,17 @@ Value* Lowerer::i64_array(const std::vector<int64_t>& xs) {
 }
 
 Value* Lowerer::load(DType t, Value* base, Value* off) {
-  return B_.CreateLoad(ty(t), B_.CreateInBoundsGEP(ty(t), base, off));
+  llvm::LoadInst* l = B_.CreateLoad(ty(t), B_.CreateInBoundsGEP(ty(t), base, off));
+  mark_access(l);
+  return l;
+}
+
+void Lowerer::mark_latch(llvm::Instruction* br) {
+  if (!access_group_) return;
+  llvm::MDNode* parallel = llvm::MDNode::get(C_, {llvm::MDString::get(C_, "llvm.loop.parallel_accesses"), access_group_});
+  llvm::MDNode* loop = llvm::MDNode::getDistinct(C_, {nullptr, parallel});
+  loop->replaceOperandWith(0, loop);
+  br->setMetadata(llvm::LLVMContext::MD_loop, loop);
 }
 
 Value* Lowerer::alloca(llvm::Type* t) {
@@ -193,7 +203,7 @@ void Lowerer::for_loop(int64_t n, const std::function<void(Value*)>& body) {
   body(iv);
   Value* next = B_.CreateAdd(iv, c64(1), "i.next", true, true);
   iv->addIncoming(next, B_.GetInsertBlock());
-  B_.CreateCondBr(B_.CreateICmpSLT(next, c64(n)), header, exit);
+  mark_latch(B_.CreateCondBr(B_.CreateICmpSLT(next, c64(n)), header, exit));
   B_.SetInsertPoint(exit);
 }
 
@@ -209,7 +219,7 @@ void Lowerer::for_range(Value* lo, Value* hi, const std::function<void(Value*)>&
   body(iv);
   Value* next = B_.CreateAdd(iv, c64(1), "i.next", true, true);
   iv->addIncoming(next, B_.GetInsertBlock());
-  B_.CreateCondBr(B_.CreateICmpSLT(next, hi), header, exit);
+  mark_latch(B_.CreateCondBr(B_.CreateICmpSLT(next, hi), header, exit));
   B_.SetInsertPoint(exit);
 }
 

@@ -150,6 +150,7 @@ void Lowerer::lower_loop(const Graph& g, const Kernel& k, std::vector<Value*>& p
   for (ValueId v : k.loads) streams.push_back({broadcast_strides(g.type(v).shape, k.shape), 0});
   size_t out_stream = streams.size();
   streams.push_back({strides_of(k.shape), 0});
+  access_group_ = llvm::MDNode::getDistinct(C_, {});  // lowerer.h: mark_access
   nest(k.shape, streams, [&](const std::vector<Value*>& off) {
     std::map<int32_t, Value*> val;
     for (size_t s = 0; s < k.loads.size(); ++s) {
@@ -171,6 +172,7 @@ void Lowerer::lower_loop(const Graph& g, const Kernel& k, std::vector<Value*>& p
     // Every load above precedes every store: the in-place contract.
     for (ValueId v : k.stores) store(g.type(v).dtype, val.at(v.id), ptr[v.id], off[out_stream]);
   }, static_cast<int64_t>(k.nodes.size()));
+  access_group_ = nullptr;
 }
 
 namespace {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,7 +50,20 @@ class Lowerer {
  private:
   // ---- emitter.cpp: types, constants, memory, loops -----------------------------------
   Value* c64(int64_t v) { return llvm::ConstantInt::get(i64_, static_cast<uint64_t>(v), true); }
-  void store(DType t, Value* v, Value* base, Value* off) { B_.CreateStore(v, B_.CreateInBoundsGEP(ty(t), base, off)); }
+  void store(DType t, Value* v, Value* base, Value* off) {
+    mark_access(B_.CreateStore(v, B_.CreateInBoundsGEP(ty(t), base, off)));
+  }
+  // Inside an elementwise loop kernel (lower_loop) every load and store joins the loop's
+  // access group and every loop's latch says its iterations are independent
+  // (llvm.loop.parallel_accesses): an in-place loop writes each element only after reading
+  // it, and reads nothing another iteration writes, which LLVM cannot prove through the
+  // task context's pointers; without this its vectorized loop checked the pointers at run
+  // time and ran the scalar fallback whenever the output was the input's own buffer.
+  void mark_access(llvm::Instruction* i) {
+    if (access_group_) i->setMetadata(llvm::LLVMContext::MD_access_group, access_group_);
+  }
+  void mark_latch(llvm::Instruction* br);
+  llvm::MDNode* access_group_ = nullptr;
   Value* intrinsic(llvm::Intrinsic::ID id, Value* x) { return B_.CreateUnaryIntrinsic(id, x); }
   Value* is_nan(Value* x) { return B_.CreateFCmpUNO(x, x); }
   llvm::Type* ty(DType t);
@@ -89,6 +103,7 @@ class Lowerer {
 
   // ---- scalar_ops.cpp -----------------------------------------------------------------
   Value* libm(const char* f32_name, const char* f64_name, Value* x);
+  Value* odd_rational(Value* a, float clamp, std::span<const float> p, std::span<const float> q);
   Value* cast_scalar(Value* x, DType from, DType to);
   Value* ew(const Node& n, DType in, DType out, const std::vector<Value*>& a);
   Value* compare(const std::vector<Value*>& a, DType in, llvm::CmpInst::Predicate f, llvm::CmpInst::Predicate s,
@@ -100,6 +115,8 @@ class Lowerer {
   void copy_strided(DType t, const Shape& shape, Value* dst, Stream ds, Value* src, Stream ss);
   Value* conv_params(const Node& n, const Shape& x, const Shape& w, const Shape& y);
   bool lower_conv_epilogue(const Node& n, const std::vector<Value*>& ptr);
+  // ---- attention.cpp: a fuse_attention body as one runtime call (false: not one) -----
+  bool lower_attention(const Node& n, const std::vector<Value*>& ptr);
   Value* pool_params(const Node& n, const Shape& x, const Shape& y);
   // A runtime parameter struct as the constant i64 array it is laid out as (runtime/kernels.h).
   template <typename Params>

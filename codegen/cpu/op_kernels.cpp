@@ -149,7 +149,7 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
     }
     case Op::Constant: internal_error("codegen", "cpu codegen: a constant planned as a kernel");
     case Op::Fused: {
-      if (lower_conv_epilogue(n, ptr)) return;
+      if (lower_conv_epilogue(n, ptr) || lower_attention(n, ptr)) return;
       std::vector<Value*> body_ptr(n.body->values().size(), nullptr);
       for (size_t j = 0; j < n.operands.size(); ++j) body_ptr[n.body->inputs()[j].value.id] = in(j);
       std::vector<Value*> outs;
@@ -700,13 +700,17 @@ void Lowerer::lower_softmax(const Node& n, const TensorType& xt, Value* x, Value
         B_.CreateStore(B_.CreateSelect(B_.CreateFCmpOGT(v, cur), v, cur), mx);
       });
       Value* m = B_.CreateLoad(ty(t), mx);
+      // softmax keeps each exponential in its output element (x[k] is read just before
+      // out[k] is written, so out may be x's own buffer) and divides in place: one exp per
+      // element, not two.
       Value* s = blocked_sum(t, len, [&](Value* k) {
-        return intrinsic(llvm::Intrinsic::exp, B_.CreateFSub(load(t, x, at(k)), m));
+        Value* e = intrinsic(llvm::Intrinsic::exp, B_.CreateFSub(load(t, x, at(k)), m));
+        if (!log) store(t, e, out, at(k));
+        return e;
       });
       Value* ls = log ? intrinsic(llvm::Intrinsic::log, s) : nullptr;
       for_loop(len, [&](Value* k) {
-        Value* d = B_.CreateFSub(load(t, x, at(k)), m);
-        Value* r = log ? B_.CreateFSub(d, ls) : B_.CreateFDiv(intrinsic(llvm::Intrinsic::exp, d), s);
+        Value* r = log ? B_.CreateFSub(B_.CreateFSub(load(t, x, at(k)), m), ls) : B_.CreateFDiv(load(t, out, at(k)), s);
         store(t, r, out, at(k));
       });
   });
@@ -729,14 +733,29 @@ void Lowerer::lower_matmul(const Graph& g, const Node& n, const Kernel& k, std::
   Value* a = ptr[k.a.id];
   Value* b = ptr[k.b.id];
   Value* c = ptr[n.result().id];
+  auto call = [&](Value* pa, Value* pb, Value* pc, int64_t rows) {
+    B_.CreateCall(gemm, {B_.getInt32(ta ? 1 : 0), B_.getInt32(tb ? 1 : 0), c64(rows), c64(nn), c64(kk),
+                         llvm::ConstantFP::get(ft, 1.0), pa, c64(ta ? m : kk), pb, c64(tb ? kk : nn),
+                         llvm::ConstantFP::get(ft, 0.0), pc, c64(nn)});
+  };
+  // A weight shared by every batch index ([B, S, K] x [K, N], a linear layer over a batch
+  // of sequences) with A's batch not broadcast: the batch's rows are one matrix of B * M
+  // rows, so one GEMM (one packing of the weight, pieces cut over all the rows) instead of
+  // one per batch index.
+  const int64_t batch = num_elements(ob);
+  const bool b_shared = std::all_of(sb.begin(), sb.end(), [](int64_t s) { return s == 0; });
+  if (batch > 1 && b_shared && !ta && ab == ob) return call(a, b, c, batch * m);
+  // Otherwise one GEMM per batch index; small ones (below what kiln_rt_sgemm would cut
+  // into pieces) run in parallel over the batch, each call then inline on its thread:
+  // the same calls as one after another, so the same bits at any thread count.
+  const int64_t macs = m * nn * kk;
+  const int64_t ops = macs < (int64_t{1} << 22) ? std::max<int64_t>(macs, 1) : 0;
   nest(ob, {{sa, 0}, {sb, 0}, {strides_of(ob), 0}}, [&](const std::vector<Value*>& off) {
     Value* pa = B_.CreateInBoundsGEP(ft, a, off[0]);
     Value* pb = B_.CreateInBoundsGEP(ft, b, off[1]);
     Value* pc = B_.CreateInBoundsGEP(ft, c, B_.CreateMul(off[2], c64(m * nn)));
-    B_.CreateCall(gemm, {B_.getInt32(ta ? 1 : 0), B_.getInt32(tb ? 1 : 0), c64(m), c64(nn), c64(kk),
-                         llvm::ConstantFP::get(ft, 1.0), pa, c64(ta ? m : kk), pb, c64(tb ? kk : nn),
-                         llvm::ConstantFP::get(ft, 0.0), pc, c64(nn)});
-  });
+    call(pa, pb, pc, m);
+  }, ops);
 }
 
 }  // namespace kiln::cpu::detail

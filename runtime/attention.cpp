@@ -1,0 +1,198 @@
+// The fused attention kernel (runtime/attention.h).
+#include "runtime/attention.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <new>
+#include <vector>
+
+#include "runtime/blas.h"
+#include "runtime/thread_pool.h"
+
+namespace {
+
+// The float sum of x[0..n) in Kiln's summation order (docs/ir.md, "Summation order"):
+// blocks of 64 added left to right from +0, the block sums added pairwise, a run of blocks
+// split at the largest power of two below its length. The same bits as the compiled
+// softmax's denominator.
+constexpr int64_t kSumBlock = 64;
+
+template <typename T>
+T blocks_sum(const T* x, int64_t n, int64_t lo, int64_t hi) {
+  if (hi - lo > 1) {
+    auto half = static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(hi - lo - 1)));
+    T left = blocks_sum(x, n, lo, lo + half);
+    return left + blocks_sum(x, n, lo + half, hi);
+  }
+  T s = 0;
+  for (int64_t k = lo * kSumBlock, end = std::min(n, k + kSumBlock); k < end; ++k) s += x[k];
+  return s;
+}
+
+template <typename T>
+T summation_order_sum(const T* x, int64_t n) {
+  return blocks_sum(x, n, 0, std::max<int64_t>(1, (n + kSumBlock - 1) / kSumBlock));
+}
+
+void gemm(int32_t ta, int32_t tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+          int64_t ldb, float* c, int64_t ldc) {
+  kiln_rt_sgemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+}
+void gemm(int32_t ta, int32_t tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b,
+          int64_t ldb, double* c, int64_t ldc) {
+  kiln_rt_dgemm(ta, tb, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+}
+
+// A GEMM operand: a rows x cols matrix at `p` with element strides (srow, scol), read in
+// place when one stride is 1 (the other the leading dimension), else first copied, scaled
+// by `scale` when `scaled` (the graph's elementwise multiply, done here), into `buf` as a
+// contiguous row-major matrix.
+template <typename T>
+struct Operand {
+  const T* p = nullptr;
+  int32_t trans = 0;
+  int64_t ld = 1;
+};
+
+template <typename T>
+Operand<T> operand(const T* p, int64_t rows, int64_t cols, int64_t srow, int64_t scol, bool scaled, T scale,
+                   std::vector<T>& buf) {
+  if (!scaled) {
+    if ((scol == 1 || cols == 1) && (rows == 1 || srow >= std::max<int64_t>(cols, 1)))
+      return {p, 0, rows == 1 ? std::max<int64_t>(cols, 1) : srow};
+    if ((srow == 1 || rows == 1) && (cols == 1 || scol >= std::max<int64_t>(rows, 1)))
+      return {p, 1, cols == 1 ? std::max<int64_t>(rows, 1) : scol};
+  }
+  buf.resize(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      T x = p[i * srow + j * scol];
+      buf[static_cast<size_t>(i * cols + j)] = scaled ? x * scale : x;
+    }
+  return {buf.data(), 0, std::max<int64_t>(cols, 1)};
+}
+
+// Query rows per task: the block's scores (rows x sk) stay within about 64 KiB, so they are
+// still in cache when the second GEMM reads them, and there are enough tasks for a pool of
+// 16 threads where the shape allows. A function of the shape only.
+int64_t row_block(int64_t batches, int64_t sq, int64_t sk, size_t elem) {
+  int64_t rows = std::clamp<int64_t>(65536 / std::max<int64_t>(sk * static_cast<int64_t>(elem), 1), 8, 64);
+  while (rows > 16 && batches * ((sq + rows - 1) / rows) < 16) rows /= 2;
+  return std::min(rows, std::max<int64_t>(sq, 1));
+}
+
+struct Buffers {
+  std::vector<float> f[4];
+  std::vector<double> d[4];
+  template <typename T>
+  std::vector<T>& get(int i) {
+    if constexpr (std::is_same_v<T, float>) return f[i];
+    else return d[i];
+  }
+};
+
+template <typename T>
+void attention_rows(const T* q, const T* k, const T* v, const T* mask, T* o, const KilnAttentionParams& p, T q_scale,
+                    T k_scale, T scale, int64_t batch, int64_t i0, int64_t rows) {
+  thread_local Buffers tl;
+  std::vector<T>& qbuf = tl.get<T>(0);
+  std::vector<T>& kbuf = tl.get<T>(1);
+  std::vector<T>& vbuf = tl.get<T>(2);
+  std::vector<T>& sbuf = tl.get<T>(3);
+  const int64_t bi = batch / p.b1, bj = batch % p.b1;
+  auto base = [&](const int64_t* s) { return bi * s[0] + bj * s[1]; };
+  const T* qp = q + base(p.q_stride) + i0 * p.q_stride[2];
+  const T* kp = k + base(p.k_stride);
+  const T* vp = v + base(p.v_stride);
+  T* op = o + base(p.o_stride) + i0 * p.o_stride[2];
+  const int64_t sk = p.sk;
+  Operand<T> a = operand(qp, rows, p.d, p.q_stride[2], p.q_stride[3], (p.flags & KILN_ATTN_Q_SCALE) != 0, q_scale, qbuf);
+  Operand<T> b = operand(kp, p.d, sk, p.k_stride[2], p.k_stride[3], (p.flags & KILN_ATTN_K_SCALE) != 0, k_scale, kbuf);
+  Operand<T> c = operand(vp, sk, p.dv, p.v_stride[2], p.v_stride[3], false, T(1), vbuf);
+  sbuf.resize(static_cast<size_t>(rows * sk));
+  T* s = sbuf.data();
+  gemm(a.trans, b.trans, rows, sk, p.d, a.p, a.ld, b.p, b.ld, s, sk);
+  const bool mul = p.flags & KILN_ATTN_MUL_SCALE, div = p.flags & KILN_ATTN_DIV_SCALE;
+  const bool masked = p.flags & KILN_ATTN_MASK, nan_to_zero = p.flags & KILN_ATTN_NAN_TO_ZERO;
+  for (int64_t i = 0; i < rows; ++i) {
+    T* x = s + i * sk;
+    const T* m = masked ? mask + base(p.mask_stride) + (i0 + i) * p.mask_stride[2] : nullptr;
+    // The unfused graph's operations in its order: scale, mask, then softmax's max,
+    // exponentials, denominator and quotients.
+    T mx = -std::numeric_limits<T>::infinity();
+    for (int64_t j = 0; j < sk; ++j) {
+      T y = x[j];
+      if (mul) y = y * scale;
+      if (div) y = y / scale;
+      if (masked) y = y + m[j * p.mask_stride[3]];
+      x[j] = y;
+      mx = y > mx ? y : mx;
+    }
+    for (int64_t j = 0; j < sk; ++j) x[j] = std::exp(x[j] - mx);
+    T sum = summation_order_sum(x, sk);
+    for (int64_t j = 0; j < sk; ++j) {
+      T r = x[j] / sum;
+      x[j] = nan_to_zero && r != r ? T(0) : r;
+    }
+  }
+  if (p.o_stride[3] == 1 && (rows == 1 || p.o_stride[2] >= p.dv)) {
+    gemm(0, c.trans, rows, p.dv, sk, s, sk, c.p, c.ld, op, rows == 1 ? std::max<int64_t>(p.dv, 1) : p.o_stride[2]);
+    return;
+  }
+  std::vector<T>& obuf = qbuf;  // free again: the scores are computed
+  obuf.resize(static_cast<size_t>(rows * p.dv));
+  gemm(0, c.trans, rows, p.dv, sk, s, sk, c.p, c.ld, obuf.data(), std::max<int64_t>(p.dv, 1));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < p.dv; ++j) op[i * p.o_stride[2] + j * p.o_stride[3]] = obuf[static_cast<size_t>(i * p.dv + j)];
+}
+
+template <typename T>
+void attention(const T* q, const T* k, const T* v, const T* mask, T* o, const KilnAttentionParams* pp, T q_scale,
+               T k_scale, T scale) {
+  const KilnAttentionParams& p = *pp;
+  const int64_t batches = p.b0 * p.b1;
+  if (batches == 0 || p.sq == 0 || p.dv == 0) return;
+  if (p.sk == 0) {
+    // No keys: each output element is a sum over no terms, +0, as the unfused graph's
+    // second GEMM gives it.
+    for (int64_t b = 0; b < batches; ++b)
+      for (int64_t i = 0; i < p.sq; ++i)
+        for (int64_t j = 0; j < p.dv; ++j)
+          o[(b / p.b1) * p.o_stride[0] + (b % p.b1) * p.o_stride[1] + i * p.o_stride[2] + j * p.o_stride[3]] = T(0);
+    return;
+  }
+  const int64_t rows = row_block(batches, p.sq, p.sk, sizeof(T));
+  const int64_t blocks = (p.sq + rows - 1) / rows;
+  auto run = [&](int64_t begin, int64_t end) {
+    try {
+      for (int64_t t = begin; t < end; ++t) {
+        int64_t i0 = (t % blocks) * rows;
+        attention_rows(q, k, v, mask, o, p, q_scale, k_scale, scale, t / blocks, i0, std::min(rows, p.sq - i0));
+      }
+    } catch (const std::bad_alloc&) {
+      kiln::rt::record_error("attention: out of memory for a block of scores");
+    }
+  };
+  // Each task does about rows * sk * (d + dv) multiply-adds; tasks are whole (batch, row
+  // block) pairs, so the split over threads does not change any result.
+  const double macs = static_cast<double>(rows) * static_cast<double>(p.sk) * static_cast<double>(p.d + p.dv);
+  const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(65536.0 / std::max(macs, 1.0)));
+  kiln::rt::parallel_for(batches * blocks, grain, run);
+}
+
+}  // namespace
+
+extern "C" {
+
+void kiln_rt_attention_f32(const float* q, const float* k, const float* v, const float* mask, float* o,
+                           const KilnAttentionParams* p, float q_scale, float k_scale, float scale) {
+  attention(q, k, v, mask, o, p, q_scale, k_scale, scale);
+}
+
+void kiln_rt_attention_f64(const double* q, const double* k, const double* v, const double* mask, double* o,
+                           const KilnAttentionParams* p, double q_scale, double k_scale, double scale) {
+  attention(q, k, v, mask, o, p, q_scale, k_scale, scale);
+}
+}
