@@ -169,7 +169,7 @@ CLI::App* add_compile_command(cli::Parser& p, CompileArgs& a) {
 
 int run_compile(const CompileArgs& a) {
   check_options(a);
-  ModelFile file = load_model_file(a.file);
+  ModelFile file = load_model_file(a.file, std::nullopt, /*training=*/a.train);  // --train: as `kiln train` imports
   const Graph& model = file.graph;
   std::optional<TrainStep> step;
   if (a.train) step = build_train_step(model, a.training);

@@ -223,7 +223,9 @@ struct TrainStepArgs {
 int run_train_step(const TrainStepArgs& a) {
   need_file("train-step", a.file);
   if (a.seed && a.init_state.empty()) throw Error("--seed is for --init-state (see 'kiln train-step --help')");
-  kiln::Graph model = kiln::tool::load_graph(a.file);
+  // An ONNX model is imported for training, as `kiln train` does: batch norms normalize with
+  // the batch's statistics and update their running ones, dropout drops.
+  kiln::Graph model = kiln::tool::load_model_file(a.file, std::nullopt, /*training=*/true).graph;
   kiln::TrainStep step = kiln::tool::build_train_step(model, a.training);
   if (!a.init_state.empty()) {
     size_t n = kiln::tool::write_initial_state(model, step, a.init_state, static_cast<uint64_t>(a.seed.value_or(0)));

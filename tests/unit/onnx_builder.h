@@ -1,5 +1,5 @@
 // Small ONNX models for tests, built with ONNX's protobuf classes: graph inputs (a symbolic
-// leading dimension where asked), int64 initializers, nodes with int and int-list attributes.
+// leading dimension where asked), int64 and float initializers, nodes with int and int-list attributes.
 #pragma once
 
 #include <onnx/onnx_pb.h>
@@ -40,6 +40,14 @@ class OnnxBuilder {
     t->set_data_type(onnx::TensorProto::INT64);
     if (!scalar) t->add_dims(static_cast<int64_t>(values.size()));
     for (int64_t v : values) t->add_int64_data(v);
+    return *this;
+  }
+  OnnxBuilder& floats(const std::string& name, const Shape& shape, const std::vector<float>& values) {
+    onnx::TensorProto* t = m_.mutable_graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    for (int64_t d : shape) t->add_dims(d);
+    for (float v : values) t->add_float_data(v);
     return *this;
   }
   OnnxBuilder& node(const std::string& op, const std::vector<std::string>& in, const std::string& out,

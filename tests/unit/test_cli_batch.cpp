@@ -162,3 +162,27 @@ TEST_CASE("kiln run refuses an ONNX model whose batch it cannot change, and runs
   CHECK(r.status == 0);
   CHECK_THAT(r.output, ContainsSubstring("y = f32[1,1] [6]"));
 }
+
+TEST_CASE("kiln train-step and compile --train import an ONNX model for training", "[cli][onnx][train_step]") {
+  // x -> BatchNormalization -> ReduceMean: a batch norm trains on the batch's statistics and
+  // updates its running ones, which are not parameters (an inference import would give the
+  // running mean and variance gradients and leave them as they are).
+  kiln::testing::TempDir dir;
+  kiln::testing::OnnxBuilder b;
+  b.input("x", {4, 3})
+      .floats("s", {3}, {1, 2, 0.5})
+      .floats("b", {3}, {0, 1, -1})
+      .floats("mean", {3}, {0.5, -1, 2})
+      .floats("var", {3}, {1, 4, 0.25})
+      .node("BatchNormalization", {"x", "s", "b", "mean", "var"}, "h")
+      .node("ReduceMean", {"h"}, "loss", {{"keepdims", 0}})
+      .output("loss", 0);
+  std::ofstream(dir.path / "bn.onnx", std::ios::binary) << b.bytes();
+  auto r = run_kiln("train-step " + (dir.path / "bn.onnx").string());
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, ContainsSubstring("sgd update of %s"));
+  CHECK_THAT(r.output, !ContainsSubstring("sgd update of %mean"));
+  CHECK_THAT(r.output, !ContainsSubstring("sgd update of %var"));
+  CHECK_THAT(r.output, ContainsSubstring("mul(%mean, %"));  // the running mean's momentum update
+}
