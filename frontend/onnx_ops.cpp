@@ -5,7 +5,7 @@
 // Values that ONNX computes at run time but Kiln needs as attributes (Reshape's shape,
 // Slice's starts) must be known at import: constants, initializers of integer type, or
 // shape arithmetic, which Ctx::node folds. docs/onnx.md lists what is supported.
-#include "frontend/onnx_ops_common.h"
+#include "frontend/onnx_ops_internal.h"
 
 namespace kiln::onnx_import {
 

@@ -7,7 +7,7 @@
 #include <limits>
 #include <numeric>
 
-#include "frontend/onnx_ops_common.h"
+#include "frontend/onnx_ops_internal.h"
 
 namespace kiln::onnx_import {
 namespace {

@@ -320,20 +320,23 @@ int run_run(const Run& a) {
     auto t = std::chrono::steady_clock::now();
     auto exe = kiln::compile(g, options);
     const double compile_s = seconds_since(t);
-    // A graph without state updates does not train: its state is set once and the
-    // executable prepares its weights once (inference mode, docs/passes.md), not per run.
+    // A graph without state updates does not train: when the executable prepares weights
+    // from its state (inference mode, docs/passes.md: folded batch norms), the state is set
+    // once so that they are prepared once, not per run. Otherwise evaluate() reads the
+    // state where it is, with no copy.
     const bool trains = std::any_of(g.outputs().begin(), g.outputs().end(), [&](const kiln::GraphOutput& o) {
       return kiln::updated_state(g, o).valid();
     });
+    const bool set_once = !trains && !exe->prepared().prep_names.empty();
     phase.emplace("first run");  // with the preparation of the weights, once
     t = std::chrono::steady_clock::now();
     kiln::TensorMap plain;
-    if (!trains) {
+    if (set_once) {
       kiln::TensorMap state;
       for (auto& [name, value] : inputs) (g.is_state(g.find(name)) ? state : plain).emplace(name, value);
       exe->set_state(state);
     }
-    auto once = [&] { return trains ? exe->evaluate(inputs) : exe->run(plain); };
+    auto once = [&] { return set_once ? exe->run(plain) : exe->evaluate(inputs); };
     outputs = once();
     const double first_s = seconds_since(t);
     phase.reset();

@@ -19,7 +19,7 @@ namespace {
 
 // Each op that calls the runtime, in dtype T (replaced by f32 or f64).
 std::string abi_graph(const std::string& t) {
-  std::string text = R"(graph @abi(%x: T[2,4,9,9], %w: T[6,2,3,3], %dy: T[2,6,5,5], %dp: T[2,4,5,5], %a: T[64,64], %e: T[512,512]) {
+  std::string text = R"(graph @abi(%x: T[2,4,9,9], %w: T[6,2,3,3], %dy: T[2,6,5,5], %dp: T[2,4,5,5], %a: T[64,64], %e: T[512,512], %q: T[2,5,4], %mask: T[5,5]) {
   %y = conv2d(%x, %w) {groups=2, padding=[1, 1], stride=[2, 2]} : T[2,6,5,5]
   %dx = conv2d_grad_input(%dy, %w) {input_size=[9, 9], stride=[2, 2], padding=[1, 1], groups=2} : T[2,4,9,9]
   %dw = conv2d_grad_weight(%x, %dy) {groups=2, kernel=[3, 3], padding=[1, 1], stride=[2, 2]} : T[6,2,3,3]
@@ -35,7 +35,14 @@ std::string abi_graph(const std::string& t) {
   %r3 = slice(%y) {start=[0, 0, 0, 0], stop=[2, 6, 5, 4], step=[1, 1, 1, 1]} : T[2,6,5,4]
   %s3 = add(%y3, %r3) : T[2,6,5,4]
   %z3 = relu(%s3) : T[2,6,5,4]
-  return y = %y, dx = %dx, dw = %dw, mp = %mp, dm = %dm, ap = %ap, da = %da, m = %m, t = %t, yr = %yr, z3 = %z3
+  %kt = transpose(%q) {perm=[0, 2, 1]} : T[2,4,5]
+  %sc = matmul(%q, %kt) : T[2,5,5]
+  %c = constant() {value=0.5} : T[]
+  %ss = mul(%sc, %c) : T[2,5,5]
+  %sm = add(%ss, %mask) : T[2,5,5]
+  %p = softmax(%sm) {axis=-1} : T[2,5,5]
+  %att = matmul(%p, %q) : T[2,5,4]
+  return att = %att, y = %y, dx = %dx, dw = %dw, mp = %mp, dm = %dm, ap = %ap, da = %da, m = %m, t = %t, yr = %yr, z3 = %z3
 }
 )";
   for (size_t at; (at = text.find('T')) != std::string::npos;) text.replace(at, 1, t);
