@@ -2,11 +2,6 @@
 // step of k loads two vectors of the B micro-panel and broadcasts 14 values of the A
 // micro-panel into 28 FMAs (31 of the 32 zmm registers). Compiled for AVX-512F alone
 // (the pragma below); runtime/gemm.cpp calls it only on a CPU that has it.
-//
-// GCC 12 at -O1 (the sanitizer build) warns that the unpack and shuffle intrinsics' own
-// `_mm512_undefined_ps()` pass-through "may be used uninitialized" (a false positive of
-// GCC's headers: the mask is all ones, so that operand is never read).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
