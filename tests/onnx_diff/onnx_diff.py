@@ -153,6 +153,36 @@ class PRelu(OpRun):
         return (np.where(x < 0, x * slope, x).astype(x.dtype),)
 
 
+class Slice(OpRun):
+    """Slice from opset 10 (starts, ends, axes, steps as inputs) with the spec's clamping: a
+    negative start or end counts from the end, then for a negative step start is clamped to
+    [0, dim - 1] and end to [-1, dim - 1] (onnx's reference uses NumPy's slicing, which
+    empties x[-2:-2:-1] of a length-1 axis where the spec keeps element 0; ONNX Runtime
+    follows the spec)."""
+
+    op_domain = ""
+
+    def _run(self, data, starts, ends, axes=None, steps=None):  # noqa: D102
+        r = data.ndim
+        axes = list(range(len(starts))) if axes is None else [int(a) + r if a < 0 else int(a) for a in axes]
+        steps = [1] * len(starts) if steps is None else [int(t) for t in steps]
+        index = [slice(None)] * r
+        for a, st, en, step in zip(axes, starts, ends, steps):
+            d = data.shape[a]
+            st, en = int(st) + d if st < 0 else int(st), int(en) + d if en < 0 else int(en)
+            if step > 0:
+                st, en = min(max(st, 0), d), min(max(en, 0), d)
+                index[a] = np.arange(st, en, step) if en > st else np.arange(0)
+            else:
+                st, en = min(max(st, 0), d - 1), min(max(en, -1), d - 1)
+                index[a] = np.arange(st, en, step) if st > en and d else np.arange(0)
+        out = data
+        for a, ix in enumerate(index):
+            if not isinstance(ix, slice):
+                out = np.take(out, ix, axis=a)
+        return (out,)
+
+
 class _Pool2d(OpRun):
     """2-D MaxPool / AveragePool with kernel_shape, pads, strides and count_include_pad, window by
     window as the spec defines them; onnx's reference reads 2-D pads in the wrong order (wrong
@@ -197,7 +227,7 @@ class AveragePool(_Pool2d):  # noqa: D101
         return np.sum(win, axis=(2, 3)) / (count or win.shape[2] * win.shape[3])
 
 
-JUDGE_OVERRIDES = (Clip, ReduceLogSumExp, Softmax, LogSoftmax, Hardmax, PRelu, MaxPool, AveragePool)
+JUDGE_OVERRIDES = (Clip, ReduceLogSumExp, Softmax, LogSoftmax, Hardmax, PRelu, MaxPool, AveragePool, Slice)
 
 
 def opset_of(model):
@@ -205,8 +235,10 @@ def opset_of(model):
 
 
 def judge_evaluator(model):
-    # Clip before opset 11 has attributes, whose schema defaults (±3.4e38) the reference reads.
-    ops = [c for c in JUDGE_OVERRIDES if not (c is Clip and opset_of(model) < 11)]
+    # Clip before opset 11 has attributes, whose schema defaults (±3.4e38) the reference reads;
+    # Slice before opset 10 too (starts, ends, axes as attributes).
+    ops = [c for c in JUDGE_OVERRIDES
+           if not (c is Clip and opset_of(model) < 11) and not (c is Slice and opset_of(model) < 10)]
     return ReferenceEvaluator(model, new_ops=ops)
 
 
