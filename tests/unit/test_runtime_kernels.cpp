@@ -582,20 +582,7 @@ uint64_t conv_outputs_hash() {
 }  // namespace
 
 TEST_CASE("runtime: convolution kernels give the same bits at any KILN_NUM_THREADS", "[runtime][conv][threads]") {
-  // The pool reads KILN_NUM_THREADS once per process: each count runs in a child.
-  std::string reference;
-  for (const char* threads : {"1", "2", "3", "5"}) {
-    CAPTURE(threads);
-    RunResult r = run_shell(std::string("KILN_NUM_THREADS=") + threads + " '" + self_exe() +
-                            "' '[.conv_threads_child]' --out /dev/stderr 2>/dev/null");
-    INFO(r.output);
-    REQUIRE(r.status == 0);
-    auto at = r.output.find("conv hash ");
-    REQUIRE(at != std::string::npos);
-    std::string hash = r.output.substr(at, r.output.find('\n', at) - at);
-    if (reference.empty()) reference = hash;
-    CHECK(hash == reference);
-  }
+  check_same_hashes_at_any_thread_count("[.conv_threads_child]");
 }
 
 // Run by the test above in a child process with KILN_NUM_THREADS set; prints the hash.
@@ -603,7 +590,7 @@ TEST_CASE("runtime: convolution child with KILN_NUM_THREADS", "[.conv_threads_ch
   const char* threads = std::getenv("KILN_NUM_THREADS");
   REQUIRE(threads != nullptr);
   REQUIRE(kiln_rt_num_threads() == std::atoi(threads));
-  std::cout << "conv hash " << conv_outputs_hash() << std::endl;
+  std::cout << "hashes " << conv_outputs_hash() << std::endl;
 }
 
 TEST_CASE("runtime: conv2d_grad_weight is reproducible run to run", "[runtime][conv]") {
