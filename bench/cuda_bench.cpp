@@ -229,6 +229,24 @@ void bench_training(bool cnn, int64_t batch, double pytorch_eager, double pytorc
   std::printf("   one step, host side: upload batch %.1f us, enqueue (cuGraphLaunch) %.1f us, wait for the GPU %.1f us, "
               "download loss %.1f us; GPU time per step back to back %.1f us (%zu nodes after the passes)\n",
               up / n * 1e6, enqueue / n * 1e6, wait / n * 1e6, down / n * 1e6, gpu_s * 1e6, pg.nodes().size());
+
+  // Where the GPU time goes: each launch timed alone between events (CompileOptions::profile;
+  // the sum exceeds the graph's time by the launch gaps a CUDA graph hides).
+  o.profile = true;
+  auto prof = kiln::compile(m.train, o);
+  prof->set_state(m.state);
+  for (int i = 0; i < 3; ++i) prof->run(batches[0]);
+  prof->reset_profile();
+  for (int i = 0; i < 10; ++i) prof->run(batches[i % batches.size()]);
+  std::string report = prof->profile_report();
+  std::printf("   --profile, 10 steps, the slowest nodes:\n");
+  size_t line_start = 0;
+  for (int lines = 0; lines < 14 && line_start < report.size(); ++lines) {
+    size_t end = report.find('\n', line_start);
+    if (end == std::string::npos) end = report.size();
+    std::printf("     %s\n", report.substr(line_start, end - line_start).c_str());
+    line_start = end + 1;
+  }
 }
 
 void bench_compile() {

@@ -5,6 +5,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
 
 #include <llvm/Support/BLAKE3.h>
 
@@ -55,23 +60,58 @@ std::string hash_hex(std::string_view text) {
   return out;
 }
 
+namespace {
+struct TargetText {
+  std::string text;  // as given: "cuda:1"
+  const char* from;  // where it came from, for errors
+};
+
+TargetText target_text(const CompileOptions& options) {
+  if (!options.target.empty()) return {options.target, "CompileOptions::target"};
+  if (const char* e = std::getenv("KILN_TARGET"); e && *e) return {e, "KILN_TARGET"};
+  return {"cpu", "the default"};
+}
+
+// "cuda:1" -> ("cuda", 1); "cuda" -> ("cuda", none). kiln::Error for "cuda:" or "cuda:x".
+std::pair<std::string, std::optional<int>> split_device(const TargetText& t) {
+  size_t colon = t.text.rfind(':');
+  if (colon == std::string::npos) return {t.text, std::nullopt};
+  std::string digits = t.text.substr(colon + 1);
+  bool ok = !digits.empty() && digits.size() <= 4 &&
+            std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!ok)
+    throw Error("bad target '" + t.text + "' (from " + t.from + "): a device suffix is ':N' with N a GPU number, "
+                "e.g. cuda:0");
+  return {t.text.substr(0, colon), std::stoi(digits)};
+}
+}  // namespace
+
 std::string resolve_target(const CompileOptions& options) {
-  std::string t = options.target;
-  const char* from = "CompileOptions::target";
-  if (t.empty()) {
-    if (const char* e = std::getenv("KILN_TARGET"); e && *e) {
-      t = e;
-      from = "KILN_TARGET";
-    } else {
-      t = "cpu";
-    }
-  }
+  TargetText t = target_text(options);
+  std::string name = split_device(t).first;
   std::string known;
   for (const std::string& n : backend_names()) {
-    if (n == t) return t;
+    if (n == name) return name;
     known += (known.empty() ? "" : ", ") + n;
   }
-  throw Error("unknown target '" + t + "' (from " + from + "); known targets: " + known);
+  throw Error("unknown target '" + t.text + "' (from " + t.from + "); known targets: " + known);
+}
+
+CompileOptions resolve_device(CompileOptions options) {
+  TargetText t = target_text(options);
+  std::optional<int> suffix = split_device(t).second;
+  options.target = resolve_target(options);
+  if (suffix) {
+    if (options.device != 0 && options.device != *suffix)
+      throw Error(fmt::format("the target '{}' (from {}) names device {} but the device option says {}", t.text,
+                              t.from, *suffix, options.device));
+    options.device = *suffix;
+  }
+  if (options.device < 0) throw Error(fmt::format("bad device {}: devices are numbered from 0", options.device));
+  if (options.device != 0 && options.target != "cuda")
+    throw Error(fmt::format("the {} target has one device, 0; device {} is for the cuda target (cuda:{})",
+                            options.target, options.device, options.device));
+  return options;
 }
 
 AotObject Backend::write_object(const Prepared&, const CompileOptions&, const AotModule&) const {

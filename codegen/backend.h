@@ -49,6 +49,9 @@ struct CompileOptions {
   // architecture given, compiling (and emit) needs only NVRTC, not a GPU: kiln dump
   // --target cuda --arch sm_90 works anywhere; running needs the GPU.
   std::string cuda_arch{};
+  // cuda: the GPU to run on (cuda:N), default 0; the target "cuda:N" sets it too. The cpu
+  // and cuda-emu targets have only device 0.
+  int device = 0;
 };
 
 // The CPU an x86-64 object is compiled for when CompileOptions::cpu is empty: x86-64-v3
@@ -56,9 +59,14 @@ struct CompileOptions {
 // built on any machine runs on the x86 servers and desktops in use.
 inline constexpr const char* kDefaultAotCpu = "x86-64-v3";
 
-// The target a compile resolves to: options.target, else $KILN_TARGET, else "cpu".
-// Throws kiln::Error for an unknown name (listing the known ones).
+// The target a compile resolves to: options.target, else $KILN_TARGET, else "cpu", without
+// a device suffix ("cuda:1" resolves to "cuda"). Throws kiln::Error for an unknown name
+// (listing the known ones).
 std::string resolve_target(const CompileOptions& options);
+// The options with the target resolved and the device taken from a "cuda:N" target string:
+// target "cuda:1" becomes target "cuda", device 1. kiln::Error for a malformed suffix, a
+// device the target has not (cpu:1), or a suffix that contradicts options.device.
+CompileOptions resolve_device(CompileOptions options);
 
 // Where a program's buffers live.
 class Device {

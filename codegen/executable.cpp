@@ -200,7 +200,8 @@ std::shared_ptr<const Prepared> prepare(const Graph& g, const CompileOptions& op
 }
 
 std::string compile_cache_key(const Graph& g, const CompileOptions& options) {
-  return hash_hex(key_text(g, options, backend(resolve_target(options))));
+  CompileOptions o = resolve_device(options);
+  return hash_hex(key_text(g, o, backend(o.target)));
 }
 
 CompileCacheStats compile_cache_stats() {
@@ -245,10 +246,9 @@ int64_t byte_size(const TensorType& t) { return t.numel() * static_cast<int64_t>
 }  // namespace
 
 Executable::Executable(const Graph& g, const CompileOptions& options, std::shared_ptr<StateStore> store)
-    : graph_(g), options_(options) {
+    : graph_(g), options_(resolve_device(options)) {
   auto t0 = std::chrono::steady_clock::now();
-  target_ = resolve_target(options);
-  options_.target = target_;
+  target_ = options_.target;
   const Backend& be = backend(target_);
   be.check_available(options_);
   verify(g);

@@ -42,7 +42,7 @@ constexpr const char* kUsage =
     "                    e.g. with --print-ir to see the IR without training)\n"
     "  --train-limit N   training images used, the first N of 60000 (default 60000)\n"
     "  --test-limit N    test images to measure the accuracy on, of 10000 (default 10000)\n"
-    "  --target T        cpu or cuda (default $KILN_TARGET, else cpu); the parameters and\n"
+    "  --target T        cpu, cuda or cuda:N (GPU N; default $KILN_TARGET, else cpu); the parameters and\n"
     "                    optimizer state stay on the target's device while training\n"
     "  --interp          run the graphs in the reference interpreter instead of compiling\n"
     "                    (slow on purpose: use --train-limit 10000 --epochs 1)\n"

@@ -159,11 +159,19 @@ void Parser::add_list(CLI::App* cmd, const std::string& flag, const std::string&
 }
 
 void Parser::add_choice(CLI::App* cmd, const std::string& flag, std::vector<std::string> choices, std::string& out,
-                        const std::string& help) {
+                        const std::string& help, bool device_suffix) {
   std::string names;
   for (const std::string& c : choices) names += (names.empty() ? "" : "|") + c;
-  auto convert = [&out, flag, choices](const std::string& text) {
-    if (std::find(choices.begin(), choices.end(), text) == choices.end()) {
+  if (device_suffix) names += "[:N]";
+  auto convert = [&out, flag, choices, device_suffix](const std::string& text) {
+    std::string name = text;
+    if (size_t colon = text.find(':'); device_suffix && colon != std::string::npos) {
+      name = text.substr(0, colon);
+      std::string n = text.substr(colon + 1);
+      if (n.empty() || n.size() > 4 || !std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        throw Error(fmt::format("{}={}: the device after ':' is a number (e.g. {}:0)", flag, text, name));
+    }
+    if (std::find(choices.begin(), choices.end(), name) == choices.end()) {
       std::string list;
       for (const std::string& c : choices) list += (list.empty() ? "" : ", ") + c;
       throw Error(fmt::format("{}={} is not one of {}{}", flag, text, list, suggestion(did_you_mean(text, choices))));

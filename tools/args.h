@@ -44,8 +44,9 @@ class Parser {
   // Repeatable: each --flag VALUE is one more element.
   void add_list(CLI::App* cmd, const std::string& flag, const std::string& type, std::vector<std::string>& out,
                 const std::string& help);
+  // device_suffix: a choice may carry ":N" (cuda:1), kept in `out` for resolve_device.
   void add_choice(CLI::App* cmd, const std::string& flag, std::vector<std::string> choices, std::string& out,
-                  const std::string& help);
+                  const std::string& help, bool device_suffix = false);
   void add_real(CLI::App* cmd, const std::string& flag, Range range, std::optional<double>& out,
                 const std::string& help);
   void add_count(CLI::App* cmd, const std::string& flag, std::optional<int>& out, const std::string& help);

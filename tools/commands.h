@@ -83,7 +83,7 @@ int run_compile(const CompileArgs& a);
 struct TrainArgs {
   std::string model, data, optimizer, schedule, target, checkpoint, init_weights, map, metrics, plot;
   std::optional<int> epochs, schedule_epochs, batch, warmup, seed, data_seed, train_limit, test_limit, eval_batch, keep,
-      checkpoint_every, metrics_every;
+      checkpoint_every, metrics_every, device;
   std::optional<double> lr, momentum, weight_decay;
   bool drop_last = false, resume = false, quiet = false, allow_nonfinite = false;
   std::string export_dir;  // --export DIR

@@ -150,14 +150,19 @@ kiln::TensorMap read_inputs(kiln::Graph& g, const std::string& file, const std::
   return inputs;
 }
 
-// --target and --arch as compile options; --arch is the cuda target's.
-kiln::CompileOptions compile_options(const std::string& target, const std::string& arch) {
+// --target, --arch and --device as compile options; --arch and --device are the cuda target's.
+kiln::CompileOptions compile_options(const std::string& target, const std::string& arch,
+                                     std::optional<int> device = std::nullopt) {
   kiln::CompileOptions options;
   options.target = target;
   options.cuda_arch = arch;
+  options.device = device.value_or(0);
   if (!arch.empty() && kiln::resolve_target(options) != "cuda")
     throw Error(fmt::format("--arch {} is an option of the cuda target, not {}", arch, kiln::resolve_target(options)));
-  return options;
+  if (device && kiln::resolve_target(options) != "cuda")
+    throw Error(fmt::format("--device {} is an option of the cuda target, not {}", *device,
+                            kiln::resolve_target(options)));
+  return kiln::resolve_device(options);
 }
 
 // --- dump and dot ---------------------------------------------------------------------------
@@ -239,6 +244,7 @@ int run_train_step(const TrainStepArgs& a) {
 
 struct Run {
   std::string file, output_dir, target, arch, state_weights;
+  std::optional<int> device;  // --device N
   std::vector<std::string> inputs;
   bool interp = false, profile = false, timings = false, time = false;
   std::optional<int> repeat;  // runs, with --profile or --time
@@ -314,7 +320,7 @@ int run_run(const Run& a) {
     first_result.reset();
   } else {
     const double load_s = seconds_since(start);
-    kiln::CompileOptions options = compile_options(a.target, a.arch);
+    kiln::CompileOptions options = compile_options(a.target, a.arch, a.device);
     options.profile = a.profile;
     phase.emplace("compile");
     auto t = std::chrono::steady_clock::now();
@@ -497,8 +503,9 @@ int run_info() {
 void add_target(kiln::cli::Parser& p, CLI::App* cmd, std::string& target, std::string& arch) {
   p.add_choice(cmd, "--target", kiln::backend_names(), target,
                "where the code runs: cpu (LLVM JIT), cuda (an NVIDIA GPU: needs libcuda.so.1, "
-               "libnvrtc.so.13 and libcublas.so.13) or cuda-emu (the CUDA code emulated on the CPU, for "
-               "tests); default: $KILN_TARGET, else cpu");
+               "libnvrtc.so.13 and libcublas.so.13; cuda:N is GPU N) or cuda-emu (the CUDA code emulated on the "
+               "CPU, for tests); default: $KILN_TARGET, else cpu",
+               /*device_suffix=*/true);
   p.add_text(cmd, "--arch", "sm_XX", arch,
              "cuda: the GPU architecture to compile for (e.g. sm_90; default: the GPU's, and for 'kiln dump' "
              "sm_80). With it, compiling needs only NVRTC, so 'kiln dump --emit=cuda|ptx' works on a machine "
@@ -559,6 +566,8 @@ int run_command_line(int argc, char** argv) {
              "each output are printed");
   p.add_flag(run_cmd, "--interp", run.interp, "run with the reference interpreter instead of compiling");
   add_target(p, run_cmd, run.target, run.arch);
+  p.add_count(run_cmd, "--device", run.device, "cuda: the GPU to run on, 0 (the default) to one less than the GPUs "
+               "the machine has (the same as --target cuda:N)");
   p.add_flag(run_cmd, "--profile", run.profile,
              "after the outputs, print the time spent in each compiled kernel (fused regions, GEMMs, ...), "
              "slowest first");

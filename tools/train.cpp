@@ -230,7 +230,9 @@ CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
               "the run length a cosine schedule decays over (default --epochs); give the full length "
               "when starting a run you will extend with --resume");
   p.add_count(cmd, "--warmup", a.warmup, "linear learning-rate warm-up over this many steps (default 0)");
-  p.add_choice(cmd, "--target", {"cpu", "cuda", "cuda-emu"}, a.target, "where to train (default cpu)");
+  p.add_choice(cmd, "--target", {"cpu", "cuda", "cuda-emu"}, a.target,
+               "where to train (default cpu; cuda:N is GPU N)", /*device_suffix=*/true);
+  p.add_count(cmd, "--device", a.device, "cuda: the GPU to train on (default 0; the same as --target cuda:N)");
   p.add_count(cmd, "--seed", a.seed, "seed of the initial parameters (default 0)");
   p.add_count(cmd, "--data-seed", a.data_seed, "seed of the shuffled data order (default 0)");
   p.add_count(cmd, "--train-limit", a.train_limit, "train on the first N training images only");
@@ -294,6 +296,11 @@ int run_train(const TrainArgs& a) {
   o.data_seed = static_cast<uint64_t>(a.data_seed.value_or(0));
   o.eval_batch = a.eval_batch.value_or(o.eval_batch);
   o.compile.target = a.target.empty() ? "cpu" : a.target;
+  if (a.device && resolve_target(o.compile) != "cuda")
+    throw Error(fmt::format("--device {} is an option of the cuda target, not {}", *a.device,
+                            resolve_target(o.compile)));
+  o.compile.device = a.device.value_or(0);
+  o.compile = resolve_device(o.compile);
   o.checkpoint_dir = a.checkpoint;
   o.checkpoint_lock = lock;
   o.stop_on_nonfinite = !a.allow_nonfinite;
@@ -335,7 +342,8 @@ int run_train(const TrainArgs& a) {
     if (o.schedule.warmup_steps > 0) schedule += fmt::format(", warm-up {} steps", o.schedule.warmup_steps);
     fmt::print("training {} on {}: {} training and {} test images, batch {}, {}{}, {} epoch{} on {}\n", model.name,
                a.data, train.size(), test.size(), o.batch, describe(o.optimizer), schedule, epochs,
-               epochs == 1 ? "" : "s", o.compile.target);
+               epochs == 1 ? "" : "s",
+               o.compile.target == "cuda" ? fmt::format("cuda:{}", o.compile.device) : o.compile.target);
   }
   std::fflush(stdout);
 

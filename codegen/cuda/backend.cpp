@@ -36,11 +36,14 @@ namespace {
 // cuBLAS allocate (NVIDIA recommends 32 MiB on Hopper).
 constexpr int64_t kCublasWorkspace = int64_t{32} << 20;
 
-const std::shared_ptr<CudaDevice>& shared_device() {
+// One device (stream, staging buffer) per GPU for the process: every program on cuda:N
+// shares it, so their work is ordered on one stream.
+const std::shared_ptr<CudaDevice>& shared_device(int ordinal) {
   static std::mutex mutex;
-  static std::shared_ptr<CudaDevice> device;
+  static std::map<int, std::shared_ptr<CudaDevice>> devices;
   std::lock_guard<std::mutex> lock(mutex);
-  if (!device) device = std::make_shared<CudaDevice>();
+  std::shared_ptr<CudaDevice>& device = devices[ordinal];
+  if (!device) device = std::make_shared<CudaDevice>(ordinal);
   return device;
 }
 
@@ -62,6 +65,7 @@ class CudaProgram final : public Program, public std::enable_shared_from_this<Cu
       : prepared_(std::move(prepared)),
         rendered_(std::move(rendered)),
         sm_(sm),
+        ordinal_(options.device),
         tf32_(options.tf32),
         profile_(options.profile),
         cubin_(std::move(cubin)),
@@ -92,6 +96,9 @@ class CudaProgram final : public Program, public std::enable_shared_from_this<Cu
     if (loaded_->module) gpu().driver().cuModuleUnload(loaded_->module);
   }
 
+  // The GPU this program runs on (cuda:N of CompileOptions::device).
+  const Gpu& gpu() const { return cuda::gpu(ordinal_); }
+
   const Prepared& prepared() const override { return *prepared_; }
   const std::shared_ptr<Device>& device() const override { return loaded().device_as_base; }
   std::unique_ptr<Instance> instantiate() const override;
@@ -113,6 +120,7 @@ class CudaProgram final : public Program, public std::enable_shared_from_this<Cu
   std::shared_ptr<const Prepared> prepared_;
   Rendered rendered_;
   int sm_ = 0;  // compute capability, 90 for sm_90
+  int ordinal_ = 0;  // cuda:N
   std::vector<ColumnMajorGemm> gemms_;  // by launch (Gemm launches)
   bool tf32_ = false, profile_ = false;
 
@@ -138,7 +146,7 @@ class CudaProgram final : public Program, public std::enable_shared_from_this<Cu
     }
     check(r, "cuModuleLoadData (loading the compiled kernels)");
     try {
-      L->device = shared_device();
+      L->device = shared_device(ordinal_);
       L->device_as_base = L->device;
       std::map<std::string, CUfunction> by_name;
       for (const Launch& l : rendered_.launches) {
@@ -174,7 +182,7 @@ class CudaInstance final : public Instance {
  public:
   explicit CudaInstance(std::shared_ptr<const CudaProgram> program)
       : p_(std::move(program)), L_(p_->loaded()) {
-    const Gpu& g = gpu();
+    const Gpu& g = p_->gpu();
     g.bind();
     CudaDevice& dev = *L_.device;
     const Graph& graph = p_->prepared_->graph;
@@ -201,7 +209,7 @@ class CudaInstance final : public Instance {
 
   // Errors are ignored here (release() waits for the stream first).
   ~CudaInstance() override {
-    const Gpu& g = gpu();
+    const Gpu& g = p_->gpu();
     g.bind_quietly();
     CudaDevice& dev = *L_.device;
     g.driver().cuStreamSynchronize(dev.stream());
@@ -215,7 +223,7 @@ class CudaInstance final : public Instance {
   }
 
   void call(const std::vector<void*>& buffers) override {
-    const Gpu& g = gpu();
+    const Gpu& g = p_->gpu();
     g.bind();
     const Driver& d = g.driver();
     CudaDevice& dev = *L_.device;
@@ -283,7 +291,7 @@ class CudaInstance final : public Instance {
 
   void enqueue(size_t i) {
     const Launch& l = p_->rendered_.launches[i];
-    const Driver& d = gpu().driver();
+    const Driver& d = p_->gpu().driver();
     CUstream stream = L_.device->stream();
     switch (l.kind) {
       case Launch::Kind::Kernel: {
@@ -298,7 +306,7 @@ class CudaInstance final : public Instance {
       }
       case Launch::Kind::Gemm: {
         const ColumnMajorGemm& c = p_->gemms_[i];
-        enqueue_gemm(gpu().cublas(), blas_, l.gemm.dtype, c, resolve(c.a), resolve(c.b), resolve(c.c));
+        enqueue_gemm(p_->gpu().cublas(), blas_, l.gemm.dtype, c, resolve(c.a), resolve(c.b), resolve(c.c));
         break;
       }
       case Launch::Kind::Copy:
@@ -312,7 +320,7 @@ class CudaInstance final : public Instance {
 
   // Records the launch list into a CUDA graph and instantiates it.
   void capture() {
-    const Driver& d = gpu().driver();
+    const Driver& d = p_->gpu().driver();
     CUstream stream = L_.device->stream();
     check(d.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
     CUgraph graph = nullptr;
@@ -331,7 +339,7 @@ class CudaInstance final : public Instance {
 
   // Each launch between two events; the time goes to the launch's node.
   void run_profiled() {
-    const Driver& d = gpu().driver();
+    const Driver& d = p_->gpu().driver();
     CUstream stream = L_.device->stream();
     const auto& launches = p_->rendered_.launches;
     for (size_t i = 0; i < launches.size(); ++i) {
@@ -382,9 +390,9 @@ int parse_arch(const std::string& arch) {
 
 // The GPU, asked for its architecture when none is given: a failure says that compiling
 // alone needs no GPU when the architecture is named.
-const Gpu& gpu_for_arch() {
+const Gpu& gpu_for_arch(int ordinal) {
   try {
-    return gpu();
+    return gpu(ordinal);
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + " (to compile without a GPU, name its architecture: --arch sm_XX, "
                                         "CompileOptions::cuda_arch; running needs the GPU)");
@@ -399,27 +407,28 @@ class CudaBackend final : public Backend {
   // GPU, NVRTC and cuBLAS.
   void check_available(const CompileOptions& options) const override {
     if (!options.cuda_arch.empty()) parse_arch(options.cuda_arch);
-    else gpu_for_arch();
+    else gpu_for_arch(options.device);
     std::string why;
     if (!nvrtc_available(&why)) throw Error(why);
-    if (options.cuda_arch.empty()) gpu().cublas();
+    if (options.cuda_arch.empty()) gpu(options.device).cublas();
   }
 
   std::string target_key(const CompileOptions& options) const override {
     std::string arch = options.cuda_arch;
     std::string driver = "none";
     if (arch.empty()) {
-      arch = gpu_for_arch().arch();
-      driver = std::to_string(gpu().driver_version());
+      arch = gpu_for_arch(options.device).arch();
+      driver = std::to_string(gpu(options.device).driver_version());
     }
-    return fmt::format("cuda {} driver {} nvrtc {} tf32 {} profile {}", arch, driver, nvrtc_version(),
-                       options.tf32 ? 1 : 0, options.profile ? 1 : 0);
+    // The device too: a program loads onto the GPU it was compiled for.
+    return fmt::format("cuda:{} {} driver {} nvrtc {} tf32 {} profile {}", options.device, arch, driver,
+                       nvrtc_version(), options.tf32 ? 1 : 0, options.profile ? 1 : 0);
   }
 
   std::shared_ptr<const Program> compile(std::shared_ptr<const Prepared> prepared,
                                          const CompileOptions& options) const override {
     Rendered rendered = render(*prepared);
-    std::string arch = options.cuda_arch.empty() ? gpu_for_arch().arch() : options.cuda_arch;
+    std::string arch = options.cuda_arch.empty() ? gpu_for_arch(options.device).arch() : options.cuda_arch;
     int sm = parse_arch(arch);
     std::string key = cubin_key_text(rendered.source, arch, nvrtc_version());
     std::string dir = options.use_cache ? cache_directory() : "";

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <map>
 #include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
@@ -192,7 +193,8 @@ void check_cublas(cublasStatus_t s, const char* what) {
 std::string Gpu::arch() const { return fmt::format("sm_{}{}", major_, minor_); }
 
 namespace {
-// One context for the process; a thread makes it current once.
+// The context current on this thread (one per GPU; a thread makes it current when it
+// switches GPUs).
 thread_local CUcontext t_bound = nullptr;
 }
 
@@ -212,22 +214,58 @@ const Cublas& Gpu::cublas() const {
   return *cublas_;
 }
 
-const Gpu& gpu() {
-  // Built once on success; a failure is thrown again on the next call (it may be fixed by
-  // then, e.g. a test that changes KILN_CUDA_DRIVER_LIB back).
-  static std::mutex mutex;
-  static std::unique_ptr<Gpu> instance;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (instance) return *instance;
-  auto d = load_driver(driver_library());
-  init_driver(*d);
-  g_driver = d.get();
+namespace {
+// The driver, loaded and initialised once it works (a failure is thrown again on the next
+// call: it may be fixed by then, e.g. a test that changes KILN_CUDA_DRIVER_LIB back).
+// Under the caller's lock.
+std::shared_ptr<const Driver> initialised_driver(int* count) {
+  static std::shared_ptr<const Driver> driver;
+  static int devices = 0;
+  if (!driver) {
+    auto d = load_driver(driver_library());
+    init_driver(*d);
+    g_driver = d.get();
+    int n = 0;
+    check(d->cuDeviceGetCount(&n), "cuDeviceGetCount");
+    if (n == 0) throw Error("cuInit failed: no GPU (CUDA_ERROR_NO_DEVICE)");
+    driver = d;
+    devices = n;
+  }
+  *count = devices;
+  return driver;
+}
+
+std::mutex g_gpus_mutex;
+}  // namespace
+
+int gpu_count() {
+  std::lock_guard<std::mutex> lock(g_gpus_mutex);
+  int count = 0;
+  initialised_driver(&count);
+  return count;
+}
+
+const Gpu& gpu(int ordinal) {
+  static std::map<int, std::unique_ptr<Gpu>> instances;
+  std::lock_guard<std::mutex> lock(g_gpus_mutex);
+  if (auto it = instances.find(ordinal); it != instances.end()) return *it->second;
+  int count = 0;
+  auto d = initialised_driver(&count);
+  if (ordinal < 0 || ordinal >= count) {
+    std::string have;
+    for (int i = 0; i < count; ++i) {
+      CUdevice dev = 0;
+      char name[256] = {};
+      if (d->cuDeviceGet(&dev, i) == CUDA_SUCCESS) d->cuDeviceGetName(name, sizeof name - 1, dev);
+      have += fmt::format("{}cuda:{} {}", i ? ", " : "", i, name);
+    }
+    throw Error(fmt::format("cuda: no GPU cuda:{}: this machine has {} ({}); pick one with --device 0..{}", ordinal,
+                            count, have, count - 1));
+  }
   auto g = std::make_unique<Gpu>();
   g->driver_ = d;
-  int count = 0;
-  check(d->cuDeviceGetCount(&count), "cuDeviceGetCount");
-  if (count == 0) throw Error("cuInit failed: no GPU (CUDA_ERROR_NO_DEVICE)");
-  check(d->cuDeviceGet(&g->device_, 0), "cuDeviceGet");
+  g->ordinal_ = ordinal;
+  check(d->cuDeviceGet(&g->device_, ordinal), "cuDeviceGet");
   check(d->cuDriverGetVersion(&g->driver_version_), "cuDriverGetVersion");
   check(d->cuDeviceGetAttribute(&g->major_, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, g->device_),
         "cuDeviceGetAttribute");
@@ -238,8 +276,7 @@ const Gpu& gpu() {
   g->name_ = name;
   // The primary context is the one the CUDA runtime (inside cuBLAS) uses too.
   check(d->cuDevicePrimaryCtxRetain(&g->context_, g->device_), "cuDevicePrimaryCtxRetain");
-  instance = std::move(g);
-  return *instance;
+  return *instances.emplace(ordinal, std::move(g)).first->second;
 }
 
 // --- CudaDevice --------------------------------------------------------------------------
@@ -249,7 +286,7 @@ namespace {
 constexpr int64_t kStagingChunk = int64_t{32} << 20;
 }
 
-CudaDevice::CudaDevice() : gpu_(gpu()) {
+CudaDevice::CudaDevice(int ordinal) : gpu_(cuda::gpu(ordinal)) {
   gpu_.bind();
   check(gpu_.driver().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
 }
@@ -262,7 +299,7 @@ CudaDevice::~CudaDevice() {
   d.cuStreamDestroy(stream_);
 }
 
-std::string CudaDevice::name() const { return fmt::format("cuda:0 ({})", gpu_.name()); }
+std::string CudaDevice::name() const { return fmt::format("cuda:{} ({})", gpu_.ordinal(), gpu_.name()); }
 
 void* CudaDevice::allocate(int64_t bytes) {
   gpu_.bind();

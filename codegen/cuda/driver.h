@@ -134,9 +134,10 @@ std::string describe(const Driver& d, CUresult r);
 // cuInit through `d`, throwing the one-line error ("cuInit failed: no GPU (CUDA_ERROR_NO_DEVICE)").
 void init_driver(const Driver& d);
 
-// The process's GPU: device 0 with its primary context, created on first use from
-// driver_library(). Every kiln::Error above comes from here, the first time and again on
-// every later call (a missing driver is not cached).
+// One GPU of the process (cuda:N): the device with its primary context, created on first
+// use from driver_library(). Every kiln::Error above comes from here, the first time and
+// again on every later call (a missing driver is not cached); an ordinal the machine does
+// not have is "cuda: no GPU cuda:N: this machine has K (cuda:0 NAME, ...)".
 class Gpu {
  public:
   const Driver& driver() const { return *driver_; }
@@ -144,6 +145,7 @@ class Gpu {
   int minor() const { return minor_; }
   std::string arch() const;   // "sm_90"
   const std::string& name() const { return name_; }  // "NVIDIA H100 80GB HBM3"
+  int ordinal() const { return ordinal_; }             // N of cuda:N
   int driver_version() const { return driver_version_; }  // 13000
   // Makes the primary context current on the calling thread (cheap after the first time).
   void bind() const;
@@ -154,8 +156,9 @@ class Gpu {
   const Cublas& cublas() const;
 
  private:
-  friend const Gpu& gpu();
+  friend const Gpu& gpu(int ordinal);
   std::shared_ptr<const Driver> driver_;
+  int ordinal_ = 0;
   CUdevice device_ = 0;
   CUcontext context_ = nullptr;
   int major_ = 0, minor_ = 0, driver_version_ = 0;
@@ -163,7 +166,9 @@ class Gpu {
   mutable std::mutex cublas_mutex_;
   mutable std::shared_ptr<const Cublas> cublas_;
 };
-const Gpu& gpu();
+const Gpu& gpu(int ordinal = 0);
+// How many GPUs the driver sees (its errors as gpu()'s).
+int gpu_count();
 
 // Throws kiln::Error("cuda: <what> failed: <describe(r)>") unless r is CUDA_SUCCESS.
 void check(CUresult r, const char* what);
@@ -174,7 +179,8 @@ void check_cublas(cublasStatus_t s, const char* what);
 // program work queued on it).
 class CudaDevice final : public Device {
  public:
-  CudaDevice();  // on gpu(); throws its errors
+  explicit CudaDevice(int ordinal = 0);  // on gpu(ordinal); throws its errors
+  const Gpu& gpu() const { return gpu_; }
   ~CudaDevice() override;
   std::string name() const override;
   bool host_visible() const override { return false; }

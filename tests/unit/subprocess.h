@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -28,3 +29,12 @@ inline RunResult run_shell(const std::string& command) {
   int st = pclose(p);
   return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
 }
+
+#ifdef KILN_BINARY
+// The `kiln` binary the tests drive: $KILN_BINARY when set (a build moved to another
+// machine: scripts/gpu-check.sh --run points it at the bundle's), else the build tree's.
+inline std::string kiln_binary() {
+  const char* e = std::getenv("KILN_BINARY");
+  return e && *e ? std::string(e) : std::string(KILN_BINARY);
+}
+#endif

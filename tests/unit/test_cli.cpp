@@ -18,7 +18,7 @@ using Catch::Matchers::StartsWith;
 
 namespace {
 
-RunResult run_kiln(const std::string& args) { return run_shell(std::string(KILN_BINARY) + " " + args); }
+RunResult run_kiln(const std::string& args) { return run_shell(kiln_binary() + " " + args); }
 
 std::filesystem::path temp_dir(const std::string& tag) {
   auto d = std::filesystem::temp_directory_path() / ("kiln_cli_" + tag + "_" + std::to_string(::getpid()));

@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-RunResult run_kiln(const std::string& args) { return run_shell(std::string(KILN_BINARY) + " " + args); }
+RunResult run_kiln(const std::string& args) { return run_shell(kiln_binary() + " " + args); }
 
 // Traced at batch 4: the mean is over the whole batch.
 constexpr const char* kLin = R"(graph @lin(%x: f32[4,3], state %w: f32[3,2]) {

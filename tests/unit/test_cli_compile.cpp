@@ -57,7 +57,7 @@ struct Scratch {
   }
   ~Scratch() { fs::remove_all(dir); }
   RunResult kiln(const std::string& args) const {
-    return run_shell("cd '" + dir.string() + "' && " + KILN_BINARY + " " + args);
+    return run_shell("cd '" + dir.string() + "' && " + kiln_binary() + " " + args);
   }
   // A C program `prog` from `sources` (C files and AOT objects) and the runtime.
   RunResult cc(const std::string& sources) const {

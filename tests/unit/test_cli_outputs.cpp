@@ -46,7 +46,7 @@ constexpr const char* kLinreg = R"(graph @linreg(%x: f32[4,3], %y: f32[4,1], sta
 )";
 
 RunResult kiln_in(const TempDir& dir, const std::string& args) {
-  return run_shell("cd '" + dir.path.string() + "' && " + KILN_BINARY + " " + args);
+  return run_shell("cd '" + dir.path.string() + "' && " + kiln_binary() + " " + args);
 }
 
 void put(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
@@ -252,7 +252,7 @@ TEST_CASE("kiln train writes a device or FIFO named for --plot or --metrics in p
   }
   // The metrics to a FIFO: a reader gets every row as it is written.
   REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
-  RunResult r = run_shell("cd '" + dir.path.string() + "' && { timeout 60 cat fifo > rows.csv & } && " + KILN_BINARY +
+  RunResult r = run_shell("cd '" + dir.path.string() + "' && { timeout 60 cat fifo > rows.csv & } && " + kiln_binary() +
                           " " + run + "--metrics fifo --metrics-every 1 && wait");
   INFO(r.output);
   CHECK(r.status == 0);

@@ -34,7 +34,7 @@ bool have_fashion_mnist() {
                               << " (apt-get install dataset-fashion-mnist, or set KILN_FASHION_MNIST_DIR)")
 
 RunResult kiln_in(const TempDir& dir, const std::string& args) {
-  return run_shell("cd '" + dir.path.string() + "' && " + KILN_BINARY + " " + args);
+  return run_shell("cd '" + dir.path.string() + "' && " + kiln_binary() + " " + args);
 }
 
 std::string read_text(const std::string& path) {
@@ -103,7 +103,7 @@ TEST_CASE("kiln train: usage errors are one line", "[cli][train]") {
   check_error("train lenet --data empty", "--data empty: no train-images-idx3-ubyte there");
   check_error("train lenet --data fashion-mnist --epochs 0", "--epochs must be at least 1");
   {
-    RunResult r = run_shell("cd '" + dir.path.string() + "' && KILN_MNIST_DIR=empty " + KILN_BINARY +
+    RunResult r = run_shell("cd '" + dir.path.string() + "' && KILN_MNIST_DIR=empty " + kiln_binary() +
                             " train lenet --data mnist");
     CHECK(r.status == 1);
     CHECK_THAT(r.output, StartsWith("kiln: error: --data mnist: no train-images-idx3-ubyte in empty (no Debian "
@@ -148,7 +148,7 @@ TEST_CASE("kiln train reads the four IDX files from --data DIR, and --data mnist
   const std::string args = " --train-limit 640 --test-limit 200 --epochs 1 --batch 64";
   RunResult fashion = kiln_in(dir, "train mlp --data fashion-mnist" + args);
   RunResult folder = kiln_in(dir, "train mlp --data idx" + args);
-  RunResult mnist = run_shell("cd '" + dir.path.string() + "' && KILN_MNIST_DIR=idx " + KILN_BINARY +
+  RunResult mnist = run_shell("cd '" + dir.path.string() + "' && KILN_MNIST_DIR=idx " + kiln_binary() +
                               " train mlp --data mnist" + args);
   INFO(fashion.output << folder.output << mnist.output);
   REQUIRE(fashion.status == 0);
@@ -263,7 +263,7 @@ TEST_CASE("kill -9 during `kiln train --checkpoint-every 1` leaves a loadable ch
     // Start the run, wait (under any load) until it has written a new checkpoint, let it
     // go on a little (it writes one every step), then kill -9 it wherever it is.
     const std::string script =
-        "cd '" + dir.path.string() + "' && before=$(ls c 2>/dev/null | tail -1); " + KILN_BINARY + " " + run +
+        "cd '" + dir.path.string() + "' && before=$(ls c 2>/dev/null | tail -1); " + kiln_binary() + " " + run +
         (resume ? " --resume" : "") +
         " & pid=$!; for i in $(seq 600); do now=$(ls c 2>/dev/null | tail -1); "
         "[ -n \"$now\" ] && [ \"$now\" != \"$before\" ] && break; kill -0 $pid 2>/dev/null || break; "
@@ -437,9 +437,9 @@ TEST_CASE("two kiln train runs on one folder: the second fails at once, naming t
   TempDir dir;
   // The first run trains long enough; the second starts once the first holds the folder.
   const std::string script =
-      "cd '" + dir.path.string() + "' || exit 1; " + KILN_BINARY + " " + kShort +
+      "cd '" + dir.path.string() + "' || exit 1; " + kiln_binary() + " " + kShort +
       " --epochs 1000 --checkpoint c & pid=$!; for i in $(seq 600); do [ \"$(cat c/.lock 2>/dev/null)\" = \"$pid\" ] "
-      "&& break; sleep 0.05; done; " + KILN_BINARY + " " + kShort + " --epochs 1 --checkpoint c --resume; "
+      "&& break; sleep 0.05; done; " + kiln_binary() + " " + kShort + " --epochs 1 --checkpoint c --resume; "
       "echo second=$?; echo first=$pid; kill $pid; wait $pid";
   RunResult r = run_shell(script);
   INFO(r.output);

@@ -146,6 +146,9 @@ TEST_CASE("a cached CUDA compile skips NVRTC; profiles time each node", "[cuda]"
   o.profile = true;
   auto backend = kiln::cuda::make_backend();
   auto prepared = kiln::prepare(small_model(), o);
+  // An earlier test of this process may have compiled the same source: from memory, it
+  // would not be stored in this test's folder (this failed on the first GPU run).
+  kiln::cuda::clear_cubin_memory_cache();
   backend->compile(prepared, o);  // stores the CUBIN on disk
   std::string key = kiln::cuda::cubin_key_text(kiln::cuda::render(*prepared).source, kiln::cuda::gpu().arch(),
                                                kiln::cuda::nvrtc_version());
@@ -236,5 +239,25 @@ TEST_CASE("MLP and LeNet train 20 steps on the GPU as interpret_step does, state
       for (int64_t k = 0; k < got.numel(); ++k)
         REQUIRE(std::fabs(got.get(k) - want.get(k)) <= 1e-3 * (1 + std::fabs(want.get(k))));
     }
+  }
+}
+
+TEST_CASE("cuda:N picks the GPU; one the machine has not is one clear error", "[cuda]") {
+  std::string why = error_of([] { kiln::cuda::make_backend()->check_available({}); });
+  if (!why.empty()) SKIP(why);
+  kiln::Graph g = small_model();
+  int count = kiln::cuda::gpu_count();
+  REQUIRE(count >= 1);
+  auto exe = kiln::compile(g, {.target = "cuda:0"});
+  CHECK_THAT(exe->device()->name(), StartsWith("cuda:0 ("));
+  std::string missing = error_of([&] { kiln::compile(g, {.target = "cuda", .device = count}); });
+  CAPTURE(missing);
+  CHECK_THAT(missing, StartsWith("cuda: no GPU cuda:" + std::to_string(count) + ": this machine has " +
+                                 std::to_string(count) + " (cuda:0 "));
+  CHECK(missing.find("pick one with --device 0..") != std::string::npos);
+  CHECK(missing.find('\n') == std::string::npos);
+  if (count > 1) {
+    auto second = kiln::compile(g, {.target = "cuda:1"});
+    CHECK_THAT(second->device()->name(), StartsWith("cuda:1 ("));
   }
 }

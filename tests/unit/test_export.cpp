@@ -141,7 +141,7 @@ TEST_CASE("kiln train --export: the trained model runs with kiln run and compile
     SKIP("no Fashion-MNIST in " << fashion_mnist_dir());
   TempDir dir;
   auto kiln = [&](const std::string& args) {
-    return run_shell("cd '" + dir.path.string() + "' && " + KILN_BINARY + " " + args);
+    return run_shell("cd '" + dir.path.string() + "' && " + kiln_binary() + " " + args);
   };
   RunResult r = kiln("train mlp --data fashion-mnist --epochs 1 --train-limit 256 --test-limit 64 --batch 64 "
                      "--checkpoint ck --export out");
@@ -190,7 +190,7 @@ TEST_CASE("kiln import --weights writes safetensors that kiln run and kiln compi
   TempDir dir;
   const std::string data = std::string(KILN_TEST_DATA_DIR) + "/onnx/";
   auto kiln = [&](const std::string& args) {
-    return run_shell("cd '" + dir.path.string() + "' && " + KILN_BINARY + " " + args);
+    return run_shell("cd '" + dir.path.string() + "' && " + kiln_binary() + " " + args);
   };
   RunResult r = kiln("import " + data + "mlp.onnx -o mlp.kir --weights mlp.safetensors");
   INFO(r.output);
@@ -217,7 +217,7 @@ TEST_CASE("kiln train MODEL.onnx --export deploys the classifier as imported for
     SKIP("no Fashion-MNIST in " << fashion_mnist_dir());
   TempDir dir;
   const std::string onnx = std::string(KILN_TEST_DATA_DIR) + "/onnx/mlp.onnx";
-  RunResult r = run_shell("cd '" + dir.path.string() + "' && " + KILN_BINARY + " train " + onnx +
+  RunResult r = run_shell("cd '" + dir.path.string() + "' && " + kiln_binary() + " train " + onnx +
                           " --data fashion-mnist --epochs 1 --train-limit 128 --test-limit 64 --export out --quiet");
   INFO(r.output);
   REQUIRE(r.status == 0);

@@ -167,19 +167,19 @@ TEST_CASE("gemm: beta 0 ignores NaNs in C, and k 0 or alpha 0 only scale C", "[g
 }
 
 TEST_CASE("gemm: KILN_GEMM chooses the kernel, and kiln info names it", "[gemm][cli]") {
-  auto r = run_shell(std::string(KILN_BINARY) + " info");
+  auto r = run_shell(kiln_binary() + " info");
   REQUIRE(r.status == 0);
   CHECK_THAT(r.output, ContainsSubstring("gemm:     "));
   if (kiln::rt::gemm_kernel_supported(GemmKernel::avx2)) {
-    r = run_shell("KILN_GEMM=avx2 " + std::string(KILN_BINARY) + " info");
+    r = run_shell("KILN_GEMM=avx2 " + kiln_binary() + " info");
     CHECK_THAT(r.output, ContainsSubstring("gemm:     kiln avx2 6x16 ("));
-    r = run_shell("KILN_GEMM=bogus " + std::string(KILN_BINARY) + " info");
+    r = run_shell("KILN_GEMM=bogus " + kiln_binary() + " info");
     CHECK_THAT(r.output, ContainsSubstring("KILN_GEMM=bogus names no GEMM kernel (avx512, avx2, openblas or auto)"));
     // OpenBLAS made to run its SSE3 kernels on a CPU with AVX2 is reported.
-    r = run_shell("OPENBLAS_CORETYPE=Prescott " + std::string(KILN_BINARY) + " info");
+    r = run_shell("OPENBLAS_CORETYPE=Prescott " + kiln_binary() + " info");
     CHECK_THAT(r.output, ContainsSubstring("warning: OpenBLAS runs its 'Prescott' kernels"));
   }
-  r = run_shell("KILN_GEMM=openblas " + std::string(KILN_BINARY) + " info");
+  r = run_shell("KILN_GEMM=openblas " + kiln_binary() + " info");
   CHECK_THAT(r.output, ContainsSubstring("gemm:     OpenBLAS ("));
 }
 

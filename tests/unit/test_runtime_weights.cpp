@@ -419,7 +419,7 @@ TEST_CASE("the KILNWTS1 weights files of the previous release still read, with a
   CHECK(old.at("t") == Tensor::from(DType::f32, {2}, std::vector<float>{1.5f, -2}));
   // The CLI, which reads it through the same runtime function, shows the line on stderr.
   write_bytes(dir / "m.kir", "graph @m(%x: f32[2], state %t: f32[2]) {\n  %0 = add(%x, %t) : f32[2]\n  return y = %0\n}\n");
-  RunResult r = run_shell(std::string(KILN_BINARY) + " compile " + dir / "m.kir" + " -o " + dir / "m.o" +
+  RunResult r = run_shell(kiln_binary() + " compile " + dir / "m.kir" + " -o " + dir / "m.o" +
                           " --state-weights " + dir / "old.weights");
   INFO(r.output);
   CHECK(r.status == 0);

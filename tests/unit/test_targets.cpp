@@ -15,6 +15,7 @@
 
 using namespace kiln;
 using Catch::Matchers::ContainsSubstring;
+using Catch::Matchers::StartsWith;
 
 namespace {
 
@@ -67,6 +68,40 @@ TEST_CASE("targets: names, KILN_TARGET and unknown targets", "[targets]") {
   CHECK_THROWS_WITH(exe->emit("ptx"), "emit: target 'cpu' has no form 'ptx' (forms: kernels, llvm, asm)");
 }
 
+TEST_CASE("targets: cuda:N and the device option", "[targets]") {
+  ScopedEnv clear("KILN_TARGET", nullptr);
+  CHECK(resolve_target({.target = "cuda:1"}) == "cuda");
+  CompileOptions o = resolve_device({.target = "cuda:3"});
+  CHECK(o.target == "cuda");
+  CHECK(o.device == 3);
+  o = resolve_device({.target = "cuda", .device = 2});
+  CHECK((o.target == "cuda" && o.device == 2));
+  o = resolve_device({.target = "cuda:2", .device = 2});  // agreeing is fine
+  CHECK(o.device == 2);
+  CHECK(resolve_device({.target = "cpu:0"}).target == "cpu");
+  CHECK(resolve_device({}).target == "cpu");
+  {
+    ScopedEnv env("KILN_TARGET", "cuda:1");
+    o = resolve_device({});
+    CHECK((o.target == "cuda" && o.device == 1));
+  }
+  CHECK_THROWS_WITH(resolve_device({.target = "cuda:2", .device = 1}),
+                    "the target 'cuda:2' (from CompileOptions::target) names device 2 but the device option says 1");
+  CHECK_THROWS_WITH(resolve_device({.target = "cpu:1"}),
+                    "the cpu target has one device, 0; device 1 is for the cuda target (cuda:1)");
+  CHECK_THROWS_WITH(resolve_device({.target = "cpu", .device = 1}),
+                    "the cpu target has one device, 0; device 1 is for the cuda target (cuda:1)");
+  CHECK_THROWS_WITH(resolve_device({.target = "cuda", .device = -1}), "bad device -1: devices are numbered from 0");
+  CHECK_THROWS_WITH(resolve_device({.target = "cuda:"}),
+                    "bad target 'cuda:' (from CompileOptions::target): a device suffix is ':N' with N a GPU number, "
+                    "e.g. cuda:0");
+  CHECK_THROWS_WITH(resolve_device({.target = "cuda:x1"}), ContainsSubstring("a device suffix is ':N'"));
+  CHECK_THROWS_WITH(resolve_device({.target = "tpu:0"}), StartsWith("unknown target 'tpu:0'"));
+  // The compile cache keys the device: a program loads onto the GPU it was compiled for.
+  // (Without a GPU the cuda key cannot be made; the cpu keys with and without ":0" agree.)
+  CHECK(compile_cache_key(parse(kStep), {.target = "cpu:0"}) == compile_cache_key(parse(kStep), {.target = "cpu"}));
+}
+
 TEST_CASE("targets: cuda without a usable GPU is one clear error", "[targets][cuda]") {
   Graph g = parse(kStep);
   try {
@@ -106,7 +141,7 @@ TEST_CASE("targets: run, step and evaluate share one calling convention", "[targ
 }
 
 TEST_CASE("targets: kiln run and dump take --target", "[targets][cli]") {
-  std::string kiln = KILN_BINARY;
+  std::string kiln = kiln_binary();
   std::string file = std::string(KILN_SOURCE_DIR) + "/examples/tour/model.kir";
   RunResult bad = run_shell(kiln + " dump " + file + " --emit=kernels --target tpu");
   CHECK(bad.status == 1);

@@ -21,6 +21,7 @@
 #include "codegen/executable.h"
 #include "frontend/onnx_import.h"
 #include "ir/file_read.h"
+#include "subprocess.h"
 #include "ir/interp.h"
 #include "ir/npy.h"
 #include "passes/pipeline.h"
@@ -260,7 +261,7 @@ namespace {
 // Runs `kiln ARGS...` with its output to `log`; returns its peak resident memory in bytes
 // (the child's ru_maxrss) and requires exit status 0.
 size_t kiln_peak_rss(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<std::string> argv_s = {KILN_BINARY};
+  std::vector<std::string> argv_s = {kiln_binary()};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& a : argv_s) argv.push_back(a.data());
