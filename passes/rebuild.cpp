@@ -2,9 +2,13 @@
 
 namespace kiln {
 
-Rebuilder::Rebuilder(const Graph& src) : src_(src), dst_(src.name()), map_(src.values().size()) {
+Rebuilder::Rebuilder(const Graph& src) : Rebuilder(src, [](const GraphInput&) { return true; }) {}
+
+Rebuilder::Rebuilder(const Graph& src, const std::function<bool(const GraphInput&)>& keep)
+    : src_(src), dst_(src.name()), map_(src.values().size()) {
   dst_.set_fixed_batch(src.fixed_batch());
   for (const GraphInput& in : src.inputs()) {
+    if (!keep(in)) continue;
     const Value& v = src.value(in.value);
     map_[in.value.id] = dst_.add_input(v.name, v.type, in.is_state);
   }

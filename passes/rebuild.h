@@ -3,6 +3,7 @@
 // value to its replacement, and finishes with the source's outputs, mapped.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "ir/graph.h"
@@ -12,6 +13,9 @@ namespace kiln {
 class Rebuilder {
  public:
   explicit Rebuilder(const Graph& src);
+  // Only the inputs `keep` accepts are copied (the others are left unmapped: the pass
+  // set()s them to values it makes).
+  Rebuilder(const Graph& src, const std::function<bool(const GraphInput&)>& keep);
 
   const Graph& src() const { return src_; }
   Graph& dst() { return dst_; }

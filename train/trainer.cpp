@@ -14,6 +14,7 @@
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "passes/rebatch.h"
+#include "passes/resident_data.h"
 
 namespace kiln {
 
@@ -225,15 +226,53 @@ EpochMetrics Trainer::run_epoch(const TensorDataset& data, const std::function<v
   const Clock::time_point t0 = Clock::now();
   StepInfo info{.epoch = epoch_, .batches = plan.count()};
   double lr = 0;
+  // Resident data: the full batches are launched on the device in runs of `sync` steps; the
+  // loop below then accounts for each step of the run from the device's logs.
+  Executable* resident = use_resident(plan) ? &resident_for(data, plan.count()) : nullptr;
+  Tensor losses_log, accuracies_log;
+  int64_t launched = position_;  // resident steps launched up to (exclusive)
+  int64_t sync = options_.resident_sync_steps;
+  if (sync <= 0) sync = on_step ? std::max<int64_t>(1, plan.full / 100) : plan.full;
+  if (resident) {
+    Tensor order_i32(DType::i32, {data.size()});
+    int32_t* o = order_i32.data<int32_t>();
+    for (size_t j = 0; j < order.size(); ++j) o[j] = static_cast<int32_t>(order[j]);
+    resident->set_state({{"data.order", order_i32}, {"data.cursor", Tensor::scalar(DType::i32, position_)}});
+  }
   for (int64_t i = position_; i < plan.count(); ++i) {
     const int64_t size = plan.size_of(i);
-    TensorMap& batch = size == options_.batch ? full_batch_ : last_batch_;
-    gather_rows_into(data, rows.subspan(static_cast<size_t>(i * options_.batch), static_cast<size_t>(size)), batch);
-    lr = lr_for(global_step_, steps_per_epoch_);
-    const TensorMap out = run_step(batch, lr);
-    const double loss = out.find(options_.loss)->second.get(0);
+    double loss = 0, accuracy = std::nan("");
+    if (resident && i < plan.full) {
+      if (i == launched) {  // launch the next run of steps, then read its logs
+        int64_t end = std::min(plan.full, i + sync);
+        if (options_.checkpoint_every_steps > 0) {  // stop where a checkpoint is due
+          int64_t to_checkpoint = options_.checkpoint_every_steps - global_step_ % options_.checkpoint_every_steps;
+          end = std::min(end, i + to_checkpoint);
+        }
+        for (int64_t j = i; j < end; ++j) {
+          double step_lr = lr_for(global_step_ + (j - i), steps_per_epoch_);
+          if (step_lr != written_lr_) {
+            train_->set_state("lr", Tensor::scalar(lr_dtype_, step_lr));
+            written_lr_ = step_lr;
+          }
+          resident->step({});
+        }
+        launched = end;
+        losses_log = resident->state("data.losses");
+        if (has_accuracy_) accuracies_log = resident->state("data.accuracies");
+      }
+      lr = lr_for(global_step_, steps_per_epoch_);
+      loss = losses_log.get(i);
+      if (has_accuracy_) accuracy = accuracies_log.get(i);
+    } else {
+      TensorMap& batch = size == options_.batch ? full_batch_ : last_batch_;
+      gather_rows_into(data, rows.subspan(static_cast<size_t>(i * options_.batch), static_cast<size_t>(size)), batch);
+      lr = lr_for(global_step_, steps_per_epoch_);
+      const TensorMap out = run_step(batch, lr);
+      loss = out.find(options_.loss)->second.get(0);
+      if (has_accuracy_) accuracy = out.find(options_.accuracy)->second.get(0);
+    }
     check_loss(loss, i, plan.count());
-    const double accuracy = has_accuracy_ ? out.find(options_.accuracy)->second.get(0) : std::nan("");
     sums_.loss += loss * static_cast<double>(size);
     if (has_accuracy_) sums_.accuracy += accuracy * static_cast<double>(size);
     sums_.samples += size;
@@ -273,6 +312,41 @@ EpochMetrics Trainer::run_epoch(const TensorDataset& data, const std::function<v
   sums_ = {};
   history_.push_back(m);
   return m;
+}
+
+bool Trainer::use_resident(const BatchPlan& plan) const {
+  if (plan.full == 0) return false;
+  if (options_.resident_data) return *options_.resident_data;
+  return !train_->device()->host_visible();
+}
+
+Executable& Trainer::resident_for(const TensorDataset& data, int64_t log_capacity) {
+  std::vector<const void*> columns;
+  for (const auto& [name, t] : data.columns) columns.push_back(t.raw());
+  if (!resident_ || resident_rows_ != data.size() || resident_capacity_ < log_capacity) {
+    std::string accuracy = has_accuracy_ ? options_.accuracy : "";
+    resident_ = compile(make_resident_step(step_.graph, data.size(), log_capacity, options_.loss, accuracy),
+                        options_.compile, train_->state_store());
+    resident_rows_ = data.size();
+    resident_capacity_ = log_capacity;
+    resident_columns_.clear();
+    TensorMap logs;
+    for (const char* name : {"data.losses", "data.accuracies"})
+      if (ValueId v = resident_->graph().find(name); v.valid())
+        logs[name] = Tensor(resident_->graph().type(v).dtype, {log_capacity});
+    resident_->set_state(logs);
+  }
+  if (columns != resident_columns_) {  // new data (or the first): upload it once
+    TensorMap upload;
+    for (const auto& [name, t] : data.columns) {
+      if (!resident_->graph().find("data." + name).valid())
+        throw Error("train_epoch: the data has a column '" + name + "' the training step does not take");
+      upload["data." + name] = t;
+    }
+    resident_->set_state(upload);
+    resident_columns_ = columns;
+  }
+  return *resident_;
 }
 
 EvalMetrics Trainer::evaluate(const TensorDataset& data) {

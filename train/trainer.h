@@ -77,6 +77,15 @@ struct TrainerOptions {
   // Off: training goes on whatever the numbers (the checkpoint folder still never deletes
   // its newest finite checkpoint; CheckpointDir).
   bool stop_on_nonfinite = true;
+  // Resident data (passes/resident_data.h): the training set is copied to the step's device
+  // once, each full batch is gathered there, and the steps of an epoch are launched back to
+  // back with no host transfer between them; the losses (and accuracies) are logged on the
+  // device and read every `resident_sync_steps` steps (and at checkpoints and the epoch's
+  // end), when on_step callbacks receive them and divergence is checked. The weights are
+  // bitwise those of batches fed from the host. nullopt: on where the device is not the
+  // host's memory (a GPU), off on the CPU (where it would only copy the data).
+  std::optional<bool> resident_data{};
+  int64_t resident_sync_steps = 0;  // 0: about 1% of an epoch with on_step, else the epoch's end
 };
 
 // Training diverged (TrainerOptions::stop_on_nonfinite): the message names the step.
@@ -201,6 +210,10 @@ class Trainer {
   // Throws NonFiniteError (with stop_on_nonfinite) when a float of `state` is not finite.
   void check_state(const TensorMap& state, const char* when) const;
   void save_to_dir() const;
+  // Whether this epoch's full batches go through resident data (options and device).
+  bool use_resident(const BatchPlan& plan) const;
+  // The resident step for `data` (made and its data uploaded when the data is new).
+  Executable& resident_for(const TensorDataset& data, int64_t log_capacity);
   // train_epoch() without its end-of-epoch checkpoint (fit() writes that after evaluating).
   EpochMetrics run_epoch(const TensorDataset& data, const std::function<void(const StepInfo&)>& on_step);
 
@@ -219,6 +232,10 @@ class Trainer {
   DType lr_dtype_ = DType::f32;
   double written_lr_ = -1;  // the value "lr" holds (-1: unknown, write it)
   TensorMap full_batch_, last_batch_;  // reused gather buffers
+  // Resident data: the step and the data it holds (column buffers and rows, to tell new data).
+  std::shared_ptr<Executable> resident_;
+  std::vector<const void*> resident_columns_;
+  int64_t resident_rows_ = 0, resident_capacity_ = 0;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;  // for schedules: set by train_epoch/fit
 };
 

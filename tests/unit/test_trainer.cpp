@@ -381,31 +381,40 @@ TEST_CASE("the Trainer on cuda-emu: partial batches and evaluation chunks on sib
   // 50 examples in batches of 16 (a partial batch of 2) and evaluation chunks of 20 (a
   // remainder of 10): four graphs per target, two of them rebatched siblings.
   const TensorDataset data = synthetic(50);
-  EpochMetrics metrics[2];
-  EvalMetrics eval[2];
-  TensorMap state[2];
-  for (int i = 0; i < 2; ++i) {
+  // The third run feeds the full batches from resident data on cuda-emu.
+  EpochMetrics metrics[3];
+  EvalMetrics eval[3];
+  TensorMap state[3];
+  for (int i = 0; i < 3; ++i) {
     ModelWithParams m = tiny(16);
     TrainerOptions o = sgd(16);
     o.eval_batch = 20;
     o.compile.target = i == 0 ? "cpu" : "cuda-emu";
+    if (i == 2) o.resident_data = true;
     Trainer trainer(m.model, m.params, o);
     CHECK(trainer.step_executable().target() == o.compile.target);
     metrics[i] = trainer.train_epoch(data);
     eval[i] = trainer.evaluate(data);
     state[i] = trainer.state();
   }
-  CHECK(metrics[1].samples == 50);
-  CHECK(metrics[1].steps == 4);
-  CHECK(metrics[1].train_loss == Catch::Approx(metrics[0].train_loss).epsilon(1e-5));
-  CHECK(eval[1].samples == 50);
-  CHECK(eval[1].loss == Catch::Approx(eval[0].loss).epsilon(1e-5));
-  CHECK(eval[1].accuracy == eval[0].accuracy);
-  REQUIRE(state[1].size() == state[0].size());
-  for (const auto& [name, t] : state[0]) {
-    INFO(name);
-    for (int64_t k = 0; k < t.numel(); ++k) CHECK(state[1].at(name).get(k) == Catch::Approx(t.get(k)).margin(1e-5).epsilon(1e-4));
+  for (int i = 1; i < 3; ++i) {
+    CAPTURE(i);
+    CHECK(metrics[i].samples == 50);
+    CHECK(metrics[i].steps == 4);
+    CHECK(metrics[i].train_loss == Catch::Approx(metrics[0].train_loss).epsilon(1e-5));
+    CHECK(eval[i].samples == 50);
+    CHECK(eval[i].loss == Catch::Approx(eval[0].loss).epsilon(1e-5));
+    CHECK(eval[i].accuracy == eval[0].accuracy);
+    REQUIRE(state[i].size() == state[0].size());
+    for (const auto& [name, t] : state[0]) {
+      INFO(name);
+      for (int64_t k = 0; k < t.numel(); ++k)
+        CHECK(state[i].at(name).get(k) == Catch::Approx(t.get(k)).margin(1e-5).epsilon(1e-4));
+    }
   }
+  // On the same device, resident data changes nothing: bitwise.
+  CHECK(metrics[2].train_loss == metrics[1].train_loss);
+  require_same_state(state[1], state[2]);
 }
 
 namespace {
@@ -627,4 +636,69 @@ TEST_CASE("a checkpoint whose step count is at its limit is refused before count
   save_state(dir / "epoch.safetensors", t.state(), meta);
   loaded.load_checkpoint(dir / "epoch.safetensors");
   CHECK_THAT(error_of([&] { loaded.train_epoch(d); }), ContainsSubstring("would count past"));
+}
+
+TEST_CASE("resident data: the Trainer trains bitwise as with host batches, callbacks and checkpoints included",
+          "[trainer][resident]") {
+  ModelWithParams m = tiny(4);
+  TensorDataset d = synthetic(23);  // 5 full batches and a partial one of 3 (fed from the host)
+  kiln::testing::TempDir dir;
+  struct Run {
+    std::vector<EpochMetrics> metrics;
+    std::vector<StepInfo> steps;
+    TensorMap state;
+    std::vector<std::string> checkpoints;
+  };
+  auto run = [&](std::optional<bool> resident, int64_t sync, const std::string& folder) {
+    TrainerOptions o = resumable(4);
+    o.resident_data = resident;
+    o.resident_sync_steps = sync;
+    o.checkpoint_dir = dir / folder;
+    o.checkpoint_every_steps = 4;
+    Trainer t(m.model, m.params, o);
+    CHECK(t.step_executable().target() == "cpu");
+    Run r;
+    FitCallbacks cb{.on_step = [&](const StepInfo& s) { r.steps.push_back(s); }};
+    r.metrics = t.fit(d, {}, 3, cb);
+    r.state = t.state();
+    for (const auto& e : std::filesystem::directory_iterator(dir / folder))
+      r.checkpoints.push_back(e.path().filename().string());
+    std::sort(r.checkpoints.begin(), r.checkpoints.end());
+    return r;
+  };
+  Run host = run(false, 0, "host");
+  CHECK(run(std::nullopt, 0, "auto").state == host.state);  // the CPU's default is host batches
+  for (int64_t sync : {0, 1, 3}) {
+    CAPTURE(sync);
+    Run res = run(true, sync, "resident" + std::to_string(sync));
+    require_same_state(host.state, res.state);
+    REQUIRE(res.steps.size() == host.steps.size());
+    for (size_t i = 0; i < host.steps.size(); ++i) {
+      CAPTURE(i);
+      CHECK(res.steps[i].global_step == host.steps[i].global_step);
+      CHECK(res.steps[i].batch_index == host.steps[i].batch_index);
+      CHECK(res.steps[i].samples == host.steps[i].samples);
+      CHECK(res.steps[i].loss == host.steps[i].loss);
+      CHECK(res.steps[i].accuracy == host.steps[i].accuracy);
+      CHECK(res.steps[i].lr == host.steps[i].lr);
+    }
+    REQUIRE(res.metrics.size() == host.metrics.size());
+    for (size_t e = 0; e < host.metrics.size(); ++e) {
+      CHECK(res.metrics[e].train_loss == host.metrics[e].train_loss);
+      CHECK(res.metrics[e].train_accuracy == host.metrics[e].train_accuracy);
+    }
+    CHECK(res.checkpoints == host.checkpoints);
+  }
+  // Resuming a resident run mid-epoch from its checkpoint continues it bitwise.
+  TrainerOptions o = resumable(4);
+  o.resident_data = true;
+  o.checkpoint_dir = dir / "resident0";
+  Trainer resumed(m.model, m.params, o);
+  REQUIRE(resumed.resume());
+  TrainerOptions straight_o = resumable(4);
+  straight_o.resident_data = true;
+  Trainer straight(m.model, m.params, straight_o);
+  straight.fit(d, {}, 4);
+  resumed.fit(d, {}, 4);
+  require_same_state(straight.state(), resumed.state());
 }
