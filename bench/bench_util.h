@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <vector>
 #include <string>
 
 #include "ir/graph.h"
@@ -67,16 +68,36 @@ inline Graph matmul_graph(int64_t m, int64_t k, int64_t n) {
 
 // Parses [--quick] (sets reps to quick_reps) and --help, then runs body; an exception is
 // "NAME: error: ..." and exit status 1.
+// A benchmark's own options that take a value ("--onnx FILE"): flag, where the value goes,
+// and the line --help prints for it.
+struct ValueOption {
+  std::string flag;
+  std::string* value;
+  std::string help;
+};
+
 inline int bench_main(int argc, char** argv, const char* name, const char* summary, int& reps, int quick_reps,
-                      const std::function<void()>& body) {
+                      const std::function<void()>& body, const std::vector<ValueOption>& options = {}) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--quick") {
+    auto own = std::find_if(options.begin(), options.end(), [&](const ValueOption& o) { return o.flag == a; });
+    if (own != options.end()) {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s: error: %s needs a value (see --help)\n", name, a.c_str());
+        return 1;
+      }
+      *own->value = argv[++i];
+    } else if (a == "--quick") {
       reps = quick_reps;
     } else if (a == "--help" || a == "-h") {
-      std::printf("usage: %s [--quick]\n\n%s; each figure is printed with a baseline measured in the same run and "
-                  "their ratio.\n  --quick   fewer repetitions (a smoke run)\n",
-                  name, summary);
+      std::string usage = "[--quick]", lines;
+      for (const ValueOption& o : options) {
+        usage += " [" + o.flag + " VALUE]";
+        lines += "  " + o.flag + " VALUE   " + o.help + "\n";
+      }
+      std::printf("usage: %s %s\n\n%s; each figure is printed with a baseline measured in the same run and "
+                  "their ratio.\n  --quick   fewer repetitions (a smoke run)\n%s",
+                  name, usage.c_str(), summary, lines.c_str());
       return 0;
     } else {
       std::fprintf(stderr, "%s: error: unknown option '%s' (see --help)\n", name, a.c_str());

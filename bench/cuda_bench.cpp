@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <unistd.h>
 #include <string>
 #include <vector>
@@ -30,6 +31,8 @@
 #include "codegen/executable.h"
 #include "frontend/losses.h"
 #include "frontend/nn.h"
+#include "frontend/onnx_import.h"
+#include "passes/rebatch.h"
 #include "passes/resident_data.h"
 #include "passes/train_step.h"
 
@@ -38,6 +41,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace cu = kiln::cuda;
 int g_reps = 20;
+// Seconds by name ("mlp_epoch", "resnet18_b64", ...), written with --figures for the
+// peers' table (bench/peers/gpu_peers.py --kiln).
+std::map<std::string, double> g_figures;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -220,6 +226,7 @@ void bench_training(bool cnn, int64_t batch, double pytorch_eager, double pytorc
       epoch();
       best = std::min(best, seconds_since(t));
     }
+    g_figures[cnn ? "lenet_epoch" : "mlp_epoch"] = best;
     std::printf("   resident data (the Trainer's GPU path): %.4f s per epoch (%.1f us a step); target 0.03 s: ratio "
                 "%.2f; %.2fx the host-batch loop above\n",
                 best, best / static_cast<double>(steps) * 1e6, 0.03 / best, epoch_s / best);
@@ -280,6 +287,50 @@ void bench_training(bool cnn, int64_t batch, double pytorch_eager, double pytorc
   }
 }
 
+// Inference, GPU time of one call with the input already on the device (as the peers are
+// timed): the MLP and LeNet at batch 1, and an ONNX model (--onnx) at batches 1 and 64.
+void bench_inference(const std::string& onnx) {
+  std::printf("5. inference, GPU time per call, input on the device\n");
+  for (bool cnn : {false, true}) {
+    kiln::Tracer t(cnn ? "lenet" : "mlp");
+    kiln::nn::Scope s(t, 1);
+    kiln::Sym x = t.input("x", {kiln::DType::f32, cnn ? kiln::Shape{1, 1, 28, 28} : kiln::Shape{1, 784}});
+    t.output("logits", cnn ? kiln::nn::lenet(s)(x) : kiln::nn::mlp(s, {784, 256, 10})(x));
+    kiln::TensorMap values = t.parameters();
+    kiln::Graph g = t.finish();
+    values["x"] = random_tensor(kiln::DType::f32, g.type(g.find("x")).shape, 5);
+    Compiled c = compile_seam(g, values);
+    double sec = gpu_seconds(device_of(*c.program).stream(), [&] { c.instance->call(c.buffers); });
+    g_figures[cnn ? "lenet_b1" : "mlp_b1"] = sec;
+    std::printf("   %s batch 1: %.1f us\n", cnn ? "LeNet" : "MLP", sec * 1e6);
+  }
+  if (onnx.empty()) return;
+  std::string stem = std::filesystem::path(onnx).stem().string();
+  kiln::OnnxModel model = kiln::import_onnx(onnx);
+  for (int64_t b : {1, 64}) {
+    kiln::Graph g = kiln::rebatch(model.graph, b);
+    kiln::TensorMap values = model.state;
+    for (const kiln::GraphInput& in : g.inputs())
+      if (!in.is_state) values[g.value(in.value).name] = random_tensor(kiln::DType::f32, g.type(in.value).shape, 9);
+    Compiled c = compile_seam(g, values);
+    double sec = gpu_seconds(device_of(*c.program).stream(), [&] { c.instance->call(c.buffers); },
+                             std::max(3, g_reps / 2));
+    g_figures[stem + "_b" + std::to_string(b)] = sec;
+    std::printf("   %s batch %lld: %.3f ms (%zu nodes after the passes)\n", stem.c_str(), (long long)b, sec * 1e3,
+                c.program->prepared().graph.nodes().size());
+  }
+}
+
+void write_figures(const std::string& path) {
+  if (path.empty()) return;
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) throw kiln::Error("cannot write --figures " + path);
+  std::fprintf(f, "{\"gpu\": \"%s\"", cu::gpu().name().c_str());
+  for (const auto& [name, sec] : g_figures) std::fprintf(f, ", \"%s\": %.9g", name.c_str(), sec);
+  std::fprintf(f, "}\n");
+  std::fclose(f);
+}
+
 void bench_compile() {
   std::printf("4. compile time of the training steps (the backend alone): cold (render + NVRTC) vs cached "
               "(render + CUBIN read, no NVRTC)\n");
@@ -304,7 +355,8 @@ void bench_compile() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return kiln::bench::bench_main(argc, argv, "cuda_bench", "Runs Kiln's CUDA benchmarks", g_reps, 3, [] {
+  std::string onnx, figures;
+  return kiln::bench::bench_main(argc, argv, "cuda_bench", "Runs Kiln's CUDA benchmarks", g_reps, 3, [&] {
     kiln::CompileOptions o;
     o.target = "cuda";
     cu::make_backend()->check_available(o);
@@ -314,5 +366,8 @@ int main(int argc, char** argv) {
     bench_training(false, 64, 1.04, 0.102);
     bench_training(true, 256, 0.40, 0.078);
     bench_compile();
-  });
+    bench_inference(onnx);
+    write_figures(figures);
+  }, {{"--onnx", &onnx, "also time this ONNX model's inference at batches 1 and 64 (e.g. ResNet-18)"},
+      {"--figures", &figures, "write every figure (seconds, by name) to this JSON file"}});
 }

@@ -114,7 +114,12 @@ run_bundle() {
   # graph, long row and training step against the interpreter ([gpu]). The emulation and
   # the ptxas checks ran on the build machine.
   step tests 240 "$bin/kiln_tests" "[cuda]~[emu]~[checks],[gpu]"
-  step bench 90 "$bin/cuda_bench"
+  # The peers on the same GPU (PyTorch eager, one CUDA graph per step, torch.compile), and
+  # the ResNet-18 export they make for Kiln, which cuda_bench and kiln run then take.
+  step peers 420 python3 "$root/bench/peers/gpu_peers.py" --export "$r18" --json "$logs/peers.json" \
+    ${KILN_GPU_PEERS_ARGS:-}
+  step bench 150 "$bin/cuda_bench" --onnx "$r18/resnet18.onnx" --figures "$logs/kiln.json"
+  step table 30 python3 "$root/bench/peers/gpu_peers.py" --table "$logs/peers.json" "$logs/kiln.json"
   step demo 90 "$bin/fashion_mnist" --target cuda --epochs 1 --data-dir "$data"
   step train-lenet 90 "$bin/kiln" train lenet --data "$data" --target cuda --epochs 2
   # Checkpoints cross devices: 1 epoch on the GPU, the 2nd resumed on the CPU, the 3rd on the
@@ -128,9 +133,8 @@ run_bundle() {
     --output-dir "$work/onnx-out"
   step onnx-compare 60 python3 -c "import numpy as n,sys; a=n.load('$work/onnx-out/logits.npy'); \
 b=n.load('$onnx/lenet_logits.npy'); d=float(abs(a-b).max()); print('lenet logits max |diff|', d); sys.exit(d>1e-4)"
-  # The peers on the same GPU (PyTorch eager, one CUDA graph per step, torch.compile), and
-  # the ResNet-18 export they make for Kiln, run with the same inputs.
-  step peers 420 python3 "$root/bench/peers/gpu_peers.py" --export "$r18" ${KILN_GPU_PEERS_ARGS:-}
+  # ResNet-18 end to end through kiln run (the input from the host, the output back),
+  # against PyTorch's outputs.
   local b
   for b in 1 64; do
     step "resnet18-b$b" 90 "$bin/kiln" run "$r18/resnet18.onnx" --input "x=$r18/x$b.npy" --target cuda \
@@ -149,6 +153,7 @@ b=n.load('$r18/out$b.npy'); d=float(abs(a-b).max()); print('resnet18 b$b max |di
       "$(grep -E 'test cases|passed|accuracy|ratio|diff|best' "$logs/${names[$i]}.log" | tail -n 1 | cut -c1-120)" \
       | tee -a "$logs/summary.txt"
   done
+  [[ -f $logs/table.log ]] && { echo; cat "$logs/table.log"; } | tee -a "$logs/summary.txt"
   if [[ -n ${KILN_GPU_LOG_DIR:-} ]]; then
     mkdir -p "$KILN_GPU_LOG_DIR"
     tar -C "$work" -czf "$KILN_GPU_LOG_DIR/gpu-logs.tar.gz" logs

@@ -12,7 +12,11 @@ Figures:
 fp32 throughout: TF32 is off for cuBLAS and cuDNN (Kiln's default, CompileOptions::tf32).
 Each figure is the best of --reps timed runs after warm-up, timed with CUDA events.
 
-usage: python3 gpu_peers.py [--reps N] [--export DIR] [--skip-compile]
+usage: python3 gpu_peers.py [--reps N] [--export DIR] [--skip-compile] [--json FILE]
+       python3 gpu_peers.py --table PEERS.json KILN.json
+The second form prints the side-by-side table: each figure of Kiln (cuda_bench --figures)
+and of every peer, and Kiln's ratio to the best peer (best peer time / Kiln time: above 1,
+Kiln is faster).
 """
 import argparse
 import json
@@ -20,14 +24,46 @@ import os
 import sys
 import time
 
-import torch
-import torch.nn as nn
+EPOCH = 60000
+FIGURES = [("mlp_epoch", "MLP 784-256-10 b64, s per 60k-image epoch"),
+           ("lenet_epoch", "LeNet b256, s per 60k-image epoch"),
+           ("mlp_b1", "MLP inference b1, s"),
+           ("lenet_b1", "LeNet inference b1, s"),
+           ("resnet18_b1", "ResNet-18 inference b1, s"),
+           ("resnet18_b64", "ResNet-18 inference b64, s")]
+
+
+def table(peers_path, kiln_path):
+    """Prints Kiln's figures next to the peers' and the ratio to the best peer."""
+    with open(peers_path) as f:
+        peers = json.load(f)
+    with open(kiln_path) as f:
+        kiln = json.load(f)
+    systems = [k for k in peers if k != "versions"]
+    print(f"GPU: {kiln.get('gpu', '?')}; peers: torch {peers['versions'].get('torch', '?')} on "
+          f"{peers['versions'].get('gpu', '?')} (the same run)")
+    head = f"{'figure':<44}{'kiln':>11}" + "".join(f"{s:>20}" for s in systems) + f"{'best peer / kiln':>18}"
+    print(head)
+    for key, label in FIGURES:
+        k = kiln.get(key)
+        vals = [peers[s].get(key) for s in systems]
+        known = [v for v in vals if v is not None]
+        ratio = f"{min(known) / k:.2f}" if k and known else "-"
+        cells = "".join(f"{v:>20.6f}" if v is not None else f"{'-':>20}" for v in vals)
+        print(f"{label:<44}{(f'{k:.6f}' if k else '-'):>11}{cells}{ratio:>18}")
+
+
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--table":
+    table(sys.argv[2], sys.argv[3])
+    sys.exit(0)
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 torch.backends.cudnn.benchmark = True
 DEV = torch.device("cuda")
-EPOCH = 60000
 
 
 def gpu_time(f, reps, calls=1):
@@ -152,6 +188,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3, help="timed runs per figure (best is kept)")
     ap.add_argument("--export", metavar="DIR", help="also write DIR/resnet18.onnx and its inputs for Kiln")
     ap.add_argument("--skip-compile", action="store_true", help="leave torch.compile out (it compiles for minutes)")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures to FILE (for --table)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_peers.py: PyTorch sees no GPU")
@@ -178,6 +215,9 @@ def main():
         print(f"gpu_peers.py: {names[mode]}: {json.dumps(r)}", file=sys.stderr, flush=True)
     json.dump(result, sys.stdout, indent=1)
     print()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -107,11 +107,101 @@ std::string padded_read(const Conv& c, const std::string& T, const std::string& 
 
 // Direct convolution kernels (conv2d, conv2d_grad_input): one thread per output element
 // looping over its whole reduction (C/groups*KH*KW taps, or the windows a pixel is in),
-// accumulating in the output dtype in the interpreter's order. This is the simple correct
-// version (no tiling, no shared memory, no tensor cores): a large convolution is far from
-// peak; an implicit-GEMM or im2col + cuBLAS version would replace it.
+// accumulating in the output dtype in the interpreter's order. conv2d with enough channels
+// per group takes the tiled implicit GEMM below instead (the same sums, in shared memory
+// tiles); conv2d_grad_input is still this simple version.
+// conv2d as an implicit GEMM, for the convolutions with enough output channels and taps
+// per group to fill its tiles: per group, Y[oc, p] = sum over k of W[oc, k] * X_col[k, p],
+// with k = (ch, kh, kw) the taps in the interpreter's order and p = (b, oh, ow) an output
+// pixel; X_col is never stored: each tile of it is gathered from X (zeros in the padding)
+// into shared memory. A block of 256 threads computes a 64x64 tile of Y (4x4 outputs a
+// thread) and walks k in steps of 8, so every output is the same k-ordered sum as the
+// direct kernel's: bitwise the interpreter's.
+constexpr int64_t kConvTile = 64, kConvStep = 8;
+
+bool conv_tiled(const Conv& c) {
+  // The gather does its per-tap arithmetic in 32 bits: an image's channels and the taps fit.
+  const int64_t limit = int64_t{1} << 30;
+  return c.og() >= 16 && c.cg() * c.KH * c.KW >= 16 && c.N * c.OH * c.OW >= kConvTile && c.C * c.H * c.W < limit &&
+         c.cg() * c.KH * c.KW < limit && c.H + c.PH + c.KH * c.DH < limit && c.W + c.PW + c.KW * c.DW < limit;
+}
+
+void conv2d_tiled(Emitter& out, const Conv& c, const std::string& T, const std::string& x, const std::string& w,
+                  const std::string* bias, const std::string& y) {
+  const int64_t M = c.og(), K = c.cg() * c.KH * c.KW, P = c.N * c.OH * c.OW, taps = c.KH * c.KW;
+  const int64_t mt = (M + kConvTile - 1) / kConvTile, pt = (P + kConvTile - 1) / kConvTile;
+  std::string s = "  const " + T + "* __restrict__ X = " + x + ";\n  const " + T + "* __restrict__ Wt = " + w + ";\n  " +
+                  T + "* __restrict__ Y = " + y + ";\n";
+  if (bias) s += "  const " + T + "* __restrict__ B = " + *bias + ";\n";
+  s += "  __shared__ " + T + " As[" + str(kConvStep) + "][" + str(kConvTile) + "];\n";
+  s += "  __shared__ " + T + " Bs[" + str(kConvStep) + "][" + str(kConvTile) + "];\n";
+  s += "  const int tid = threadIdx.x;\n";
+  s += "  i64 bid = blockIdx.x;\n";
+  s += "  const i64 p0 = (bid % " + str(pt) + ") * " + str(kConvTile) + "; bid /= " + str(pt) + ";\n";
+  s += "  const i64 m0 = (bid % " + str(mt) + ") * " + str(kConvTile) + ";\n";
+  s += "  const i64 grp = bid / " + str(mt) + ";\n";
+  // The pixel this thread gathers X_col values for (column tid % 64 of every B tile).
+  s += "  const i64 lp = p0 + tid % " + str(kConvTile) + ";\n";
+  s += "  const bool lp_in = lp < " + str(P) + ";\n";
+  s += "  const i64 lb = lp / " + str(c.OH * c.OW) + ", lrest = lp % " + str(c.OH * c.OW) + ";\n";
+  s += "  const int lih0 = (int)((lrest / " + str(c.OW) + ") * " + str(c.SH) + " - " + str(c.PH) + ");\n";
+  s += "  const int liw0 = (int)((lrest % " + str(c.OW) + ") * " + str(c.SW) + " - " + str(c.PW) + ");\n";
+  s += "  const " + T + "* Xb = X + (lb * " + str(c.C) + " + grp * " + str(c.cg()) + ") * " + str(c.H * c.W) + ";\n";
+  s += "  const int tr = tid / 16, tc = tid % 16;\n";
+  s += "  " + T + " acc[4][4];\n";
+  s += "  for (int i = 0; i < 4; ++i) for (int j = 0; j < 4; ++j) acc[i][j] = (" + T + ")0;\n";
+  s += "  for (i64 k0 = 0; k0 < " + str(K) + "; k0 += " + str(kConvStep) + ") {\n";
+  // A tile: 64 rows (output channels) x 8 taps, two elements a thread.
+  s += "    for (int e = tid; e < " + str(kConvTile * kConvStep) + "; e += 256) {\n";
+  s += "      int am = e / " + str(kConvStep) + ", ak = e % " + str(kConvStep) + ";\n";
+  s += "      i64 m = m0 + am, k = k0 + ak;\n";
+  s += "      As[ak][am] = m < " + str(M) + " && k < " + str(K) + " ? Wt[(grp * " + str(M) + " + m) * " + str(K) +
+       " + k] : (" + T + ")0;\n";
+  s += "    }\n";
+  // B tile: 8 taps x 64 pixels; this thread's pixel, taps tid / 64 and tid / 64 + 4.
+  s += "    for (int kk = tid / " + str(kConvTile) + "; kk < " + str(kConvStep) + "; kk += 4) {\n";
+  s += "      int k = (int)k0 + kk;\n";
+  s += "      " + T + " v = (" + T + ")0;\n";
+  s += "      if (lp_in && k < " + str(K) + ") {\n";
+  s += "        int ch = k / " + str(taps) + ", t = k % " + str(taps) + ";\n";
+  s += "        int ih = lih0 + (t / " + str(c.KW) + ") * " + str(c.DH) + ", iw = liw0 + (t % " + str(c.KW) + ") * " +
+       str(c.DW) + ";\n";
+  s += "        if (ih >= 0 && ih < " + str(c.H) + " && iw >= 0 && iw < " + str(c.W) + ") v = Xb[(ch * " + str(c.H) +
+       " + ih) * " + str(c.W) + " + iw];\n";
+  s += "      }\n";
+  s += "      Bs[kk][tid % " + str(kConvTile) + "] = v;\n";
+  s += "    }\n";
+  s += "    __syncthreads();\n";
+  // Only the taps that exist are added (an added 0 * 0 would turn a -0 sum into +0).
+  s += "    const int steps = " + str(K) + " - k0 < " + str(kConvStep) + " ? (int)(" + str(K) + " - k0) : " +
+       str(kConvStep) + ";\n";
+  s += "    for (int kk = 0; kk < steps; ++kk) {\n";
+  s += "      " + T + " a[4], b[4];\n";
+  s += "      for (int i = 0; i < 4; ++i) a[i] = As[kk][tr * 4 + i];\n";
+  s += "      for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tc * 4 + j];\n";
+  s += "      for (int i = 0; i < 4; ++i)\n";
+  s += "        for (int j = 0; j < 4; ++j) acc[i][j] = acc[i][j] + a[i] * b[j];\n";
+  s += "    }\n";
+  s += "    __syncthreads();\n";
+  s += "  }\n";
+  s += "  for (int i = 0; i < 4; ++i) {\n";
+  s += "    i64 m = m0 + tr * 4 + i;\n";
+  s += "    if (m >= " + str(M) + ") continue;\n";
+  s += "    i64 oc = grp * " + str(M) + " + m;\n";
+  s += "    for (int j = 0; j < 4; ++j) {\n";
+  s += "      i64 p = p0 + tc * 4 + j;\n";
+  s += "      if (p >= " + str(P) + ") continue;\n";
+  s += "      i64 b = p / " + str(c.OH * c.OW) + ", q = p % " + str(c.OH * c.OW) + ";\n";
+  s += std::string("      Y[(b * ") + str(c.O) + " + oc) * " + str(c.OH * c.OW) + " + q] = " +
+       (bias ? "acc[i][j] + B[oc]" : "acc[i][j]") + ";\n";
+  s += "    }\n";
+  s += "  }\n";
+  out.kernel(s, c.G * mt * pt, 256);
+}
+
 void conv2d(Emitter& out, const Conv& c, const std::string& T, const std::string& x, const std::string& w,
             const std::string* bias, const std::string& y) {
+  if (conv_tiled(c)) return conv2d_tiled(out, c, T, x, w, bias, y);
   int64_t n = c.N * c.O * c.OH * c.OW;
   std::string decls = "  " + T + "* X = " + x + "; " + T + "* Wt = " + w + "; " + T + "* Y = " + y + ";\n";
   if (bias) decls += "  " + T + "* B = " + *bias + ";\n";
