@@ -110,25 +110,31 @@ std::string padded_read(const Conv& c, const std::string& T, const std::string& 
 // accumulating in the output dtype in the interpreter's order. conv2d with enough channels
 // per group takes the tiled implicit GEMM below instead (the same sums, in shared memory
 // tiles); conv2d_grad_input is still this simple version.
-// conv2d as an implicit GEMM, for the convolutions with enough output channels and taps
-// per group to fill its tiles: per group, Y[oc, p] = sum over k of W[oc, k] * X_col[k, p],
-// with k = (ch, kh, kw) the taps in the interpreter's order and p = (b, oh, ow) an output
-// pixel; X_col is never stored: each tile of it is gathered from X (zeros in the padding)
-// into shared memory. A block of 256 threads computes a 64x64 tile of Y (4x4 outputs a
-// thread) and walks k in steps of 8, so every output is the same k-ordered sum as the
-// direct kernel's: bitwise the interpreter's.
-constexpr int64_t kConvTile = 64, kConvStep = 8;
+// conv2d as an implicit GEMM, for the convolutions with enough output channels, taps and
+// pixels to fill a GPU with its tiles: per group, Y[oc, p] = sum over k of W[oc, k] *
+// X_col[k, p], with k = (ch, kh, kw) the taps in the interpreter's order and p = (b, oh, ow)
+// an output pixel; X_col is never stored: each tile of it is gathered from X (zeros in the
+// padding) into shared memory. A block of 256 threads computes a 64x64 tile of Y (4x4
+// outputs a thread) and walks k in steps of 8: every output is the k-ordered sum the
+// interpreter adds, each term fused into it (fma: one rounding a term where the
+// interpreter has two, so equal to a tolerance, not bitwise; the CPU's GEMM-based
+// convolution is not bitwise either). Fewer tiles than about two per multiprocessor of a
+// large GPU (batch 1, deep layers) would leave it idle: the direct kernel spreads those
+// over a thread per output.
+constexpr int64_t kConvTile = 64, kConvStep = 8, kConvMinBlocks = 264;
 
 bool conv_tiled(const Conv& c) {
   // The gather does its per-tap arithmetic in 32 bits: an image's channels and the taps fit.
   const int64_t limit = int64_t{1} << 30;
-  return c.og() >= 16 && c.cg() * c.KH * c.KW >= 16 && c.N * c.OH * c.OW >= kConvTile && c.C * c.H * c.W < limit &&
+  const int64_t blocks = c.G * ((c.og() + kConvTile - 1) / kConvTile) * ((c.N * c.OH * c.OW + kConvTile - 1) / kConvTile);
+  return c.og() >= 16 && c.cg() * c.KH * c.KW >= 16 && blocks >= kConvMinBlocks && c.C * c.H * c.W < limit &&
          c.cg() * c.KH * c.KW < limit && c.H + c.PH + c.KH * c.DH < limit && c.W + c.PW + c.KW * c.DW < limit;
 }
 
 void conv2d_tiled(Emitter& out, const Conv& c, const std::string& T, const std::string& x, const std::string& w,
                   const std::string* bias, const std::string& y) {
   const int64_t M = c.og(), K = c.cg() * c.KH * c.KW, P = c.N * c.OH * c.OW, taps = c.KH * c.KW;
+  const std::string fma = T == ctype(DType::f32) ? "fmaf" : "fma";
   const int64_t mt = (M + kConvTile - 1) / kConvTile, pt = (P + kConvTile - 1) / kConvTile;
   std::string s = "  const " + T + "* __restrict__ X = " + x + ";\n  const " + T + "* __restrict__ Wt = " + w + ";\n  " +
                   T + "* __restrict__ Y = " + y + ";\n";
@@ -180,7 +186,7 @@ void conv2d_tiled(Emitter& out, const Conv& c, const std::string& T, const std::
   s += "      for (int i = 0; i < 4; ++i) a[i] = As[kk][tr * 4 + i];\n";
   s += "      for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tc * 4 + j];\n";
   s += "      for (int i = 0; i < 4; ++i)\n";
-  s += "        for (int j = 0; j < 4; ++j) acc[i][j] = acc[i][j] + a[i] * b[j];\n";
+  s += "        for (int j = 0; j < 4; ++j) acc[i][j] = " + fma + "(a[i], b[j], acc[i][j]);\n";
   s += "    }\n";
   s += "    __syncthreads();\n";
   s += "  }\n";
