@@ -46,6 +46,13 @@
 struct uint3 {
   unsigned x, y, z;
 };
+// CUDA's vector types the kernels load shared memory with (16-byte aligned, as on a GPU).
+struct __attribute__((aligned(16))) float4 {
+  float x, y, z, w;
+};
+struct __attribute__((aligned(16))) double2 {
+  double x, y;
+};
 struct dim3 {
   unsigned x, y, z;
 };
