@@ -188,14 +188,15 @@ struct DwTiling {
   int64_t chunk = 0, chunks = 1;  // output positions per block; chunks = ceil(P / chunk)
 };
 
-// Register words (4 bytes) of a thread's sums at most; a kernel whose KH * KW sums alone
-// need more than kDwMaxWords takes the row kernel instead (it would spill).
+// A thread's sums in register words (4 bytes): a tile's at most kDwTileWords, or one
+// channel pair's KH * KW when that alone is more; a kernel whose KH * KW sums need more than
+// kDwMaxWords takes the row kernel instead (it would spill).
 constexpr int64_t kDwTileWords = 72, kDwMaxWords = 128;
 constexpr int64_t kDwThreads = 256;
 // Output positions a thread adds serially: at most kDwMaxRun (a run as long as the
-// summation order's blocks of 64, so the accuracy stays the row kernel's), at least
-// kDwMinRun where that leaves enough blocks (the block's tree costs ~oct*ct*taps*10
-// instructions, so a thread should do some work before it).
+// summation order's blocks of 64, so the accuracy stays the row kernel's), and chunks no
+// shorter than kDwMinRun per thread (the block's tree costs ~oct*ct*taps*10 instructions a
+// thread, so a thread should do some work before it).
 constexpr int64_t kDwMaxRun = 64, kDwMinRun = 8;
 // Blocks wanted in all: a few per SM of a large GPU (132 SMs on an H100/H200); at least
 // kDwMinBlocks (two per SM) where the work allows, even at the price of smaller tiles.
