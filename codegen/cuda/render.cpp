@@ -15,7 +15,7 @@
 //                     storage (scratch, the fused node's operands and results, aliases),
 //                     then a Launch::Copy per BodyCopy.
 // Every address is a literal: `arena + OFFSET` for the arena and the scratch area behind
-// it, `bufs[I] + OFFSET` for graph inputs (state included) and, after them, the materialized
+// it (the plan's, then the renderer's private scratch: Emitter::scratch), `bufs[I] + OFFSET` for graph inputs (state included) and, after them, the materialized
 // constants (Rendered::constants; a constant that only loops read as a splat is never
 // materialized, and a body's constants are listed there too).
 #include "codegen/cuda/render.h"
@@ -76,6 +76,12 @@ void Emitter::gemm(const GemmLaunch& g) {
   launches_.push_back(std::move(l));
 }
 
+Ref Emitter::scratch(int64_t bytes) {
+  KILN_CHECK(scratch_offset_ >= 0, "cuda render: private scratch asked for before its offset was set");
+  scratch_bytes_ = std::max(scratch_bytes_, bytes);
+  return {Ref::Base::Arena, -1, scratch_offset_};
+}
+
 void Emitter::copy(const Ref& dst, const Ref& src, int64_t bytes) {
   if (bytes <= 0 || (dst.base == src.base && dst.index == src.index && dst.offset == src.offset)) return;
   Launch l;
@@ -116,6 +122,8 @@ class Renderer {
     r_.scratch_offset = align64(r_.arena_bytes);
     r_.scratch_bytes = p.kernels.scratch_bytes;
     r_.constant_index.assign(p.graph.values().size(), -1);
+    plan_scratch_ = align64(plan_scratch_end(p.kernels, 0, true));
+    out_.set_scratch_offset(r_.scratch_offset + plan_scratch_);
   }
 
   Rendered run() {
@@ -127,6 +135,7 @@ class Renderer {
     // The runtime hands out a constant output from its device copy.
     for (const GraphOutput& o : p_.graph.outputs())
       if (p_.graph.defining_node(o.value) && p_.graph.defining_node(o.value)->op == Op::Constant) ref(top, o.value);
+    if (out_.scratch_bytes() > 0) r_.scratch_bytes = plan_scratch_ + out_.scratch_bytes();
     r_.source = prelude() + "\n" + out_.source();
     r_.launches = std::move(out_.launches());
     return std::move(r_);
@@ -134,6 +143,17 @@ class Renderer {
 
  private:
   int32_t inputs() const { return static_cast<int32_t>(p_.graph.inputs().size()); }
+
+  // Where the scratch of plan `kp` and of its bodies ends, the plan starting at `base`: a
+  // top-level region's body counts from 0, a nested body after its parent's (as kernel()
+  // places them). The renderer's private scratch goes after it.
+  static int64_t plan_scratch_end(const KernelPlan& kp, int64_t base, bool top) {
+    int64_t end = base + kp.scratch_bytes;
+    for (const Kernel& k : kp.kernels)
+      if (k.kind == KernelKind::Region && k.body)
+        end = std::max(end, plan_scratch_end(*k.body, top ? 0 : base + kp.scratch_bytes, false));
+    return end;
+  }
 
   Ref constant(Level& L, ValueId v) {
     auto it = L.constants.find(v.id);
@@ -333,6 +353,7 @@ class Renderer {
   const Prepared& p_;
   Emitter out_;
   Rendered r_;
+  int64_t plan_scratch_ = 0;  // the plan's scratch, 64-aligned: private scratch follows
 };
 
 }  // namespace

@@ -9,7 +9,9 @@
 //   extern "C" __global__ void kiln_kN(unsigned char* __restrict__ arena,
 //                                      void* const* __restrict__ bufs)
 // `arena` is the device arena (the memory plan's arena, then the scratch area at
-// `scratch_offset`); bufs[i] is graph input i's device pointer (state included, in
+// `scratch_offset`: the kernel plan's scratch, then the renderer's own, which kernels of
+// different nodes share as they run one after another: conv2d_grad_weight's partial
+// sums); bufs[i] is graph input i's device pointer (state included, in
 // Graph::inputs() order) and bufs[inputs + j] is constant j's device copy. Every offset
 // and shape is a literal in the source: nothing else is passed. No dynamic shared memory;
 // blocks are at most 1024 threads; kernels call only the prelude's helpers and CUDA's math

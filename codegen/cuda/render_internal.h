@@ -63,6 +63,13 @@ class Emitter {
   void elementwise(int64_t n, int64_t extent, const std::string& decls, const std::string& body);
   void gemm(const GemmLaunch& g);
   void copy(const Ref& dst, const Ref& src, int64_t bytes);
+  // Renderer-private scratch for one kernel's intermediates (conv2d_grad_weight's
+  // partial sums): `bytes` at the same address for every caller, after all of the kernel
+  // plan's scratch. The launches run in order on one stream, so the kernels that use it
+  // take turns; the area is the largest request.
+  Ref scratch(int64_t bytes);
+  void set_scratch_offset(int64_t offset) { scratch_offset_ = offset; }
+  int64_t scratch_bytes() const { return scratch_bytes_; }
   std::string source() const { return source_; }
   std::vector<Launch>& launches() { return launches_; }
 
@@ -73,6 +80,7 @@ class Emitter {
   std::string label_;
   std::string source_;
   std::vector<Launch> launches_;
+  int64_t scratch_offset_ = -1, scratch_bytes_ = 0;
 };
 
 // A C pointer expression of element type t at ref: "((f32*)(arena + 64))".

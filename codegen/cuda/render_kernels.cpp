@@ -2,7 +2,13 @@
 // render_reduce.cpp). Each is one thread per output element in a grid-stride loop, reading
 // its inputs by gathering, so no kernel needs atomics and every sum is added in the
 // interpreter's order (ir/interp_nn.cpp): that is what makes the results bitwise the
-// interpreter's (given the same math functions and no FMA contraction).
+// interpreter's (given the same math functions and no FMA contraction). The exception is
+// conv2d_grad_weight: a few weights each summing a whole batch's positions, split over
+// blocks and added in a tree (an order fixed by the shapes, not the interpreter's).
+#include <array>
+#include <bit>
+#include <optional>
+
 #include "codegen/cuda/render_internal.h"
 #include "ir/error.h"
 #include "ir/philox.h"
@@ -252,12 +258,13 @@ void conv2d_grad_input(Emitter& out, const Conv& c, const std::string& T, const 
 }
 
 // dw[oc, ch, kh, kw] = the sum over (b, oh, ow) of x * dy: a row reduction of N*OH*OW
-// terms per weight (one block of threads per weight once that is more than 64), so the
-// few weights of a convolution still keep the GPU busy. Taps in the padding add 0 * dy. The
-// order is the summation order's, not the interpreter's serial one (whose result the
-// checks accept to a tolerance, as they do the CPU backend's GEMM-based version).
-void conv2d_grad_weight(Emitter& out, const Conv& c, DType t, const std::string& x, const std::string& dy,
-                        const std::string& dw) {
+// terms per weight (one block of threads per weight once that is more than 64). Taps in the
+// padding add 0 * dy. The order is the summation order's, not the interpreter's serial one
+// (whose result the checks accept to a tolerance, as they do the CPU backend's GEMM-based
+// version). The fallback of conv2d_grad_weight below, for kernels too large to keep a
+// thread's sums in registers.
+void conv2d_grad_weight_rows(Emitter& out, const Conv& c, DType t, const std::string& x, const std::string& dy,
+                             const std::string& dw) {
   std::string T = ctype(t);
   std::string decls = T + "* X = " + x + "; " + T + "* D = " + dy + "; " + T + "* Y = " + dw + ";\n";
   std::string row = coords({c.O, c.cg(), c.KH, c.KW}, "(i64)r", "i64", "w");
@@ -269,6 +276,146 @@ void conv2d_grad_weight(Emitter& out, const Conv& c, DType t, const std::string&
   e += "        x = (" + padded_read(c, T, "b") + ") * D[((b * " + str(c.O) + " + oc) * " + str(c.OH) + " + oh) * " +
        str(c.OW) + " + ow];\n";
   row_sum(out, t, c.O * c.cg() * c.KH * c.KW, c.N * c.OH * c.OW, decls, row, e, "      Y[r] = acc;\n");
+}
+
+// How conv2d_grad_weight splits its work (all fixed by the shapes, so is the summation
+// order): a block takes a tile of `oct` output channels by `ct` input channels of one group
+// and every tap of them, over chunk s of the output positions p = (b, oh, ow); its threads
+// walk the chunk with consecutive threads on consecutive p (coalesced dy reads, and x reads
+// that neighbouring taps share in L1), each keeping oct * ct * KH * KW sums in registers:
+// a dy value serves ct * KH * KW products, an x value oct. The block's sums are reduced in
+// a fixed tree (warp shuffles, then the warps in order) and, with more than one chunk,
+// written as partials that a second kernel adds pairwise per weight.
+struct DwTiling {
+  int64_t oct = 1, ct = 1;   // output and input channels per block
+  int64_t tiles = 1;         // blocks per chunk: groups * og / oct * cg / ct
+  int64_t threads = 32;      // per block
+  int64_t chunk = 0, chunks = 1;  // output positions per block; chunks = ceil(P / chunk)
+};
+
+// A thread's sums in register words (4 bytes): a tile's at most kDwTileWords, or one
+// channel pair's KH * KW when that alone is more; a kernel whose KH * KW sums need more than
+// kDwMaxWords takes the row kernel instead (it would spill).
+constexpr int64_t kDwTileWords = 72, kDwMaxWords = 128;
+constexpr int64_t kDwThreads = 256;
+// Output positions a thread adds serially: at most kDwMaxRun (a run as long as the
+// summation order's blocks of 64, so the accuracy stays the row kernel's), and chunks no
+// shorter than kDwMinRun per thread (the block's tree costs ~oct*ct*taps*10 instructions a
+// thread, so a thread should do some work before it).
+constexpr int64_t kDwMaxRun = 64, kDwMinRun = 8;
+// Blocks wanted in all: a few per SM of a large GPU (132 SMs on an H100/H200); at least
+// kDwMinBlocks (two per SM) where the work allows, even at the price of smaller tiles.
+constexpr int64_t kDwTargetBlocks = 512, kDwMinBlocks = 264;
+
+std::optional<DwTiling> dw_tiling(const Conv& c, DType t) {
+  const int64_t words = static_cast<int64_t>(dtype_size(t)) / 4, taps = c.KH * c.KW;
+  const int64_t P = c.N * c.OH * c.OW;
+  if (taps * words > kDwMaxWords || P == 0) return std::nullopt;
+  DwTiling d;
+  d.threads = std::min<int64_t>(kDwThreads, (P + 31) / 32 * 32);
+  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const int64_t most = ceil_div(P, d.threads * kDwMinRun), least = ceil_div(P, d.threads * kDwMaxRun);
+  // Enough blocks first (where some tile gives kDwMinBlocks), then the most products per
+  // load: the largest oct * ct within the register budget (each a divisor of its group's
+  // channels, at most 8), then the fewest loads (oct + ct), then the larger oct (a thread's
+  // x loads are ct * taps, its dy loads oct).
+  auto key = [&](int64_t o, int64_t k) {
+    return std::array<int64_t, 4>{c.G * (c.og() / o) * (c.cg() / k) * most >= kDwMinBlocks, o * k, -(o + k), o};
+  };
+  for (int64_t o = 1; o <= std::min<int64_t>(8, c.og()); ++o) {
+    if (c.og() % o) continue;
+    for (int64_t k = 1; k <= std::min<int64_t>(8, c.cg()); ++k)
+      if (c.cg() % k == 0 && o * k * taps * words <= std::max(kDwTileWords, taps * words) && key(o, k) > key(d.oct, d.ct))
+        d.oct = o, d.ct = k;
+  }
+  d.tiles = c.G * (c.og() / d.oct) * (c.cg() / d.ct);
+  int64_t chunks = std::max<int64_t>({least, std::min(most, ceil_div(kDwTargetBlocks, d.tiles)), 1});
+  d.chunk = ceil_div(P, chunks);
+  d.chunks = ceil_div(P, d.chunk);  // none empty
+  return d;
+}
+
+void conv2d_grad_weight(Emitter& out, const Conv& c, DType t, const std::string& x, const std::string& dy,
+                        const std::string& dw) {
+  const int64_t weights = c.O * c.cg() * c.KH * c.KW;
+  if (weights == 0) return;
+  const std::string T = ctype(t);
+  const int64_t P = c.N * c.OH * c.OW;
+  if (P == 0) {  // an empty sum
+    out.elementwise(weights, weights, "  " + T + "* Y = " + dw + ";\n", "    Y[i] = (" + T + ")0;\n");
+    return;
+  }
+  std::optional<DwTiling> td = dw_tiling(c, t);
+  if (!td) return conv2d_grad_weight_rows(out, c, t, x, dy, dw);
+  const DwTiling& d = *td;
+  const int64_t taps = c.KH * c.KW, sums = d.oct * d.ct * taps, warps = d.threads / 32;
+  const std::string it = index_type(std::max({c.N * c.C * c.H * c.W, c.N * c.O * c.OH * c.OW, weights * d.chunks,
+                                              d.chunks * d.tiles + d.threads}));
+  // Partials [chunk][weight] (coalesced for the second kernel's thread per weight).
+  const std::string part = d.chunks > 1 ? pointer(out.scratch(weights * d.chunks * static_cast<int64_t>(dtype_size(t))), t) : dw;
+  const std::string fma = fn("fma", t);
+  std::string s = "  const " + T + "* __restrict__ X = " + x + "; const " + T + "* __restrict__ D = " + dy + "; " + T +
+                  "* Y = " + part + ";\n";
+  s += "  __shared__ " + T + " kiln_sh[" + str(warps * sums) + "];\n";
+  // Block = chunk * tiles + tile: the blocks running at once share a chunk of x and dy in L2.
+  s += "  const " + it + " tile = (" + it + ")blockIdx.x % " + str(d.tiles) + ", chunk = (" + it + ")blockIdx.x / " +
+       str(d.tiles) + ";\n";
+  s += "  const " + it + " grp = tile / " + str(c.og() / d.oct * (c.cg() / d.ct)) + ", sub = tile % " +
+       str(c.og() / d.oct * (c.cg() / d.ct)) + ";\n";
+  s += "  const " + it + " oc0 = grp * " + str(c.og()) + " + sub / " + str(c.cg() / d.ct) + " * " + str(d.oct) +
+       ", ch0 = sub % " + str(c.cg() / d.ct) + " * " + str(d.ct) + ";\n";
+  s += "  " + T + " acc[" + str(sums) + "];\n";
+  s += "#pragma unroll\n  for (int a = 0; a < " + str(sums) + "; ++a) acc[a] = (" + T + ")0;\n";
+  s += "  const " + it + " hi = kiln_min(chunk * " + str(d.chunk) + " + " + str(d.chunk) + ", (" + it + ")" + str(P) + ");\n";
+  s += "  for (" + it + " p = chunk * " + str(d.chunk) + " + (" + it + ")threadIdx.x; p < hi; p += " + str(d.threads) + ") {\n";
+  s += "    const " + it + " ow = p % " + str(c.OW) + ", q = p / " + str(c.OW) + ", oh = q % " + str(c.OH) + ", b = q / " +
+       str(c.OH) + ";\n";
+  s += "    " + T + " dv[" + str(d.oct) + "];\n";
+  s += "#pragma unroll\n    for (int o = 0; o < " + str(d.oct) + "; ++o) dv[o] = D[((b * " + str(c.O) + " + oc0 + o) * " +
+       str(c.OH) + " + oh) * " + str(c.OW) + " + ow];\n";
+  s += "    const " + T + "* xb = X + (b * " + str(c.C) + " + grp * " + str(c.cg()) + " + ch0) * " + str(c.H * c.W) + ";\n";
+  s += "#pragma unroll\n    for (int kh = 0; kh < " + str(c.KH) + "; ++kh) {\n";
+  s += "      const " + it + " ih = oh * " + str(c.SH) + " - " + str(c.PH) + " + kh * " + str(c.DH) + ";\n";
+  s += "      const bool inh = ih >= 0 && ih < " + str(c.H) + ";\n";
+  s += "#pragma unroll\n      for (int kw = 0; kw < " + str(c.KW) + "; ++kw) {\n";
+  s += "        const " + it + " iw = ow * " + str(c.SW) + " - " + str(c.PW) + " + kw * " + str(c.DW) + ";\n";
+  s += "        const bool in = inh && iw >= 0 && iw < " + str(c.W) + ";\n";
+  s += "#pragma unroll\n        for (int k = 0; k < " + str(d.ct) + "; ++k) {\n";
+  // A tap in the padding reads 0, which still multiplies dy (0 * inf is NaN, docs/ir.md).
+  s += "          const " + T + " xv = in ? xb[(" + it + ")k * " + str(c.H * c.W) + " + ih * " + str(c.W) + " + iw] : (" + T + ")0;\n";
+  s += "#pragma unroll\n          for (int o = 0; o < " + str(d.oct) + "; ++o) {\n";
+  s += "            const int a = ((o * " + str(d.ct) + " + k) * " + str(c.KH) + " + kh) * " + str(c.KW) + " + kw;\n";
+  s += "            acc[a] = " + fma + "(xv, dv[o], acc[a]);\n";
+  s += "          }\n        }\n      }\n    }\n  }\n";
+  // Each sum over the warp (lane 0 ends with ((l0 + l1) + (l2 + l3)) + ...), then over the
+  // warps in order.
+  s += "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n";
+  s += "#pragma unroll\n  for (int a = 0; a < " + str(sums) + "; ++a) {\n";
+  s += "    " + T + " v = acc[a];\n";
+  s += "    for (int o = 1; o < 32; o <<= 1) v = v + __shfl_down_sync(0xffffffffu, v, o);\n";
+  s += "    if (lane == 0) kiln_sh[warp * " + str(sums) + " + a] = v;\n  }\n";
+  s += "  __syncthreads();\n";
+  s += "  for (int a = threadIdx.x; a < " + str(sums) + "; a += " + str(d.threads) + ") {\n";
+  s += "    " + T + " v = kiln_sh[a];\n";
+  s += "    for (int w = 1; w < " + str(warps) + "; ++w) v = v + kiln_sh[w * " + str(sums) + " + a];\n";
+  s += "    const int o = a / " + str(d.ct * taps) + ", k = a / " + str(taps) + " % " + str(d.ct) + ", tap = a % " + str(taps) +
+       ";\n";
+  s += "    Y[" + std::string(d.chunks > 1 ? "chunk * " + str(weights) + " + " : "") + "((oc0 + o) * " + str(c.cg()) +
+       " + ch0 + k) * " + str(taps) + " + tap] = v;\n  }\n";
+  out.kernel(s, d.chunks * d.tiles, d.threads);
+  if (d.chunks == 1) return;
+  // Each weight's partials, pairwise in chunk order (a binary counter: slot l holds the sum
+  // of the last 2^l chunks while bit l of the count is set).
+  const int levels = std::bit_width(static_cast<uint64_t>(d.chunks));
+  std::string sum = "    " + T + " slot[" + std::to_string(levels) + "];\n";
+  sum += "    for (" + it + " k = 0; k < " + str(d.chunks) + "; ++k) {\n";
+  sum += "      " + T + " v = Pt[k * " + str(weights) + " + i];\n";
+  sum += "      int l = 0;\n      for (; (((k + 1) >> l) & 1) == 0; ++l) v = slot[l] + v;\n      slot[l] = v;\n    }\n";
+  sum += "    " + T + " acc = (" + T + ")0; bool have = false;\n";
+  sum += "    for (int l = 0; l < " + std::to_string(levels) + "; ++l)\n";
+  sum += "      if ((" + str(d.chunks) + " >> l) & 1) { acc = have ? slot[l] + acc : slot[l]; have = true; }\n";
+  sum += "    Y[i] = acc;\n";
+  out.elementwise(weights, weights * d.chunks, "  const " + T + "* Pt = " + part + "; " + T + "* Y = " + dw + ";\n", sum);
 }
 
 void pool(Emitter& out, const Node& n, const Pool& p, const std::string& T, const std::string& x, const std::string& y) {

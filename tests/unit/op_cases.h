@@ -343,6 +343,26 @@ inline std::vector<OpCase> op_cases(Op op) {
               {{"kernel", Ints{3, 3}}, {"stride", stride}, {"padding", Ints{1, 1}}}, t, t);
           poison("x0", {{7, -inf}, {130, nan}});
         }
+        // The CUDA kernel's tilings (codegen/cuda/render_kernels.cpp, dw_tiling): LeNet's conv1
+        // (8 output channels a block, 7 chunks of positions added by a second kernel) and
+        // conv2 (4 x 2 channels a block) at a small batch; stride, padding and dilation
+        // differing by axis; depthwise at stride 2; grouped 1x1 (4 x 4 channels, 4 chunks);
+        // ResNet's 7x7 stem (one channel pair a block: 49 or, in f64, 98 register words); and
+        // kernels too large for a thread's registers (the row kernel).
+        add(dt, {{{16, 1, 28, 28}, {-1, 1}}, {{16, 8, 28, 28}, {-1, 1}}}, op,
+            {{"kernel", Ints{3, 3}}, {"padding", Ints{1, 1}}}, t, t);
+        add(dt, {{{4, 8, 14, 14}, {-1, 1}}, {{4, 16, 14, 14}, {-1, 1}}}, op,
+            {{"kernel", Ints{3, 3}}, {"padding", Ints{1, 1}}}, t, t);
+        add(dt, {{{2, 3, 11, 12}, {-1, 1}}, {{2, 4, 5, 10}, {-1, 1}}}, op,
+            {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 1}}, {"padding", Ints{1, 2}}, {"dilation", Ints{2, 3}}}, t, t);
+        poison("x1", {{3, inf}, {57, nan}});
+        add(dt, {{{3, 6, 9, 9}, {-1, 1}}, {{3, 6, 5, 5}, {-1, 1}}}, op,
+            {{"kernel", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}, {"groups", int64_t{6}}}, t, t);
+        add(dt, {{{4, 8, 40, 40}, {-1, 1}}, {{4, 8, 40, 40}, {-1, 1}}}, op,
+            {{"kernel", Ints{1, 1}}, {"groups", int64_t{2}}}, t, t);
+        add(dt, {{{2, 3, 20, 20}, {-1, 1}}, {{2, 4, 10, 10}, {-1, 1}}}, op,
+            {{"kernel", Ints{7, 7}}, {"stride", Ints{2, 2}}, {"padding", Ints{3, 3}}}, t, t);
+        add(dt, {{{1, 2, 14, 14}, {-1, 1}}, {{1, 3, 3, 3}, {-1, 1}}}, op, {{"kernel", Ints{12, 12}}}, t, t);
       }
       break;
     case Op::MaxPool2d:

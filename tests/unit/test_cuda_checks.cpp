@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <random>
@@ -417,5 +418,31 @@ TEST_CASE("cuda checks: every op and the random graphs on the GPU match the inte
       continue;
     }
     check_against_interpreter(c, got);
+  }
+}
+
+// conv2d_grad_weight splits each weight's sum over blocks (codegen/cuda/render_kernels.cpp):
+// its order is fixed by the shapes, so the GPU gives the same bits every run, here at
+// LeNet's conv1 and conv2 shapes where a second kernel adds several blocks' partials.
+TEST_CASE("cuda checks: conv2d_grad_weight on the GPU gives the same bits run to run", "[cuda][gpu]") {
+  std::string why = error_of([] { cuda::make_backend()->check_available({}); });
+  if (!why.empty()) SKIP(why);
+  std::unique_ptr<Backend> gpu = cuda::make_backend();
+  std::mt19937_64 rng(23);
+  for (auto [x, dy] : {std::pair{Shape{64, 1, 28, 28}, Shape{64, 8, 28, 28}},
+                       std::pair{Shape{64, 8, 14, 14}, Shape{64, 16, 14, 14}}}) {
+    Graph g("dw");
+    ValueId xv = g.add_input("x", {DType::f32, x}), dyv = g.add_input("dy", {DType::f32, dy});
+    g.add_output("dw", g.add_node(Op::Conv2dGradWeight, {xv, dyv},
+                                  {{"kernel", std::vector<int64_t>{3, 3}}, {"padding", std::vector<int64_t>{1, 1}}}));
+    TensorMap inputs{{"x", random_tensor(DType::f32, x, -1, 1, rng)}, {"dy", random_tensor(DType::f32, dy, -1, 1, rng)}};
+    auto program = gpu->compile(prepare(g, false), {.target = "cuda"});
+    REQUIRE(program->prepared().kernels.kernels.size() == 1);
+    const Tensor first = run_program(*program, inputs).at("dw");
+    check_outputs({{"dw", first}}, interpret(g, inputs), 1e-4, 1e-5);
+    for (int run = 0; run < 3; ++run) {
+      const Tensor again = run_program(*program, inputs).at("dw");
+      CHECK(std::memcmp(again.raw(), first.raw(), first.nbytes()) == 0);
+    }
   }
 }

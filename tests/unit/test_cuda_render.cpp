@@ -8,6 +8,7 @@
 #include <fstream>
 #include <limits>
 #include <set>
+#include <tuple>
 
 #include "codegen/cuda/render.h"
 #include "passes/kernel_plan.h"
@@ -321,13 +322,51 @@ TEST_CASE("cuda render: long reductions run one block per row, short ones one th
     CHECK(r.source.find("slot[") != std::string::npos);  // 5 blocks pairwise in one thread
     CHECK(r.source.find("__shfl_down_sync") == std::string::npos);
   }
-  SECTION("conv2d_grad_weight: a block per weight, not a thread") {
+}
+
+TEST_CASE("cuda render: conv2d_grad_weight splits its positions over enough blocks, partials summed after",
+          "[cuda][render]") {
+  using Ints = std::vector<int64_t>;
+  auto dw = [](Shape x, Shape dy, AttrMap attrs, DType t = DType::f32) {
     Graph g("dw");
-    ValueId x = g.add_input("x", f32({16, 1, 28, 28}));
-    ValueId dy = g.add_input("dy", f32({16, 6, 24, 24}));
-    g.add_output("dw", g.add_node(Op::Conv2dGradWeight, {x, dy}, {{"kernel", std::vector<int64_t>{5, 5}}}));
-    cuda::KernelLaunch k = launch_of(g);
-    CHECK(k.grid[0] == 6 * 25);
-    CHECK(k.block[0] >= 256);
+    ValueId xv = g.add_input("x", {t, x}), dyv = g.add_input("dy", {t, dy});
+    g.add_output("dw", g.add_node(Op::Conv2dGradWeight, {xv, dyv}, std::move(attrs)));
+    return cuda::render(prepare(g));
+  };
+  const AttrMap k3 = {{"kernel", Ints{3, 3}}, {"padding", Ints{1, 1}}};
+  SECTION("LeNet's conv1 and conv2 at batch 256: two or more blocks per SM of a 132-SM GPU") {
+    // conv1: 72 weights of 200704 terms (one block per weight before: 72 blocks).
+    for (auto [x, dy, weights] : {std::tuple{Shape{256, 1, 28, 28}, Shape{256, 8, 28, 28}, int64_t{72}},
+                                  std::tuple{Shape{256, 8, 14, 14}, Shape{256, 16, 14, 14}, int64_t{1152}}}) {
+      cuda::Rendered r = dw(x, dy, k3);
+      REQUIRE(r.launches.size() == 2);
+      const cuda::KernelLaunch& k = r.launches[0].kernel;
+      CHECK(k.grid[0] >= 2 * 132);
+      CHECK(k.block[0] == 256);
+      // The partials live after the plan's scratch, one per weight and block of positions.
+      CHECK(r.scratch_offset >= r.arena_bytes);
+      CHECK(r.scratch_bytes >= weights * 4 * 2);
+      CHECK(r.launches[1].kernel.grid[0] * r.launches[1].kernel.block[0] >= weights);
+      // 32-bit indices, no division in the taps' loop, fused multiply-adds.
+      CHECK(r.source.substr(r.source.find("// node")).find("i64") == std::string::npos);
+      CHECK(r.source.find("fmaf(xv, dv[o], acc[a])") != std::string::npos);
+    }
+  }
+  SECTION("few positions: one kernel writing dw itself, no scratch") {
+    cuda::Rendered r = dw({2, 3, 9, 9}, {2, 4, 9, 9}, k3, DType::f64);
+    REQUIRE(r.launches.size() == 1);
+    CHECK(r.scratch_bytes == 0);
+    CHECK(r.source.find("f64 acc[") != std::string::npos);
+  }
+  SECTION("a kernel whose sums do not fit a thread's registers takes the row kernel") {
+    cuda::Rendered r = dw({1, 2, 14, 14}, {1, 3, 3, 3}, {{"kernel", Ints{12, 12}}});
+    REQUIRE(r.launches.size() == 1);
+    CHECK(r.launches[0].kernel.grid[0] * r.launches[0].kernel.block[0] >= 3 * 2 * 144);  // a thread per weight
+    CHECK(r.source.find("acc[") == std::string::npos);
+  }
+  SECTION("no positions: zeros") {
+    cuda::Rendered r = dw({0, 2, 5, 5}, {0, 3, 5, 5}, k3);
+    REQUIRE(r.launches.size() == 1);
+    CHECK(r.source.find("Y[i] = (f32)0;") != std::string::npos);
   }
 }
