@@ -116,8 +116,8 @@ run_bundle() {
   step tests 240 "$bin/kiln_tests" "[cuda]~[emu]~[checks],[gpu]"
   # The peers on the same GPU (PyTorch eager, one CUDA graph per step, torch.compile), and
   # the ResNet-18 export they make for Kiln, which cuda_bench and kiln run then take.
-  step peers 420 python3 "$root/bench/peers/gpu_peers.py" --export "$r18" --json "$logs/peers.json" \
-    ${KILN_GPU_PEERS_ARGS:-}
+  step peers 300 python3 "$root/bench/peers/gpu_peers.py" --export "$r18" --json "$logs/peers.json" \
+    ${KILN_GPU_PEERS_ARGS:---compile-budget 90}
   step bench 150 "$bin/cuda_bench" --onnx "$r18/resnet18.onnx" --figures "$logs/kiln.json"
   step table 30 python3 "$root/bench/peers/gpu_peers.py" --table "$logs/peers.json" "$logs/kiln.json"
   step demo 90 "$bin/fashion_mnist" --target cuda --epochs 1 --data-dir "$data"

@@ -188,7 +188,10 @@ def main():
     ap.add_argument("--reps", type=int, default=3, help="timed runs per figure (best is kept)")
     ap.add_argument("--export", metavar="DIR", help="also write DIR/resnet18.onnx and its inputs for Kiln")
     ap.add_argument("--skip-compile", action="store_true", help="leave torch.compile out (it compiles for minutes)")
-    ap.add_argument("--json", metavar="FILE", help="also write the figures to FILE (for --table)")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures to FILE (for --table), after each system")
+    ap.add_argument("--compile-budget", type=float, default=0, metavar="S",
+                    help="stop starting torch.compile figures after S seconds of it (0: no limit); "
+                         "the ones not reached are left out")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_peers.py: PyTorch sees no GPU")
@@ -199,25 +202,39 @@ def main():
     result = {"versions": {"torch": torch.__version__, "gpu": torch.cuda.get_device_name()}}
     modes = ["eager", "graph"] + ([] if a.skip_compile else ["compile"])
     names = {"eager": "pytorch eager", "graph": "pytorch cuda graph", "compile": "torch.compile"}
+    def figures(mode):
+        """(name, thunk) for every figure of a mode, in the order they are measured."""
+        out = [("mlp_epoch", lambda: epoch_figures(mlp, 64, mode, a.reps)),
+               ("lenet_epoch", lambda: epoch_figures(lenet, 256, mode, a.reps))]
+        for name, make, shape in (("mlp", mlp, (784,)), ("lenet", lenet, (1, 28, 28))):
+            def b1(make=make, shape=shape):
+                torch.manual_seed(0)
+                return infer_figure(make().to(DEV).eval(), torch.rand((1,) + shape, device=DEV), mode, a.reps)
+            out.append((name + "_b1", b1))
+        for b in (1, 64):
+            out.append((f"resnet18_b{b}", lambda b=b: infer_figure(resnet18().to(DEV),
+                                                                   torch.rand(b, 3, 224, 224, device=DEV), mode,
+                                                                   a.reps)))
+        return out
+
     for mode in modes:
         r = result.setdefault(names[mode], {})
+        t0 = time.time()
         try:
-            r["mlp_epoch"] = epoch_figures(mlp, 64, mode, a.reps)
-            r["lenet_epoch"] = epoch_figures(lenet, 256, mode, a.reps)
-            for name, make, shape in (("mlp", mlp, (784,)), ("lenet", lenet, (1, 28, 28))):
-                torch.manual_seed(0)
-                r[name + "_b1"] = infer_figure(make().to(DEV).eval(), torch.rand((1,) + shape, device=DEV), mode, a.reps)
-            for b in (1, 64):
-                r[f"resnet18_b{b}"] = infer_figure(resnet18().to(DEV), torch.rand(b, 3, 224, 224, device=DEV), mode,
-                                                   a.reps)
+            for name, thunk in figures(mode):
+                if mode == "compile" and a.compile_budget and time.time() - t0 > a.compile_budget:
+                    print(f"gpu_peers.py: torch.compile: over the {a.compile_budget:.0f} s budget, {name} and "
+                          "later left out", file=sys.stderr)
+                    break
+                r[name] = thunk()
         except Exception as e:  # keep what was measured; say what failed
             print(f"gpu_peers.py: {names[mode]} stopped: {type(e).__name__}: {e}", file=sys.stderr)
-        print(f"gpu_peers.py: {names[mode]}: {json.dumps(r)}", file=sys.stderr, flush=True)
+        print(f"gpu_peers.py: {names[mode]} ({time.time() - t0:.0f} s): {json.dumps(r)}", file=sys.stderr, flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(result, f, indent=1)
     json.dump(result, sys.stdout, indent=1)
     print()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":
