@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 #include <span>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "codegen/backend.h"
@@ -321,8 +322,6 @@ bool Trainer::use_resident(const BatchPlan& plan) const {
 }
 
 Executable& Trainer::resident_for(const TensorDataset& data, int64_t log_capacity) {
-  std::vector<const void*> columns;
-  for (const auto& [name, t] : data.columns) columns.push_back(t.raw());
   if (!resident_ || resident_rows_ != data.size() || resident_capacity_ < log_capacity) {
     std::string accuracy = has_accuracy_ ? options_.accuracy : "";
     resident_ = compile(make_resident_step(step_.graph, data.size(), log_capacity, options_.loss, accuracy),
@@ -336,7 +335,14 @@ Executable& Trainer::resident_for(const TensorDataset& data, int64_t log_capacit
         logs[name] = Tensor(resident_->graph().type(v).dtype, {log_capacity});
     resident_->set_state(logs);
   }
-  if (columns != resident_columns_) {  // new data (or the first): upload it once
+  // The same storage as the copies kept: the device holds this data already.
+  bool same = resident_columns_.size() == data.columns.size();
+  for (const auto& [name, t] : data.columns) {
+    auto it = resident_columns_.find(name);
+    same = same && it != resident_columns_.end() && it->second.type() == t.type() &&
+           std::as_const(it->second).raw() == t.raw();
+  }
+  if (!same) {  // new data, data written since, or the first epoch: upload it once
     TensorMap upload;
     for (const auto& [name, t] : data.columns) {
       if (!resident_->graph().find("data." + name).valid())
@@ -344,7 +350,7 @@ Executable& Trainer::resident_for(const TensorDataset& data, int64_t log_capacit
       upload["data." + name] = t;
     }
     resident_->set_state(upload);
-    resident_columns_ = columns;
+    resident_columns_ = data.columns;
   }
   return *resident_;
 }

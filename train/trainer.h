@@ -232,9 +232,11 @@ class Trainer {
   DType lr_dtype_ = DType::f32;
   double written_lr_ = -1;  // the value "lr" holds (-1: unknown, write it)
   TensorMap full_batch_, last_batch_;  // reused gather buffers
-  // Resident data: the step and the data it holds (column buffers and rows, to tell new data).
+  // Resident data: the step, and the columns it holds as copies sharing the caller's
+  // storage: a column the caller writes afterwards is copied on that write, so its storage
+  // no longer matches and the next epoch uploads it again (new data or written data).
   std::shared_ptr<Executable> resident_;
-  std::vector<const void*> resident_columns_;
+  TensorMap resident_columns_;
   int64_t resident_rows_ = 0, resident_capacity_ = 0;
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;  // for schedules: set by train_epoch/fit
 };

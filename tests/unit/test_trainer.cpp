@@ -689,6 +689,23 @@ TEST_CASE("resident data: the Trainer trains bitwise as with host batches, callb
     }
     CHECK(res.checkpoints == host.checkpoints);
   }
+  // Data written between epochs (in place: the caller's tensor, copied on write) is
+  // uploaded again, as a host-batch trainer reads it anew.
+  {
+    TensorMap states[2];
+    for (int resident = 0; resident < 2; ++resident) {
+      TensorDataset data = synthetic(23);
+      TrainerOptions o = resumable(4);
+      o.resident_data = resident == 1;
+      Trainer t(m.model, m.params, o);
+      t.train_epoch(data);
+      for (int64_t i = 0; i < data.columns.at("x").numel(); ++i)
+        data.columns.at("x").set(i, 1.0 - data.columns.at("x").get(i));
+      t.train_epoch(data);
+      states[resident] = t.state();
+    }
+    require_same_state(states[0], states[1]);
+  }
   // Resuming a resident run mid-epoch from its checkpoint continues it bitwise.
   TrainerOptions o = resumable(4);
   o.resident_data = true;
