@@ -85,7 +85,7 @@ struct TrainArgs {
   std::optional<int> epochs, schedule_epochs, batch, warmup, seed, data_seed, train_limit, test_limit, eval_batch, keep,
       checkpoint_every, metrics_every, device;
   std::optional<double> lr, momentum, weight_decay;
-  bool drop_last = false, resume = false, quiet = false, allow_nonfinite = false;
+  bool drop_last = false, resume = false, quiet = false, allow_nonfinite = false, profile = false;
   std::string export_dir;  // --export DIR
 };
 CLI::App* add_train_command(cli::Parser& p, TrainArgs& a);

@@ -258,6 +258,10 @@ CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
              "after training, write DIR/model.kir (the inference graph: x -> logits, predicted), "
              "DIR/weights.safetensors (the trained state it reads) and DIR/README; then 'kiln compile "
              "DIR/model.kir --state-weights DIR/weights.safetensors -o m.o --header m.h' builds it for C");
+  p.add_flag(cmd, "--profile", a.profile,
+             "time every kernel of the training step and print the table after training, slowest first "
+             "(each launch timed alone: slower than a normal run, and on a GPU the sum exceeds the step's time "
+             "by the launch gaps its CUDA graph hides); printed with --quiet too");
   p.add_flag(cmd, "--quiet", a.quiet, "print nothing but errors");
   return cmd;
 }
@@ -301,6 +305,7 @@ int run_train(const TrainArgs& a) {
                             resolve_target(o.compile)));
   o.compile.device = a.device.value_or(0);
   o.compile = resolve_device(o.compile);
+  o.compile.profile = a.profile;
   o.checkpoint_dir = a.checkpoint;
   o.checkpoint_lock = lock;
   o.stop_on_nonfinite = !a.allow_nonfinite;
@@ -388,6 +393,8 @@ int run_train(const TrainArgs& a) {
                  std::isfinite(t->accuracy) ? "accuracy " + percent(t->accuracy) : fmt::format("loss {:.4f}", t->loss),
                  trainer.epoch(), trainer.epoch() == 1 ? "" : "s", seconds);
   }
+  if (a.profile && !done.empty())
+    fmt::print("{}", trainer.training_executable().profile_report());
   if (inference) {
     ExportResult e = export_model(a.export_dir, *inference, trainer.state());
     if (!a.quiet)

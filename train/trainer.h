@@ -136,6 +136,10 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
   const TrainStep& train_step() const { return step_; }
   Executable& step_executable() { return *train_; }
+  // The executable that ran the last epoch's full batches: the resident-data step when it
+  // was used (TrainerOptions::resident_data), else step_executable(). With
+  // CompileOptions::profile, its profile_report() is the training step's kernel table.
+  Executable& training_executable() { return resident_ ? *resident_ : *train_; }
   Executable& eval_executable() { return *eval_; }
   // Hex BLAKE3 of the training step's canonical text (checkpoints carry it).
   const std::string& graph_hash() const { return hash_; }

@@ -191,6 +191,17 @@ TEST_CASE("kiln train writes the metrics CSV and the SVG plot", "[cli][train]") 
   CHECK(read_text(dir / "q.svg") == svg);
 }
 
+TEST_CASE("kiln train --profile prints the training step's kernel table", "[cli][train]") {
+  NEED_FASHION_MNIST();
+  TempDir dir;
+  RunResult r = kiln_in(dir, kShort + " --epochs 1 --profile");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  // --quiet leaves the table alone: it was asked for. 640 images at batch 64: 10 steps.
+  CHECK_THAT(r.output, StartsWith("profile @mlp_train_step (cpu): 10 runs, "));
+  CHECK_THAT(r.output, ContainsSubstring("fused{matmul,add,relu}"));
+}
+
 TEST_CASE("kiln train --resume ends with the weights of an uninterrupted run, bit for bit", "[cli][train][resume]") {
   NEED_FASHION_MNIST();
   TempDir dir;
