@@ -33,7 +33,7 @@ const GraphOutput& scalar_output(const Graph& step, const std::string& name, con
 }  // namespace
 
 Graph make_resident_step(const Graph& step, int64_t rows, int64_t log_capacity, const std::string& loss,
-                         const std::string& accuracy) {
+                         const std::string& accuracy, const std::string& lr) {
   const std::string where = "make_resident_step @" + step.name() + ": ";
   if (rows < 1 || rows > std::numeric_limits<int32_t>::max())
     throw Error(where + fmt::format("rows must be in 1..{}, got {}", std::numeric_limits<int32_t>::max(), rows));
@@ -64,7 +64,14 @@ Graph make_resident_step(const Graph& step, int64_t rows, int64_t log_capacity, 
       throw Error(where + "the step already has a value or output named '" + name + "'");
   };
 
-  Rebuilder r(step, [](const GraphInput& in) { return in.is_state; });
+  ValueId lr_in;
+  if (!lr.empty()) {
+    lr_in = step.find(lr);
+    if (!lr_in.valid() || step.value(lr_in).input < 0 || !step.is_state(lr_in) || step.type(lr_in).rank() != 0)
+      throw Error(where + "no scalar state input named '" + lr + "' to take the rate from");
+  }
+
+  Rebuilder r(step, [&](const GraphInput& in) { return in.is_state && in.value != lr_in; });
   Graph& g = r.dst();
   auto state = [&](const std::string& name, TensorType type) {
     check_free(name);
@@ -90,8 +97,15 @@ Graph make_resident_step(const Graph& step, int64_t rows, int64_t log_capacity, 
   ValueId picked = r.add(Op::Gather, {order, positions}, {{"axis", int64_t{0}}});
   for (size_t i = 0; i < columns.size(); ++i)
     r.set(columns[i]->value, r.add(Op::Gather, {data[i], picked}, {{"axis", int64_t{0}}}));
+  if (lr_in.valid()) {
+    ValueId lrs = state("data.lrs", {step.type(lr_in).dtype, {log_capacity}});
+    r.set(lr_in, r.add(Op::Gather, {lrs, cursor}, {{"axis", int64_t{0}}}));
+  }
   for (const Node& n : step.nodes()) r.copy(n);
-  Graph out = r.finish();
+  // The step's outputs, but the rate's pass-through update: the rate is data.lrs's now.
+  Graph out = std::move(r.dst());
+  for (const GraphOutput& o : step.outputs())
+    if (!lr_in.valid() || o.name != lr + ".next") out.add_output(o.name, r.map(o.value));
 
   // The logs: slot `cursor` takes this step's value; then the cursor moves on.
   ValueId slot = out.add_node_at(Op::Eq, {out.add_constant(iota_i32(log_capacity)), cursor}, {}, "", "");

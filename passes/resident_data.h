@@ -12,6 +12,10 @@
 //            order[cursor*B .. cursor*B + B) of every column); "data.losses" (the loss's
 //            dtype, [log_capacity]) and, when `accuracy` names an output, "data.accuracies"
 //            likewise: slot cursor receives this step's value;
+//            with `lr` naming a scalar state input of the step (make_train_step's "lr"),
+//            "data.lrs" [log_capacity] of its dtype replaces it: step cursor trains with
+//            rate lrs[cursor], so a schedule that changes the rate every step is written
+//            once for a run of steps, not before each;
 //   inputs:  none;
 //   outputs: the step's, and "data.cursor.next" = cursor + 1, "data.losses.next" (and
 //            "data.accuracies.next").
@@ -20,8 +24,8 @@
 // cursor < log_capacity (a row outside 0..rows-1 gathers zeros, a slot outside the log
 // is not written).
 // kiln::Error: no non-state input, columns of different leading dimensions, a name the
-// step already uses ("data.x", ...), no such loss output or one that is not a scalar, rows
-// or log_capacity below 1 or rows beyond i32.
+// step already uses ("data.x", ...), no such loss output or one that is not a scalar, an
+// `lr` that is not a scalar state input, rows or log_capacity below 1 or rows beyond i32.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +36,6 @@
 namespace kiln {
 
 Graph make_resident_step(const Graph& step, int64_t rows, int64_t log_capacity, const std::string& loss = "loss",
-                         const std::string& accuracy = "");
+                         const std::string& accuracy = "", const std::string& lr = "");
 
 }  // namespace kiln

@@ -238,7 +238,12 @@ EpochMetrics Trainer::run_epoch(const TensorDataset& data, const std::function<v
     Tensor order_i32(DType::i32, {data.size()});
     int32_t* o = order_i32.data<int32_t>();
     for (size_t j = 0; j < order.size(); ++j) o[j] = static_cast<int32_t>(order[j]);
-    resident->set_state({{"data.order", order_i32}, {"data.cursor", Tensor::scalar(DType::i32, position_)}});
+    // The rate of every step of the epoch, read by each step at its cursor.
+    Tensor lrs(lr_dtype_, {plan.count()});
+    for (int64_t j = position_; j < plan.full; ++j) lrs.set(j, lr_for(global_step_ + (j - position_), steps_per_epoch_));
+    resident->set_state({{"data.order", order_i32},
+                         {"data.cursor", Tensor::scalar(DType::i32, position_)},
+                         {"data.lrs", lrs}});
   }
   for (int64_t i = position_; i < plan.count(); ++i) {
     const int64_t size = plan.size_of(i);
@@ -250,15 +255,13 @@ EpochMetrics Trainer::run_epoch(const TensorDataset& data, const std::function<v
           int64_t to_checkpoint = options_.checkpoint_every_steps - global_step_ % options_.checkpoint_every_steps;
           end = std::min(end, i + to_checkpoint);
         }
-        for (int64_t j = i; j < end; ++j) {
-          double step_lr = lr_for(global_step_ + (j - i), steps_per_epoch_);
-          if (step_lr != written_lr_) {
-            train_->set_state("lr", Tensor::scalar(lr_dtype_, step_lr));
-            written_lr_ = step_lr;
-          }
-          resident->step({});
-        }
+        for (int64_t j = i; j < end; ++j) resident->step({});
         launched = end;
+        // "lr" holds the last step's rate, as after host batches (checkpoints carry it).
+        if (double last = lr_for(global_step_ + (end - 1 - i), steps_per_epoch_); last != written_lr_) {
+          train_->set_state("lr", Tensor::scalar(lr_dtype_, last));
+          written_lr_ = last;
+        }
         losses_log = resident->state("data.losses");
         if (has_accuracy_) accuracies_log = resident->state("data.accuracies");
       }
@@ -324,7 +327,7 @@ bool Trainer::use_resident(const BatchPlan& plan) const {
 Executable& Trainer::resident_for(const TensorDataset& data, int64_t log_capacity) {
   if (!resident_ || resident_rows_ != data.size() || resident_capacity_ < log_capacity) {
     std::string accuracy = has_accuracy_ ? options_.accuracy : "";
-    resident_ = compile(make_resident_step(step_.graph, data.size(), log_capacity, options_.loss, accuracy),
+    resident_ = compile(make_resident_step(step_.graph, data.size(), log_capacity, options_.loss, accuracy, "lr"),
                         options_.compile, train_->state_store());
     resident_rows_ = data.size();
     resident_capacity_ = log_capacity;

@@ -97,6 +97,39 @@ TEST_CASE("resident data: steps gather their batches and train bitwise as host b
   }
 }
 
+TEST_CASE("resident data: the rate of each step from data.lrs, as writing lr before each step", "[resident][passes]") {
+  const int64_t batch = 8, rows = 4 * batch, steps = 4;
+  testing::Model m = testing::training_model(false, batch, Adam{});
+  Graph resident = make_resident_step(m.step, rows, steps, "loss", "", "lr");
+  CHECK_FALSE(resident.find("lr").valid());  // the rate is data.lrs's
+  CHECK_FALSE(resident.find_output("lr.next").valid());
+  TensorDataset data = dataset(false, rows);
+  std::vector<int64_t> order = epoch_order(rows, 1, 0);
+  const std::vector<float> rates = {1e-3f, 3e-4f, 7e-3f, 2e-5f};
+  auto plain = compile(m.step);
+  plain->set_state(m.state);
+  for (int64_t s = 0; s < steps; ++s) {
+    plain->set_state("lr", Tensor::scalar(DType::f32, rates[static_cast<size_t>(s)]));
+    plain->run(gather_rows(data, std::span<const int64_t>(order).subspan(static_cast<size_t>(s * batch),
+                                                                          static_cast<size_t>(batch))));
+  }
+  auto exe = compile(resident);
+  TensorMap st = m.state;
+  st.erase("lr");
+  exe->set_state(st);
+  exe->set_state({{"data.x", data.columns.at("x")},
+                  {"data.y", data.columns.at("y")},
+                  {"data.order", order_tensor(order)},
+                  {"data.cursor", Tensor::scalar(DType::i32, 0)},
+                  {"data.losses", Tensor(DType::f32, {steps})},
+                  {"data.lrs", Tensor::from<float>(DType::f32, {steps}, rates)}});
+  for (int64_t s = 0; s < steps; ++s) exe->step({});
+  for (const auto& [name, value] : plain->state())
+    if (name != "lr") require_equal(exe->state(name), value, name);
+  CHECK_THROWS_WITH(make_resident_step(m.step, rows, steps, "loss", "", "beta1x"),
+                    ContainsSubstring("no scalar state input named 'beta1x' to take the rate from"));
+}
+
 TEST_CASE("resident data: clear errors", "[resident][passes]") {
   testing::Model m = testing::training_model(false, 8, SGD{0.05, 0.9});
   CHECK_THROWS_WITH(make_resident_step(m.step, 4, 10), ContainsSubstring("the batch (8) is larger than the data (4 rows)"));
