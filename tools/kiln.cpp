@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "codegen/cpu/host.h"
+#include "codegen/cuda/driver.h"
+#include "codegen/cuda/nvrtc.h"
 #include "codegen/executable.h"
 #include "codegen/aot.h"
 #include "frontend/onnx_import.h"
@@ -494,6 +496,19 @@ int run_info() {
   fmt::print("llvm:     {}\n", host.llvm_version);
   fmt::print("blas:     {}\n", kiln_rt_blas_config());
   fmt::print("gemm:     {}\n", kiln_rt_gemm_config());
+  // The GPUs --target cuda:N / --device N can pick, and NVRTC, or why there are none.
+  try {
+    int count = kiln::cuda::gpu_count();
+    for (int i = 0; i < count; ++i) {
+      const kiln::cuda::Gpu& g = kiln::cuda::gpu(i);
+      fmt::print("{}cuda:{} {} ({}), driver {}.{}\n", i == 0 ? "gpus:     " : "          ", i, g.name(), g.arch(),
+                 g.driver_version() / 1000, g.driver_version() % 1000 / 10);
+    }
+  } catch (const Error& e) {
+    fmt::print("gpus:     none: {}\n", e.what());
+  }
+  std::string why;
+  fmt::print("nvrtc:    {}\n", kiln::cuda::nvrtc_available(&why) ? kiln::cuda::nvrtc_version() : "none: " + why);
   if (const char* warning = kiln_rt_blas_warning()) fmt::print("warning: {}\n", warning);
   return 0;
 }
@@ -678,9 +693,11 @@ int run_command_line(int argc, char** argv) {
              "write the parameters as a weights file, safetensors (for 'kiln compile --state-weights' and "
              "'kiln run --state-weights')");
 
-  CLI::App* info_cmd = p.add_command("info", "show the host CPU, LLVM and BLAS that Kiln uses", "",
+  CLI::App* info_cmd = p.add_command("info", "show the host CPU, LLVM, BLAS, the GPUs and NVRTC that Kiln uses", "",
                                      "Prints the host target (triple, CPU, vector features) as LLVM sees it, the LLVM "
-                                     "version\nand the BLAS library's configuration.");
+                                     "version,\nthe BLAS library's configuration and Kiln's GEMM kernel, the NVIDIA GPUs "
+                                     "(cuda:N, for --target\ncuda:N and --device N) or why there are none, and NVRTC's "
+                                     "version.");
 
   int status = 0;
   CLI::App* cmd = p.parse(argc, argv, status);

@@ -19,6 +19,9 @@ using Catch::Matchers::StartsWith;
 namespace {
 
 RunResult run_kiln(const std::string& args) { return run_shell(kiln_binary() + " " + args); }
+RunResult run_kiln_env(const std::string& env, const std::string& args) {
+  return run_shell(env + " " + kiln_binary() + " " + args);
+}
 
 std::filesystem::path temp_dir(const std::string& tag) {
   auto d = std::filesystem::temp_directory_path() / ("kiln_cli_" + tag + "_" + std::to_string(::getpid()));
@@ -65,6 +68,12 @@ TEST_CASE("kiln info reports the host, LLVM and BLAS", "[cli]") {
   CHECK(r.status == 0);
   CHECK_THAT(r.output, ContainsSubstring("llvm:     19."));
   CHECK_THAT(r.output, ContainsSubstring("blas:"));
+  // The GPUs, one line each, or one line saying why there are none; NVRTC likewise.
+  CHECK_THAT(r.output, ContainsSubstring("\ngpus:     cuda:0 ") || ContainsSubstring("\ngpus:     none: "));
+  CHECK_THAT(r.output, ContainsSubstring("\nnvrtc:    "));
+  auto missing = run_kiln_env("KILN_CUDA_DRIVER_LIB=libkiln-missing-driver.so.1", "info");
+  CHECK(missing.status == 0);
+  CHECK_THAT(missing.output, ContainsSubstring("\ngpus:     none: no CUDA driver found (libkiln-missing-driver.so.1)"));
 }
 
 TEST_CASE("kiln dump reads a file and standard input", "[cli]") {
