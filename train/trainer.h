@@ -83,7 +83,10 @@ struct TrainerOptions {
   // device and read every `resident_sync_steps` steps (and at checkpoints and the epoch's
   // end), when on_step callbacks receive them and divergence is checked. The weights are
   // bitwise those of batches fed from the host. nullopt: on where the device is not the
-  // host's memory (a GPU), off on the CPU (where it would only copy the data).
+  // host's memory (a GPU), off on the CPU (where it would only copy the data). An exception
+  // out of a callback (or a divergence error) in the middle of such a run leaves the state
+  // up to the run's end ahead of the step count: resume from a checkpoint (exact) rather
+  // than training on with this trainer.
   std::optional<bool> resident_data{};
   int64_t resident_sync_steps = 0;  // 0: about 1% of an epoch with on_step, else the epoch's end
 };
