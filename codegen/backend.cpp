@@ -76,15 +76,22 @@ TargetText target_text(const CompileOptions& options) {
 std::pair<std::string, std::optional<int>> split_device(const TargetText& t) {
   size_t colon = t.text.rfind(':');
   if (colon == std::string::npos) return {t.text, std::nullopt};
-  std::string digits = t.text.substr(colon + 1);
-  bool ok = !digits.empty() && digits.size() <= 4 &&
-            std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (!ok)
+  std::optional<int> n = device_number(std::string_view(t.text).substr(colon + 1));
+  if (!n)
     throw Error("bad target '" + t.text + "' (from " + t.from + "): a device suffix is ':N' with N a GPU number, "
                 "e.g. cuda:0");
-  return {t.text.substr(0, colon), std::stoi(digits)};
+  return {t.text.substr(0, colon), n};
 }
 }  // namespace
+
+std::optional<int> device_number(std::string_view digits) {
+  if (digits.empty() || digits.size() > 4 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  int n = 0;
+  for (char c : digits) n = n * 10 + (c - '0');
+  return n;
+}
 
 std::string resolve_target(const CompileOptions& options) {
   TargetText t = target_text(options);

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,6 +68,9 @@ std::string resolve_target(const CompileOptions& options);
 // target "cuda:1" becomes target "cuda", device 1. kiln::Error for a malformed suffix, a
 // device the target has not (cpu:1), or a suffix that contradicts options.device.
 CompileOptions resolve_device(CompileOptions options);
+// The GPU number of a target's ":N" suffix (the text after the colon): 1 to 4 decimal
+// digits; nullopt for anything else.
+std::optional<int> device_number(std::string_view digits);
 
 // Where a program's buffers live.
 class Device {

@@ -167,8 +167,7 @@ void Parser::add_choice(CLI::App* cmd, const std::string& flag, std::vector<std:
     std::string name = text;
     if (size_t colon = text.find(':'); device_suffix && colon != std::string::npos) {
       name = text.substr(0, colon);
-      std::string n = text.substr(colon + 1);
-      if (n.empty() || n.size() > 4 || !std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      if (!device_number(std::string_view(text).substr(colon + 1)))
         throw Error(fmt::format("{}={}: the device after ':' is a number (e.g. {}:0)", flag, text, name));
     }
     if (std::find(choices.begin(), choices.end(), name) == choices.end()) {
@@ -258,6 +257,13 @@ CLI::App* Parser::parse(int argc, char** argv, int& status) {
   std::fputs(app_.help().c_str(), stderr);  // no command: the overview, as an error
   status = 1;
   return nullptr;
+}
+
+CompileOptions with_device_option(CompileOptions options, std::optional<int> device) {
+  if (device && resolve_target(options) != "cuda")
+    throw Error(fmt::format("--device {} is an option of the cuda target, not {}", *device, resolve_target(options)));
+  options.device = device.value_or(0);
+  return resolve_device(options);
 }
 
 }  // namespace kiln::cli

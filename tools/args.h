@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/backend.h"
 #include "tools/suggest.h"
 
 namespace kiln::cli {
@@ -67,5 +68,9 @@ class Parser {
   std::optional<std::string> value_error_;
   bool version_ = false;
 };
+
+// `options` with --device N applied (only the cuda target takes it) and the target's
+// ":N" suffix resolved (resolve_device): one clear error for a device a target has not.
+CompileOptions with_device_option(CompileOptions options, std::optional<int> device);
 
 }  // namespace kiln::cli

@@ -158,13 +158,9 @@ kiln::CompileOptions compile_options(const std::string& target, const std::strin
   kiln::CompileOptions options;
   options.target = target;
   options.cuda_arch = arch;
-  options.device = device.value_or(0);
   if (!arch.empty() && kiln::resolve_target(options) != "cuda")
     throw Error(fmt::format("--arch {} is an option of the cuda target, not {}", arch, kiln::resolve_target(options)));
-  if (device && kiln::resolve_target(options) != "cuda")
-    throw Error(fmt::format("--device {} is an option of the cuda target, not {}", *device,
-                            kiln::resolve_target(options)));
-  return kiln::resolve_device(options);
+  return kiln::cli::with_device_option(options, device);
 }
 
 // --- dump and dot ---------------------------------------------------------------------------

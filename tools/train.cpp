@@ -300,11 +300,7 @@ int run_train(const TrainArgs& a) {
   o.data_seed = static_cast<uint64_t>(a.data_seed.value_or(0));
   o.eval_batch = a.eval_batch.value_or(o.eval_batch);
   o.compile.target = a.target.empty() ? "cpu" : a.target;
-  if (a.device && resolve_target(o.compile) != "cuda")
-    throw Error(fmt::format("--device {} is an option of the cuda target, not {}", *a.device,
-                            resolve_target(o.compile)));
-  o.compile.device = a.device.value_or(0);
-  o.compile = resolve_device(o.compile);
+  o.compile = cli::with_device_option(o.compile, a.device);
   o.compile.profile = a.profile;
   o.checkpoint_dir = a.checkpoint;
   o.checkpoint_lock = lock;
