@@ -76,6 +76,31 @@ TEST_CASE("kiln info reports the host, LLVM and BLAS", "[cli]") {
   CHECK_THAT(missing.output, ContainsSubstring("\ngpus:     none: no CUDA driver found (libkiln-missing-driver.so.1)"));
 }
 
+TEST_CASE("kiln run and kiln train: --device and cuda:N, one clear line each when they cannot apply", "[cli]") {
+  const std::string run = "run tests/data/onnx/lenet.onnx --input x=tests/data/onnx/lenet_x.npy ";
+  auto in_source = [](const std::string& args) { return run_shell("cd '" KILN_SOURCE_DIR "' && " + kiln_binary() + " " + args); };
+  struct Bad {
+    std::string args, message;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {run + "--device 1", "kiln: error: --device 1 is an option of the cuda target, not cpu\n"},
+           {run + "--target cpu:1",
+            "kiln: error: the cpu target has one device, 0; device 1 is for the cuda target (cuda:1)\n"},
+           {run + "--target cuda:x", "kiln: error: --target=cuda:x: the device after ':' is a number (e.g. cuda:0)\n"},
+           {"train mlp --data fashion-mnist --target cpu --device 2",
+            "kiln: error: --device 2 is an option of the cuda target, not cpu\n"},
+           {"train mlp --data fashion-mnist --target cuda:2 --device 1",
+            "kiln: error: the target 'cuda:2' (from CompileOptions::target) names device 2 but the device option "
+            "says 1\n"}}) {
+    RunResult r = in_source(b.args);
+    CAPTURE(b.args);
+    CHECK(r.status == 1);
+    CHECK(r.output == b.message);
+  }
+  // cpu:0 is the cpu target.
+  CHECK(in_source(run + "--target cpu:0").status == 0);
+}
+
 TEST_CASE("kiln dump reads a file and standard input", "[cli]") {
   auto dir = temp_dir("dump");
   write_file(dir / "a.kir", kAffine);
