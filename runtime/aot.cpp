@@ -58,12 +58,17 @@ const char* tensor_error(const KilnAotTensor& t) {
   if (size == 0) return "unknown dtype";
   if (t.rank < 0 || t.rank > kMaxRank) return "rank out of range";
   if (t.rank > 0 && !t.shape) return "no shape";
+  // The product of the nonzero dimensions must fit even when a zero makes the tensor empty:
+  // the safetensors reader refuses such a shape too, so what one format accepts the other
+  // writes back and reads.
   int64_t bytes = size;
+  bool empty = false;
   for (int32_t d = 0; d < t.rank; ++d) {
     if (t.shape[d] < 0) return "negative dimension";
-    if (__builtin_mul_overflow(bytes, t.shape[d], &bytes)) return "size overflows 64 bits";
+    empty = empty || t.shape[d] == 0;
+    if (t.shape[d] != 0 && __builtin_mul_overflow(bytes, t.shape[d], &bytes)) return "size overflows 64 bits";
   }
-  if (t.bytes != bytes) return "byte size does not match the shape";
+  if (t.bytes != (empty ? 0 : bytes)) return "byte size does not match the shape";
   return nullptr;
 }
 

@@ -33,8 +33,8 @@ struct Read {
   bool operator==(const Read&) const = default;
 };
 
-// Reads `path`: true and its tensors, or false (a clean rejection, message in err).
-bool read_all(const std::string& path, std::vector<Read>& out) {
+// Reads `path`: true and its tensors, or false (a clean rejection, message in *why).
+bool read_all(const std::string& path, std::vector<Read>& out, std::string* why = nullptr) {
   out.clear();
   char err[512];
   err[0] = 0;
@@ -49,6 +49,7 @@ bool read_all(const std::string& path, std::vector<Read>& out) {
       },
       &out, err, sizeof err);
   if (rc != 0 && err[0] == 0) kiln::fuzz::bug("a rejected file without a message");
+  if (why) *why = err;
   return rc == 0;
 }
 
@@ -112,7 +113,7 @@ void check(std::string_view bytes) {
   if (!kiln::rt::serialize_weights(static_cast<int32_t>(table.size()), table.data(), data.data(), serialized, why))
     kiln::fuzz::bug("a file that reads does not serialize: " + why);
   std::vector<Read> again;
-  if (!read_all(path, again)) kiln::fuzz::bug("a file written back does not read");
+  if (!read_all(path, again, &why)) kiln::fuzz::bug("a file written back does not read: " + why);
   if (again != tensors) kiln::fuzz::bug("the weights file does not round-trip");
   kiln::fuzz::MemFile written(serialized);
   if (!read_all(written.path(), again) || again != tensors)

@@ -198,6 +198,19 @@ TEST_CASE("kiln_weights_write refuses bad tensors and NULL arguments", "[aot][ru
   CHECK(kiln_weights_write(path.c_str(), 2, two, ptrs, err, sizeof err) == -1);
   CHECK_THAT(err, ContainsSubstring("its name is not UTF-8 (a safetensors header is JSON)"));
   two[1].name = "b";
+  // Empty, but its other dimensions' product overflows: the safetensors reader refuses such
+  // a header, so the writer (and the KILNWTS1 reader, which shares this check) refuses it
+  // too, as fuzz_weights found.
+  const int64_t huge[] = {0, int64_t{1} << 40, int64_t{1} << 40};
+  two[1].rank = 3, two[1].shape = huge, two[1].bytes = 0;
+  CHECK(kiln_weights_write(path.c_str(), 2, two, ptrs, err, sizeof err) == -1);
+  CHECK_THAT(err, ContainsSubstring("tensor 1 ('b'): size overflows 64 bits"));
+  const int64_t fits[] = {0, int64_t{1} << 20, int64_t{1} << 20};
+  two[1].shape = fits;
+  REQUIRE(kiln_weights_write(path.c_str(), 2, two, ptrs, err, sizeof err) == 0);
+  CHECK(load_weights(path).at("b").shape() == std::vector<int64_t>{0, 1 << 20, 1 << 20});
+  std::filesystem::remove(path);
+  two[1].rank = 1, two[1].shape = shape, two[1].bytes = 8;
   const void* null_data[] = {data, nullptr};
   CHECK(kiln_weights_write(path.c_str(), 2, two, null_data, err, sizeof err) == -1);
   CHECK_THAT(err, ContainsSubstring("tensor 1 ('b'): its data is NULL"));
