@@ -44,6 +44,10 @@ struct CompileOptions {
   // top of the CPU's. Unknown names, and "+f" for a feature the host lacks, are errors.
   std::string features{};
   bool profile = false;  // per-kernel timers (Executable::profile_report)
+  // cpu: structurally identical kernels (a transformer's repeated layers) are one function,
+  // optimized and compiled once and called for each (the same code, bitwise the same
+  // results); false compiles every kernel on its own (to measure and check the sharing).
+  bool share_kernels = true;
   bool use_cache = true; // look up / store the compiled code in the compile cache
   bool tf32 = false;     // cuda: let cuBLAS use TF32 tensor cores for f32 GEMMs
   // cuda: the GPU architecture to compile for ("sm_90"); empty: the device's. With an

@@ -161,7 +161,7 @@ std::string key_text(const Graph& g, const CompileOptions& options, const Backen
   text += "\n;target " + be.name() + " " + be.target_key(options);
   text += "\n;options optimize_graph=" + std::to_string(options.optimize_graph) +
           " inference=" + std::to_string(options.inference) +
-          " profile=" + std::to_string(options.profile);
+          " profile=" + std::to_string(options.profile) + " share_kernels=" + std::to_string(options.share_kernels);
   if (const char* e = std::getenv("KILN_CODEGEN_BASELINE"); e && std::string_view(e) == "1") text += " baseline";
   return text;
 }
@@ -390,6 +390,7 @@ void Executable::set_state(std::string_view name, const Tensor& value) {
 }
 
 void Executable::set_state(const TensorMap& state) {
+  PhaseTimer timer("set state");
   // Check everything first: a bad map changes nothing.
   for (const auto& [name, t] : state) {
     const Value* v = state_input(graph_, name);
@@ -537,7 +538,10 @@ void Executable::run_impl(const TensorMap& inputs, TensorMap* outputs) {
   const std::string where = (outputs ? "run @" : "step @") + g.name() + ": ";
   if (Executable* sibling = sibling_for(inputs, where)) return sibling->run_impl(inputs, outputs);
   bind_inputs(checked(inputs, false, where), where);
-  instance().call(buffers_);
+  {
+    PhaseTimer timer("call");
+    instance().call(buffers_);
+  }
   if (updates_state_) store()->touch();
   if (options_.profile) ++prof_runs_;
   // Outputs first (an old state value may be one), then the updates whose source is an
@@ -604,6 +608,7 @@ void Executable::update_prep() {
     const std::string& name = p.prep.value(gi.value).name;
     in.emplace(name, source.get(name));  // bind_inputs checked that every state input is set
   }
+  PhaseTimer timer("prepare weights");
   TensorMap out = interpret(p.prep, in);
   if (!prep_store_) prep_store_ = std::make_unique<StateStore>(device());
   for (const std::string& name : p.prep_names) prep_store_->set(name, out.at(name));

@@ -13,7 +13,6 @@
 
 #include <sys/mman.h>
 
-#include <llvm/AsmParser/Parser.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
@@ -21,7 +20,6 @@
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Module.h>
 #include <llvm/Support/MemoryBuffer.h>
-#include <llvm/Support/SourceMgr.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/TargetParser/SubtargetFeature.h>
@@ -132,7 +130,6 @@ class CpuProgram final : public Program {
  public:
   std::shared_ptr<const Prepared> prep;
   CompileOptions options;
-  std::string ir;
   std::unique_ptr<llvm::orc::LLJIT> jit;
   EntryFn entry = nullptr;
   int64_t arena_bytes = 0;  // arena + scratch (at least 1 byte: mmap's length)
@@ -146,11 +143,12 @@ class CpuProgram final : public Program {
   std::unique_ptr<Instance> instantiate() const override;
   std::vector<std::string> emit_forms() const override { return {"llvm", "asm"}; }
   std::string emit(std::string_view form) const override {
-    if (form == "llvm") return ir;
-    if (form == "asm") return assembly();
-    throw Error("cpu codegen: no form '" + std::string(form) + "' (forms: llvm, asm)");
+    if (form != "llvm" && form != "asm") throw Error("cpu codegen: no form '" + std::string(form) + "' (forms: llvm, asm)");
+    return text(form == "asm");
   }
-  std::string assembly() const;
+  // The module the JIT compiled, made again (lowering and optimizing are deterministic), so
+  // that a compile to run it does not print it: LLVM IR, or the host's assembly.
+  std::string text(bool assembly) const;
 };
 
 // Run-time storage is allocated by the first call(), so that compiling only to print the
@@ -229,19 +227,21 @@ class CpuInstance final : public Instance {
 
 std::unique_ptr<Instance> CpuProgram::instantiate() const { return std::make_unique<CpuInstance>(*this); }
 
-std::string CpuProgram::assembly() const {
-  detail::init_llvm();
-  llvm::LLVMContext ctx;
-  llvm::SMDiagnostic err;
-  std::unique_ptr<llvm::Module> m = llvm::parseAssemblyString(ir, err, ctx);
-  if (!m) throw Error("cpu codegen: cannot re-read the module: " + err.getMessage().str());
+std::string CpuProgram::text(bool assembly) const {
   std::unique_ptr<llvm::TargetMachine> tm = detail::target_machine(detail::target_spec(options, detail::RunsOn::Host));
+  detail::EmittedModule em = detail::emit_module(*prep, options, *tm, "kiln_entry", /*constants_by_address=*/true);
+  std::string out;
+  if (!assembly) {
+    llvm::raw_string_ostream os(out);
+    em.module->print(os, nullptr);
+    return out;
+  }
   llvm::SmallString<0> text;
   llvm::raw_svector_ostream os(text);
   llvm::legacy::PassManager pm;
   if (tm->addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::AssemblyFile))
     throw Error("cpu codegen: the target cannot emit assembly");
-  pm.run(*m);
+  pm.run(*em.module);
   return std::string(text.str());
 }
 
@@ -295,15 +295,9 @@ std::shared_ptr<const Program> build(std::shared_ptr<const Prepared> prep, const
   if (!missing.empty())
     code->cannot_run = "cpu codegen: code compiled for cpu '" + tm->getTargetCPU().str() +
                        "' uses features the host CPU lacks (" + missing + "); it cannot run here";
-  std::optional<PhaseTimer> timer(std::in_place, "lower and optimize");
   // The program keeps `prep`: large constants are read from its graph, not copied.
   detail::EmittedModule em = detail::emit_module(*prep, options, *tm, "kiln_entry", /*constants_by_address=*/true);
-  timer.emplace("module text");
-  {
-    llvm::raw_string_ostream os(code->ir);
-    em.module->print(os, nullptr);
-  }
-  timer.emplace("machine code");
+  PhaseTimer timer("machine code");
   for (const std::string& s : em.info.runtime_symbols) {
     bool known = false;
     for (const auto& e : runtime_symbol_table()) known = known || s == e.first;

@@ -71,7 +71,7 @@ Value* Lowerer::splat(const Graph& g, ValueId v) {
   return element_constant(val, 0);
 }
 
-// The constant's value in full, as a private global. Every global's bytes are counted:
+// The constant's value in full, as a private global (one per contents). Every global's bytes are counted:
 // a module holds at most kMaxConstantBytes of them. For the JIT a large one is its
 // tensor's address instead (LowerOptions::constants_by_address).
 Value* Lowerer::global_constant(const Node& n) {
@@ -81,26 +81,33 @@ Value* Lowerer::global_constant(const Node& n) {
     return llvm::ConstantExpr::getIntToPtr(
         llvm::ConstantInt::get(i64_, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(value.raw()))),
         ptr_);
-  constant_bytes_ += bytes;
-  if (constant_bytes_ > kMaxConstantBytes)
+  if (constant_bytes_ + bytes > kMaxConstantBytes)
     throw Error("cpu codegen: the constants of @" + g_.name() + " need more than " +
                 std::to_string(kMaxConstantBytes >> 20) + " MiB in the compiled code (the one that crossed it is " +
                 value.type().str() + "); pass large tensors as graph inputs instead");
   Tensor t = value.materialized();
   llvm::StringRef raw(reinterpret_cast<const char*>(t.raw()), t.nbytes());
-  llvm::Constant* init = llvm::ConstantDataArray::getRaw(raw, static_cast<uint64_t>(t.numel()), ty(t.dtype()));
-  auto* gv = new llvm::GlobalVariable(*M_, init->getType(), true, llvm::GlobalValue::PrivateLinkage, init, "const");
-  gv->setAlignment(llvm::Align(64));
-  gv->setUnnamedAddr(llvm::GlobalValue::UnnamedAddr::Global);
+  auto* init = llvm::ConstantDataArray::getRaw(raw, static_cast<uint64_t>(t.numel()), ty(t.dtype()));
+  auto [gv, added] = data_global(init, "const", 64);
+  if (added) constant_bytes_ += bytes;
   return gv;
+}
+
+// LLVM keeps one ConstantDataArray per contents: one global per initializer.
+std::pair<llvm::GlobalVariable*, bool> Lowerer::data_global(llvm::Constant* init, const char* name, uint64_t align) {
+  auto [it, added] = globals_.emplace(init, nullptr);
+  if (!added) return {it->second, false};
+  auto* gv = new llvm::GlobalVariable(*M_, init->getType(), true, llvm::GlobalValue::PrivateLinkage, init, name);
+  gv->setAlignment(llvm::Align(align));
+  gv->setUnnamedAddr(llvm::GlobalValue::UnnamedAddr::Global);
+  it->second = gv;
+  return {gv, true};
 }
 
 Value* Lowerer::i64_array(const std::vector<int64_t>& xs) {
   llvm::Constant* init = llvm::ConstantDataArray::get(C_, llvm::ArrayRef<uint64_t>(
       reinterpret_cast<const uint64_t*>(xs.data()), xs.size()));
-  auto* gv = new llvm::GlobalVariable(*M_, init->getType(), true, llvm::GlobalValue::PrivateLinkage, init, "params");
-  gv->setAlignment(llvm::Align(8));
-  return gv;
+  return data_global(init, "params", 8).first;
 }
 
 Value* Lowerer::load(DType t, Value* base, Value* off) {

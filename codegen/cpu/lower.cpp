@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include <llvm/IR/Function.h>
+#include <llvm/IR/Instructions.h>
 
 #include "ir/error.h"
 
@@ -71,7 +72,21 @@ void Lowerer::lower_level(const Graph& g, const KernelPlan& kp, std::vector<Valu
     scratch_peak_ = std::max(scratch_peak_, cursor);
   }
   for (const Node& n : nodes)
-    if (n.op == Op::Constant && kp.at(n.result()).in_memory) ptr[n.result().id] = global_constant(n);
+    if (n.op == Op::Constant && kp.at(n.result()).in_memory) {
+      Value* c = global_constant(n);
+      // An instruction of the entry: a kernel function gets its address in its ctx like
+      // any other buffer's (outline passes instructions), so that kernels equal but for
+      // their constants' values are one function.
+      // So is a fused body's constant: made where the kernel function is called.
+      if (top) {
+        c = B_.Insert(llvm::GetElementPtrInst::CreateInBounds(i8_, c, {c64(0)}), "const.ptr");
+      } else if (kernel_caller_) {
+        auto* gep = llvm::GetElementPtrInst::CreateInBounds(i8_, c, {c64(0)}, "const.ptr");
+        gep->insertInto(kernel_caller_, kernel_caller_->end());
+        c = gep;
+      }
+      ptr[n.result().id] = c;
+    }
 
   // Items in node order: the kernels and, at the top level, the elided transposes (one
   // node each there, which the profile and the split into functions count).
@@ -89,36 +104,16 @@ void Lowerer::lower_level(const Graph& g, const KernelPlan& kp, std::vector<Valu
   auto emit_here = [&](int item) {
     if (item < 0) return;
     const Kernel& k = kp.kernels[static_cast<size_t>(item)];
-    if (k.kind == KernelKind::Loop) return lower_loop(g, k, ptr);
-    if (top) cursor = 0;  // each top-level kernel starts the scratch area afresh
-    lower_node(g, k, ptr, cursor);
-  };
-  // LLVM's optimizer and register allocator cost more than linear time in a function's
-  // length: a graph of thousands of kernels in one function took minutes to compile. So
-  // a long graph's top-level kernels go into functions of about kNodesPerFunction nodes
-  // each (noinline: the inliner would undo it). Kernels share nothing but memory, so
-  // nothing is lost by the split; a graph short enough stays in kiln_entry, where the
-  // split would only add compile time (about 20% for the MLP's training step).
-  // Nodes of the item, a fused node's body counted in full.
-  auto weight = [&](int item) -> size_t {
-    if (item < 0) return 1;
-    const Node& n = nodes[static_cast<size_t>(kp.kernels[static_cast<size_t>(item)].nodes[0])];
-    return n.body ? n.body->nodes().size() : 1;
-  };
-  size_t total = 0;
-  if (top)
-    for (int it : items) total += weight(it);
-  const bool split = top && total > kNodesInEntry;
-  auto emit_items = [&](size_t begin, size_t end) {
-    if (!split) {
-      for (size_t i = begin; i < end; ++i) emit_here(items[i]);
-      return;
+    if (top) {
+      // A function of its own (share.cpp), scratch from the area's start.
+      return kernel_function([&] {
+        int64_t at = 0;
+        if (k.kind == KernelKind::Loop) lower_loop(g, k, ptr);
+        else lower_node(g, k, ptr, at);
+      });
     }
-    auto [fn, ctx] = outline("kiln_kernels." + std::to_string(begin), {}, [&](llvm::Function*) {
-      for (size_t i = begin; i < end; ++i) emit_here(items[i]);
-    });
-    fn->addFnAttr(llvm::Attribute::NoInline);
-    B_.CreateCall(fn, {ctx});
+    if (k.kind == KernelKind::Loop) return lower_loop(g, k, ptr);
+    lower_node(g, k, ptr, cursor);
   };
   if (top && options_.profile) {
     // At the top level every item is one node: time each node, constants included.
@@ -126,16 +121,25 @@ void Lowerer::lower_level(const Graph& g, const KernelPlan& kp, std::vector<Valu
     llvm::FunctionCallee end = runtime(RtFn::kiln_rt_prof_end);
     for (size_t i = 0; i < nodes.size(); ++i) {
       B_.CreateCall(begin, {B_.getInt32(static_cast<uint32_t>(i))});
-      if (item_of[i] >= 0) emit_items(static_cast<size_t>(item_of[i]), static_cast<size_t>(item_of[i]) + 1);
+      if (item_of[i] >= 0) emit_here(items[static_cast<size_t>(item_of[i])]);
       B_.CreateCall(end, {B_.getInt32(static_cast<uint32_t>(i))});
     }
   } else {
-    for (size_t begin = 0, end = 0; begin < items.size(); begin = end) {
-      size_t size = 0;
-      while (end < items.size() && (end == begin || size + weight(items[end]) <= kNodesPerFunction))
-        size += weight(items[end++]);
-      emit_items(begin, end);
-    }
+    for (int item : items) emit_here(item);
+  }
+  if (top) {
+    // LLVM's optimizer and register allocator cost more than linear time in a function's
+    // length: a graph of thousands of kernels in one function took minutes to compile. A
+    // long graph's kernels stay functions (noinline: the inliner would undo it); kernels
+    // share nothing but memory, so nothing is lost. A short graph's kernels called once
+    // are inlined into kiln_entry, where separate functions would only add compile time.
+    size_t total = 0;  // nodes, a fused node's body counted in full
+    for (int item : items)
+      total += item < 0 ? 1 : [&] {
+        const Node& n = nodes[static_cast<size_t>(kp.kernels[static_cast<size_t>(item)].nodes[0])];
+        return n.body ? n.body->nodes().size() : size_t{1};
+      }();
+    finish_kernel_functions(total > kNodesInEntry);
   }
   for (const BodyCopy& c : kp.copies) {
     const TensorType& t = g.type(c.value);

@@ -22,6 +22,8 @@ struct LoweringInfo {
   int64_t scratch_bytes = 0;  // fused-body intermediates, after the arena (64-aligned start)
   std::vector<std::string> runtime_symbols;  // external functions the module calls
   int64_t parallel_loops = 0;  // loops outlined to run on the thread pool
+  int64_t kernel_calls = 0;      // top-level kernels (a kernel function's calls)
+  int64_t kernel_functions = 0;  // distinct kernel functions (share_kernels: fewer than calls)
 };
 
 struct LowerOptions {
@@ -30,6 +32,11 @@ struct LowerOptions {
   // (runtime/profile.h).
   bool profile = false;
   bool parallel = true;  // big loops on the thread pool (see kParallelWork)
+  // Each top-level kernel is a function of its buffers' pointers; with share_kernels, the
+  // kernels that come out equal instruction for instruction (a transformer's N identical
+  // layers, its Q, K and V projections) are one function called N times, so LLVM optimizes
+  // and compiles each distinct kernel once. The code run per kernel is the same either way.
+  bool share_kernels = true;
   // The entry function's name (external linkage): the JIT's is fixed, an AOT object's is
   // NAME_entry (made internal by its glue), so two models link into one program.
   std::string entry_name = "kiln_entry";
@@ -48,11 +55,11 @@ struct LowerOptions {
 inline constexpr int64_t kParallelWork = 32768;
 // See LowerOptions::constants_by_address.
 inline constexpr int64_t kAddressedConstantBytes = 4096;
-// A graph of more nodes than kNodesInEntry gets its top-level kernels in functions of
-// about kNodesPerFunction nodes each (a larger fused kernel alone), so that LLVM's
-// superlinear passes see bounded functions; a smaller graph is all in kiln_entry.
+// Every top-level kernel is lowered into a function of its own (LowerOptions::share_kernels).
+// In a graph of more nodes than kNodesInEntry (a fused node's body counted in full) they
+// all stay functions (noinline), so that LLVM's superlinear passes see bounded functions;
+// in a smaller graph, a kernel called once is inlined into kiln_entry.
 inline constexpr size_t kNodesInEntry = 512;
-inline constexpr size_t kNodesPerFunction = 64;
 
 // Emits `void ENTRY(void** buffers, uint8_t* arena)` (ENTRY: LowerOptions::entry_name) computing `g` by `plan` and the
 // kernel plan `kernels` (Prepared::kernels) (plus the

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <span>
@@ -71,6 +72,8 @@ class Lowerer {
   Value* element_constant(const Tensor& t, int64_t i);
   Value* splat(const Graph& g, ValueId v);
   Value* global_constant(const Node& n);
+  // The private constant global of `init` (a ConstantDataArray), and whether it is new.
+  std::pair<llvm::GlobalVariable*, bool> data_global(llvm::Constant* init, const char* name, uint64_t align);
   Value* i64_array(const std::vector<int64_t>& xs);
   Value* load(DType t, Value* base, Value* off);
   Value* alloca(llvm::Type* t);
@@ -96,6 +99,20 @@ class Lowerer {
   void par_for(int64_t n, int64_t work, const std::function<void(Value*)>& body);
   std::pair<llvm::Function*, Value*> outline(const std::string& name, const std::vector<llvm::Type*>& extra,
                                              const std::function<void(llvm::Function*)>& body);
+  // ---- share.cpp: one function per distinct top-level kernel ----------------------------
+  // Emits `body` (one top-level kernel) into an internal function kiln_kernel.N(ctx) called
+  // from here, its buffers' pointers passed in ctx (outline). With LowerOptions::share_kernels,
+  // a function (and a parallel loop's task function) equal instruction for instruction to
+  // one emitted before is deleted and the earlier one called instead.
+  void kernel_function(const std::function<void()>& body);
+  // The earlier function equal to `f` (FunctionComparator), or null; registers `f` if none.
+  llvm::Function* same_function(llvm::Function* f);
+  // Marks the kernel functions noinline where they are called more than once or the graph
+  // is large (kNodesInEntry); a small graph's other kernels are inlined into the entry.
+  void finish_kernel_functions(bool large);
+  llvm::BasicBlock* kernel_caller_ = nullptr;  // while emitting a kernel function: its caller's block
+  struct SharedFunctions;
+  std::shared_ptr<SharedFunctions> shared_;
   void nest(const Shape& shape, std::vector<Stream> streams, const std::function<void(const std::vector<Value*>&)>& body,
             int64_t ops = 0);
   void nest_level(const Shape& dims, const std::vector<std::vector<int64_t>>& st, size_t d, const std::vector<Value*>& off,
@@ -153,6 +170,9 @@ class Lowerer {
   Value* scratch_ = nullptr;
   int64_t scratch_peak_ = 0;
   int64_t constant_bytes_ = 0;  // of the globals so far
+  // Globals of equal contents are one global (constants and runtime parameter arrays), so
+  // that kernels equal but for them are one function: by initializer (data_global).
+  std::map<llvm::Constant*, llvm::GlobalVariable*> globals_;
   bool outlining_ = false;  // emitting the body of a parallel loop's task function
   int tasks_ = 0;
   std::set<std::string> runtime_;

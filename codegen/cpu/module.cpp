@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 
 #include <llvm/ADT/StringMap.h>
 #include <llvm/IR/LLVMContext.h>
@@ -21,6 +22,7 @@
 #include <llvm/TargetParser/Triple.h>
 
 #include "ir/error.h"
+#include "ir/timing.h"
 
 namespace kiln::cpu::detail {
 
@@ -166,6 +168,8 @@ EmittedModule emit_module(const Prepared& prepared, const CompileOptions& option
   lower_options.profile = options.profile;
   lower_options.entry_name = entry_name;
   lower_options.constants_by_address = constants_by_address;
+  lower_options.share_kernels = options.share_kernels;
+  std::optional<PhaseTimer> timer(std::in_place, "lower");
   em.module = lower_graph(prepared.graph, prepared.memory, prepared.kernels, *em.context, em.info, lower_options);
   llvm::Module& m = *em.module;
   m.setDataLayout(tm.createDataLayout());
@@ -180,6 +184,7 @@ EmittedModule emit_module(const Prepared& prepared, const CompileOptions& option
     llvm::raw_string_ostream os(msg);
     if (llvm::verifyModule(m, &os)) throw Error("cpu codegen: invalid module (internal error): " + msg);
   }
+  timer.emplace("optimize");
   optimize(m, tm, std::clamp(options.opt_level, 0, 3));
   em.arena_bytes = std::max<int64_t>(align_up(em.info.arena_bytes, 64) + em.info.scratch_bytes, 1);
   return em;
