@@ -133,6 +133,12 @@ void Parser::add_flag(CLI::App* cmd, const std::string& flag, bool& out, const s
   cmd->add_flag(flag, out, help);
 }
 
+void Parser::add_replaced(CLI::App* cmd, const std::string& flag, const std::string& message) {
+  cmd->add_flag_callback(flag, [this, error = flag + ": " + message] {
+       if (!value_error_) value_error_ = error;
+     })->group("");
+}
+
 CLI::Option* Parser::add_value(CLI::App* cmd, const std::string& flag, const std::string& type,
                                std::function<void(const std::string&)> convert, const std::string& help) {
   auto keep_first_error = [this, convert = std::move(convert)](const std::string& text) {

@@ -51,6 +51,9 @@ class Parser {
   void add_real(CLI::App* cmd, const std::string& flag, Range range, std::optional<double>& out,
                 const std::string& help);
   void add_count(CLI::App* cmd, const std::string& flag, std::optional<int>& out, const std::string& help);
+  // A flag the command no longer has, kept out of --help: giving it is the usage error
+  // "FLAG: MESSAGE" (MESSAGE says what replaces it).
+  void add_replaced(CLI::App* cmd, const std::string& flag, const std::string& message);
 
   // Parses the command line. Returns the command to run, or nullptr when the parser has done
   // all there is to do (printed help or the version), with the exit status in `status`.

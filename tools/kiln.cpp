@@ -244,25 +244,20 @@ struct Run {
   std::string file, output_dir, target, arch, state_weights;
   std::optional<int> device;  // --device N
   std::vector<std::string> inputs;
-  bool interp = false, profile = false, timings = false, time = false;
+  bool interp = false, profile = false, time = false;
   std::optional<int> repeat;  // runs, with --profile or --time
 };
-
-// --timings: "kiln: timing: PHASE  MS ms" lines on stderr, nested phases indented.
-void print_timings(const std::vector<kiln::PhaseTime>& phases) {
-  for (const kiln::PhaseTime& p : phases)
-    fmt::print(stderr, "kiln: timing: {:<{}}{:<24} {:10.3f} ms\n", "", 2 * p.depth, p.name, p.ms);
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// --time's report: the phases up to the first result, then the steady state (each of the
-// --repeat runs timed alone).
-std::string time_report(double load_s, double compile_s, double first_s, std::vector<double> runs) {
-  std::string s = fmt::format("time: load {:.3f} s, compile {:.3f} s, first run {:.3f} ms\n", load_s, compile_s,
-                              1e3 * first_s);
+// --time's report: the phases up to the first result ("time: PHASE  MS ms", nested phases
+// indented), then the steady state (each of the --repeat runs timed alone).
+std::string time_report(const std::vector<kiln::PhaseTime>& phases, std::vector<double> runs) {
+  std::string s;
+  for (const kiln::PhaseTime& p : phases)
+    s += fmt::format("time: {:<{}}{:<24} {:10.3f} ms\n", "", 2 * p.depth, p.name, p.ms);
   if (runs.empty()) return s;
   std::sort(runs.begin(), runs.end());
   double sum = 0;
@@ -276,14 +271,13 @@ std::string time_report(double load_s, double compile_s, double first_s, std::ve
 int run_run(const Run& a) {
   need_file("run", a.file);
   if (a.interp && a.profile) throw Error("--profile times compiled kernels; it does not go with --interp");
-  if (a.interp && a.time) throw Error("--time times the compiled code; it does not go with --interp");
+  if (a.interp && a.repeat) throw Error("--repeat N times runs of the compiled code; it does not go with --interp");
   if (a.repeat && !a.profile && !a.time)
     throw Error("--repeat N goes with --profile or --time (it times N runs after a warm-up run)");
   if (a.repeat && *a.repeat < 1) throw Error("--repeat expects at least 1 run");
-  kiln::set_phase_timing(a.timings);
+  kiln::set_phase_timing(a.time);
   std::optional<kiln::PhaseTimer> first_result(std::in_place, "first result");
   std::optional<kiln::PhaseTimer> phase(std::in_place, "load");
-  const auto start = std::chrono::steady_clock::now();
   kiln::tool::ModelFile m = kiln::tool::load_model_file(a.file);
   kiln::Graph& g = m.graph;
   if (!a.state_weights.empty()) {
@@ -317,13 +311,10 @@ int run_run(const Run& a) {
     phase.reset();
     first_result.reset();
   } else {
-    const double load_s = seconds_since(start);
     kiln::CompileOptions options = compile_options(a.target, a.arch, a.device);
     options.profile = a.profile;
     phase.emplace("compile");
-    auto t = std::chrono::steady_clock::now();
     auto exe = kiln::compile(g, options);
-    const double compile_s = seconds_since(t);
     // A graph without state updates does not train: when the executable prepares weights
     // from its state (inference mode, docs/passes.md: folded batch norms), the state is set
     // once so that they are prepared once, not per run. Otherwise evaluate() reads the
@@ -333,7 +324,6 @@ int run_run(const Run& a) {
     });
     const bool set_once = !trains && !exe->prepared().prep_names.empty();
     phase.emplace("first run");  // with the preparation of the weights, once
-    t = std::chrono::steady_clock::now();
     kiln::TensorMap plain;
     if (set_once) {
       kiln::TensorMap state;
@@ -342,22 +332,23 @@ int run_run(const Run& a) {
     }
     auto once = [&] { return set_once ? exe->run(plain) : exe->evaluate(inputs); };
     outputs = once();
-    const double first_s = seconds_since(t);
     phase.reset();
     first_result.reset();
+    std::vector<kiln::PhaseTime> phases = kiln::take_phase_times();
+    kiln::set_phase_timing(false);  // the phases up to the first result, not the runs after it
     std::vector<double> runs;
     if (a.repeat) {  // the steady state: the first run (page faults, pool start-up) not counted
       exe->reset_profile();
       for (int i = 0; i < *a.repeat; ++i) {
-        t = std::chrono::steady_clock::now();
+        auto t = std::chrono::steady_clock::now();
         outputs = once();
         runs.push_back(seconds_since(t));
       }
     }
-    if (a.time) stats = time_report(load_s, compile_s, first_s, std::move(runs));
+    if (a.time) stats = time_report(phases, std::move(runs));
     if (a.profile) stats += exe->profile_report();
   }
-  print_timings(kiln::take_phase_times());
+  if (a.interp && a.time) stats = time_report(kiln::take_phase_times(), {});
   if (a.output_dir.empty()) {
     for (const kiln::GraphOutput& o : g.outputs()) fmt::print("{} = {}\n", o.name, summarize(outputs.at(o.name)));
     std::fputs(stats.c_str(), stdout);
@@ -552,7 +543,7 @@ int run_command_line(int argc, char** argv) {
   CLI::App* run_cmd = p.add_command(
       "run", "run a graph on .npy inputs, print or write its outputs",
       "FILE.kir|FILE.onnx --input NAME=FILE.npy ... [--state-weights FILE|DIR] [--output-dir DIR] [--interp | "
-      "[--profile] [--time] [--repeat N]] [--timings]",
+      "[--profile] [--repeat N]] [--time]",
       "Compiles the graph for --target (default: $KILN_TARGET, else cpu) and runs it on the given\n"
       "inputs.\n"
       "Every graph input, state inputs included, needs an --input with a .npy file of exactly\n"
@@ -583,17 +574,18 @@ int run_command_line(int argc, char** argv) {
              "after the outputs, print the time spent in each compiled kernel (fused regions, GEMMs, ...), "
              "slowest first");
   p.add_flag(run_cmd, "--time", run.time,
-             "after the outputs (before --profile's table), print the wall time of each phase: 'load' (reading "
-             "FILE and the inputs, rebatching), 'compile', 'first run'; with --repeat N also the best, median "
-             "and mean of the N runs after it, each timed alone (end to end: Executable::evaluate, inputs in, "
-             "outputs out)");
+             "after the outputs (before --profile's table), print how long each phase up to the first result "
+             "took, as lines 'time: PHASE  MS ms' (nested phases indented): load (an ONNX model's parse, weights, "
+             "check, import, batch check, shape check), inputs, compile (pipeline, plans, codegen: lower, "
+             "optimize, machine code), first run (state, call), or interpret with --interp; with --repeat N "
+             "also 'time: N runs: best B ms, median M ms, mean A ms' of the N runs after it, each timed alone "
+             "(end to end: Executable::evaluate, inputs in, outputs out)");
   p.add_count(run_cmd, "--repeat", run.repeat,
               "with --profile or --time: run N more times after a first, untimed run and report those N (the "
               "steady state); the outputs printed are the last run's");
-  p.add_flag(run_cmd, "--timings", run.timings,
-             "print on stderr how long each phase took up to the first result, as lines 'kiln: timing: PHASE "
-             "MS ms' (nested phases indented): load (an ONNX model's parse, weights, check, import, batch "
-             "check, shape check), inputs, compile (pipeline, plans, codegen), first run (state, call)");
+  p.add_replaced(run_cmd, "--timings",
+                 "replaced by --time, which prints the same phases (as 'time: PHASE  MS ms' lines on standard "
+                 "output, after the outputs) and, with --repeat N, the steady state");
 
   Opt opt;
   CLI::App* opt_cmd = p.add_command(

@@ -5,9 +5,9 @@ Makes synthetic models with large float initializers (an MLP stack, f32 weights 
 --mb MiB, symbolic batch) in two forms, the weights inside the .onnx file and the weights
 in an external data file beside it, and measures for each model, as a child process:
 
-  * Kiln: `kiln run MODEL --input ... --timings` -- peak resident memory (the child's
+  * Kiln: `kiln run MODEL --input ... --time` -- peak resident memory (the child's
     ru_maxrss from wait4), wall time to its exit (time to the first result, process start,
-    LLVM and printing included) and the phases it reports on stderr (read, import,
+    LLVM and printing included) and the phases it reports (read, import,
     compile, weights, first run);
   * ONNX Runtime (with --ort-python, a Python that has onnxruntime): session creation +
     first run timed in the child (the interpreter's start and `import onnxruntime` not
@@ -148,17 +148,22 @@ def parse_peak(err):
     return int(m[-1]) * 1024
 
 
-def has_timings(kiln):
-    """Whether this kiln's `run` has --timings (older builds, measured as a baseline, do not)."""
+def timing_flag(kiln):
+    """The flag with which this kiln's `run` prints its phases: --time (as "time: PHASE  MS ms"
+    lines on stdout), --timings in older builds (as "kiln: timing: PHASE  MS ms" on stderr),
+    or None in builds older still (measured as a baseline)."""
     h = subprocess.run([kiln, "run", "--help"], capture_output=True, text=True)
-    return "--timings" in h.stdout + h.stderr
+    text = " ".join((h.stdout + h.stderr).split())
+    return "--timings" if "--timings" in text else "--time" if "up to the first result" in text else None
 
 
-def kiln_once(kiln, model, specs, timings):
-    wall, out, err = run_child(peak_cmd([kiln, "run", model] + (["--timings"] if timings else []) + specs))
+def kiln_once(kiln, model, specs, flag):
+    wall, out, err = run_child(peak_cmd([kiln, "run", model] + ([flag] if flag else []) + specs))
     phases = {}
-    for line in err.splitlines():
-        m = re.match(r"kiln: timing: (.+?) +([0-9.]+) ms", line)
+    lines, pattern = (out, r"time: +(.+?) +([0-9.]+) ms$") if flag == "--time" else \
+        (err, r"kiln: timing: (.+?) +([0-9.]+) ms")
+    for line in lines.splitlines():
+        m = re.match(pattern, line)
         if m:
             phases[m.group(1)] = float(m.group(2)) / 1e3
     return {"wall": wall, "peak": parse_peak(err), "phases": phases}
@@ -227,8 +232,8 @@ def main():
     env = dict(os.environ, KILN_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
     os.environ.update(env)
     results = {}
-    timings = has_timings(a.kiln)
-    base_timings = a.base_kiln and has_timings(a.base_kiln)
+    timings = timing_flag(a.kiln)
+    base_timings = timing_flag(a.base_kiln) if a.base_kiln else None
     for model in models:
         indir = os.path.join(d, "inputs_" + os.path.basename(model).replace(".onnx", ""))
         os.makedirs(indir, exist_ok=True)

@@ -219,13 +219,17 @@ TEST_CASE("kiln run --time reports the phases and, with --repeat, the steady-sta
   write_file(dir / "x.kir", "graph @g(%x: f32[2]) {\n  %0 = neg(%x) : f32[2]\n  return y = %0\n}\n");
   kiln::write_npy((dir / "x.npy").string(), kiln::Tensor::from<float>(kiln::DType::f32, {2}, {1, -2}));
   const std::string x = " --input x=" + (dir / "x.npy").string() + " " + (dir / "x.kir").string();
-  const std::regex phases(R"(time: load \d+\.\d{3} s, compile \d+\.\d{3} s, first run \d+\.\d{3} ms\n)");
+  // The phases up to the first result, nested ones indented, in the order they started.
+  const std::regex phases(R"(time: first result +\d+\.\d{3} ms\ntime:   load +\d+\.\d{3} ms\n(.*\n)*)"
+                          R"(time:   compile +\d+\.\d{3} ms\n(.*\n)*time:     codegen +\d+\.\d{3} ms\n(.*\n)*)"
+                          R"(time:       optimize +\d+\.\d{3} ms\n(.*\n)*time:   first run +\d+\.\d{3} ms\n)");
   const std::regex steady(R"(time: 4 runs: best (\d+\.\d{3}) ms, median (\d+\.\d{3}) ms, mean \d+\.\d{3} ms\n)");
   auto once = run_kiln("run --time" + x);
   CHECK(once.status == 0);
-  CHECK_THAT(once.output, StartsWith("y = f32[2] [-1, 2]\ntime: load "));
+  CHECK_THAT(once.output, StartsWith("y = f32[2] [-1, 2]\ntime: first result "));
   CHECK(std::regex_search(once.output, phases));
   CHECK_THAT(once.output, !ContainsSubstring("runs:"));
+  CHECK_THAT(once.output, !ContainsSubstring("kiln: timing"));
   auto r = run_kiln("run --time --repeat 4" + x);
   CHECK(r.status == 0);
   CHECK(std::regex_search(r.output, phases));
@@ -237,14 +241,23 @@ TEST_CASE("kiln run --time reports the phases and, with --repeat, the steady-sta
   CHECK(p.status == 0);
   CHECK(std::regex_search(p.output, steady));
   CHECK(p.output.find("time: ") < p.output.find("profile @g (cpu): 4 runs"));
-  // The file written, the times still printed; the interpreter is not timed.
+  // The file written, the times still printed.
   auto w = run_kiln("run --time --output-dir " + (dir / "out").string() + x);
   CHECK(w.status == 0);
   CHECK(std::regex_search(w.output, phases));
   CHECK(std::filesystem::exists(dir / "out" / "y.npy"));
-  auto e = run_kiln("run --time --interp" + x);
+  // The interpreter's phases; it has no steady state to time.
+  auto i = run_kiln("run --time --interp" + x);
+  CHECK(i.status == 0);
+  CHECK_THAT(i.output, ContainsSubstring("time:   interpret "));
+  auto e = run_kiln("run --time --interp --repeat 2" + x);
   CHECK(e.status == 1);
-  CHECK_THAT(e.output, ContainsSubstring("--time times the compiled code"));
+  CHECK_THAT(e.output, ContainsSubstring("--repeat N times runs of the compiled code; it does not go with --interp"));
+  // The flag --time replaced: one line saying so, nothing run.
+  auto old = run_kiln("run --timings" + x);
+  CHECK(old.status == 1);
+  CHECK_THAT(old.output, StartsWith("kiln: error: --timings: replaced by --time"));
+  CHECK_THAT(old.output, !ContainsSubstring("y = "));
 }
 
 TEST_CASE("kiln --help lists every command and each command's help every option", "[cli]") {
@@ -255,8 +268,9 @@ TEST_CASE("kiln --help lists every command and each command's help every option"
   std::string usage = run.output.substr(0, run.output.find('\n'));
   CHECK_THAT(usage, ContainsSubstring("--profile"));
   CHECK_THAT(usage, ContainsSubstring("--interp"));
-  for (const char* opt : {"--input", "--output-dir", "--interp", "--profile", "--time", "--repeat", "--timings"})
+  for (const char* opt : {"--input", "--output-dir", "--interp", "--profile", "--time", "--repeat"})
     CHECK_THAT(run.output, ContainsSubstring(std::string("\n  ") + opt));
+  CHECK_THAT(run.output, !ContainsSubstring("--timings"));  // replaced by --time
   auto opt = run_kiln("opt --help");
   for (const char* o : {"--passes", "--list-passes", "--print-after-all", "--print-after", "--verify-each",
                         "--no-verify-each", "--stop-after", "--time-passes", "--print-plan", "--bisect", "--input",
