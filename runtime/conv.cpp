@@ -401,17 +401,16 @@ void direct_all(const ConvShape& s, const T* x, const T* w, const T* bias, T* y,
 }
 
 // A stride-1 conv's input gradient is itself a stride-1 conv: of dy, padded by K - 1 - pad,
-// with the weights flipped and their two channel axes swapped. Its shape, when the direct
-// path takes it (no dilation, one group, pad < kernel).
-std::optional<ConvShape> transposed_direct(const ConvShape& s) {
-  if (s.sh != 1 || s.sw != 1 || s.dh != 1 || s.dw != 1 || s.groups != 1 || s.ph >= s.kh || s.pw >= s.kw)
+// with the weights flipped and their two channel axes swapped. Its parameters, for one
+// group, no dilation and pad < kernel; not for a pointwise conv, whose gradient is already
+// one GEMM of the weights.
+std::optional<KilnConv2dParams> transposed_conv(const ConvShape& s) {
+  if (s.sh != 1 || s.sw != 1 || s.dh != 1 || s.dw != 1 || s.groups != 1 || s.ph >= s.kh || s.pw >= s.kw ||
+      s.pointwise)
     return std::nullopt;
-  KilnConv2dParams t{.n = s.n, .c = s.o, .h = s.oh, .w = s.ow, .o = s.c, .kh = s.kh, .kw = s.kw, .oh = s.h,
-                     .ow = s.w, .stride_h = 1, .stride_w = 1, .pad_h = s.kh - 1 - s.ph, .pad_w = s.kw - 1 - s.pw,
-                     .dil_h = 1, .dil_w = 1, .groups = 1};
-  ConvShape ts(t);
-  if (!direct_ok(ts)) return std::nullopt;
-  return ts;
+  return KilnConv2dParams{.n = s.n, .c = s.o, .h = s.oh, .w = s.ow, .o = s.c, .kh = s.kh, .kw = s.kw, .oh = s.h,
+                          .ow = s.w, .stride_h = 1, .stride_w = 1, .pad_h = s.kh - 1 - s.ph,
+                          .pad_w = s.kw - 1 - s.pw, .dil_h = 1, .dil_w = 1, .groups = 1};
 }
 
 // `special`: the kernel for the shape (depthwise, direct); without it, im2col + GEMM.
@@ -472,7 +471,7 @@ template <typename T>
 void conv2d_grad_input(const T* dy, const T* w, T* dx, const KilnConv2dParams* params, bool special = true) {
   const ConvShape s(*params);
   if (special && kiln::rt::is_depthwise(*params)) return kiln::rt::depthwise_grad_input(dy, w, dx, *params);
-  std::optional<ConvShape> ts = special ? transposed_direct(s) : std::nullopt;
+  std::optional<KilnConv2dParams> ts = special ? transposed_conv(s) : std::nullopt;
   if (ts) {
     // wt [C, O, KH, KW]: wt[c, o, ky, kx] = w[o, c, KH - 1 - ky, KW - 1 - kx].
     const int64_t taps = s.kh * s.kw;
@@ -485,11 +484,13 @@ void conv2d_grad_input(const T* dy, const T* w, T* dx, const KilnConv2dParams* p
           finite = finite && v - v == T(0);  // false for an infinity or a NaN
           wt[static_cast<size_t>((c * s.o + o) * taps + taps - 1 - t)] = v;
         }
-    // The direct path multiplies every weight by the zeros around dy, which the input
+    // The transposed conv multiplies every weight by the zeros around dy, which the input
     // gradient (a scatter into x's cells) has no term for: with a weight that is infinite
-    // or NaN, 0 * w is NaN, so such weights take im2col + GEMM, whose products over the
-    // padding fall in cells col2im drops.
-    if (finite) return direct_all(*ts, dy, wt.data(), static_cast<const T*>(nullptr), dx, KILN_ACT_NONE);
+    // or NaN, 0 * w is NaN, so such weights take the GEMM + col2im below, whose products
+    // over the padding fall in cells col2im drops. Otherwise it is a forward conv, with the
+    // forward kernels (Winograd, direct, im2col + GEMM over C * KH * KW rows instead of a
+    // GEMM over O and a scatter of C * KH * KW rows back into dx).
+    if (finite) return conv2d(dy, wt.data(), static_cast<const T*>(nullptr), dx, &*ts, KILN_ACT_NONE);
   }
   for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {
     T* dcol = s.pointwise ? nullptr : scratch<T>(s.k * s.p);

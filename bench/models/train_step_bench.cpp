@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -14,12 +15,14 @@
 #include "frontend/losses.h"
 #include "frontend/onnx_import.h"
 #include "ir/npy.h"
+#include "ir/timing.h"
 #include "passes/train_step.h"
 
 namespace {
 
 constexpr const char* kUsage =
     "usage: train_step_bench MODEL.onnx --input X.npy --labels Y.npy [--optimizer sgd|adam] [--reps N]\n"
+    "                        [--timings] [--profile]\n"
     "\n"
     "Imports MODEL.onnx for training (OnnxImportOptions::training) at the batch of X.npy, adds\n"
     "softmax cross-entropy on its logits (kiln::with_classifier_loss: labels Y.npy, i32 [N]),\n"
@@ -27,14 +30,17 @@ constexpr const char* kUsage =
     "untimed step and then N timed steps, each timed alone, on the same batch. Prints one line\n"
     "  train_step import_s S compile_s S first_ms MS best_ms MS median_ms MS loss L\n"
     "(the loss of the last step). The model's own weights are the initial state.\n"
-    "  --reps N   timed steps (default 5)\n";
+    "  --reps N   timed steps (default 5)\n"
+    "  --timings  the phases of import and compile on stderr (as kiln run --timings)\n"
+    "  --profile  the compiled step's per-kernel profile over the timed steps on stdout\n";
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 int run(const std::string& model, const std::string& x_file, const std::string& y_file, const std::string& optimizer,
-        int reps) {
+        int reps, bool timings, bool profile) {
+  kiln::set_phase_timing(timings);
   const kiln::Tensor x = kiln::read_npy(x_file);
   const kiln::Tensor y = kiln::read_npy(y_file);
   if (x.rank() < 1 || y.rank() != 1 || y.shape()[0] != x.shape()[0] || y.dtype() != kiln::DType::i32)
@@ -51,8 +57,13 @@ int run(const std::string& model, const std::string& x_file, const std::string& 
   t = std::chrono::steady_clock::now();
   const kiln::Optimizer opt =
       optimizer == "adam" ? kiln::Optimizer(kiln::Adam{}) : kiln::Optimizer(kiln::SGD{.lr = 0.01, .momentum = 0.9});
+  std::optional<kiln::PhaseTimer> phase(std::in_place, "train step");
   kiln::TrainStep step = kiln::make_train_step(classifier, opt);
-  auto exe = kiln::compile(step.graph);
+  phase.emplace("compile");
+  kiln::CompileOptions compile_options;
+  compile_options.profile = profile;
+  auto exe = kiln::compile(step.graph, compile_options);
+  phase.reset();
   const double compile_s = seconds_since(t);
   exe->set_state(m.state);
   exe->set_state(step.initial_state());
@@ -60,6 +71,7 @@ int run(const std::string& model, const std::string& x_file, const std::string& 
   t = std::chrono::steady_clock::now();
   kiln::TensorMap out = exe->run(batch);
   const double first_s = seconds_since(t);
+  exe->reset_profile();
   std::vector<double> times;
   for (int i = 0; i < reps; ++i) {
     t = std::chrono::steady_clock::now();
@@ -71,6 +83,9 @@ int run(const std::string& model, const std::string& x_file, const std::string& 
   const double median = n % 2 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2;
   std::printf("train_step import_s %.4f compile_s %.4f first_ms %.3f best_ms %.3f median_ms %.3f loss %.6g\n",
               import_s, compile_s, 1e3 * first_s, 1e3 * times.front(), 1e3 * median, out.at("loss").get(0));
+  for (const kiln::PhaseTime& p : kiln::take_phase_times())
+    std::fprintf(stderr, "train_step_bench: timing: %*s%-24s %10.3f ms\n", 2 * p.depth, "", p.name.c_str(), p.ms);
+  if (profile) std::fputs(exe->profile_report().c_str(), stdout);
   return 0;
 }
 
@@ -79,6 +94,7 @@ int run(const std::string& model, const std::string& x_file, const std::string& 
 int main(int argc, char** argv) {
   std::string model, x_file, y_file, optimizer = "sgd";
   int reps = 5;
+  bool timings = false, profile = false;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string_view a = argv[i];
@@ -95,6 +111,10 @@ int main(int argc, char** argv) {
         optimizer = argv[++i];
         if (optimizer != "sgd" && optimizer != "adam")
           throw kiln::Error("--optimizer takes sgd or adam, got '" + optimizer + "'");
+      } else if (a == "--timings") {
+        timings = true;
+      } else if (a == "--profile") {
+        profile = true;
       } else if (a == "--reps" && has_value) {
         std::string_view v = argv[++i];
         auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), reps);
@@ -108,7 +128,7 @@ int main(int argc, char** argv) {
     }
     if (model.empty() || x_file.empty() || y_file.empty())
       throw kiln::Error("needs MODEL.onnx, --input X.npy and --labels Y.npy (see --help)");
-    return run(model, x_file, y_file, optimizer, reps);
+    return run(model, x_file, y_file, optimizer, reps, timings, profile);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_step_bench: error: %s\n", e.what());
     return 1;

@@ -116,10 +116,17 @@ Value* Lowerer::load(DType t, Value* base, Value* off) {
   return l;
 }
 
+// Every loop is marked not to be unrolled: its trip count is a constant, so LLVM's full
+// unroller copied whole nests (16 images around a vector loop over a plane, 16 copies of
+// it), making a training step's module ten times the size of what was emitted and its
+// compile minutes long. The vectorizer still vectorizes the innermost loops (without
+// interleaving, which the hint also turns off); measured, the kernels run no slower.
 void Lowerer::mark_latch(llvm::Instruction* br) {
-  if (!access_group_) return;
-  llvm::MDNode* parallel = llvm::MDNode::get(C_, {llvm::MDString::get(C_, "llvm.loop.parallel_accesses"), access_group_});
-  llvm::MDNode* loop = llvm::MDNode::getDistinct(C_, {nullptr, parallel});
+  std::vector<llvm::Metadata*> ops = {nullptr};
+  if (access_group_)
+    ops.push_back(llvm::MDNode::get(C_, {llvm::MDString::get(C_, "llvm.loop.parallel_accesses"), access_group_}));
+  ops.push_back(llvm::MDNode::get(C_, {llvm::MDString::get(C_, "llvm.loop.unroll.disable")}));
+  llvm::MDNode* loop = llvm::MDNode::getDistinct(C_, ops);
   loop->replaceOperandWith(0, loop);
   br->setMetadata(llvm::LLVMContext::MD_loop, loop);
 }

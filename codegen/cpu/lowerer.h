@@ -63,6 +63,7 @@ class Lowerer {
   void mark_access(llvm::Instruction* i) {
     if (access_group_) i->setMetadata(llvm::LLVMContext::MD_access_group, access_group_);
   }
+  // Every loop's latch: llvm.loop.unroll.disable, and parallel_accesses in an access group.
   void mark_latch(llvm::Instruction* br);
   llvm::MDNode* access_group_ = nullptr;
   Value* intrinsic(llvm::Intrinsic::ID id, Value* x) { return B_.CreateUnaryIntrinsic(id, x); }

@@ -571,12 +571,19 @@ void Lowerer::lower_reduce(const Node& n, const TensorType& xt, const TensorType
     if (axes.count(d) && xt.shape[static_cast<size_t>(d)] != 1)
       for (int64_t e = d + 1; e < xt.rank(); ++e)
         if (!axes.count(e) && xt.shape[static_cast<size_t>(e)] != 1) trailing = false;
+  // The trailing path's row j, element k: x[row_base(j) + row_offset(k)], by default the
+  // rows of a contiguous [m, count].
+  std::function<Value*(Value*)> row_base = [&](Value* j) { return B_.CreateMul(j, c64(count)); };
+  std::function<Value*(Value*)> row_offset = [](Value* k) { return k; };
   if (blocked && !trailing) {
     // Each output's elements must be added in blocks of its own reduced index. Viewed as
     // [K1, R, K2] (the kept dims outside the innermost kept run, the reduced dims, that
     // run), that is a loop over R with vector work over K2: column_sums. Other layouts are
     // copied into that one first (in the scratch area; the copy's innermost loop is the
-    // innermost run of x either way, so it streams).
+    // innermost run of x either way, so it streams), except when no kept dim is innermost
+    // and the kept dims merge into one run and the reduced ones into two (a batch norm's
+    // statistics: [N, C, H, W] over N, H, W): then each output's row is read in place, in
+    // the same order.
     Shape order[3];  // K1, R, K2 dims, each in x's order
     std::vector<int64_t> src[3], xs = strides_of(xt.shape);
     bool in_order = true;  // x already is [K1, R, K2]
@@ -588,7 +595,25 @@ void Lowerer::lower_reduce(const Node& n, const TensorType& xt, const TensorType
       order[part].insert(order[part].begin(), size);
       src[part].insert(src[part].begin(), xs[static_cast<size_t>(d)]);
     }
-    if (!in_order) {
+    // Runs of dims (size, stride), merged where one dim steps over the whole next one.
+    auto runs = [](const Shape& sizes, const std::vector<int64_t>& strides) {
+      std::vector<std::pair<int64_t, int64_t>> r;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        if (!r.empty() && strides[i - 1] == sizes[i] * strides[i]) r.back() = {r.back().first * sizes[i], strides[i]};
+        else r.emplace_back(sizes[i], strides[i]);
+      }
+      return r;
+    };
+    const auto kept_runs = runs(order[0], src[0]), reduced_runs = runs(order[1], src[1]);
+    if (!in_order && order[2].empty() && kept_runs.size() == 1 && reduced_runs.size() == 2) {
+      const int64_t kept_stride = kept_runs[0].second, inner = reduced_runs[1].first;
+      const int64_t outer_stride = reduced_runs[0].second, inner_stride = reduced_runs[1].second;
+      row_base = [&, kept_stride](Value* j) { return B_.CreateMul(j, c64(kept_stride)); };
+      row_offset = [&, inner, outer_stride, inner_stride](Value* k) {
+        Value* hi = B_.CreateMul(B_.CreateUDiv(k, c64(inner)), c64(outer_stride));
+        return B_.CreateAdd(hi, B_.CreateMul(B_.CreateURem(k, c64(inner)), c64(inner_stride)));
+      };
+    } else if (!in_order) {
       Shape shape;
       std::vector<int64_t> strides;
       for (int part = 0; part < 3; ++part) {
@@ -619,8 +644,8 @@ void Lowerer::lower_reduce(const Node& n, const TensorType& xt, const TensorType
     // One output element per iteration, reduced in order by one thread: parallel-safe,
     // and the same whatever the thread count.
     par_for(m, count, [&](Value* j) {
-      Value* base = B_.CreateMul(j, c64(count));
-      auto elem = [&](Value* k) { return load(t, x, B_.CreateAdd(base, k)); };
+      Value* base = row_base(j);
+      auto elem = [&](Value* k) { return load(t, x, B_.CreateAdd(base, row_offset(k))); };
       if (blocked) return store(t, finish(blocked_sum(t, count, elem)), out, j);
       Value* slot = alloca(ty(t));
       B_.CreateStore(init, slot);

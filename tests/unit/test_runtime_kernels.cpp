@@ -535,9 +535,11 @@ namespace {
 
 // FNV-1a over the bytes of every convolution kernel's outputs (forward with bias and relu,
 // both gradients; f32 and f64) on shapes that take each path: depthwise (multipliers 1 and
-// 2, strides 1 and 2, batch 1 and 3), grouped, 1x1 at batch 1 and 16, 1x1 stride 2.
+// 2, strides 1 and 2, batch 1 and 3), grouped, 1x1 at batch 1 and 16, 1x1 stride 2, and a
+// 3x3 layer whose forward conv and input gradient (a forward conv) take Winograd.
 uint64_t conv_outputs_hash() {
   const std::vector<ConvCase> cases = {
+      {2, 32, 20, 20, 40, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
       {1, 24, 30, 30, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 24},
       {3, 10, 17, 19, 20, 5, 5, {2, 2}, {2, 2}, {1, 1}, 10},
       {3, 12, 9, 9, 12, 3, 3, {2, 1}, {1, 1}, {2, 1}, 12},
@@ -591,6 +593,41 @@ TEST_CASE("runtime: convolution child with KILN_NUM_THREADS", "[.conv_threads_ch
   REQUIRE(threads != nullptr);
   REQUIRE(kiln_rt_num_threads() == std::atoi(threads));
   std::cout << "hashes " << conv_outputs_hash() << std::endl;
+}
+
+TEST_CASE("runtime: a stride-1 conv's input gradient is the forward conv of dy with the weights transposed",
+          "[runtime][conv]") {
+  // dx = conv2d(dy padded by K - 1 - pad, wt) with wt[c, o, ky, kx] = w[o, c, KH-1-ky, KW-1-kx]:
+  // the forward kernels (here Winograd, the direct path, im2col + GEMM over O * KH * KW
+  // rows) compute it, bit for bit as they compute that conv, and within the interpreter's
+  // tolerance (check_conv). Not so with a non-finite weight (0 * inf over dy's padding).
+  std::mt19937 rng(31);
+  const std::vector<ConvCase> cases = {
+      {2, 48, 20, 18, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},  // Winograd
+      {3, 5, 11, 13, 7, 3, 5, {1, 1}, {2, 1}, {1, 1}, 1},    // direct, unequal padding
+      {2, 8, 40, 40, 12, 5, 5, {1, 1}, {2, 2}, {1, 1}, 1},   // im2col + GEMM (a plane too large)
+      {1, 40, 9, 9, 200, 3, 3, {1, 1}, {0, 0}, {1, 1}, 1},   // im2col + GEMM (too many taps)
+  };
+  for (const ConvCase& k : cases) {
+    INFO(describe(k));
+    check_conv(k, DType::f32, rng);
+    const int64_t oh = k.h + 2 * k.padding[0] - k.kh + 1, ow = k.w + 2 * k.padding[1] - k.kw + 1;
+    const KilnConv2dParams p{k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, oh, ow, 1, 1, k.padding[0], k.padding[1], 1, 1, 1};
+    const KilnConv2dParams t{k.n, k.o, oh, ow, k.c, k.kh, k.kw, k.h, k.w, 1, 1, k.kh - 1 - k.padding[0],
+                             k.kw - 1 - k.padding[1], 1, 1, 1};
+    Tensor w = random_tensor(DType::f32, {k.o, k.c, k.kh, k.kw}, rng);
+    Tensor dy = random_tensor(DType::f32, {k.n, k.o, oh, ow}, rng);
+    Tensor wt(DType::f32, {k.c, k.o, k.kh, k.kw});
+    const int64_t taps = k.kh * k.kw;
+    for (int64_t o = 0; o < k.o; ++o)
+      for (int64_t c = 0; c < k.c; ++c)
+        for (int64_t i = 0; i < taps; ++i) wt.set((c * k.o + o) * taps + taps - 1 - i, w.get((o * k.c + c) * taps + i));
+    Tensor dx = poisoned({DType::f32, {k.n, k.c, k.h, k.w}}), y = poisoned(dx.type());
+    kiln_rt_conv2d_grad_input_f32(dy.data<float>(), w.data<float>(), dx.data<float>(), &p);
+    kiln_rt_conv2d_f32(dy.data<float>(), wt.data<float>(), nullptr, y.data<float>(), &t);
+    REQUIRE(kiln_rt_take_error() == nullptr);
+    check_exact(dx, y);
+  }
 }
 
 TEST_CASE("runtime: conv2d_grad_weight is reproducible run to run", "[runtime][conv]") {
