@@ -436,6 +436,10 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
       return;
     }
     if (direct_ok(s)) return direct_all(s, x, w, bias, y, act, residual);
+    if constexpr (std::is_same_v<T, float>)
+      if (kiln::rt::implicit_gemm_shape(*params) &&
+          kiln::rt::implicit_gemm_conv2d(x, w, bias, residual, y, *params, act))
+        return;
   }
   for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {
     T* col = s.pointwise ? nullptr : scratch<T>(s.k * s.p);

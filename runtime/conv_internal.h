@@ -49,6 +49,17 @@ bool winograd_conv2d(const float* x, const float* w, const float* bias, float* y
 bool winograd_conv2d(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams& p,
                      int32_t act);
 
+// Implicit GEMM (runtime/conv_implicit.cpp): the f32 forward conv as Kiln's GEMM with the
+// im2col gathered straight into the GEMM's packed panels and the weights packed once per
+// call; bitwise the result of im2col + kiln_rt_sgemm. implicit_gemm_shape says whether it
+// applies (Kiln's GEMM kernel is running, more than one output position and one output
+// channel per group); implicit_gemm_conv2d computes y = act(conv + bias + residual) (a
+// residual must not overlap y) and returns true, or false when Kiln's GEMM is not the one
+// running (nothing computed).
+bool implicit_gemm_shape(const KilnConv2dParams& p);
+bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                          const KilnConv2dParams& p, int32_t act);
+
 // The general path alone, im2col (or none for a 1x1 stride-1 conv) + one GEMM per image and
 // group, whatever the shape: what every convolution took before the specialized kernels,
 // kept callable as the baseline bench/conv_bench.cpp measures them against. f32 only.
