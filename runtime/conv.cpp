@@ -37,7 +37,11 @@
 // (conv_bench --models: at batch 16 these per-image GEMMs run at the speed of one GEMM over
 // the whole batch; gathering the batch into one [C, N*P] GEMM measured 0.65-1.09x of them on
 // MobileNetV2's 7x7 and 14x14 1x1 layers, so it is not done). 3x3 stride-1 convs with many
-// channels take Winograd (runtime/conv_winograd.cpp).
+// channels and at least two images take Winograd (runtime/conv_winograd.cpp). With Kiln's
+// GEMM kernel running, an f32 forward conv the kernels above do not take runs as an
+// implicit GEMM (runtime/conv_implicit.cpp): this file's im2col + GEMM without the column
+// matrix, bitwise the same result; the im2col path below remains for f64, the gradients,
+// OpenBLAS as the GEMM, and one output position or channel per group.
 #include <algorithm>
 #include <cstdint>
 #include <optional>

@@ -9,12 +9,14 @@
 // The same micro-kernel runs the same operations per element as kiln_rt_sgemm over the
 // im2col matrix: each output is one accumulator per KC slice of K (fixed by K alone), the
 // first slice combined with the bias the output was filled with (beta 1) or with nothing
-// (beta 0), later ones added (beta 1). So the result is bitwise the im2col + GEMM path's,
+// (beta 0), later ones added (beta 1); with K in one slice the bias is added after the
+// GEMM instead (the same single rounding of acc + bias). So the result is bitwise the im2col + GEMM path's,
 // for any thread count and any cut into work items (tests/unit/test_conv.cpp checks it).
 //
 // Work: items of (image, group, block of positions, block of output channels), run over
-// the pool. Positions are cut into blocks of at most NC columns; with fewer items than
-// threads (batch 1, small planes: ResNet-18's 7x7 layers) the output channels are cut too.
+// the pool. Positions are cut into blocks of at most NC columns; with fewer images than
+// twice the threads (batch 1) the positions or the output channels are cut further
+// (blocking() below).
 // The epilogue (bias is in the GEMM; relu, relu6, silu, the residual) is applied to each
 // item's block while it is in cache.
 #include <algorithm>
@@ -211,25 +213,45 @@ void pack_a(const Shape& s, const gemm::Kernel& kern, const float* w, int64_t g,
   kern.pack_a(a, i0, rows, p0, kc, dst);
 }
 
-// The block of positions at most this many micro-panels wide shares one packed B slice.
-int64_t column_block(const Shape& s, int64_t nr, int64_t threads) {
-  int64_t blocks = (s.p + kNC - 1) / kNC;
-  // Enough items to balance the threads when the images alone are too few.
-  const int64_t per_image = s.n * s.groups;
-  const int64_t panels = (s.p + nr - 1) / nr;
-  while (per_image * blocks < 4 * threads && blocks * 4 <= panels) blocks *= 2;
-  return round_up((s.p + blocks - 1) / blocks, nr);
+// y[i] += b over y[0, count).
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void add_scalar(float* y,
+                                                                                           int64_t count, float b) {
+  for (int64_t i = 0; i < count; ++i) y[i] += b;
+}
+
+// How the outputs of one image and group [og, P] are cut into items: blocks of positions
+// (at most kNC, one packed B slice each) and blocks of output channels (whole A micro-panels).
+// With fewer images (and groups) than twice the threads, the larger side is cut further,
+// halving it each time: a cut of the positions makes each block read all the weights again,
+// a cut of the channels makes each block gather the same columns again, so the side with
+// more elements per K row is the one cut (ResNet-18's 7x7 and 14x14 layers at batch 1: the
+// channels; its stem: the positions).
+struct Blocking {
+  int64_t nc, col_blocks, row_blocks;
+};
+Blocking blocking(const Shape& s, int64_t mr, int64_t nr, int64_t threads) {
+  const int64_t col_panels = (s.p + nr - 1) / nr, row_panels = (s.og + mr - 1) / mr;
+  int64_t cols = (s.p + kNC - 1) / kNC, rows = 1;
+  while (s.n * s.groups * cols * rows < 2 * threads) {
+    const bool can_cut_rows = rows * 2 <= row_panels, can_cut_cols = cols * 2 <= col_panels;
+    if (can_cut_rows && (s.og / rows >= s.p / cols || !can_cut_cols))
+      rows *= 2;
+    else if (can_cut_cols)
+      cols *= 2;
+    else
+      break;
+  }
+  const int64_t nc = round_up((s.p + cols - 1) / cols, nr);
+  return {nc, (s.p + nc - 1) / nc, rows};
 }
 
 void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* w, const float* bias,
          const float* residual, float* y, int32_t act, std::atomic<bool>& failed) {
   const int64_t mr = kern.mr, nr = kern.nr;
   const int64_t threads = in_parallel_region() ? 1 : std::max<int64_t>(1, kiln_rt_num_threads());
-  const int64_t nc = column_block(s, nr, threads);
-  const int64_t col_blocks = (s.p + nc - 1) / nc;
+  const Blocking cut = blocking(s, mr, nr, threads);
+  const int64_t nc = cut.nc, col_blocks = cut.col_blocks, row_blocks = cut.row_blocks;
   const int64_t panels = (s.og + mr - 1) / mr;  // A micro-panels per group
-  int64_t row_blocks = 1;
-  while (s.n * s.groups * col_blocks * row_blocks < threads && row_blocks * 2 <= panels) row_blocks *= 2;
   const int64_t items = s.n * s.groups * col_blocks * row_blocks;
   // The weights are packed once for the call when several items read the same rows.
   const bool shared_a = items / row_blocks > 1;
@@ -264,11 +286,16 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
       const int64_t j0 = cb * nc, j1 = std::min(s.p, j0 + nc);
       if (r0 >= r1 || j0 >= j1) continue;
       float* yc = y + (n * s.o + g * s.og) * s.p;  // C [og, P] of this image and group
-      if (bias)
+      // The bias: with K in one slice, added after the GEMM (acc + b, one rounding: what the
+      // GEMM's 1 * acc + 1 * C over a C filled with b gives), row by row with the epilogue
+      // while the row is in L1; with more slices, C is filled with it first, as the im2col
+      // path does, since the later slices add to it.
+      const bool bias_after = bias && s.k <= kKC;
+      if (bias && !bias_after)
         for (int64_t r = r0; r < r1; ++r) std::fill(yc + r * s.p + j0, yc + r * s.p + j1, bias[g * s.og + r]);
       for (int64_t p0 = 0; p0 < s.k; p0 += kKC) {
         const int64_t kc = std::min(kKC, s.k - p0);
-        const float beta = p0 == 0 && !bias ? 0.0f : 1.0f;
+        const float beta = p0 == 0 && (!bias || bias_after) ? 0.0f : 1.0f;
         pack_b(s, kern, x, n, g, p0, kc, j0, j1, bbuf);
         if (!shared_a) pack_a(s, kern, w, g, r0, r1 - r0, p0, kc, abuf);
         for (int64_t q = q0; q < q1; ++q) {
@@ -280,10 +307,14 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
                       std::min(nr, j1 - jr));
         }
       }
-      if (act != KILN_ACT_NONE || residual)
+      if (bias_after || act != KILN_ACT_NONE || residual)
         for (int64_t r = r0; r < r1; ++r) {
-          const int64_t at = (n * s.o + g * s.og + r) * s.p + j0;
-          conv_epilogue(y + at, residual ? residual + at : nullptr, j1 - j0, act);
+          float* yr = yc + r * s.p + j0;
+          if (bias_after) add_scalar(yr, j1 - j0, bias[g * s.og + r]);
+          if (act != KILN_ACT_NONE || residual) {
+            const int64_t at = (n * s.o + g * s.og + r) * s.p + j0;
+            conv_epilogue(yr, residual ? residual + at : nullptr, j1 - j0, act);
+          }
         }
     }
   });
