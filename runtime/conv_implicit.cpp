@@ -36,21 +36,7 @@ namespace {
 using gemm::kKC;
 using gemm::kNC;
 
-struct Shape {
-  int64_t n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups;
-  int64_t cg, og, k, p, taps;
-  bool pointwise;  // 1x1, stride 1, no padding: the column matrix is the input itself
-  explicit Shape(const KilnConv2dParams& a)
-      : n(a.n), c(a.c), h(a.h), w(a.w), o(a.o), kh(a.kh), kw(a.kw), oh(a.oh), ow(a.ow), sh(a.stride_h),
-        sw(a.stride_w), ph(a.pad_h), pw(a.pad_w), dh(a.dil_h), dw(a.dil_w), groups(a.groups) {
-    cg = c / groups;
-    og = o / groups;
-    taps = kh * kw;
-    k = cg * taps;
-    p = oh * ow;
-    pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && oh == h && ow == w;
-  }
-};
+using Shape = ConvShape;
 
 constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
@@ -123,15 +109,14 @@ template <int64_t NR>
   const int64_t cols = j1 - j0, padded = round_up(cols, nr);
   const float* image = x + (n * s.c + g * s.cg) * s.h * s.w;
   const bool flat = s.sh == 1 && s.sw == 1 && s.ow == s.w;
+  const int64_t taps = s.kh * s.kw;
   for (int64_t p = 0; p < kc; ++p) {
-    const int64_t kk = p0 + p, ci = kk / s.taps, t = kk % s.taps, ky = t / s.kw, kx = t % s.kw;
+    const int64_t kk = p0 + p, ci = kk / taps, t = kk % taps, ky = t / s.kw, kx = t % s.kw;
     const float* plane = image + ci * s.h * s.w;
     const int64_t iy0 = ky * s.dh - s.ph, ix0 = kx * s.dw - s.pw;
     // The output columns whose input column lies inside the row: [lo, hi).
-    int64_t lo = ix0 >= 0 ? 0 : (-ix0 + s.sw - 1) / s.sw;
-    int64_t hi = s.w - ix0 <= 0 ? 0 : (s.w - 1 - ix0) / s.sw + 1;
-    lo = std::min(lo, s.ow);
-    hi = std::clamp(hi, lo, s.ow);
+    const Span span = inside(s.w, s.ow, s.sw, ix0);
+    const int64_t lo = span.lo, hi = span.hi;
     PanelWriter<NR> out{dst + p * nr, 0, kc * nr};
     if (flat) {
       // Unit stride, output rows as wide as input rows: position j reads plane[j + shift]

@@ -18,6 +18,7 @@
 #include "runtime/conv_internal.h"
 #include "runtime/gemm.h"
 #include "runtime/kernels.h"
+#include "gemm_kernels.h"
 #include "self_exe.h"
 
 namespace {
@@ -66,20 +67,12 @@ const std::vector<Case>& cases() {
 
 bool kiln_kernel(GemmKernel k) { return k != GemmKernel::openblas && kiln::rt::gemm_kernel_supported(k); }
 
-struct KernelGuard {
-  GemmKernel saved = kiln::rt::gemm_kernel();
-  ~KernelGuard() { kiln::rt::set_gemm_kernel(saved); }
-};
-
 }  // namespace
 
 TEST_CASE("implicit-GEMM conv2d is bit for bit im2col + GEMM with each kernel", "[runtime][conv][implicit]") {
   KernelGuard guard;
   std::mt19937 rng(2024);
-  int kernels = 0;
-  for (GemmKernel kern : {GemmKernel::avx512, GemmKernel::avx2}) {
-    if (!kiln_kernel(kern)) continue;
-    ++kernels;
+  for (GemmKernel kern : kiln_kernels()) {
     REQUIRE(kiln::rt::set_gemm_kernel(kern));
     for (const Case& k : cases()) {
       const KilnConv2dParams p = params_of(k);
@@ -111,7 +104,7 @@ TEST_CASE("implicit-GEMM conv2d is bit for bit im2col + GEMM with each kernel", 
       }
     }
   }
-  if (kernels == 0) SKIP("this CPU runs neither of Kiln's GEMM kernels (OpenBLAS computes every conv GEMM)");
+  if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels (OpenBLAS computes every conv GEMM)");
 }
 
 TEST_CASE("implicit-GEMM conv2d: what kiln_rt_conv2d takes it for, and what it declines", "[runtime][conv][implicit]") {
@@ -149,8 +142,7 @@ TEST_CASE("implicit-GEMM conv2d: child with KILN_NUM_THREADS", "[.conv_implicit_
   REQUIRE(std::getenv("KILN_NUM_THREADS") != nullptr);
   KernelGuard guard;
   std::string hashes = "hashes";
-  for (GemmKernel kern : {GemmKernel::avx512, GemmKernel::avx2}) {
-    if (!kiln_kernel(kern)) continue;
+  for (GemmKernel kern : kiln_kernels()) {
     REQUIRE(kiln::rt::set_gemm_kernel(kern));
     uint64_t h = 1469598103934665603ull;
     std::mt19937 rng(31);
