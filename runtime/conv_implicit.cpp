@@ -214,10 +214,15 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
 struct Blocking {
   int64_t nc, col_blocks, row_blocks;
 };
+constexpr double kItemMacs = 1 << 19;
+constexpr int64_t kParallelPackFloats = 1 << 18;  // 1 MiB of weights
 Blocking blocking(const Shape& s, int64_t mr, int64_t nr, int64_t threads) {
   const int64_t col_panels = (s.p + nr - 1) / nr, row_panels = (s.og + mr - 1) / mr;
   int64_t cols = (s.p + kNC - 1) / kNC, rows = 1;
-  while (s.n * s.groups * cols * rows < 2 * threads) {
+  // No more items than are worth a pool task each (gemm.cpp's measure: 2^19 multiply-adds).
+  const double macs = static_cast<double>(s.n * s.o) * static_cast<double>(s.p) * static_cast<double>(s.k);
+  const int64_t worth = std::max<int64_t>(1, static_cast<int64_t>(macs / kItemMacs));
+  while (s.n * s.groups * cols * rows < std::min(2 * threads, worth)) {
     const bool can_cut_rows = rows * 2 <= row_panels, can_cut_cols = cols * 2 <= col_panels;
     if (can_cut_rows && (s.og / rows >= s.p / cols || !can_cut_cols))
       rows *= 2;
@@ -248,13 +253,19 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
       failed.store(true);
       return;
     }
-    // Layout [g][panel][K][MR]: slice p0 of a panel is contiguous at p0 * MR.
-    parallel_for(s.groups * panels, 1, [&](int64_t begin, int64_t end) {
+    // Layout [g][panel][K][MR]: slice p0 of a panel is contiguous at p0 * MR. Over the pool
+    // when the weights are large (ResNet's 3x3 layers at a batch); small ones (MobileNet's
+    // 1x1 layers) on this thread, which costs less than waking the pool.
+    auto pack_all = [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const int64_t g = i / panels, q = i % panels;
         pack_a(s, kern, w, g, q * mr, std::min(mr, s.og - q * mr), 0, s.k, a_all + i * mr * s.k);
       }
-    });
+    };
+    if (s.o * s.k >= kParallelPackFloats)
+      parallel_for(s.groups * panels, 1, pack_all);
+    else
+      pack_all(0, s.groups * panels);
   }
   parallel_for(items, 1, [&](int64_t begin, int64_t end) {
     float* bbuf = buffer(0, round_up(nc, nr) * kc_max);
