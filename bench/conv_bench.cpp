@@ -18,13 +18,20 @@
 // For the layers Winograd takes, at batch 1, the f32 result's largest error against an f64
 // conv of the same values, next to im2col + sgemm's.
 //
-//   conv_bench [--batch N] [--min-time SECONDS] [--models [--grads]]
+// For the 3x3 layers Winograd takes, also the implicit-GEMM conv
+// (runtime/conv_implicit.cpp) of the same layer against it ("wino/impl" below 1: Winograd is faster).
+//
+// --cpu-time times by the process's CPU time instead of the wall clock: on a machine other
+// work shares, run it with KILN_NUM_THREADS=1 to compare kernels by the work they do.
+//
+//   conv_bench [--batch N] [--min-time SECONDS] [--cpu-time] [--models [--grads]]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <utility>
 #include <random>
@@ -38,21 +45,32 @@
 namespace {
 
 double g_min_time = 0.3;
+bool g_cpu_time = false;  // --cpu-time: the process's CPU time instead of the wall clock
+
+// Seconds now, by the wall clock or (--cpu-time) the CPU time of the process: on a machine
+// that other work shares, one thread's CPU time does not count the time it waited for a core.
+double now_s() {
+  if (g_cpu_time) {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // Best seconds per call of f over a few trials, each repeating f for about g_min_time / 5.
 template <typename F>
 double time_it(F&& f) {
   f();  // warm up: scratch buffers, pool threads, page faults
-  using clock = std::chrono::steady_clock;
-  auto t0 = clock::now();
+  double t0 = now_s();
   f();
-  double once = std::chrono::duration<double>(clock::now() - t0).count();
+  double once = now_s() - t0;
   int reps = std::max(1, static_cast<int>(g_min_time / 5 / std::max(once, 1e-7)));
   double best = 1e30;
   for (int trial = 0; trial < 5; ++trial) {
-    auto start = clock::now();
+    const double start = now_s();
     for (int i = 0; i < reps; ++i) f();
-    best = std::min(best, std::chrono::duration<double>(clock::now() - start).count() / reps);
+    best = std::min(best, (now_s() - start) / reps);
   }
   return best;
 }
@@ -194,22 +212,21 @@ template <typename F, typename G>
 std::pair<double, double> time_pair(F&& f, G&& g) {
   f();
   g();
-  using clock = std::chrono::steady_clock;
   auto once = [](auto& h) {
-    auto t0 = clock::now();
+    const double t0 = now_s();
     h();
-    return std::chrono::duration<double>(clock::now() - t0).count();
+    return now_s() - t0;
   };
   double best_f = once(f), best_g = once(g);
   int reps_f = std::max(1, static_cast<int>(g_min_time / 10 / std::max(best_f, 1e-7)));
   int reps_g = std::max(1, static_cast<int>(g_min_time / 10 / std::max(best_g, 1e-7)));
   for (int trial = 0; trial < 5; ++trial) {
-    auto t0 = clock::now();
+    double t0 = now_s();
     for (int i = 0; i < reps_f; ++i) f();
-    best_f = std::min(best_f, std::chrono::duration<double>(clock::now() - t0).count() / reps_f);
-    t0 = clock::now();
+    best_f = std::min(best_f, (now_s() - t0) / reps_f);
+    t0 = now_s();
     for (int i = 0; i < reps_g; ++i) g();
-    best_g = std::min(best_g, std::chrono::duration<double>(clock::now() - t0).count() / reps_g);
+    best_g = std::min(best_g, (now_s() - t0) / reps_g);
   }
   return {best_f, best_g};
 }
@@ -264,7 +281,7 @@ void bench_layer(const Layer& l, int64_t n, bool grads, std::mt19937& rng, Total
                        [&] { kiln::rt::conv2d_grad_weight_im2col_f32(x.data(), dy.data(), dw.data(), p); }});
   }
   const double bound_s = time_it(bound);
-  if (kiln::rt::winograd_shape(p) && n == 1) {
+  if (kiln::rt::winograd_shape(p) && n > 1) {
     // Winograd's accuracy: the f32 result of each path against the f64 conv of the same
     // values (its own error is about 1e-9 of theirs): the largest error over the largest |y|.
     std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(bias.begin(), bias.end()), yd(y.size());
@@ -280,6 +297,13 @@ void bench_layer(const Layer& l, int64_t n, bool grads, std::mt19937& rng, Total
     }
     std::printf("  %-11s %-10s winograd f32 max error %.2e of max |y| %.1f (im2col + sgemm: %.2e)\n", l.model, l.what,
                 err_new / scale, scale, err_old / scale);
+  }
+  if (kiln::rt::winograd_shape(p) && kiln::rt::implicit_gemm_shape(p)) {
+    auto [wino, implicit] = time_pair(
+        [&] { kiln::rt::winograd_conv2d(x.data(), w.data(), bias.data(), y.data(), p, KILN_ACT_NONE); },
+        [&] { kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE); });
+    std::printf("  %-11s %-10s %-3lld winograd %.3f ms, implicit gemm %.3f ms: wino/impl %.2f\n", l.model, l.what,
+                (long long)n, wino * 1e3, implicit * 1e3, wino / implicit);
   }
   for (const Kernel& kn : kernels) {
     auto [fresh, old] = time_pair(kn.fresh, kn.old);
@@ -361,8 +385,10 @@ int main(int argc, char** argv) {
       models = true;
     } else if (a == "--grads") {
       grads = true;
+    } else if (a == "--cpu-time") {
+      g_cpu_time = true;
     } else {
-      std::fprintf(stderr, "usage: conv_bench [--batch N] [--min-time SECONDS] [--models [--grads]]\n");
+      std::fprintf(stderr, "usage: conv_bench [--batch N] [--min-time SECONDS] [--cpu-time] [--models [--grads]]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }

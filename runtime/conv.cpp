@@ -37,7 +37,11 @@
 // (conv_bench --models: at batch 16 these per-image GEMMs run at the speed of one GEMM over
 // the whole batch; gathering the batch into one [C, N*P] GEMM measured 0.65-1.09x of them on
 // MobileNetV2's 7x7 and 14x14 1x1 layers, so it is not done). 3x3 stride-1 convs with many
-// channels take Winograd (runtime/conv_winograd.cpp).
+// channels and at least two images take Winograd (runtime/conv_winograd.cpp). With Kiln's
+// GEMM kernel running, an f32 forward conv the kernels above do not take runs as an
+// implicit GEMM (runtime/conv_implicit.cpp): this file's im2col + GEMM without the column
+// matrix, bitwise the same result; the im2col path below remains for f64, the gradients,
+// OpenBLAS as the GEMM, and one output position or channel per group.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -53,23 +57,9 @@
 
 namespace {
 
-struct ConvShape {
-  int64_t n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups;
-  int64_t cg, og;  // channels per group, in and out
-  int64_t k;       // rows of the column matrix: cg * kh * kw
-  int64_t p;       // columns: oh * ow
-  bool pointwise;  // 1x1, stride 1, no padding: the column matrix is the input itself
-
-  explicit ConvShape(const KilnConv2dParams& a)
-      : n(a.n), c(a.c), h(a.h), w(a.w), o(a.o), kh(a.kh), kw(a.kw), oh(a.oh), ow(a.ow), sh(a.stride_h),
-        sw(a.stride_w), ph(a.pad_h), pw(a.pad_w), dh(a.dil_h), dw(a.dil_w), groups(a.groups) {
-    cg = c / groups;
-    og = o / groups;
-    k = cg * kh * kw;
-    p = oh * ow;
-    pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && oh == h && ow == w;
-  }
-};
+using kiln::rt::ConvShape;
+using kiln::rt::inside;
+using kiln::rt::Span;
 
 // C = A . B (+ C when accumulate), row-major, with the degenerate sizes BLAS rejects handled here.
 template <typename T>
@@ -89,19 +79,6 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
 }
 
 using kiln::rt::scratch;
-
-// The output columns [lo, hi) of one kernel column kx whose input column ox*stride + off
-// lies inside [0, size).
-struct Span {
-  int64_t lo, hi, off;
-};
-Span inside(int64_t size, int64_t out, int64_t stride, int64_t off) {
-  int64_t lo = off >= 0 ? 0 : (-off + stride - 1) / stride;
-  int64_t hi = size - off <= 0 ? 0 : (size - 1 - off) / stride + 1;
-  lo = std::min(lo, out);
-  hi = std::clamp(hi, lo, out);
-  return {lo, hi, off};
-}
 
 // Unit stride with output rows as wide as input rows ("same" padding, the common case):
 // output (oy, ox) of kernel tap (ky, kx) reads input element oy * W + ox + shift of the
@@ -435,6 +412,10 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
       return;
     }
     if (direct_ok(s)) return direct_all(s, x, w, bias, y, act, residual);
+    if constexpr (std::is_same_v<T, float>)
+      if (kiln::rt::implicit_gemm_shape(*params) &&
+          kiln::rt::implicit_gemm_conv2d(x, w, bias, residual, y, *params, act))
+        return;
   }
   for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {
     T* col = s.pointwise ? nullptr : scratch<T>(s.k * s.p);

@@ -1,14 +1,49 @@
-// What the convolution kernels share inside the runtime (runtime/conv.cpp: im2col + GEMM and
-// the dense direct paths; runtime/conv_depthwise.cpp: depthwise convolutions). Private to
-// the runtime (not installed); generated code sees only runtime/kernels.h.
+// What the convolution kernels share inside the runtime (runtime/conv.cpp: im2col + GEMM, the
+// dense direct paths and the choice of kernel; runtime/conv_implicit.cpp: the implicit-GEMM
+// conv; runtime/conv_depthwise.cpp: depthwise convolutions; runtime/conv_winograd.cpp).
+// Private to the runtime (not installed); generated code sees only runtime/kernels.h.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "runtime/kernels.h"
 
 namespace kiln::rt {
+
+// A convolution's shape (runtime/kernels.h's parameters) and the GEMM view of it, for image
+// n and group g: W[g] [og, k] . col [k, p].
+struct ConvShape {
+  int64_t n, c, h, w, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups;
+  int64_t cg, og;  // channels per group, in and out
+  int64_t k;       // rows of the column matrix: cg * kh * kw
+  int64_t p;       // columns: oh * ow
+  bool pointwise;  // 1x1, stride 1, no padding: the column matrix is the input itself
+
+  explicit ConvShape(const KilnConv2dParams& a)
+      : n(a.n), c(a.c), h(a.h), w(a.w), o(a.o), kh(a.kh), kw(a.kw), oh(a.oh), ow(a.ow), sh(a.stride_h),
+        sw(a.stride_w), ph(a.pad_h), pw(a.pad_w), dh(a.dil_h), dw(a.dil_w), groups(a.groups) {
+    cg = c / groups;
+    og = o / groups;
+    k = cg * kh * kw;
+    p = oh * ow;
+    pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && oh == h && ow == w;
+  }
+};
+
+// The output columns [lo, hi) of one kernel column kx whose input column ox*stride + off
+// lies inside [0, size).
+struct Span {
+  int64_t lo, hi, off;
+};
+inline Span inside(int64_t size, int64_t out, int64_t stride, int64_t off) {
+  int64_t lo = off >= 0 ? 0 : (-off + stride - 1) / stride;
+  int64_t hi = size - off <= 0 ? 0 : (size - 1 - off) / stride + 1;
+  lo = std::min(lo, out);
+  hi = std::clamp(hi, lo, out);
+  return {lo, hi, off};
+}
 
 // A per-thread buffer of at least `count` elements, kept between calls.
 template <typename T>
@@ -34,20 +69,34 @@ void depthwise_grad_weight(const float* x, const float* dy, float* dw, const Kil
 void depthwise_grad_weight(const double* x, const double* dy, double* dw, const KilnConv2dParams& p);
 
 // Winograd F(2x2, 3x3) (runtime/conv_winograd.cpp) for a 3x3 stride-1 undilated ungrouped
-// conv with at least kWinogradMinChannels input and output channels and kWinogradMinTiles
-// 2x2 output tiles in the batch (fewer, and transforming the weights on every call costs
-// more than it saves: ResNet-18's 512-channel 7x7 layer at batch 1, 16 tiles, ran 3x slower
-// than im2col + GEMM, and at batch 16 1.2x faster): winograd_shape says
-// whether the shape qualifies; winograd_conv2d computes y and returns true, or returns false
-// (computing nothing) when x or w holds an infinity or a NaN, whose propagation the
-// transforms would not keep as the interpreter's.
+// conv with at least kWinogradMinChannels input and output channels, kWinogradMinTiles 2x2
+// output tiles in the batch and at least kWinogradMinImages images: it transforms the
+// weights on every call, which a single image does not repay. Against the implicit-GEMM
+// conv (bench/conv_bench --models --cpu-time, one thread) at batch 1 it took 1.10x the time
+// on ResNet-18's 64-channel 56x56 layer, 1.32x on the 128-channel 28x28 one and 2.5x on the
+// 256-channel 14x14 one; at batch 16, 0.87-0.96x (1.0x at 512 channels, 7x7).
+// winograd_shape says whether the shape qualifies; winograd_conv2d computes y and returns
+// true, or returns false (computing nothing) when x or w holds an infinity or a NaN, whose
+// propagation the transforms would not keep as the interpreter's.
 constexpr int64_t kWinogradMinChannels = 32;
 constexpr int64_t kWinogradMinTiles = 40;
+constexpr int64_t kWinogradMinImages = 2;
 bool winograd_shape(const KilnConv2dParams& p);
 bool winograd_conv2d(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams& p,
                      int32_t act);
 bool winograd_conv2d(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams& p,
                      int32_t act);
+
+// Implicit GEMM (runtime/conv_implicit.cpp): the f32 forward conv as Kiln's GEMM with the
+// im2col gathered straight into the GEMM's packed panels and the weights packed once per
+// call; bitwise the result of im2col + kiln_rt_sgemm. implicit_gemm_shape says whether it
+// applies (Kiln's GEMM kernel is running, more than one output position and one output
+// channel per group); implicit_gemm_conv2d computes y = act(conv + bias + residual) (a
+// residual must not overlap y) and returns true, or false when Kiln's GEMM is not the one
+// running (nothing computed).
+bool implicit_gemm_shape(const KilnConv2dParams& p);
+bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                          const KilnConv2dParams& p, int32_t act);
 
 // The general path alone, im2col (or none for a 1x1 stride-1 conv) + one GEMM per image and
 // group, whatever the shape: what every convolution took before the specialized kernels,

@@ -156,6 +156,8 @@ const char* gemm_kernel_name(GemmKernel k) {
   return kern ? kern->name : "openblas";
 }
 
+const gemm::Kernel* gemm::current_kernel() { return kernel_of(gemm_kernel()); }
+
 GemmKernel gemm_kernel() { return static_cast<GemmKernel>(current().load(std::memory_order_relaxed)); }
 
 bool set_gemm_kernel(GemmKernel k) {

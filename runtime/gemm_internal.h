@@ -70,12 +70,30 @@ using BlockFn = bool (*)(const Args& g, int64_t m0, int64_t m1, int64_t n0, int6
 // other operand's only row or column, contiguous (runtime/gemm_blocked.inc).
 using GemvFn = void (*)(const Args& g, const float* x, int64_t lo, int64_t hi);
 
+// One micro-kernel call: C[0:mv, 0:nv] = alpha * A B + beta * C (C not read when beta is
+// 0) from one packed A micro-panel (kc steps of MR values) and one packed B micro-panel
+// (kc steps of NR values, aligned to 64 bytes), the operations gemm_blocked.inc's loops
+// issue, for drivers that pack their operands themselves (runtime/conv_implicit.cpp).
+using TileFn = void (*)(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta,
+                        int64_t mv, int64_t nv);
+
+// The packing of gemm_blocked.inc, for such drivers: pack_a(g, i0, mc, p0, kc, dst) packs
+// op(A)[i0 : i0+mc, p0 : p0+kc] into MR-tall micro-panels ([panel][kc][MR], zeros past
+// row mc); pack_b(g, p0, kc, j0, nc, dst) packs op(B)[p0 : p0+kc, j0 : j0+nc] into NR-wide
+// ones ([panel][kc][NR], zeros past column nc).
+using PackFn = void (*)(const Args& g, int64_t, int64_t, int64_t, int64_t, float* dst);
+
 struct Kernel {
   const char* name;  // "avx512 14x32"
   int64_t mr, nr;
   BlockFn block;
   GemvFn gemv;
+  TileFn tile;
+  PackFn pack_a, pack_b;
 };
+
+// The kernel kiln_rt_sgemm runs now (runtime/gemm.h: gemm_kernel()); nullptr for openblas.
+const Kernel* current_kernel();
 
 // The kernels compiled into the runtime; each may only run on a CPU with its features.
 extern const Kernel kAvx512;  // AVX-512F

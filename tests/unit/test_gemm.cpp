@@ -20,6 +20,7 @@
 #include "runtime/blas.h"
 #include "runtime/gemm.h"
 #include "runtime/kernels.h"
+#include "gemm_kernels.h"
 #include "self_exe.h"
 #include "subprocess.h"
 
@@ -39,20 +40,6 @@ const std::vector<Shape> kShapes = {{2, 2, 1},     {5, 7, 3},       {13, 31, 17}
                                     {29, 65, 300}, {6, 16, 8},      {7, 17, 9},     {100, 50, 513}, {3, 200, 40},
                                     {200, 3, 40},  {64, 1000, 27},  {1, 37, 50},    {37, 1, 50},   {1100, 20, 30},
                                     {3, 4200, 5},  {1, 200, 300},   {150, 1, 130},  {1, 1, 70}};
-
-// The kernels this CPU runs besides OpenBLAS.
-std::vector<GemmKernel> kiln_kernels() {
-  std::vector<GemmKernel> ks;
-  for (GemmKernel k : {GemmKernel::avx512, GemmKernel::avx2})
-    if (kiln::rt::gemm_kernel_supported(k)) ks.push_back(k);
-  return ks;
-}
-
-// Restores the kernel kiln_rt_sgemm ran before the test.
-struct KernelGuard {
-  GemmKernel saved = kiln::rt::gemm_kernel();
-  ~KernelGuard() { kiln::rt::set_gemm_kernel(saved); }
-};
 
 struct Case {
   bool ta, tb;

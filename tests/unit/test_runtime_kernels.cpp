@@ -30,6 +30,7 @@
 #include "ir/graph.h"
 #include "ir/interp.h"
 #include "runtime/blas.h"
+#include "runtime/conv_internal.h"
 #include "runtime/kernels.h"
 
 using namespace kiln;
@@ -461,19 +462,33 @@ TEST_CASE("runtime: depthwise conv2d and its gradients over kernels, strides, pa
 }
 
 TEST_CASE("runtime: Winograd 3x3 convolutions against the interpreter", "[runtime][conv][winograd]") {
-  // 3x3 stride 1 with at least 32 channels in and out, past the direct path's limits (a
-  // plane over 1024 positions, or over 1024 taps): Winograd F(2x2, 3x3). Odd and even
-  // output sizes (half-used tiles), padding 0, 1 and 2, batch 1 and 3; check_conv also runs
-  // an input with a NaN (im2col + GEMM instead) and the fused relu.
+  // 3x3 stride 1 with at least 32 channels in and out, 40 tiles and 2 images, past the
+  // direct path's limits (a plane over 1024 positions, or over 1024 taps): Winograd F(2x2,
+  // 3x3). Odd and even output sizes (half-used tiles), padding 0, 1 and 2, batch 2 and 3;
+  // check_conv also runs an input with a NaN (im2col + GEMM instead) and the fused relu.
   std::mt19937 rng(808);
   const std::vector<ConvCase> cases = {
       {2, 40, 33, 31, 36, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
-      {1, 128, 7, 7, 130, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
+      {3, 128, 7, 7, 130, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
       {3, 120, 5, 6, 33, 3, 3, {1, 1}, {0, 0}, {1, 1}, 1},
-      {1, 116, 4, 9, 32, 3, 3, {1, 1}, {2, 1}, {1, 1}, 1},
+      {2, 116, 4, 9, 32, 3, 3, {1, 1}, {2, 1}, {1, 1}, 1},
   };
   for (DType dt : {DType::f32, DType::f64})
-    for (const ConvCase& k : cases) check_conv(k, dt, rng);
+    for (const ConvCase& k : cases) {
+      const int64_t oh = k.h + 2 * k.padding[0] - 2, ow = k.w + 2 * k.padding[1] - 2;
+      const KilnConv2dParams p{k.n, k.c, k.h, k.w, k.o, 3, 3, oh, ow, 1, 1, k.padding[0], k.padding[1], 1, 1, 1};
+      // The last two have fewer than kWinogradMinTiles tiles: the paths beside Winograd.
+      CHECK(kiln::rt::winograd_shape(p) == (&k - cases.data() < 2));
+      check_conv(k, dt, rng);
+    }
+  // One image: the weights' transform on every call does not pay (conv_internal.h), so the
+  // same layers take the implicit-GEMM conv (f32) or im2col + GEMM.
+  const KilnConv2dParams one{1, 256, 14, 14, 256, 3, 3, 14, 14, 1, 1, 1, 1, 1, 1, 1};
+  CHECK_FALSE(kiln::rt::winograd_shape(one));
+  KilnConv2dParams two = one;
+  two.n = 2;
+  CHECK(kiln::rt::winograd_shape(two));
+  for (DType dt : {DType::f32, DType::f64}) check_conv({1, 256, 14, 14, 256, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1}, dt, rng);
 }
 
 TEST_CASE("runtime: depthwise conv2d with infinities and NaNs follows the interpreter", "[runtime][conv][depthwise]") {

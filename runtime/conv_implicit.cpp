@@ -1,0 +1,340 @@
+// Implicit-GEMM f32 convolution: the forward conv as Kiln's GEMM (runtime/gemm_internal.h)
+// with no column matrix. For image n and group g, Y[n,g] [O/g, P] = W[g] [O/g, K] . col [K, P]
+// (K = C/g * KH * KW, P = OH * OW) as in runtime/conv.cpp's im2col path, but the GEMM's
+// packed B micro-panels are gathered straight from the image (the im2col of one KC-deep
+// slice of K by one block of output positions, into a buffer that stays in L2), and the
+// weights' A micro-panels are packed once per call for all images and blocks of positions
+// instead of once per image.
+//
+// The same micro-kernel runs the same operations per element as kiln_rt_sgemm over the
+// im2col matrix: each output is one accumulator per KC slice of K (fixed by K alone), the
+// first slice combined with the bias the output was filled with (beta 1) or with nothing
+// (beta 0), later ones added (beta 1); with K in one slice the bias is added after the
+// GEMM instead (the same single rounding of acc + bias). So the result is bitwise the im2col + GEMM path's,
+// for any thread count and any cut into work items (tests/unit/test_conv.cpp checks it).
+//
+// Work: items of (image, group, block of positions, block of output channels), run over
+// the pool. Positions are cut into blocks of at most NC columns; with fewer images than
+// twice the threads (batch 1) the positions or the output channels are cut further
+// (blocking() below).
+// The epilogue (bias is in the GEMM; relu, relu6, silu, the residual) is applied to each
+// item's block while it is in cache.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+
+#include "runtime/conv_epilogue.h"
+#include "runtime/conv_internal.h"
+#include "runtime/gemm_internal.h"
+#include "runtime/thread_pool.h"
+
+namespace kiln::rt {
+namespace {
+
+using gemm::kKC;
+using gemm::kNC;
+
+using Shape = ConvShape;
+
+constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// A 64-byte aligned float buffer.
+struct Aligned {
+  float* p = nullptr;
+  int64_t size = 0;
+  ~Aligned() { std::free(p); }
+  float* get(int64_t floats) {
+    if (size < floats) {
+      std::free(p);
+      p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(round_up(floats * 4, 64))));
+      size = p ? floats : 0;
+    }
+    return p;
+  }
+};
+// Per thread: [0] the packed B block, [1] a slice of A packed for one item, [2] the calling
+// thread's packed A of the whole call.
+float* buffer(int slot, int64_t floats) {
+  thread_local Aligned buffers[3];
+  return buffers[slot].get(floats);
+}
+
+// Writes a run of values into consecutive columns of NR-wide micro-panels: column j of the
+// block is lane j % NR of panel j / NR, at row `p` of a kc-deep slice.
+template <int64_t NR>
+struct PanelWriter {
+  float* dp;  // row p of the current panel
+  int64_t lane, panel_stride;
+  static constexpr int64_t nr = NR;
+  void zeros(int64_t count) {
+    while (count > 0) {
+      const int64_t m = std::min(count, nr - lane);
+      for (int64_t i = 0; i < m; ++i) dp[lane + i] = 0.0f;
+      advance(m);
+      count -= m;
+    }
+  }
+  void copy(const float* src, int64_t stride, int64_t count) {
+    while (count > 0) {
+      const int64_t m = std::min(count, nr - lane);
+      float* d = dp + lane;
+      if (stride == 1)
+        for (int64_t i = 0; i < m; ++i) d[i] = src[i];
+      else
+        for (int64_t i = 0; i < m; ++i) d[i] = src[i * stride];
+      src += m * stride;
+      advance(m);
+      count -= m;
+    }
+  }
+  void advance(int64_t m) {
+    lane += m;
+    if (lane == nr) {
+      lane = 0;
+      dp += panel_stride;
+    }
+  }
+};
+
+// The im2col of image n, group g, for K rows [p0, p0 + kc) and output positions [j0, j1),
+// packed as micro-panels of NR columns (dst[panel][p][lane], zeros past j1): exactly the
+// values the GEMM's packing would read from runtime/conv.cpp's column matrix (padding is a
+// real zero).
+template <int64_t NR>
+[[gnu::always_inline]] inline void gather_b(const Shape& s, const float* x, int64_t n, int64_t g, int64_t p0,
+                                            int64_t kc, int64_t j0, int64_t j1, float* dst) {
+  constexpr int64_t nr = NR;
+  const int64_t cols = j1 - j0, padded = round_up(cols, nr);
+  const float* image = x + (n * s.c + g * s.cg) * s.h * s.w;
+  const bool flat = s.sh == 1 && s.sw == 1 && s.ow == s.w;
+  const int64_t taps = s.kh * s.kw;
+  for (int64_t p = 0; p < kc; ++p) {
+    const int64_t kk = p0 + p, ci = kk / taps, t = kk % taps, ky = t / s.kw, kx = t % s.kw;
+    const float* plane = image + ci * s.h * s.w;
+    const int64_t iy0 = ky * s.dh - s.ph, ix0 = kx * s.dw - s.pw;
+    // The output columns whose input column lies inside the row: [lo, hi).
+    const Span span = inside(s.w, s.ow, s.sw, ix0);
+    const int64_t lo = span.lo, hi = span.hi;
+    PanelWriter<NR> out{dst + p * nr, 0, kc * nr};
+    if (flat) {
+      // Unit stride, output rows as wide as input rows: position j reads plane[j + shift]
+      // in the rows [oy0, oy1) whose input row exists, one contiguous run; then the cells
+      // of the columns outside [lo, hi), which that run took from the next or previous row,
+      // are zeroed in place.
+      const int64_t oy0 = std::clamp<int64_t>(-iy0, 0, s.oh), oy1 = std::clamp<int64_t>(s.h - iy0, oy0, s.oh);
+      const int64_t shift = iy0 * s.w + ix0;
+      const int64_t a = std::clamp(std::max(oy0 * s.w, -shift), j0, j1);
+      const int64_t b = std::clamp(std::min(oy1 * s.w, s.h * s.w - shift), a, j1);
+      out.zeros(a - j0);
+      out.copy(plane + a + shift, 1, b - a);
+      out.zeros(j1 - b + padded - cols);
+      if (lo > 0 || hi < s.ow) {
+        float* row0 = dst + p * nr;
+        auto zero = [&](int64_t j) {
+          const int64_t c = j - j0;
+          row0[c / nr * kc * nr + c % nr] = 0.0f;
+        };
+        for (int64_t oy = std::max(oy0, j0 / s.ow); oy < oy1 && oy * s.ow < j1; ++oy) {
+          const int64_t base = oy * s.ow;
+          for (int64_t j = std::max(base, j0); j < std::min(base + lo, j1); ++j) zero(j);
+          for (int64_t j = std::max(base + hi, j0); j < std::min(base + s.ow, j1); ++j) zero(j);
+        }
+      }
+      continue;
+    }
+    int64_t j = j0;
+    while (j < j1) {
+      const int64_t oy = j / s.ow, ox = j % s.ow, end = std::min(s.ow, ox + (j1 - j));
+      const int64_t iy = oy * s.sh + iy0;
+      if (iy < 0 || iy >= s.h) {
+        out.zeros(end - ox);
+      } else {
+        const float* row = plane + iy * s.w + ix0;
+        const int64_t a = std::clamp(lo, ox, end), b = std::clamp(hi, a, end);
+        out.zeros(a - ox);
+        out.copy(row + a * s.sw, s.sw, b - a);
+        out.zeros(end - b);
+      }
+      j += end - ox;
+    }
+    out.zeros(padded - cols);
+  }
+}
+// Compiled for AVX-512 and AVX2 as well as the baseline; the loader picks what the machine has.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void gather_b32(
+    const Shape& s, const float* x, int64_t n, int64_t g, int64_t p0, int64_t kc, int64_t j0, int64_t j1, float* dst) {
+  gather_b<32>(s, x, n, g, p0, kc, j0, j1, dst);
+}
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void gather_b16(
+    const Shape& s, const float* x, int64_t n, int64_t g, int64_t p0, int64_t kc, int64_t j0, int64_t j1, float* dst) {
+  gather_b<16>(s, x, n, g, p0, kc, j0, j1, dst);
+}
+
+// The packed B slice of image n, group g: K rows [p0, p0 + kc), positions [j0, j1). A
+// pointwise conv's column matrix is the input itself, packed by the GEMM's own packing.
+void pack_b(const Shape& s, const gemm::Kernel& kern, const float* x, int64_t n, int64_t g, int64_t p0, int64_t kc,
+            int64_t j0, int64_t j1, float* dst) {
+  if (s.pointwise) {
+    gemm::Args b{};
+    b.b = x + (n * s.c + g * s.cg) * s.p;
+    b.ldb = s.p;
+    kern.pack_b(b, p0, kc, j0, j1 - j0, dst);
+  } else if (kern.nr == 32) {
+    gather_b32(s, x, n, g, p0, kc, j0, j1, dst);
+  } else {
+    gather_b16(s, x, n, g, p0, kc, j0, j1, dst);
+  }
+}
+
+// Rows [i0, i0 + rows) of group g's weights W[g] [og, K] (row-major), K columns [p0, p0 + kc),
+// as MR-tall micro-panels [panel][kc][MR] by the GEMM's own packing.
+void pack_a(const Shape& s, const gemm::Kernel& kern, const float* w, int64_t g, int64_t i0, int64_t rows,
+            int64_t p0, int64_t kc, float* dst) {
+  gemm::Args a{};
+  a.a = w + g * s.og * s.k;
+  a.lda = s.k;
+  kern.pack_a(a, i0, rows, p0, kc, dst);
+}
+
+// y[i] += b over y[0, count).
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void add_scalar(float* y,
+                                                                                           int64_t count, float b) {
+  for (int64_t i = 0; i < count; ++i) y[i] += b;
+}
+
+// How the outputs of one image and group [og, P] are cut into items: blocks of positions
+// (at most kNC, one packed B slice each) and blocks of output channels (whole A micro-panels).
+// With fewer images (and groups) than twice the threads, the larger side is cut further,
+// halving it each time: a cut of the positions makes each block read all the weights again,
+// a cut of the channels makes each block gather the same columns again, so the side with
+// more elements per K row is the one cut (ResNet-18's 7x7 and 14x14 layers at batch 1: the
+// channels; its stem: the positions).
+struct Blocking {
+  int64_t nc, col_blocks, row_blocks;
+};
+constexpr double kItemMacs = 1 << 19;
+constexpr int64_t kParallelPackFloats = 1 << 18;  // 1 MiB of weights
+Blocking blocking(const Shape& s, int64_t mr, int64_t nr, int64_t threads) {
+  const int64_t col_panels = (s.p + nr - 1) / nr, row_panels = (s.og + mr - 1) / mr;
+  int64_t cols = (s.p + kNC - 1) / kNC, rows = 1;
+  // No more items than are worth a pool task each (gemm.cpp's measure: 2^19 multiply-adds).
+  const double macs = static_cast<double>(s.n * s.o) * static_cast<double>(s.p) * static_cast<double>(s.k);
+  const int64_t worth = std::max<int64_t>(1, static_cast<int64_t>(macs / kItemMacs));
+  while (s.n * s.groups * cols * rows < std::min(2 * threads, worth)) {
+    const bool can_cut_rows = rows * 2 <= row_panels, can_cut_cols = cols * 2 <= col_panels;
+    if (can_cut_rows && (s.og / rows >= s.p / cols || !can_cut_cols))
+      rows *= 2;
+    else if (can_cut_cols)
+      cols *= 2;
+    else
+      break;
+  }
+  const int64_t nc = round_up((s.p + cols - 1) / cols, nr);
+  return {nc, (s.p + nc - 1) / nc, rows};
+}
+
+void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* w, const float* bias,
+         const float* residual, float* y, int32_t act, std::atomic<bool>& failed) {
+  const int64_t mr = kern.mr, nr = kern.nr;
+  const int64_t threads = in_parallel_region() ? 1 : std::max<int64_t>(1, kiln_rt_num_threads());
+  const Blocking cut = blocking(s, mr, nr, threads);
+  const int64_t nc = cut.nc, col_blocks = cut.col_blocks, row_blocks = cut.row_blocks;
+  const int64_t panels = (s.og + mr - 1) / mr;  // A micro-panels per group
+  const int64_t items = s.n * s.groups * col_blocks * row_blocks;
+  // The weights are packed once for the call when several items read the same rows.
+  const bool shared_a = items / row_blocks > 1;
+  const int64_t kc_max = std::min(kKC, s.k);
+  float* a_all = nullptr;
+  if (shared_a) {
+    a_all = buffer(2, s.groups * panels * mr * s.k);
+    if (!a_all) {
+      failed.store(true);
+      return;
+    }
+    // Layout [g][panel][K][MR]: slice p0 of a panel is contiguous at p0 * MR. Over the pool
+    // when the weights are large (ResNet's 3x3 layers at a batch); small ones (MobileNet's
+    // 1x1 layers) on this thread, which costs less than waking the pool.
+    auto pack_all = [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t g = i / panels, q = i % panels;
+        pack_a(s, kern, w, g, q * mr, std::min(mr, s.og - q * mr), 0, s.k, a_all + i * mr * s.k);
+      }
+    };
+    if (s.o * s.k >= kParallelPackFloats)
+      parallel_for(s.groups * panels, 1, pack_all);
+    else
+      pack_all(0, s.groups * panels);
+  }
+  parallel_for(items, 1, [&](int64_t begin, int64_t end) {
+    float* bbuf = buffer(0, round_up(nc, nr) * kc_max);
+    float* abuf = shared_a ? nullptr : buffer(1, (panels + row_blocks - 1) / row_blocks * mr * kc_max);
+    if (!bbuf || (!shared_a && !abuf)) {
+      failed.store(true);
+      return;
+    }
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t rb = item % row_blocks, cb = item / row_blocks % col_blocks, ng = item / row_blocks / col_blocks;
+      const int64_t n = ng / s.groups, g = ng % s.groups;
+      const int64_t q0 = panels * rb / row_blocks, q1 = panels * (rb + 1) / row_blocks;
+      const int64_t r0 = q0 * mr, r1 = std::min(s.og, q1 * mr);
+      const int64_t j0 = cb * nc, j1 = std::min(s.p, j0 + nc);
+      if (r0 >= r1 || j0 >= j1) continue;
+      float* yc = y + (n * s.o + g * s.og) * s.p;  // C [og, P] of this image and group
+      // The bias: with K in one slice, added after the GEMM (acc + b, one rounding: what the
+      // GEMM's 1 * acc + 1 * C over a C filled with b gives), row by row with the epilogue
+      // while the row is in L1; with more slices, C is filled with it first, as the im2col
+      // path does, since the later slices add to it.
+      const bool bias_after = bias && s.k <= kKC;
+      if (bias && !bias_after)
+        for (int64_t r = r0; r < r1; ++r) std::fill(yc + r * s.p + j0, yc + r * s.p + j1, bias[g * s.og + r]);
+      for (int64_t p0 = 0; p0 < s.k; p0 += kKC) {
+        const int64_t kc = std::min(kKC, s.k - p0);
+        const float beta = p0 == 0 && (!bias || bias_after) ? 0.0f : 1.0f;
+        pack_b(s, kern, x, n, g, p0, kc, j0, j1, bbuf);
+        if (!shared_a) pack_a(s, kern, w, g, r0, r1 - r0, p0, kc, abuf);
+        for (int64_t q = q0; q < q1; ++q) {
+          const int64_t row = q * mr, mv = std::min(mr, s.og - row);
+          if (mv <= 0) break;
+          const float* ap = shared_a ? a_all + ((g * panels + q) * s.k + p0) * mr : abuf + (q - q0) * mr * kc;
+          for (int64_t jr = j0; jr < j1; jr += nr)
+            kern.tile(kc, ap, bbuf + (jr - j0) * kc, yc + row * s.p + jr, s.p, 1.0f, beta, mv,
+                      std::min(nr, j1 - jr));
+        }
+      }
+      if (bias_after || act != KILN_ACT_NONE || residual)
+        for (int64_t r = r0; r < r1; ++r) {
+          float* yr = yc + r * s.p + j0;
+          if (bias_after) add_scalar(yr, j1 - j0, bias[g * s.og + r]);
+          if (act != KILN_ACT_NONE || residual) {
+            const int64_t at = (n * s.o + g * s.og + r) * s.p + j0;
+            conv_epilogue(yr, residual ? residual + at : nullptr, j1 - j0, act);
+          }
+        }
+    }
+  });
+}
+
+}  // namespace
+
+bool implicit_gemm_shape(const KilnConv2dParams& p) {
+  const gemm::Kernel* kern = gemm::current_kernel();
+  // One output position or one output channel per group: the im2col path's GEMM is a
+  // matrix-vector product there, whose sums are ordered differently.
+  return kern != nullptr && p.oh * p.ow > 1 && p.o / p.groups > 1 && p.c / p.groups * p.kh * p.kw > 0;
+}
+
+bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                          const KilnConv2dParams& p, int32_t act) {
+  const gemm::Kernel* kern = gemm::current_kernel();
+  if (!kern) return false;
+  const Shape s(p);
+  if (s.n == 0 || s.o == 0 || s.p == 0) return true;
+  std::atomic<bool> failed{false};
+  run(s, *kern, x, w, bias, residual, y, act, failed);
+  if (failed.load()) record_error("conv2d: out of memory for its packing buffers");
+  return true;
+}
+
+}  // namespace kiln::rt

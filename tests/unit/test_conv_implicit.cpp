@@ -1,0 +1,162 @@
+// The implicit-GEMM convolution (runtime/conv_implicit.cpp): bit for bit the im2col + GEMM
+// path it replaces, with each of Kiln's GEMM kernels, over strides, padding, dilation,
+// groups, kernel sizes, ragged output blocks (positions and channels not multiples of the
+// micro-kernel's tile), K past one KC slice, more positions than one block, batch 1 and
+// several images, with and without bias, with the relu / relu6 / silu epilogue and a
+// residual; the same bits at any KILN_NUM_THREADS; and the runtime's conv2d entry point takes it.
+#include <catch2/catch_test_macros.hpp>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/conv_epilogue.h"
+#include "runtime/conv_internal.h"
+#include "runtime/gemm.h"
+#include "runtime/kernels.h"
+#include "gemm_kernels.h"
+#include "self_exe.h"
+
+namespace {
+
+using kiln::rt::GemmKernel;
+
+struct Case {
+  int64_t n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, groups;
+};
+
+KilnConv2dParams params_of(const Case& k) {
+  const int64_t oh = (k.h + 2 * k.ph - k.dh * (k.kh - 1) - 1) / k.sh + 1;
+  const int64_t ow = (k.w + 2 * k.pw - k.dw * (k.kw - 1) - 1) / k.sw + 1;
+  return {k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, oh, ow, k.sh, k.sw, k.ph, k.pw, k.dh, k.dw, k.groups};
+}
+
+std::vector<float> random_vector(int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// Shapes for the implicit path: every position / channel block edge, both gather paths
+// (unit stride with rows as wide as the input's: one run per K row; any other: row by row),
+// pointwise (the GEMM's own packing of the input), grouped, and K over one 256-deep slice.
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      {1, 3, 224, 224, 64, 7, 7, 2, 2, 3, 3, 1, 1, 1},    // ResNet's stem: 12544 positions, K 147
+      {2, 5, 11, 13, 7, 3, 5, 1, 1, 2, 1, 1, 1, 1},       // unit stride, same width: the flat gather
+      {2, 5, 11, 13, 7, 3, 3, 1, 1, 0, 0, 1, 1, 1},       // unit stride, narrower rows
+      {3, 4, 9, 7, 8, 3, 2, 2, 2, 1, 1, 2, 2, 2},         // stride, dilation and groups
+      {2, 3, 9, 11, 4, 2, 3, 2, 3, 1, 2, 2, 1, 1},        // every attribute differs between H and W
+      {2, 3, 3, 2, 33, 2, 2, 1, 1, 2, 2, 1, 1, 1},        // windows entirely in the padding
+      {2, 2, 8, 9, 3, 2, 2, 3, 3, 0, 1, 1, 1, 1},         // stride > kernel
+      {1, 300, 7, 7, 45, 3, 3, 1, 1, 1, 1, 1, 1, 1},      // K 2700: eleven slices; 45 channels, 49 positions
+      {1, 64, 9, 9, 130, 3, 3, 2, 2, 1, 1, 1, 1, 1},      // K 576, strided
+      {3, 24, 10, 10, 40, 1, 1, 1, 1, 0, 0, 1, 1, 1},     // pointwise
+      {2, 24, 10, 10, 40, 1, 1, 2, 2, 0, 0, 1, 1, 1},     // 1x1 stride 2
+      {2, 16, 12, 12, 32, 3, 3, 1, 1, 1, 1, 1, 1, 8},     // grouped: 2 channels in, 4 out per group
+      {1, 8, 40, 40, 20, 3, 3, 1, 1, 1, 1, 1, 1, 2},      // 1600 positions (more than one block), groups
+      {1, 520, 4, 4, 3, 1, 1, 1, 1, 0, 0, 1, 1, 1},       // K past two slices, 3 channels, 16 positions
+  };
+  return all;
+}
+
+bool kiln_kernel(GemmKernel k) { return k != GemmKernel::openblas && kiln::rt::gemm_kernel_supported(k); }
+
+}  // namespace
+
+TEST_CASE("implicit-GEMM conv2d is bit for bit im2col + GEMM with each kernel", "[runtime][conv][implicit]") {
+  KernelGuard guard;
+  std::mt19937 rng(2024);
+  for (GemmKernel kern : kiln_kernels()) {
+    REQUIRE(kiln::rt::set_gemm_kernel(kern));
+    for (const Case& k : cases()) {
+      const KilnConv2dParams p = params_of(k);
+      INFO(kiln::rt::gemm_kernel_name(kern) << ": n " << k.n << " c " << k.c << " " << k.h << "x" << k.w << " o "
+                                            << k.o << " k " << k.kh << "x" << k.kw << " groups " << k.groups);
+      REQUIRE(kiln::rt::implicit_gemm_shape(p));
+      const int64_t ysize = p.n * p.o * p.oh * p.ow;
+      std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
+      std::vector<float> w = random_vector(k.o * (k.c / k.groups) * k.kh * k.kw, rng);
+      std::vector<float> b = random_vector(k.o, rng), res = random_vector(ysize, rng);
+      for (bool bias : {false, true}) {
+        std::vector<float> want(static_cast<size_t>(ysize)), got(static_cast<size_t>(ysize), 12345.0f);
+        kiln::rt::conv2d_im2col_f32(x.data(), w.data(), bias ? b.data() : nullptr, want.data(), p);
+        REQUIRE(kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), bias ? b.data() : nullptr, nullptr, got.data(), p,
+                                               KILN_ACT_NONE));
+        REQUIRE(kiln_rt_take_error() == nullptr);
+        CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+        // The epilogue: the same conv then conv_epilogue over the whole output.
+        for (int32_t act : {KILN_ACT_RELU, KILN_ACT_RELU6, KILN_ACT_SILU})
+          for (bool residual : {false, true}) {
+            std::vector<float> e = want;
+            kiln::rt::conv_epilogue(e.data(), residual ? res.data() : nullptr, ysize, act);
+            std::fill(got.begin(), got.end(), 12345.0f);
+            REQUIRE(kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), bias ? b.data() : nullptr,
+                                                   residual ? res.data() : nullptr, got.data(), p, act));
+            INFO("act " << act << " residual " << residual);
+            CHECK(std::memcmp(e.data(), got.data(), e.size() * sizeof(float)) == 0);
+          }
+      }
+    }
+  }
+  if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels (OpenBLAS computes every conv GEMM)");
+}
+
+TEST_CASE("implicit-GEMM conv2d: what kiln_rt_conv2d takes it for, and what it declines", "[runtime][conv][implicit]") {
+  KernelGuard guard;
+  // One output position or one output channel per group: the im2col path's GEMM is a
+  // matrix-vector product, summed in another order, so those shapes stay there.
+  CHECK_FALSE(kiln::rt::implicit_gemm_shape(params_of({2, 8, 3, 3, 4, 3, 3, 1, 1, 0, 0, 1, 1, 1})));  // 1x1 output
+  CHECK_FALSE(kiln::rt::implicit_gemm_shape(params_of({2, 8, 5, 5, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4})));  // 1 per group
+  const Case k{2, 40, 20, 20, 24, 5, 5, 2, 2, 2, 2, 1, 1, 1};  // no direct, Winograd or depthwise kernel
+  const KilnConv2dParams p = params_of(k);
+  std::mt19937 rng(5);
+  std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng), w = random_vector(k.o * k.c * 25, rng);
+  std::vector<float> b = random_vector(k.o, rng);
+  const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
+  if (kiln_kernel(kiln::rt::gemm_kernel())) {
+    std::vector<float> want(ysize), got(ysize);
+    REQUIRE(kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), b.data(), nullptr, want.data(), p, KILN_ACT_RELU));
+    kiln_rt_conv2d_act_f32(x.data(), w.data(), b.data(), got.data(), &p, KILN_ACT_RELU);
+    CHECK(std::memcmp(want.data(), got.data(), ysize * sizeof(float)) == 0);
+  }
+  // With OpenBLAS computing the GEMMs there is no Kiln kernel to run: it declines, writing nothing.
+  REQUIRE(kiln::rt::set_gemm_kernel(GemmKernel::openblas));
+  CHECK_FALSE(kiln::rt::implicit_gemm_shape(p));
+  std::vector<float> y(ysize, 7.0f);
+  CHECK_FALSE(kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), b.data(), nullptr, y.data(), p, KILN_ACT_NONE));
+  CHECK(y == std::vector<float>(ysize, 7.0f));
+}
+
+TEST_CASE("implicit-GEMM conv2d gives the same bits at any KILN_NUM_THREADS", "[runtime][conv][implicit][threads]") {
+  check_same_hashes_at_any_thread_count("[.conv_implicit_threads_child]");
+}
+
+// Run by the test above in a child process with KILN_NUM_THREADS set; prints the hash.
+TEST_CASE("implicit-GEMM conv2d: child with KILN_NUM_THREADS", "[.conv_implicit_threads_child]") {
+  REQUIRE(std::getenv("KILN_NUM_THREADS") != nullptr);
+  KernelGuard guard;
+  std::string hashes = "hashes";
+  for (GemmKernel kern : kiln_kernels()) {
+    REQUIRE(kiln::rt::set_gemm_kernel(kern));
+    uint64_t h = 1469598103934665603ull;
+    std::mt19937 rng(31);
+    for (const Case& k : cases()) {
+      const KilnConv2dParams p = params_of(k);
+      std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
+      std::vector<float> w = random_vector(k.o * (k.c / k.groups) * k.kh * k.kw, rng), b = random_vector(k.o, rng);
+      std::vector<float> y(static_cast<size_t>(p.n * p.o * p.oh * p.ow));
+      REQUIRE(kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), b.data(), nullptr, y.data(), p, KILN_ACT_RELU));
+      REQUIRE(kiln_rt_take_error() == nullptr);
+      const auto* bytes = reinterpret_cast<const unsigned char*>(y.data());
+      for (size_t i = 0; i < y.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+    }
+    hashes += ' ' + std::to_string(h);
+  }
+  std::cout << hashes << std::endl;
+}
