@@ -21,6 +21,7 @@ void add_reduce_ops(OpTable& t);
 void add_nn_ops(OpTable& t);
 void add_shape_ops(OpTable& t);
 void add_index_ops(OpTable& t);
+void add_einsum_ops(OpTable& t);
 
 // --- small builders ----------------------------------------------------------------------
 

@@ -243,6 +243,11 @@ Sym argmax(Sym x, int64_t axis, bool keepdims, std::source_location loc) {
                           {{"axis", normalize_axis(axis, x.rank())}, {"keepdims", keepdims}}, loc);
 }
 
+Sym top_k(Sym x, int64_t k, int64_t axis, bool largest, std::source_location loc) {
+  return x.tracer().apply(Op::TopK, {x}, {{"axis", normalize_axis(axis, x.rank())}, {"k", k}, {"largest", largest}},
+                          loc);
+}
+
 // --- Shape ops -------------------------------------------------------------------------------
 
 Sym reshape(Sym x, Shape shape, std::source_location loc) {

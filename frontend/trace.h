@@ -190,6 +190,10 @@ Sym min(Sym x, std::vector<int64_t> axes = {}, bool keepdims = false,
 // i32 index of the first maximum along `axis`.
 Sym argmax(Sym x, int64_t axis = -1, bool keepdims = false,
            std::source_location loc = std::source_location::current());
+// i64 positions of the k largest (or smallest) elements along `axis`, best first, equal
+// ones in increasing position (NaN as the largest). The values are x gathered there.
+Sym top_k(Sym x, int64_t k, int64_t axis = -1, bool largest = true,
+          std::source_location loc = std::source_location::current());
 
 // --- Shape ops -------------------------------------------------------------------------------
 // One entry of `shape` may be -1 (inferred).

@@ -5,6 +5,7 @@
 #include "ir/interp.h"
 #include "ir/math.h"
 
+#include <numeric>
 #include <set>
 
 #include "ir/interp_internal.h"
@@ -278,6 +279,38 @@ Tensor argmax(const Tensor& x, const AttrMap& attrs, const TensorType& rt) {
   return out;
 }
 
+// top_k: per row along the axis, the positions sorted best first (partial_sort over the
+// strict total order: value, NaN as the largest, then position) and the first k kept.
+Tensor top_k(const Tensor& x, const AttrMap& attrs, const TensorType& rt) {
+  const int64_t axis = norm_axis(attr_int(attrs, "axis"), x.rank()), k = attr_int(attrs, "k");
+  const bool largest = attr_bool(attrs, "largest");
+  int64_t outer = 1, inner = 1;
+  const int64_t d = x.shape()[static_cast<size_t>(axis)];
+  for (int64_t a = 0; a < axis; ++a) outer *= x.shape()[static_cast<size_t>(a)];
+  for (int64_t a = axis + 1; a < x.rank(); ++a) inner *= x.shape()[static_cast<size_t>(a)];
+  Tensor out(rt.dtype, rt.shape);
+  int64_t* o = out.data<int64_t>();
+  visit_dtype(x.dtype(), [&]<typename T>() {
+    const T* in = x.data<T>();
+    std::vector<int64_t> pos(static_cast<size_t>(d));
+    for (int64_t b = 0; b < outer; ++b)
+      for (int64_t c = 0; c < inner; ++c) {
+        auto at = [&](int64_t j) { return in[(b * d + j) * inner + c]; };
+        auto before = [&](int64_t i, int64_t j) {  // i is picked before j
+          const T u = at(i), v = at(j);
+          const bool un = is_nan(u), vn = is_nan(v);
+          if (un != vn) return largest ? un : vn;
+          if (un || u == v) return i < j;
+          return largest ? u > v : u < v;
+        };
+        std::iota(pos.begin(), pos.end(), int64_t{0});
+        std::partial_sort(pos.begin(), pos.begin() + k, pos.end(), before);
+        for (int64_t r = 0; r < k; ++r) o[(b * k + r) * inner + c] = pos[static_cast<size_t>(r)];
+      }
+  });
+  return out;
+}
+
 }  // namespace
 
 Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap& given_attrs,
@@ -418,6 +451,7 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
     case Op::Max: return reduce(*in[0], attrs, ReduceKind::Max, rt);
     case Op::Min: return reduce(*in[0], attrs, ReduceKind::Min, rt);
     case Op::Argmax: return argmax(*in[0], attrs, rt);
+    case Op::TopK: return top_k(*in[0], attrs, rt);
 
     case Op::Reshape: return in[0]->reshaped(rt.shape);
     case Op::Transpose: return eval_transpose(*in[0], attrs, rt);

@@ -195,6 +195,18 @@ TensorType rule_type(const Rule& r) {
       if (in[0].dtype == DType::boolean) r.fail("operand must be numeric, not bool");
       if (in[0].rank() == 0) r.fail("operand must have rank 1 or more");
       return reduce(r, {attr_int(attrs, "axis")}, attr_bool(attrs, "keepdims"), DType::i32);
+    case Op::TopK: {
+      if (in[0].dtype == DType::boolean) r.fail("operand must be numeric, not bool");
+      if (in[0].rank() == 0) r.fail("operand must have rank 1 or more");
+      const int64_t ax = r.axis(attr_int(attrs, "axis"), in[0].rank()), k = attr_int(attrs, "k");
+      const int64_t d = in[0].shape[static_cast<size_t>(ax)];
+      if (k < 0 || k > d)
+        r.fail("k = " + std::to_string(k) + " must be in 0.." + std::to_string(d) + " (axis " + std::to_string(ax) +
+               " of " + in[0].str() + ")");
+      Shape s = in[0].shape;
+      s[static_cast<size_t>(ax)] = k;
+      return {DType::i64, s};
+    }
     case Op::Reshape: {
       Shape s = attr_ints(attrs, "shape");
       int64_t known = 1, infer = -1;

@@ -168,6 +168,7 @@ std::vector<ValueId> vjp(Emitter& e, const Node& n, ValueId dy, const std::vecto
       return {e.mul(mask, e.div(e.reshape(dy, kd), count))};
     }
     case Op::Argmax: return {ValueId{}};
+    case Op::TopK: return {ValueId{}};
     case Op::Reshape: return {e.reshape(dy, e.shape(x(0)))};
     case Op::Transpose: {
       const auto& perm = attr_ints(n.attrs, "perm");
@@ -288,8 +289,10 @@ std::vector<ValueId> vjp(Emitter& e, const Node& n, ValueId dy, const std::vecto
     case Op::Fused:
       throw Error("grad: fused graphs cannot be differentiated: differentiate (grad / train-step) before "
                   "fusing (opt)");
+    // gather_grad adds dy's slices into the rows its indices name: each slice's gradient is
+    // that row's (zero for an index out of range, as gather reads it).
+    case Op::GatherGrad: return {e.op(Op::Gather, {dy, x(1)}, {{"axis", attr_int(n.attrs, "axis")}}), ValueId{}};
     case Op::Conv2dGradInput: case Op::Conv2dGradWeight: case Op::MaxPool2dGrad: case Op::AvgPool2dGrad:
-    case Op::GatherGrad:
       throw Error("grad: " + std::string(op_name(n.op)) +
                   " has no gradient rule (Kiln computes first-order gradients only)");
   }

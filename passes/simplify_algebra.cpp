@@ -234,7 +234,7 @@ std::optional<Replacement> Simplifier::rewrite(const Node& n, const std::vector<
     case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt: case Op::Tanh: case Op::Sigmoid: case Op::Erf: case Op::Log1p: case Op::Expm1:
     case Op::Floor: case Op::Ceil: case Op::Round: case Op::Sin: case Op::Cos: case Op::Fmod:
     case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt: case Op::Ge:
-    case Op::Argmax: case Op::Matmul: case Op::Conv2d: case Op::MaxPool2d: case Op::AvgPool2d:
+    case Op::Argmax: case Op::TopK: case Op::Matmul: case Op::Conv2d: case Op::MaxPool2d: case Op::AvgPool2d:
     case Op::Softmax: case Op::LogSoftmax: case Op::OneHot: case Op::Constant:
     case Op::Conv2dGradInput: case Op::Conv2dGradWeight: case Op::MaxPool2dGrad:
     case Op::AvgPool2dGrad: case Op::Gather: case Op::GatherGrad: case Op::LayerNorm: case Op::BatchNorm:

@@ -76,6 +76,19 @@ void kiln_rt_avg_pool2d_f64(const double* x, double* y, const KilnPool2dParams* 
 void kiln_rt_avg_pool2d_grad_f32(const float* dy, float* dx, const KilnPool2dParams* p, int32_t count_include_pad);
 void kiln_rt_avg_pool2d_grad_f64(const double* dy, double* dx, const KilnPool2dParams* p, int32_t count_include_pad);
 
+// top_k (ir/ops.def): x as [outer, d, inner] around the axis; out [outer, k, inner] gets, per
+// (outer, inner) row, the positions of its k largest (largest != 0) or smallest elements,
+// best first, equal ones in increasing position, NaN as larger than every number. Rows run
+// in parallel; each is a partial sort, so any thread count gives the same result.
+void kiln_rt_top_k_f32(const float* x, int64_t* out, int64_t outer, int64_t d, int64_t inner, int64_t k,
+                       int32_t largest);
+void kiln_rt_top_k_f64(const double* x, int64_t* out, int64_t outer, int64_t d, int64_t inner, int64_t k,
+                       int32_t largest);
+void kiln_rt_top_k_i32(const int32_t* x, int64_t* out, int64_t outer, int64_t d, int64_t inner, int64_t k,
+                       int32_t largest);
+void kiln_rt_top_k_i64(const int64_t* x, int64_t* out, int64_t outer, int64_t d, int64_t inner, int64_t k,
+                       int32_t largest);
+
 // Runs fn(ctx, begin, end) over [0, n) split into contiguous chunks of at least `grain`
 // iterations on the runtime's thread pool (KILN_NUM_THREADS threads, default: all
 // cores); returns when every chunk is done. Chunks depend on the thread count, so a loop

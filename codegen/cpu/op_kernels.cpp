@@ -42,6 +42,20 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
     case Op::Sum: case Op::Mean: case Op::Max: case Op::Min:
       return lower_reduce(n, it(0), rt, in(0), out, cursor);
     case Op::Argmax: return lower_argmax(n, it(0), in(0), out);
+    case Op::TopK: {  // the runtime's partial sort per row (runtime/top_k.cpp)
+      const Shape& xs = it(0).shape;
+      const int64_t axis = attr_int(n.attrs, "axis") < 0 ? attr_int(n.attrs, "axis") + it(0).rank() : attr_int(n.attrs, "axis");
+      int64_t outer = 1, inner = 1;
+      for (int64_t a = 0; a < axis; ++a) outer *= xs[static_cast<size_t>(a)];
+      for (size_t a = static_cast<size_t>(axis) + 1; a < xs.size(); ++a) inner *= xs[a];
+      RtFn f = it(0).dtype == DType::f32   ? RtFn::kiln_rt_top_k_f32
+               : it(0).dtype == DType::f64 ? RtFn::kiln_rt_top_k_f64
+               : it(0).dtype == DType::i32 ? RtFn::kiln_rt_top_k_i32
+                                           : RtFn::kiln_rt_top_k_i64;
+      B_.CreateCall(runtime(f), {in(0), out, c64(outer), c64(xs[static_cast<size_t>(axis)]), c64(inner),
+                                 c64(attr_int(n.attrs, "k")), B_.getInt32(attr_bool(n.attrs, "largest") ? 1 : 0)});
+      return;
+    }
     case Op::Reshape:  // a view when the memory plan put it over its dying operand
       if (same_storage(g, n.result(), n.operands[0])) return;
       return copy_bytes(out, in(0), rt.numel() * esize);

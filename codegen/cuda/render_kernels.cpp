@@ -541,6 +541,34 @@ void render_op(Emitter& out, const Graph& g, const Node& n, const std::function<
       s += "    Y[i] = index == (i64)(i % " + str(depth) + ") ? " + one + " : " + zero + ";\n";
       return out.elementwise(numel, numel, "  " + ctype(it(0).dtype) + "* X = " + in(0) + "; " + T + "* Y = " + y + ";\n", s);
     }
+    case Op::TopK: {
+      // One thread per row (x as [outer, d, inner]): k passes of a selection, each taking the
+      // best element after the previous pick in the strict order (value, NaN as the largest,
+      // then position) that the interpreter sorts by, so no scratch memory and its result.
+      int64_t axis = attr_int(n.attrs, "axis");
+      if (axis < 0) axis += it(0).rank();
+      const Shape& xs = it(0).shape;
+      int64_t outer = 1, inner = 1, d = xs[static_cast<size_t>(axis)], k = attr_int(n.attrs, "k");
+      for (int64_t a = 0; a < axis; ++a) outer *= xs[static_cast<size_t>(a)];
+      for (size_t a = static_cast<size_t>(axis) + 1; a < xs.size(); ++a) inner *= xs[a];
+      const std::string X = ctype(it(0).dtype);
+      const std::string cmp = attr_bool(n.attrs, "largest") ? ">" : "<";
+      const std::string nan_first = attr_bool(n.attrs, "largest") ? "un" : "vn";
+      const bool fp = is_float(it(0).dtype);  // integers have no NaN (and x != x would be a warning)
+      std::string s = "    i64 b = (i64)i / " + str(inner) + ", c = (i64)i % " + str(inner) + ";\n";
+      s += "    const " + X + "* R = X + b * " + str(d * inner) + " + c;\n";
+      // before(i, j): element i is picked before element j.
+      s += "    auto before = [&](i64 p, i64 q) {\n      " + X + " u = R[p * " + str(inner) + "], v = R[q * " +
+           str(inner) + "];\n      bool un = " + (fp ? "u != u" : "false") + ", vn = " + (fp ? "v != v" : "false") +
+           ";\n      if (un != vn) return " + nan_first +
+           ";\n      if (un || u == v) return p < q;\n      return u " + cmp + " v;\n    };\n";
+      s += "    i64 prev = -1;\n    for (i64 r = 0; r < " + str(k) + "; ++r) {\n      i64 best = -1;\n";
+      s += "      for (i64 j = 0; j < " + str(d) + "; ++j)\n";
+      s += "        if ((prev < 0 || before(prev, j)) && (best < 0 || before(j, best))) best = j;\n";
+      s += "      Y[(b * " + str(k) + " + r) * " + str(inner) + " + c] = best;\n      prev = best;\n    }\n";
+      return out.elementwise(outer * inner, std::max(numel, it(0).numel()),
+                             "  " + X + "* X = " + in(0) + "; i64* Y = " + y + ";\n", s);
+    }
     case Op::Gather: case Op::GatherGrad: {
       // x (dx for gather_grad) as [outer, d, inner], the indices as [count].
       const bool grad = n.op == Op::GatherGrad;

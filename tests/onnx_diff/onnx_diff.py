@@ -581,8 +581,64 @@ def gen_conv(b):
     return b.add(op, [x], {})
 
 
+def gen_index(b):
+    """TopK, ScatterElements (indices and updates constants) and Einsum (one or two operands)."""
+    rng = b.rng
+    op = rng.choice(["TopK", "ScatterElements", "Einsum"])
+    x = pick(b, NUMERIC, min_rank=1, max_rank=4)
+    if x is None:
+        return None
+    v = b.vals[x]
+    r = v.ndim
+    if 0 in v.shape:
+        return None
+    if op == "TopK":
+        ax = int(rng.integers(-r, r))
+        k = int(rng.integers(0, v.shape[ax] + 1))
+        if b.opset < 10:
+            return b.add(op, [x], {"axis": ax, "k": k}, nout=2)
+        attrs = {"axis": ax}
+        if b.opset >= 11:
+            attrs["largest"] = int(rng.integers(0, 2))
+        return b.add(op, [x, b.const(np.array([k], dtype=np.int64))], attrs, nout=2)
+    if op == "ScatterElements":
+        if b.opset < 11:
+            return None
+        ax = int(rng.integers(-r, r))
+        d = v.shape[ax]
+        shape = [int(rng.integers(1, n + 1)) for n in v.shape]
+        shape[ax] = int(rng.integers(1, d + 1))
+        # Distinct indices along the axis (ONNX leaves duplicates undefined under reduction none),
+        # some counted from the end.
+        full = list(shape)
+        full[ax] = d
+        idx = np.take(np.argsort(rng.random(full), axis=ax), np.arange(shape[ax]), axis=ax)
+        idx = np.where(rng.random(idx.shape) < 0.3, idx - d, idx).astype(np.int64)
+        upd = b.const(random_array(rng, v.dtype.type, tuple(shape)))
+        attrs = {"axis": ax}
+        if b.opset >= 16 and v.dtype.type in FLOATS and rng.random() < 0.5:
+            attrs["reduction"] = "add"
+        return b.add(op, [x, b.const(idx), upd], attrs)
+    # Einsum: a transpose / sum of x, or x against a constant sharing some of its labels.
+    if b.opset < 12:
+        return None
+    letters = "abcd"[:r]
+    if rng.random() < 0.4:
+        out = [c for c in rng.permutation(list(letters)) if rng.random() < 0.7]
+        return b.add(op, [x], {"equation": f"{letters}->{''.join(out)}"})
+    size = dict(zip(letters, v.shape))
+    mine = [c for c in letters if rng.random() < 0.6]
+    for c in "xy"[:int(rng.integers(0, 3))]:
+        mine.append(c)
+        size[c] = int(rng.integers(1, 4))
+    mine = list(rng.permutation(mine)) if mine else []
+    out = [c for c in rng.permutation(sorted(set(letters) | set(mine))) if rng.random() < 0.6]
+    y = b.const(random_array(rng, v.dtype.type, tuple(size[c] for c in mine)))
+    return b.add(op, [x, y], {"equation": f"{letters},{''.join(mine)}->{''.join(out)}"})
+
+
 GENERATORS = [(gen_unary, 6), (gen_binary, 5), (gen_reduce, 4), (gen_clip, 1), (gen_softmax, 2), (gen_shape, 4),
-              (gen_matmul, 1), (gen_conv, 1)]
+              (gen_matmul, 1), (gen_conv, 1), (gen_index, 2)]
 
 
 def make_case(seed, index):

@@ -198,6 +198,18 @@ inline std::vector<OpCase> op_cases(Op op) {
           for (bool keep : {false, true})
             add(dt, {{{4, 5, 6}, {-3, 3}}}, op, {{"axis", axis}, {"keepdims", keep}}, 0, 0, DType::f32, true);
       break;
+    case Op::TopK:  // integral values in -3..3: many ties, broken by position
+      for (DType dt : numeric)
+        for (int64_t axis : {0, 1, -1})
+          for (bool largest : {true, false})
+            add(dt, {{{4, 5, 6}, {-3, 3}}}, op, {{"axis", axis}, {"k", int64_t{3}}, {"largest", largest}}, 0, 0,
+                DType::f32, true);
+      for (bool largest : {true, false}) {  // NaN after every number (before, for largest), k = all
+        add(DType::f32, {{{2, 7}, {-3, 3}}}, op, {{"axis", int64_t{1}}, {"k", int64_t{7}}, {"largest", largest}}, 0, 0,
+            DType::f32, true);
+        poison("x0", {{1, nan}, {4, nan}, {8, inf}, {9, -inf}, {10, nan}});
+      }
+      break;
     case Op::Reshape:
       for (DType dt : kAllDTypes) add(dt, {{{3, 4}, {-3, 3}}}, op, {{"shape", Ints{2, 6}}}, 0, 0);
       break;

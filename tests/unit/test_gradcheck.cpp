@@ -445,6 +445,18 @@ OpCases cases_for(Op op) {
     case Op::Mean: return reduction(op, Gen::Uniform);
     case Op::Max: return reduction(op, Gen::Distinct);
     case Op::Min: return reduction(op, Gen::Distinct);
+    case Op::TopK: {
+      OpCases c{Marker::NonDifferentiable, {}};
+      // ONNX's TopK values: x gathered at the positions; the gradient reaches those only.
+      c.cases.push_back([] {
+        B b("top_k values");
+        Sym x = b.wrt("x", {3, 5}, Gen::Distinct);
+        Sym at = top_k(x, 2, 1);  // [3, 2]
+        Sym flat = at + b.tracer().constant(Tensor::from(DType::i64, {3, 1}, std::vector<int64_t>{0, 5, 10}));
+        return b.weighted(gather(reshape(x, {15}), flat, 0));
+      });
+      return c;
+    }
     case Op::Argmax: {
       OpCases c{Marker::NonDifferentiable, {}};
       // loss = sum(one_hot(argmax(x, 1)) * x * R): the mask passes no gradient.
@@ -644,14 +656,21 @@ OpCases cases_for(Op op) {
                                     {{"kernel", Ints{2, 2}}});
           },
           "conv2d_grad_weight in a forward graph");
-    case Op::GatherGrad:
-      return backward_only(
-          [](B& b) {
-            return b.tracer().apply(Op::GatherGrad, {b.wrt("dy", {4, 3}), b.input("i", Tensor::from(DType::i32, {4},
-                                                                                               std::vector<int>{0, 2, 2, 5}))},
-                                    {{"size", int64_t{5}}});
-          },
-          "gather_grad in a forward graph");
+    case Op::GatherGrad: {  // a scatter-add (ONNX's ScatterElements): its gradient gathers
+      OpCases c{Marker::Differentiable, {}};
+      struct G { Shape dy; std::vector<int> idx; Shape idx_shape; int64_t axis, size; };
+      // Repeated indices (one row's gradient read twice), an out-of-range one (none), a
+      // middle axis and a negative one.
+      for (const G& s : {G{{4, 3}, {0, 2, 2, 5}, {4}, 0, 5}, G{{2, 2, 2, 3}, {3, 0, 3, 1}, {2, 2}, 1, 4},
+                         G{{3, 4}, {1, -1, 1, 0}, {4}, -1, 2}})
+        c.cases.push_back([s] {
+          B b("gather_grad " + shape_str(s.dy) + " axis " + std::to_string(s.axis));
+          Sym i = b.input("i", Tensor::from(DType::i32, s.idx_shape, s.idx));
+          return b.weighted(b.tracer().apply(Op::GatherGrad, {b.wrt("dy", s.dy), i},
+                                             {{"axis", s.axis}, {"size", s.size}}));
+        });
+      return c;
+    }
     case Op::MaxPool2dGrad:
       return backward_only(
           [](B& b) {
@@ -784,8 +803,8 @@ TEST_CASE("gradcheck: the op table has cases for every op", "[gradcheck]") {
     total += oc.cases.size();
     if (oc.marker == Marker::Differentiable) ++differentiable;
   }
-  // 62 ops less 6 compares, argmax, one_hot, constant, the 5 backward-only ops and fused.
-  CHECK(differentiable == 47);
+  // 63 ops less 6 compares, argmax, top_k, one_hot, constant, the 4 backward-only ops and fused.
+  CHECK(differentiable == 48);
   CHECK(total > 150);
 }
 

@@ -694,6 +694,28 @@ void case_log_softmax() {
          kF64);
 }
 
+void case_top_k() {
+  auto at = [](int64_t axis, int64_t k, bool largest = true) {
+    return AttrMap{{"axis", axis}, {"k", k}, {"largest", largest}};
+  };
+  // Ties in increasing position, for largest and smallest alike.
+  Tensor x = f32({2, 4}, {1, 3, 3, 2, 5, 5, 5, 0});
+  expect(run(Op::TopK, {x}, at(1, 3)), DType::i64, {2, 3}, {1, 2, 3, 0, 1, 2});
+  expect(run(Op::TopK, {x}, at(-1, 2, false)), DType::i64, {2, 2}, {0, 3, 3, 0});
+  expect(run(Op::TopK, {x}, at(0, 1)), DType::i64, {1, 4}, {1, 1, 1, 0});
+  expect(run(Op::TopK, {x}, at(1, 0)), DType::i64, {2, 0}, {});
+  // NaN before every number for largest, after for smallest; infinities are numbers.
+  Tensor n = f32({5}, {kNaN, -kInf, 2, kNaN, kInf});
+  expect(run(Op::TopK, {n}, at(0, 5)), DType::i64, {5}, {0, 3, 4, 2, 1});
+  expect(run(Op::TopK, {n}, at(0, 5, false)), DType::i64, {5}, {1, 2, 4, 0, 3});
+  // Integers compare exactly: 2^53 + 1 is larger than 2^53 (a double could not tell them).
+  Tensor big = Tensor::from(DType::i64, {3}, std::vector<int64_t>{9007199254740992, 9007199254740993, -1});
+  expect(run(Op::TopK, {big}, at(0, 2)), DType::i64, {2}, {1, 0});
+  // Along the middle axis of [2, 3, 2].
+  Tensor y = i32({2, 3, 2}, {0, 9, 4, 1, 4, 1, 7, 7, 7, 8, 0, 8});
+  expect(run(Op::TopK, {y}, at(1, 2)), DType::i64, {2, 2, 2}, {1, 0, 2, 1, 0, 1, 1, 2});
+}
+
 void case_one_hot() {
   // Out-of-range indices (negative or >= depth) give all zeros.
   expect(run(Op::OneHot, {i32({2, 2}, {0, 2, -1, 3})}, {{"depth", int64_t{3}}}), DType::f32, {2, 2, 3},
@@ -779,6 +801,7 @@ void run_case(Op op) {
     case Op::Max: return case_max();
     case Op::Min: return case_min();
     case Op::Argmax: return case_argmax();
+    case Op::TopK: return case_top_k();
     case Op::Reshape: return case_reshape();
     case Op::Transpose: return case_transpose();
     case Op::BroadcastTo: return case_broadcast_to();

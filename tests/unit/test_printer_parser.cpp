@@ -79,6 +79,11 @@ Graph graph_for(Op op, bool alt) {
       r = g.add_node(op, {x}, {{"axis", int64_t{alt ? -1 : 0}}, {"keepdims", alt}});
       break;
     }
+    case Op::TopK: {
+      ValueId x = g.add_input("x", f32({2, 3}));
+      r = g.add_node(op, {x}, {{"axis", int64_t{alt ? -1 : 0}}, {"k", int64_t{alt ? 3 : 1}}, {"largest", !alt}});
+      break;
+    }
     case Op::Reshape: {
       ValueId x = g.add_input("x", f32({2, 3}));
       r = g.add_node(op, {x}, {{"shape", alt ? ints({-1}) : ints({3, 1, 2})}});
