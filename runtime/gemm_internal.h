@@ -70,11 +70,19 @@ using BlockFn = bool (*)(const Args& g, int64_t m0, int64_t m1, int64_t n0, int6
 // other operand's only row or column, contiguous (runtime/gemm_blocked.inc).
 using GemvFn = void (*)(const Args& g, const float* x, int64_t lo, int64_t hi);
 
+// The whole of op(B) packed once (runtime/gemm_blocked.inc, pack_b_all: slice pc's
+// micro-panels at dst + pc * round_up(n, NR)), and rows [m0, m1) x columns [n0, n1) of C
+// computed from it: the same tiles and sums as BlockFn, without packing B.
+using PackAllFn = void (*)(const Args& g, float* dst);
+using PackedBlockFn = bool (*)(const Args& g, const float* packed, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+
 struct Kernel {
   const char* name;  // "avx512 14x32"
   int64_t mr, nr;
   BlockFn block;
   GemvFn gemv;
+  PackAllFn pack_b_all;
+  PackedBlockFn block_packed;
 };
 
 // The kernels compiled into the runtime; each may only run on a CPU with its features.
