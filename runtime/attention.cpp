@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <vector>
 
 #include "runtime/blas.h"
 #include "runtime/thread_pool.h"
+#include "runtime/vec_internal.h"
 
 namespace {
 
@@ -83,6 +85,82 @@ int64_t row_block(int64_t batches, int64_t sq, int64_t sk, size_t elem) {
   return std::min(rows, std::max<int64_t>(sq, 1));
 }
 
+// The first pass over a row of scores: x = x (* or /) scale (+ m[j * ms]), and the
+// row's maximum (y > max ? y : max from -inf: NaNs are passed over). The f32 row runs
+// 8 lanes at a time where the CPU allows (elementwise, so the same bits; the lanes' maxima
+// can differ from the scalar scan only in which zero, +0 or -0, is the maximum, which
+// x - max and its exponential do not see).
+template <typename T>
+T scale_mask_max(T* x, int64_t n, bool mul, bool div, T scale, const T* m, int64_t ms) {
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    T y = x[j];
+    if (mul) y = y * scale;
+    if (div) y = y / scale;
+    if (m) y = y + m[j * ms];
+    x[j] = y;
+    mx = y > mx ? y : mx;
+  }
+  return mx;
+}
+
+// The last pass: x = x / sum, a NaN quotient +0 with nan_to_zero.
+template <typename T>
+void normalize(T* x, int64_t n, T sum, bool nan_to_zero) {
+  for (int64_t j = 0; j < n; ++j) {
+    T r = x[j] / sum;
+    x[j] = nan_to_zero && r != r ? T(0) : r;
+  }
+}
+
+using F8 = kiln::rt::Vec32<float>::type;
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) float scale_mask_max_f32(float* x, int64_t n, bool mul,
+                                                                                      bool div, float scale,
+                                                                                      const float* m, int64_t ms) {
+  float mx = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  if (!m || ms == 1) {
+    F8 vmx = F8{} - std::numeric_limits<float>::infinity();
+    for (; j + 8 <= n; j += 8) {
+      F8 y;
+      std::memcpy(&y, x + j, sizeof y);
+      if (mul) y = y * scale;
+      if (div) y = y / scale;
+      if (m) {
+        F8 mv;
+        std::memcpy(&mv, m + j, sizeof mv);
+        y = y + mv;
+      }
+      std::memcpy(x + j, &y, sizeof y);
+      vmx = y > vmx ? y : vmx;
+    }
+    float lanes[8];
+    std::memcpy(lanes, &vmx, sizeof lanes);
+    for (float l : lanes) mx = l > mx ? l : mx;
+  }
+  const float rest = scale_mask_max(x + j, n - j, mul, div, scale, m ? m + j * ms : nullptr, ms);
+  return rest > mx ? rest : mx;
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void normalize_f32(float* x, int64_t n, float sum,
+                                                                                bool nan_to_zero) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    F8 r;
+    std::memcpy(&r, x + j, sizeof r);
+    r = r / sum;
+    if (nan_to_zero) r = r != r ? F8{} : r;
+    std::memcpy(x + j, &r, sizeof r);
+  }
+  normalize(x + j, n - j, sum, nan_to_zero);
+}
+
+float scale_mask_max(float* x, int64_t n, bool mul, bool div, float scale, const float* m, int64_t ms) {
+  return scale_mask_max_f32(x, n, mul, div, scale, m, ms);
+}
+void normalize(float* x, int64_t n, float sum, bool nan_to_zero) { normalize_f32(x, n, sum, nan_to_zero); }
+
 struct Buffers {
   std::vector<float> f[4];
   std::vector<double> d[4];
@@ -121,21 +199,9 @@ void attention_rows(const T* q, const T* k, const T* v, const T* mask, T* o, con
     const T* m = masked ? mask + base(p.mask_stride) + (i0 + i) * p.mask_stride[2] : nullptr;
     // The unfused graph's operations in its order: scale, mask, then softmax's max,
     // exponentials, denominator and quotients.
-    T mx = -std::numeric_limits<T>::infinity();
-    for (int64_t j = 0; j < sk; ++j) {
-      T y = x[j];
-      if (mul) y = y * scale;
-      if (div) y = y / scale;
-      if (masked) y = y + m[j * p.mask_stride[3]];
-      x[j] = y;
-      mx = y > mx ? y : mx;
-    }
+    T mx = scale_mask_max(x, sk, mul, div, scale, m, p.mask_stride[3]);
     for (int64_t j = 0; j < sk; ++j) x[j] = std::exp(x[j] - mx);
-    T sum = summation_order_sum(x, sk);
-    for (int64_t j = 0; j < sk; ++j) {
-      T r = x[j] / sum;
-      x[j] = nan_to_zero && r != r ? T(0) : r;
-    }
+    normalize(x, sk, summation_order_sum(x, sk), nan_to_zero);
   }
   if (p.o_stride[3] == 1 && (rows == 1 || p.o_stride[2] >= p.dv)) {
     gemm(0, c.trans, rows, p.dv, sk, s, sk, c.p, c.ld, op, rows == 1 ? std::max<int64_t>(p.dv, 1) : p.o_stride[2]);
