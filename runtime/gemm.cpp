@@ -60,6 +60,10 @@ std::atomic<int>& current() {
 constexpr double kPieceMacs = 1 << 19;
 // Packing one element of A or B costs about as much as this many multiply-adds.
 constexpr int64_t kPackMacs = 32;
+// Reading one element of a B packed beforehand (a weight, from memory when it is larger
+// than the caches) costs about as much as this many: a piece still reads all of its
+// columns of B, so a wide B is better cut by columns even when packed.
+constexpr int64_t kReadMacs = 8;
 
 struct Grid {
   int64_t rows = 1, cols = 1;
@@ -68,7 +72,7 @@ struct Grid {
 // The cut of C into rows x cols pieces (at most `pieces`, split at whole tiles) that
 // minimises the largest piece's work, its packing counted. Each element's sum does not
 // depend on the cut (gemm_internal.h), so the thread count may decide it.
-// (packs_b: each piece packs its columns of B; false: B comes packed, only A's rows cost.)
+// (packs_b: each piece packs its columns of B; false: B comes packed and is only read.)
 Grid choose_grid(int64_t m, int64_t n, int64_t k, int64_t mr, int64_t nr, int64_t threads, bool packs_b) {
   const double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   const int64_t pieces = std::clamp<int64_t>(static_cast<int64_t>(macs / kPieceMacs), 1, threads);
@@ -79,7 +83,8 @@ Grid choose_grid(int64_t m, int64_t n, int64_t k, int64_t mr, int64_t nr, int64_
     for (int64_t r = 1; r <= p; ++r) {
       if (p % r || r > tm || p / r > tn) continue;
       const double rows = static_cast<double>((tm + r - 1) / r * mr), cols = static_cast<double>((tn + p / r - 1) / (p / r) * nr);
-      const double cost = rows * cols + static_cast<double>(kPackMacs) * (rows + (packs_b ? cols : 0.0));
+      const double cost = rows * cols + static_cast<double>(kPackMacs) * rows +
+                          static_cast<double>(packs_b ? kPackMacs : kReadMacs) * cols;
       if (cost < best_cost * 0.999) best_cost = cost, best = {r, p / r};
     }
   return best;
@@ -238,7 +243,7 @@ void forget_packed_b(PackedB& p, bool release) {
 bool sgemm_packed_b(bool ta, int64_t m, float alpha, const float* a, int64_t lda, const PackedB& p, float beta, float* c,
                     int64_t ldc) {
   const gemm::Kernel* kern = kernel_of(gemm_kernel());
-  if (!kern || !p.src || p.kernel != gemm_kernel() || m < 2 || alpha == 0.0f) return false;
+  if (!kern || !p.src || p.kernel != gemm_kernel() || m < 2 || p.n < 2 || alpha == 0.0f) return false;
   const gemm::Args g{ta, p.tb, m, p.n, p.k, alpha, a, lda, p.src, p.ldb, beta, c, ldc};
   const int64_t threads = in_parallel_region() ? 1 : std::max<int64_t>(1, kiln_rt_num_threads());
   return blocked_pieces(*kern, g, choose_grid(m, p.n, p.k, kern->mr, kern->nr, threads, false), p.data);

@@ -50,9 +50,10 @@ bool packed_b_matches(const PackedB& p, bool tb, int64_t k, int64_t n, const flo
 // Forgets what p holds (the next call repacks), keeping its buffer; release: frees it too.
 void forget_packed_b(PackedB& p, bool release);
 
-// sgemm with op(B) from p (packed_b_matches), m >= 2: C's bits are exactly sgemm's for the
+// sgemm with op(B) from p (packed_b_matches), m >= 2 and n >= 2 (sgemm computes one row or
+// column of C as a matrix-vector product, with other sums): C's bits are exactly sgemm's for the
 // same arguments, for any thread count. False without touching C when p does not hold a
-// packing by the current kernel.
+// packing by the current kernel or m or n is below 2.
 bool sgemm_packed_b(bool ta, int64_t m, float alpha, const float* a, int64_t lda, const PackedB& p, float beta, float* c,
                     int64_t ldc);
 
