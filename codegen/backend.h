@@ -131,6 +131,10 @@ class Instance {
   };
   virtual Profile profile() const { return {}; }
   virtual void reset_profile() {}
+  // The contents of the state buffers may have changed since the last call (or the next
+  // call binds other ones): drops whatever the instance derived from them (the CPU
+  // backend's packed weights). The Executable calls it before such a call.
+  virtual void forget_state() {}
 };
 
 // Code compiled for one prepared graph; immutable, shared by instances (and by the cache).

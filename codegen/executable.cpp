@@ -492,6 +492,7 @@ void Executable::bind_inputs(const std::vector<const Tensor*>& given, std::strin
   const std::string where(where_);
   Device& dev = *device();
   const size_t given_inputs = graph_.inputs().size();
+  bool state_from_store = true;  // every state input bound from the store (or prepared from it)
   for (size_t i = 0; i < g.inputs().size(); ++i) {
     const GraphInput& gi = g.inputs()[i];
     const Value& v = g.value(gi.value);
@@ -508,6 +509,7 @@ void Executable::bind_inputs(const std::vector<const Tensor*>& given, std::strin
       continue;
     }
     const Tensor& t = *given[i];
+    state_from_store = state_from_store && !gi.is_state;
     if (dev.host_visible()) {
       buffers_[i] = const_cast<std::byte*>(t.raw());  // inputs are never written
       continue;
@@ -516,6 +518,12 @@ void Executable::bind_inputs(const std::vector<const Tensor*>& given, std::strin
     dev.upload(staging_[i], t.raw(), byte_size(v.type));
     buffers_[i] = staging_[i];
   }
+  // What the instance derived from state (packed weights) holds while the state is the
+  // store's at the generation it was derived at; a caller's tensor may change at any time.
+  const StateStore* bound = state_from_store ? store().get() : nullptr;
+  if (!bound || bound != bound_store_ || bound->generation() != bound_generation_) instance().forget_state();
+  bound_store_ = bound;
+  bound_generation_ = bound ? bound->generation() : 0;
 }
 
 Tensor Executable::download(ValueId v) const {

@@ -216,6 +216,11 @@ class Executable {
   std::unique_ptr<StateStore> prep_store_;
   const StateStore* prep_source_ = nullptr;
   uint64_t prep_generation_ = 0;
+  // The store (null: not all state came from one) and its generation that the last call's
+  // state was bound from: the instance's derived state (Instance::forget_state) is valid
+  // while they stay.
+  const StateStore* bound_store_ = nullptr;
+  uint64_t bound_generation_ = 0;
 };
 
 // Compiles `g` for options.target ("cpu", "cuda"; empty: $KILN_TARGET, else "cpu"). Throws

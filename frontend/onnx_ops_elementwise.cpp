@@ -55,9 +55,20 @@ void mean(Ctx& c) {
 void identity(Ctx& c) { c.set_output(0, c.in(0)); }
 
 // Integer powers are computed in double (exact while the result is below 2^53) and cast back.
+// A float raised to a known exponent of 2 or 3 (GPT-2's tanh GELU has x^3) is x * x or
+// x * x * x, as ONNX Runtime computes it: elementwise multiplies that vectorize and fuse,
+// where pow is a scalar libm call.
 void pow_(Ctx& c) {
   Val x = c.in(0);
   Val e = legacy_broadcast(c, x, c.in(1));
+  if (is_float(x.type.dtype) && e.known && e.known->numel() == 1 && e.type.rank() <= x.type.rank()) {
+    const double p = e.known->get(0);
+    if (p == 2 || p == 3) {
+      Val sq = bin(c, Op::Mul, x, x);
+      c.set_output(0, p == 2 ? sq : bin(c, Op::Mul, sq, x));
+      return;
+    }
+  }
   if (is_float(x.type.dtype)) {
     c.set_output(0, bin(c, Op::Pow, x, cast(c, e, x.type.dtype)));
     return;

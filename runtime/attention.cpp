@@ -4,12 +4,16 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
 #include <vector>
 
 #include "runtime/blas.h"
+#include "runtime/gemm.h"
 #include "runtime/thread_pool.h"
+#include "runtime/vec_internal.h"
 
 namespace {
 
@@ -83,6 +87,82 @@ int64_t row_block(int64_t batches, int64_t sq, int64_t sk, size_t elem) {
   return std::min(rows, std::max<int64_t>(sq, 1));
 }
 
+// The first pass over a row of scores: x = x (* or /) scale (+ m[j * ms]), and the
+// row's maximum (y > max ? y : max from -inf: NaNs are passed over). The f32 row runs
+// 8 lanes at a time where the CPU allows (elementwise, so the same bits; the lanes' maxima
+// can differ from the scalar scan only in which zero, +0 or -0, is the maximum, which
+// x - max and its exponential do not see).
+template <typename T>
+T scale_mask_max(T* x, int64_t n, bool mul, bool div, T scale, const T* m, int64_t ms) {
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    T y = x[j];
+    if (mul) y = y * scale;
+    if (div) y = y / scale;
+    if (m) y = y + m[j * ms];
+    x[j] = y;
+    mx = y > mx ? y : mx;
+  }
+  return mx;
+}
+
+// The last pass: x = x / sum, a NaN quotient +0 with nan_to_zero.
+template <typename T>
+void normalize(T* x, int64_t n, T sum, bool nan_to_zero) {
+  for (int64_t j = 0; j < n; ++j) {
+    T r = x[j] / sum;
+    x[j] = nan_to_zero && r != r ? T(0) : r;
+  }
+}
+
+using F8 = kiln::rt::Vec32<float>::type;
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) float scale_mask_max_f32(float* x, int64_t n, bool mul,
+                                                                                      bool div, float scale,
+                                                                                      const float* m, int64_t ms) {
+  float mx = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  if (!m || ms == 1) {
+    F8 vmx = F8{} - std::numeric_limits<float>::infinity();
+    for (; j + 8 <= n; j += 8) {
+      F8 y;
+      std::memcpy(&y, x + j, sizeof y);
+      if (mul) y = y * scale;
+      if (div) y = y / scale;
+      if (m) {
+        F8 mv;
+        std::memcpy(&mv, m + j, sizeof mv);
+        y = y + mv;
+      }
+      std::memcpy(x + j, &y, sizeof y);
+      vmx = y > vmx ? y : vmx;
+    }
+    float lanes[8];
+    std::memcpy(lanes, &vmx, sizeof lanes);
+    for (float l : lanes) mx = l > mx ? l : mx;
+  }
+  const float rest = scale_mask_max(x + j, n - j, mul, div, scale, m ? m + j * ms : nullptr, ms);
+  return rest > mx ? rest : mx;
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void normalize_f32(float* x, int64_t n, float sum,
+                                                                                bool nan_to_zero) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    F8 r;
+    std::memcpy(&r, x + j, sizeof r);
+    r = r / sum;
+    if (nan_to_zero) r = r != r ? F8{} : r;
+    std::memcpy(x + j, &r, sizeof r);
+  }
+  normalize(x + j, n - j, sum, nan_to_zero);
+}
+
+float scale_mask_max(float* x, int64_t n, bool mul, bool div, float scale, const float* m, int64_t ms) {
+  return scale_mask_max_f32(x, n, mul, div, scale, m, ms);
+}
+void normalize(float* x, int64_t n, float sum, bool nan_to_zero) { normalize_f32(x, n, sum, nan_to_zero); }
+
 struct Buffers {
   std::vector<float> f[4];
   std::vector<double> d[4];
@@ -93,27 +173,64 @@ struct Buffers {
   }
 };
 
+// K and V of one batch index packed once for Kiln's GEMM (f32), shared by the tasks of its
+// row blocks: the products then pack only their block of Q or of the probabilities.
+struct PackedKV {
+  kiln::rt::PackedB k, v;
+  bool ok = false;
+  PackedKV() = default;
+  PackedKV(const PackedKV&) = delete;
+  PackedKV& operator=(const PackedKV&) = delete;
+  ~PackedKV() {
+    kiln::rt::forget_packed_b(k, true);
+    kiln::rt::forget_packed_b(v, true);
+  }
+};
+
+// The batch index's two batch coordinates' offset into an operand with strides s.
+int64_t batch_offset(const KilnAttentionParams& p, int64_t batch, const int64_t* s) {
+  return batch / p.b1 * s[0] + batch % p.b1 * s[1];
+}
+
+template <typename T>
+Operand<T> k_operand(const T* k, const KilnAttentionParams& p, int64_t batch, T k_scale, std::vector<T>& buf) {
+  return operand(k + batch_offset(p, batch, p.k_stride), p.d, p.sk, p.k_stride[2], p.k_stride[3],
+                 (p.flags & KILN_ATTN_K_SCALE) != 0, k_scale, buf);
+}
+template <typename T>
+Operand<T> v_operand(const T* v, const KilnAttentionParams& p, int64_t batch, std::vector<T>& buf) {
+  return operand(v + batch_offset(p, batch, p.v_stride), p.sk, p.dv, p.v_stride[2], p.v_stride[3], false, T(1), buf);
+}
+
+// C = A op(B) from B packed in `packed` where that applies (same bits), else by gemm()
+// with the operand `operand()` makes.
+template <typename T, typename MakeB>
+void product(int32_t ta, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const kiln::rt::PackedB* packed,
+             const MakeB& make_b, T* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>)
+    if (packed && kiln::rt::sgemm_packed_b(ta != 0, m, 1.0f, a, lda, *packed, 0.0f, c, ldc)) return;
+  Operand<T> b = make_b();
+  gemm(ta, b.trans, m, n, k, a, lda, b.p, b.ld, c, ldc);
+}
+
 template <typename T>
 void attention_rows(const T* q, const T* k, const T* v, const T* mask, T* o, const KilnAttentionParams& p, T q_scale,
-                    T k_scale, T scale, int64_t batch, int64_t i0, int64_t rows) {
+                    T k_scale, T scale, int64_t batch, int64_t i0, int64_t rows, const PackedKV* packed) {
   thread_local Buffers tl;
   std::vector<T>& qbuf = tl.get<T>(0);
   std::vector<T>& kbuf = tl.get<T>(1);
   std::vector<T>& vbuf = tl.get<T>(2);
   std::vector<T>& sbuf = tl.get<T>(3);
-  const int64_t bi = batch / p.b1, bj = batch % p.b1;
-  auto base = [&](const int64_t* s) { return bi * s[0] + bj * s[1]; };
+  auto base = [&](const int64_t* s) { return batch_offset(p, batch, s); };
   const T* qp = q + base(p.q_stride) + i0 * p.q_stride[2];
-  const T* kp = k + base(p.k_stride);
-  const T* vp = v + base(p.v_stride);
   T* op = o + base(p.o_stride) + i0 * p.o_stride[2];
   const int64_t sk = p.sk;
+  const bool have = packed && packed->ok;
   Operand<T> a = operand(qp, rows, p.d, p.q_stride[2], p.q_stride[3], (p.flags & KILN_ATTN_Q_SCALE) != 0, q_scale, qbuf);
-  Operand<T> b = operand(kp, p.d, sk, p.k_stride[2], p.k_stride[3], (p.flags & KILN_ATTN_K_SCALE) != 0, k_scale, kbuf);
-  Operand<T> c = operand(vp, sk, p.dv, p.v_stride[2], p.v_stride[3], false, T(1), vbuf);
   sbuf.resize(static_cast<size_t>(rows * sk));
   T* s = sbuf.data();
-  gemm(a.trans, b.trans, rows, sk, p.d, a.p, a.ld, b.p, b.ld, s, sk);
+  product(a.trans, rows, sk, p.d, a.p, a.ld, have ? &packed->k : nullptr,
+          [&] { return k_operand(k, p, batch, k_scale, kbuf); }, s, sk);
   const bool mul = p.flags & KILN_ATTN_MUL_SCALE, div = p.flags & KILN_ATTN_DIV_SCALE;
   const bool masked = p.flags & KILN_ATTN_MASK, nan_to_zero = p.flags & KILN_ATTN_NAN_TO_ZERO;
   for (int64_t i = 0; i < rows; ++i) {
@@ -121,29 +238,19 @@ void attention_rows(const T* q, const T* k, const T* v, const T* mask, T* o, con
     const T* m = masked ? mask + base(p.mask_stride) + (i0 + i) * p.mask_stride[2] : nullptr;
     // The unfused graph's operations in its order: scale, mask, then softmax's max,
     // exponentials, denominator and quotients.
-    T mx = -std::numeric_limits<T>::infinity();
-    for (int64_t j = 0; j < sk; ++j) {
-      T y = x[j];
-      if (mul) y = y * scale;
-      if (div) y = y / scale;
-      if (masked) y = y + m[j * p.mask_stride[3]];
-      x[j] = y;
-      mx = y > mx ? y : mx;
-    }
+    T mx = scale_mask_max(x, sk, mul, div, scale, m, p.mask_stride[3]);
     for (int64_t j = 0; j < sk; ++j) x[j] = std::exp(x[j] - mx);
-    T sum = summation_order_sum(x, sk);
-    for (int64_t j = 0; j < sk; ++j) {
-      T r = x[j] / sum;
-      x[j] = nan_to_zero && r != r ? T(0) : r;
-    }
+    normalize(x, sk, summation_order_sum(x, sk), nan_to_zero);
   }
+  auto make_v = [&] { return v_operand(v, p, batch, vbuf); };
+  const kiln::rt::PackedB* pv = have ? &packed->v : nullptr;
   if (p.o_stride[3] == 1 && (rows == 1 || p.o_stride[2] >= p.dv)) {
-    gemm(0, c.trans, rows, p.dv, sk, s, sk, c.p, c.ld, op, rows == 1 ? std::max<int64_t>(p.dv, 1) : p.o_stride[2]);
+    product(0, rows, p.dv, sk, s, sk, pv, make_v, op, rows == 1 ? std::max<int64_t>(p.dv, 1) : p.o_stride[2]);
     return;
   }
   std::vector<T>& obuf = qbuf;  // free again: the scores are computed
   obuf.resize(static_cast<size_t>(rows * p.dv));
-  gemm(0, c.trans, rows, p.dv, sk, s, sk, c.p, c.ld, obuf.data(), std::max<int64_t>(p.dv, 1));
+  product(0, rows, p.dv, sk, s, sk, pv, make_v, obuf.data(), std::max<int64_t>(p.dv, 1));
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < p.dv; ++j) op[i * p.o_stride[2] + j * p.o_stride[3]] = obuf[static_cast<size_t>(i * p.dv + j)];
 }
@@ -165,11 +272,34 @@ void attention(const T* q, const T* k, const T* v, const T* mask, T* o, const Ki
   }
   const int64_t rows = row_block(batches, p.sq, p.sk, sizeof(T));
   const int64_t blocks = (p.sq + rows - 1) / rows;
+  // f32 K and V packed once per batch index when its row blocks are several (and Kiln's
+  // GEMM runs): in parallel over the batch first, then the row blocks read them.
+  std::unique_ptr<PackedKV[]> packed;
+  if constexpr (std::is_same_v<T, float>) {
+    if (blocks >= 2 && kiln::rt::gemm_kernel() != kiln::rt::GemmKernel::openblas)
+      packed.reset(new (std::nothrow) PackedKV[static_cast<size_t>(batches)]);  // null: each task packs its own
+    if (packed)
+      kiln::rt::parallel_for(batches, 1, [&](int64_t begin, int64_t end) {
+        thread_local Buffers tl;
+        for (int64_t b = begin; b < end; ++b) {
+          PackedKV& kv = packed[static_cast<size_t>(b)];
+          try {
+            Operand<float> kb = k_operand(k, p, b, k_scale, tl.get<float>(1));
+            bool ok = kiln::rt::pack_b(kv.k, kb.trans != 0, p.d, p.sk, kb.p, kb.ld);
+            Operand<float> vb = v_operand(v, p, b, tl.get<float>(2));
+            kv.ok = ok && kiln::rt::pack_b(kv.v, vb.trans != 0, p.sk, p.dv, vb.p, vb.ld);
+          } catch (const std::bad_alloc&) {
+            kv.ok = false;
+          }
+        }
+      });
+  }
   auto run = [&](int64_t begin, int64_t end) {
     try {
       for (int64_t t = begin; t < end; ++t) {
         int64_t i0 = (t % blocks) * rows;
-        attention_rows(q, k, v, mask, o, p, q_scale, k_scale, scale, t / blocks, i0, std::min(rows, p.sq - i0));
+        const PackedKV* kv = packed ? &packed[static_cast<size_t>(t / blocks)] : nullptr;
+        attention_rows(q, k, v, mask, o, p, q_scale, k_scale, scale, t / blocks, i0, std::min(rows, p.sq - i0), kv);
       }
     } catch (const std::bad_alloc&) {
       kiln::rt::record_error("attention: out of memory for a block of scores");

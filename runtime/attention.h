@@ -7,10 +7,11 @@
 // task takes one batch index and a block of query rows, computes the block's scores with
 // one GEMM into a buffer that stays in cache, normalizes each row there, and multiplies it
 // by V with a second GEMM straight into O. The products go through kiln_rt_sgemm /
-// kiln_rt_dgemm (runtime/blas.h); the scaling, the mask and the softmax do exactly what
-// the unfused graph's kernels do (the same operations in the same order, the softmax's
-// denominator in Kiln's summation order), so the result differs from the unfused graph's
-// only by how the BLAS rounds a block of rows against the whole matrix.
+// kiln_rt_dgemm (runtime/blas.h) or, f32 with Kiln's GEMM and several row blocks, read K
+// and V packed once per batch index (the same bits); the scaling, the mask and the
+// softmax do exactly what the unfused graph's kernels do (the same operations in the same
+// order, the softmax's denominator in Kiln's summation order), so the result differs from
+// the unfused graph's only by how the BLAS rounds a block of rows against the whole matrix.
 //
 // Tasks are cut by the shape alone (the row block depends on Sq and Sk, never on the
 // thread count) and each writes its own rows of O, so results are bitwise the same for any

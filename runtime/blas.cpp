@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <new>
 #include <string>
 #include <strings.h>
 
@@ -259,6 +260,32 @@ void kiln_rt_sgemm(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64
                    int64_t ldc) {
   if (kiln::rt::sgemm(trans_a != 0, trans_b != 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
   gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void kiln_rt_sgemm_cached_b(void** slot, int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                            int64_t ldc) {
+  // One row or column of C is a matrix-vector product, which packs nothing.
+  if (m >= 2 && n >= 2 && k >= 1 && alpha != 0.0f && kiln::rt::gemm_kernel() != kiln::rt::GemmKernel::openblas) {
+    auto* p = static_cast<kiln::rt::PackedB*>(*slot);
+    if (!p) *slot = p = new (std::nothrow) kiln::rt::PackedB;
+    if (p && (kiln::rt::packed_b_matches(*p, trans_b != 0, k, n, b, ldb) || kiln::rt::pack_b(*p, trans_b != 0, k, n, b, ldb)) &&
+        kiln::rt::sgemm_packed_b(trans_a != 0, m, alpha, a, lda, *p, beta, c, ldc))
+      return;
+  }
+  kiln_rt_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void kiln_rt_gemm_cache_forget(void** slots, int64_t n, int32_t release) {
+  for (int64_t i = 0; i < n; ++i) {
+    auto* p = static_cast<kiln::rt::PackedB*>(slots[i]);
+    if (!p) continue;
+    kiln::rt::forget_packed_b(*p, release != 0);
+    if (release) {
+      delete p;
+      slots[i] = nullptr;
+    }
+  }
 }
 
 void kiln_rt_dgemm(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k, double alpha,

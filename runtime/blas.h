@@ -11,6 +11,17 @@ extern "C" {
 void kiln_rt_sgemm(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                    int64_t ldc);
+// kiln_rt_sgemm for a B that stays the same between calls (an inference graph's weight):
+// op(B) is packed once into the cache at *slot (created on the first call, null before)
+// and packed again only when B's address, shape, transpose or the GEMM kernel differ from
+// what it holds; the owner of the slot must forget it (kiln_rt_gemm_cache_forget) whenever
+// the contents of B may have changed. The same bits as kiln_rt_sgemm for the same arguments.
+void kiln_rt_sgemm_cached_b(void** slot, int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                            int64_t ldc);
+// The caches at slots[0..n): forgotten (release == 0: their buffers kept for the next
+// packing) or freed and set to null (release != 0).
+void kiln_rt_gemm_cache_forget(void** slots, int64_t n, int32_t release);
 void kiln_rt_dgemm(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k, double alpha,
                    const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
                    int64_t ldc);

@@ -60,6 +60,10 @@ std::atomic<int>& current() {
 constexpr double kPieceMacs = 1 << 19;
 // Packing one element of A or B costs about as much as this many multiply-adds.
 constexpr int64_t kPackMacs = 32;
+// Reading one element of a B packed beforehand (a weight, from memory when it is larger
+// than the caches) costs about as much as this many: a piece still reads all of its
+// columns of B, so a wide B is better cut by columns even when packed.
+constexpr int64_t kReadMacs = 8;
 
 struct Grid {
   int64_t rows = 1, cols = 1;
@@ -68,7 +72,8 @@ struct Grid {
 // The cut of C into rows x cols pieces (at most `pieces`, split at whole tiles) that
 // minimises the largest piece's work, its packing counted. Each element's sum does not
 // depend on the cut (gemm_internal.h), so the thread count may decide it.
-Grid choose_grid(int64_t m, int64_t n, int64_t k, int64_t mr, int64_t nr, int64_t threads) {
+// (packs_b: each piece packs its columns of B; false: B comes packed and is only read.)
+Grid choose_grid(int64_t m, int64_t n, int64_t k, int64_t mr, int64_t nr, int64_t threads, bool packs_b) {
   const double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   const int64_t pieces = std::clamp<int64_t>(static_cast<int64_t>(macs / kPieceMacs), 1, threads);
   const int64_t tm = (m + mr - 1) / mr, tn = (n + nr - 1) / nr;
@@ -78,7 +83,8 @@ Grid choose_grid(int64_t m, int64_t n, int64_t k, int64_t mr, int64_t nr, int64_
     for (int64_t r = 1; r <= p; ++r) {
       if (p % r || r > tm || p / r > tn) continue;
       const double rows = static_cast<double>((tm + r - 1) / r * mr), cols = static_cast<double>((tn + p / r - 1) / (p / r) * nr);
-      const double cost = rows * cols + static_cast<double>(kPackMacs) * (rows + cols);
+      const double cost = rows * cols + static_cast<double>(kPackMacs) * rows +
+                          static_cast<double>(packs_b ? kPackMacs : kReadMacs) * cols;
       if (cost < best_cost * 0.999) best_cost = cost, best = {r, p / r};
     }
   return best;
@@ -118,6 +124,27 @@ bool gemv(const gemm::Kernel& kern, const gemm::Args& g, int64_t threads) {
 // Start of piece i of `parts` over `tiles` tiles of `tile` along a side of length len.
 int64_t piece_start(int64_t len, int64_t tiles, int64_t tile, int64_t parts, int64_t i) {
   return std::min(len, tiles * i / parts * tile);
+}
+
+// C cut into grid's pieces run over the pool, B packed by each piece or read from
+// `packed` (pack_b_all's layout); records an error when packing buffers are missing.
+bool blocked_pieces(const gemm::Kernel& kern, const gemm::Args& g, Grid grid, const float* packed) {
+  const int64_t tm = (g.m + kern.mr - 1) / kern.mr, tn = (g.n + kern.nr - 1) / kern.nr;
+  std::atomic<bool> failed{false};
+  auto run = [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q) {
+      const int64_t r = q / grid.cols, s = q % grid.cols;
+      const int64_t m0 = piece_start(g.m, tm, kern.mr, grid.rows, r), m1 = piece_start(g.m, tm, kern.mr, grid.rows, r + 1);
+      const int64_t n0 = piece_start(g.n, tn, kern.nr, grid.cols, s), n1 = piece_start(g.n, tn, kern.nr, grid.cols, s + 1);
+      if (!(packed ? kern.block_packed(g, packed, m0, m1, n0, n1) : kern.block(g, m0, m1, n0, n1))) failed.store(true);
+    }
+  };
+  if (grid.rows * grid.cols == 1)
+    run(0, 1);
+  else
+    parallel_for(grid.rows * grid.cols, 1, run);
+  if (failed.load()) record_error("gemm: out of memory for its packing buffers");
+  return true;
 }
 
 struct PackBuffers {
@@ -182,23 +209,46 @@ bool sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
     if (!gemv(*kern, g, threads)) record_error("gemm: out of memory for its packing buffers");
     return true;
   }
-  const Grid grid = choose_grid(m, n, k, kern->mr, kern->nr, threads);
-  const int64_t tm = (m + kern->mr - 1) / kern->mr, tn = (n + kern->nr - 1) / kern->nr;
-  std::atomic<bool> failed{false};
-  auto run = [&](int64_t begin, int64_t end) {
-    for (int64_t q = begin; q < end; ++q) {
-      const int64_t r = q / grid.cols, s = q % grid.cols;
-      if (!kern->block(g, piece_start(m, tm, kern->mr, grid.rows, r), piece_start(m, tm, kern->mr, grid.rows, r + 1),
-                       piece_start(n, tn, kern->nr, grid.cols, s), piece_start(n, tn, kern->nr, grid.cols, s + 1)))
-        failed.store(true);
-    }
-  };
-  if (grid.rows * grid.cols == 1)
-    run(0, 1);
-  else
-    parallel_for(grid.rows * grid.cols, 1, run);
-  if (failed.load()) record_error("gemm: out of memory for its packing buffers");
+  return blocked_pieces(*kern, g, choose_grid(m, n, k, kern->mr, kern->nr, threads, true), nullptr);
+}
+
+bool pack_b(PackedB& p, bool tb, int64_t k, int64_t n, const float* b, int64_t ldb) {
+  forget_packed_b(p, false);
+  const GemmKernel which = gemm_kernel();
+  const gemm::Kernel* kern = kernel_of(which);
+  if (!kern || k < 1 || n < 1) return false;
+  const int64_t floats = (n + kern->nr - 1) / kern->nr * kern->nr * k;
+  if (p.floats < floats) {
+    forget_packed_b(p, true);
+    p.data = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((floats * 4 + 63) / 64 * 64)));
+    if (!p.data) return false;
+    p.floats = floats;
+  }
+  const gemm::Args g{false, tb, 1, n, k, 1.0f, nullptr, 1, b, ldb, 0.0f, nullptr, 1};
+  kern->pack_b_all(g, p.data);
+  p.src = b, p.tb = tb, p.k = k, p.n = n, p.ldb = ldb, p.kernel = which;
   return true;
+}
+
+bool packed_b_matches(const PackedB& p, bool tb, int64_t k, int64_t n, const float* b, int64_t ldb) {
+  return p.src && p.src == b && p.tb == tb && p.k == k && p.n == n && p.ldb == ldb && p.kernel == gemm_kernel();
+}
+
+void forget_packed_b(PackedB& p, bool release) {
+  p.src = nullptr;
+  if (!release) return;
+  std::free(p.data);
+  p.data = nullptr;
+  p.floats = 0;
+}
+
+bool sgemm_packed_b(bool ta, int64_t m, float alpha, const float* a, int64_t lda, const PackedB& p, float beta, float* c,
+                    int64_t ldc) {
+  const gemm::Kernel* kern = kernel_of(gemm_kernel());
+  if (!kern || !p.src || p.kernel != gemm_kernel() || m < 2 || p.n < 2 || alpha == 0.0f) return false;
+  const gemm::Args g{ta, p.tb, m, p.n, p.k, alpha, a, lda, p.src, p.ldb, beta, c, ldc};
+  const int64_t threads = in_parallel_region() ? 1 : std::max<int64_t>(1, kiln_rt_num_threads());
+  return blocked_pieces(*kern, g, choose_grid(m, p.n, p.k, kern->mr, kern->nr, threads, false), p.data);
 }
 
 }  // namespace kiln::rt

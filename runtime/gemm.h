@@ -29,4 +29,32 @@ const char* gemm_kernel_name(GemmKernel k);
 bool sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// A B operand packed once for the kernel that packed it (inference: a weight that does not
+// change between calls, runtime/blas.h's kiln_rt_sgemm_cached_b): sgemm_packed_b then
+// packs only A. Holds what it was packed from, to tell whether it still applies.
+struct PackedB {
+  const float* src = nullptr;  // null: nothing packed (or forgotten)
+  bool tb = false;
+  int64_t k = 0, n = 0, ldb = 0;
+  GemmKernel kernel = GemmKernel::openblas;
+  float* data = nullptr;
+  int64_t floats = 0;  // data's capacity
+};
+
+// Packs op(B) [k, n] (k, n >= 1) into p for the current kernel, reusing p's buffer when it
+// is large enough; false (p then packs nothing) when the current kernel is openblas or the
+// buffer cannot be allocated.
+bool pack_b(PackedB& p, bool tb, int64_t k, int64_t n, const float* b, int64_t ldb);
+// Whether p holds op(B) packed from exactly these arguments by the current kernel.
+bool packed_b_matches(const PackedB& p, bool tb, int64_t k, int64_t n, const float* b, int64_t ldb);
+// Forgets what p holds (the next call repacks), keeping its buffer; release: frees it too.
+void forget_packed_b(PackedB& p, bool release);
+
+// sgemm with op(B) from p (packed_b_matches), m >= 2 and n >= 2 (sgemm computes one row or
+// column of C as a matrix-vector product, with other sums): C's bits are exactly sgemm's for the
+// same arguments, for any thread count. False without touching C when p does not hold a
+// packing by the current kernel or m or n is below 2.
+bool sgemm_packed_b(bool ta, int64_t m, float alpha, const float* a, int64_t lda, const PackedB& p, float beta, float* c,
+                    int64_t ldc);
+
 }  // namespace kiln::rt

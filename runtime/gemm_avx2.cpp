@@ -73,5 +73,6 @@ struct Avx2 {
 }  // namespace
 
 namespace kiln::rt::gemm {
-const Kernel kAvx2 = {"avx2 6x16", Avx2::MR, Avx2::NR, &blocked<Avx2>, &gemv_range<Avx2>, &Avx2::tile, &pack_a<Avx2>, &pack_b<Avx2>};
+const Kernel kAvx2 = {"avx2 6x16", Avx2::MR, Avx2::NR, &blocked<Avx2>, &gemv_range<Avx2>, &Avx2::tile, &pack_a<Avx2>, &pack_b<Avx2>,
+                    &pack_b_all<Avx2>, &blocked_from<Avx2>};
 }  // namespace kiln::rt::gemm

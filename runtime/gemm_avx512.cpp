@@ -129,5 +129,6 @@ struct Avx512 {
 }  // namespace
 
 namespace kiln::rt::gemm {
-const Kernel kAvx512 = {"avx512 14x32", Avx512::MR, Avx512::NR, &blocked<Avx512>, &gemv_range<Avx512>, &Avx512::tile, &pack_a<Avx512>, &pack_b<Avx512>};
+const Kernel kAvx512 = {"avx512 14x32", Avx512::MR, Avx512::NR, &blocked<Avx512>, &gemv_range<Avx512>, &Avx512::tile, &pack_a<Avx512>, &pack_b<Avx512>,
+                    &pack_b_all<Avx512>, &blocked_from<Avx512>};
 }  // namespace kiln::rt::gemm

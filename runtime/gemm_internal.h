@@ -83,6 +83,12 @@ using TileFn = void (*)(int64_t kc, const float* a, const float* b, float* c, in
 // ones ([panel][kc][NR], zeros past column nc).
 using PackFn = void (*)(const Args& g, int64_t, int64_t, int64_t, int64_t, float* dst);
 
+// The whole of op(B) packed once (runtime/gemm_blocked.inc, pack_b_all: slice pc's
+// micro-panels at dst + pc * round_up(n, NR)), and rows [m0, m1) x columns [n0, n1) of C
+// computed from it: the same tiles and sums as BlockFn, without packing B.
+using PackAllFn = void (*)(const Args& g, float* dst);
+using PackedBlockFn = bool (*)(const Args& g, const float* packed, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+
 struct Kernel {
   const char* name;  // "avx512 14x32"
   int64_t mr, nr;
@@ -90,6 +96,8 @@ struct Kernel {
   GemvFn gemv;
   TileFn tile;
   PackFn pack_a, pack_b;
+  PackAllFn pack_b_all;
+  PackedBlockFn block_packed;
 };
 
 // The kernel kiln_rt_sgemm runs now (runtime/gemm.h: gemm_kernel()); nullptr for openblas.

@@ -133,6 +133,7 @@ class CpuProgram final : public Program {
   std::unique_ptr<llvm::orc::LLJIT> jit;
   EntryFn entry = nullptr;
   int64_t arena_bytes = 0;  // arena + scratch (at least 1 byte: mmap's length)
+  int64_t gemm_cache_slots = 0;  // per instance (LowerOptions::gemm_cache)
   std::string cannot_run;   // non-empty: the code uses ISA features the host lacks
 
   const Prepared& prepared() const override { return *prep; }
@@ -160,6 +161,12 @@ class CpuInstance final : public Instance {
   CpuInstance& operator=(const CpuInstance&) = delete;
   ~CpuInstance() override {
     if (arena_) munmap(arena_, static_cast<size_t>(program_.arena_bytes));
+    kiln_rt_gemm_cache_forget(gemm_cache_.data(), static_cast<int64_t>(gemm_cache_.size()), 1);
+  }
+
+  // The weights packed by the GEMM caches may be stale: they are packed again on first use.
+  void forget_state() override {
+    kiln_rt_gemm_cache_forget(gemm_cache_.data(), static_cast<int64_t>(gemm_cache_.size()), 0);
   }
 
   void call(const std::vector<void*>& buffers) override {
@@ -171,7 +178,10 @@ class CpuInstance final : public Instance {
     bool profile = p.options.profile;
     if (profile) kiln_rt_prof_reset(static_cast<int32_t>(g.nodes().size()));
     kiln_rt_take_error();  // a message left over from a failed call to other code is not ours
-    p.entry(const_cast<void**>(buffers.data()), arena_);
+    // The entry reads the GEMM cache table after the inputs (LowerOptions::gemm_cache).
+    with_cache_.assign(buffers.begin(), buffers.end());
+    with_cache_.push_back(gemm_cache_.data());
+    p.entry(with_cache_.data(), arena_);
     if (const char* failed = kiln_rt_take_error())
       throw Error("running @" + g.name() + ": " + failed +
                   " (the outputs, and any state updated in place, are invalid)");
@@ -212,6 +222,7 @@ class CpuInstance final : public Instance {
       throw Error("cpu codegen: cannot allocate the " + std::to_string(c.arena_bytes) + "-byte arena of @" +
                   p.graph.name() + ": " + std::strerror(errno));
     arena_ = static_cast<uint8_t*>(m);
+    gemm_cache_.assign(static_cast<size_t>(c.gemm_cache_slots), nullptr);
     constants_.resize(p.graph.values().size());
     for (const GraphOutput& o : p.graph.outputs())
       if (p.memory.at(o.value).kind == BufferKind::Constant)
@@ -222,6 +233,8 @@ class CpuInstance final : public Instance {
   const CpuProgram& program_;  // kept alive by the Executable that holds both
   uint8_t* arena_ = nullptr;   // mmap'ed: page-aligned, zero pages touched on demand
   std::vector<Tensor> constants_;  // per value id: the value of constant outputs, filled out
+  std::vector<void*> gemm_cache_;  // the GEMM caches' slots (runtime/blas.h)
+  std::vector<void*> with_cache_;  // the buffers of the current call, then gemm_cache_.data()
   Profile prof_;
 };
 
@@ -229,7 +242,8 @@ std::unique_ptr<Instance> CpuProgram::instantiate() const { return std::make_uni
 
 std::string CpuProgram::text(bool assembly) const {
   std::unique_ptr<llvm::TargetMachine> tm = detail::target_machine(detail::target_spec(options, detail::RunsOn::Host));
-  detail::EmittedModule em = detail::emit_module(*prep, options, *tm, "kiln_entry", /*constants_by_address=*/true);
+  detail::EmittedModule em = detail::emit_module(*prep, options, *tm, "kiln_entry", /*constants_by_address=*/true,
+                                                 /*gemm_cache=*/true);  // as build() emits it
   std::string out;
   if (!assembly) {
     llvm::raw_string_ostream os(out);
@@ -296,7 +310,8 @@ std::shared_ptr<const Program> build(std::shared_ptr<const Prepared> prep, const
     code->cannot_run = "cpu codegen: code compiled for cpu '" + tm->getTargetCPU().str() +
                        "' uses features the host CPU lacks (" + missing + "); it cannot run here";
   // The program keeps `prep`: large constants are read from its graph, not copied.
-  detail::EmittedModule em = detail::emit_module(*prep, options, *tm, "kiln_entry", /*constants_by_address=*/true);
+  detail::EmittedModule em = detail::emit_module(*prep, options, *tm, "kiln_entry", /*constants_by_address=*/true,
+                                                 /*gemm_cache=*/true);
   PhaseTimer timer("machine code");
   for (const std::string& s : em.info.runtime_symbols) {
     bool known = false;
@@ -309,6 +324,7 @@ std::shared_ptr<const Program> build(std::shared_ptr<const Prepared> prep, const
         "adding the module");
   code->entry = reinterpret_cast<EntryFn>(lookup_symbol(*code->jit, "kiln_entry", *reported));
   code->arena_bytes = em.arena_bytes;
+  code->gemm_cache_slots = em.info.gemm_cache_slots;
   return code;
 }
 

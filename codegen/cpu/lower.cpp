@@ -12,6 +12,7 @@
 #include <llvm/IR/Function.h>
 #include <llvm/IR/Instructions.h>
 
+#include "ir/calling.h"
 #include "ir/error.h"
 
 namespace kiln::cpu::detail {
@@ -36,6 +37,13 @@ std::unique_ptr<llvm::Module> Lowerer::run() {
     input_ptr[i] = B_.CreateLoad(ptr_, slot, "in." + g_.value(g_.inputs()[i].value).name);
     ptr[g_.inputs()[i].value.id] = input_ptr[i];
   }
+  if (options_.gemm_cache && !updates_state(signature(g_))) {
+    gemm_cache_ = B_.CreateLoad(ptr_, B_.CreateConstInBoundsGEP1_64(ptr_, buffers, g_.inputs().size()), "gemm.cache");
+    weight_.assign(g_.values().size(), false);
+    for (const GraphInput& gi : g_.inputs()) weight_[gi.value.id] = gi.is_state;
+    for (const Node& n : g_.nodes())
+      if (n.op == Op::Constant) weight_[n.result().id] = true;
+  }
   for (size_t v = 0; v < g_.values().size(); ++v) {
     const ValuePlan& vp = plan_.values[v];
     if (vp.kind == BufferKind::Arena)
@@ -48,6 +56,7 @@ std::unique_ptr<llvm::Module> Lowerer::run() {
   B_.CreateRetVoid();
   info_.scratch_bytes = scratch_peak_;
   info_.parallel_loops = tasks_;
+  info_.gemm_cache_slots = gemm_cache_slots_;
   for (const auto& s : runtime_) info_.runtime_symbols.push_back(s);
   return std::move(M_);
 }

@@ -24,6 +24,8 @@ struct LoweringInfo {
   int64_t parallel_loops = 0;  // loops outlined to run on the thread pool
   int64_t kernel_calls = 0;      // top-level kernels (a kernel function's calls)
   int64_t kernel_functions = 0;  // distinct kernel functions (share_kernels: fewer than calls)
+  // LowerOptions::gemm_cache: the number of cache slots the code uses (0: it reads none).
+  int64_t gemm_cache_slots = 0;
 };
 
 struct LowerOptions {
@@ -45,6 +47,13 @@ struct LowerOptions {
   // Prepared graph), instead of being copied into the module, its object code and the JIT's
   // memory. An AOT object embeds every constant.
   bool constants_by_address = false;
+  // The JIT's: in a graph without state updates, an f32 GEMM whose B is a state input or a
+  // constant (a weight, the same between calls) calls kiln_rt_sgemm_cached_b, which packs
+  // B once into a cache slot of the instance instead of on every call. The entry then
+  // reads one more pointer after the inputs', buffers[inputs], the instance's table of
+  // LoweringInfo::gemm_cache_slots slots (null before the first call), and the instance
+  // must forget them (kiln_rt_gemm_cache_forget) whenever state contents may have changed.
+  bool gemm_cache = false;
   // The environment variable KILN_CODEGEN_BASELINE=1 turns this off in every lower_graph
   // call (to measure what it buys; prepare() turns the plan's GEMM epilogue off with it).
 };
@@ -61,7 +70,8 @@ inline constexpr int64_t kAddressedConstantBytes = 4096;
 // in a smaller graph, a kernel called once is inlined into kiln_entry.
 inline constexpr size_t kNodesInEntry = 512;
 
-// Emits `void ENTRY(void** buffers, uint8_t* arena)` (ENTRY: LowerOptions::entry_name) computing `g` by `plan` and the
+// Emits `void ENTRY(void** buffers, uint8_t* arena)` (ENTRY: LowerOptions::entry_name; buffers: one pointer per
+// input, then the GEMM cache table with LowerOptions::gemm_cache) computing `g` by `plan` and the
 // kernel plan `kernels` (Prepared::kernels) (plus the
 // internal task functions of its parallel loops: give every defined function of the module
 // the target attributes, not just the entry). Throws kiln::Error for an op it cannot lower.

@@ -174,6 +174,13 @@ class Lowerer {
   // Globals of equal contents are one global (constants and runtime parameter arrays), so
   // that kernels equal but for them are one function: by initializer (data_global).
   std::map<llvm::Constant*, llvm::GlobalVariable*> globals_;
+  // LowerOptions::gemm_cache: the table of cache slots (loaded in the entry), the slots
+  // used so far, and per value of the graph being lowered (the top level or a fused body)
+  // whether it is a weight: a state input or a constant of the top level, or a body input
+  // bound to one.
+  Value* gemm_cache_ = nullptr;
+  int64_t gemm_cache_slots_ = 0;
+  std::vector<bool> weight_;
   bool outlining_ = false;  // emitting the body of a parallel loop's task function
   int tasks_ = 0;
   std::set<std::string> runtime_;

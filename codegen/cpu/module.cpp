@@ -161,7 +161,7 @@ std::unique_ptr<llvm::TargetMachine> target_machine(const TargetSpec& spec) {
 }
 
 EmittedModule emit_module(const Prepared& prepared, const CompileOptions& options, llvm::TargetMachine& tm,
-                          const std::string& entry_name, bool constants_by_address) {
+                          const std::string& entry_name, bool constants_by_address, bool gemm_cache) {
   EmittedModule em;
   em.context = std::make_unique<llvm::LLVMContext>();
   LowerOptions lower_options;
@@ -169,6 +169,7 @@ EmittedModule emit_module(const Prepared& prepared, const CompileOptions& option
   lower_options.entry_name = entry_name;
   lower_options.constants_by_address = constants_by_address;
   lower_options.share_kernels = options.share_kernels;
+  lower_options.gemm_cache = gemm_cache;
   std::optional<PhaseTimer> timer(std::in_place, "lower");
   em.module = lower_graph(prepared.graph, prepared.memory, prepared.kernels, *em.context, em.info, lower_options);
   llvm::Module& m = *em.module;

@@ -52,9 +52,10 @@ struct EmittedModule {
   int64_t arena_bytes = 0;  // arena + scratch, at least 1
 };
 // With `constants_by_address` (the JIT's), large constants are read from `prepared`'s graph
-// (LowerOptions::constants_by_address): the module must not outlive `prepared`.
+// (LowerOptions::constants_by_address): the module must not outlive `prepared`. With
+// `gemm_cache` (the JIT's) weights are packed once per instance (LowerOptions::gemm_cache).
 EmittedModule emit_module(const Prepared& prepared, const CompileOptions& options, llvm::TargetMachine& tm,
-                          const std::string& entry_name, bool constants_by_address = false);
+                          const std::string& entry_name, bool constants_by_address = false, bool gemm_cache = false);
 
 // The features of runtime/cpu_features.def (bit, LLVM name) that an AOT object records.
 inline constexpr std::pair<int, std::string_view> kCpuFeatureNames[] = {

@@ -168,7 +168,14 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
       for (size_t j = 0; j < n.operands.size(); ++j) body_ptr[n.body->inputs()[j].value.id] = in(j);
       std::vector<Value*> outs;
       for (ValueId r : n.results) outs.push_back(ptr[r.id]);
+      std::vector<bool> outer_weight;
+      if (gemm_cache_) {  // the body's weights: its inputs bound to weights
+        outer_weight = std::move(weight_);
+        weight_.assign(n.body->values().size(), false);
+        for (size_t j = 0; j < n.operands.size(); ++j) weight_[n.body->inputs()[j].value.id] = outer_weight[n.operands[j].id];
+      }
       lower_level(*n.body, *kernel.body, body_ptr, false, cursor, outs);
+      if (gemm_cache_) weight_ = std::move(outer_weight);
       return;
     }
   }
@@ -783,6 +790,22 @@ void Lowerer::lower_matmul(const Graph& g, const Node& n, const Kernel& k, std::
   // one per batch index.
   const int64_t batch = num_elements(ob);
   const bool b_shared = std::all_of(sb.begin(), sb.end(), [](int64_t s) { return s == 0; });
+  // A weight (LowerOptions::gemm_cache) in one call, outside any parallel loop (a cache
+  // slot is not shared between threads): B packed once, in the instance's slot.
+  const bool one_call = batch == 1 || (b_shared && !ta && ab == ob);
+  if (gemm_cache_ && f32 && one_call && !outlining_ && weight_[k.b.id] && m * batch >= 2 && nn >= 2) {
+    // Made where the kernel function is called (as a constant's address is, lower.cpp), so
+    // that the kernel gets its slot in its ctx and layers that differ only in their slots
+    // stay one shared function.
+    auto* slot = llvm::GetElementPtrInst::CreateInBounds(ptr_, gemm_cache_, {c64(gemm_cache_slots_++)}, "gemm.slot");
+    if (kernel_caller_) slot->insertInto(kernel_caller_, kernel_caller_->end());
+    else B_.Insert(slot);
+    B_.CreateCall(runtime(RtFn::kiln_rt_sgemm_cached_b),
+                  {slot, B_.getInt32(ta ? 1 : 0), B_.getInt32(tb ? 1 : 0), c64(batch * m), c64(nn), c64(kk),
+                   llvm::ConstantFP::get(ft, 1.0), a, c64(ta ? m : kk), b, c64(tb ? kk : nn),
+                   llvm::ConstantFP::get(ft, 0.0), c, c64(nn)});
+    return;
+  }
   if (batch > 1 && b_shared && !ta && ab == ob) return call(a, b, c, batch * m);
   // Otherwise one GEMM per batch index; small ones (below what kiln_rt_sgemm would cut
   // into pieces) run in parallel over the batch, each call then inline on its thread:

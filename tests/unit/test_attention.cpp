@@ -6,6 +6,7 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <limits>
 #include <random>
@@ -283,4 +284,44 @@ TEST_CASE("fused attention: bitwise the same at any KILN_NUM_THREADS", "[attenti
 TEST_CASE("fused attention: child with KILN_NUM_THREADS", "[.attention_child]") {
   REQUIRE(std::getenv("KILN_NUM_THREADS") != nullptr);
   std::cout << "hashes " << bert_layer_hash(true) << ' ' << bert_layer_hash(false) << std::endl;
+}
+
+// The kernel's softmax rows (scale, mask, maximum, exponentials, denominator, quotients;
+// the f32 ones 8 lanes at a time with scalar tails) give the interpreter's bits: with
+// d = 1 each score is one exact product and with V the identity the output is the
+// probabilities themselves, so the whole result must match bit for bit. Row lengths around
+// the vector width, one or several row blocks, masks with -inf and fully masked rows, with
+// and without the NaN guard.
+TEST_CASE("fused attention: the softmax rows have the interpreter's bits", "[attention]") {
+  std::mt19937_64 rng(9);
+  for (int64_t sk : {5, 8, 13, 64, 131})
+    for (int64_t sq : {9, 70})  // 70: several row blocks, which read K and V packed once
+      for (const char* mask : {"none", "full", "row"})
+        for (const char* scale : {"mul", "div"})
+          for (bool guard : {false, true}) {
+            AttentionCase c;
+            c.rank = 2;
+            c.sq = sq;
+            c.sk = sk;
+            c.d = 1;
+            c.dv = sk;
+            c.mask = mask;
+            c.scale = scale;
+            c.nan_guard = guard;
+            CAPTURE(sk, sq, mask, scale, guard);
+            Graph g = attention_graph(c);
+            TensorMap in = random_inputs(g, rng, /*masked_row=*/true);
+            Tensor eye(DType::f32, {sk, sk});
+            for (int64_t i = 0; i < sk; ++i) eye.set(i * sk + i, 1.0);
+            in["v"] = eye;
+            auto fused = compile(g, {.target = "cpu"});
+            REQUIRE(attention_regions(fused->compiled_graph()) == 1);
+            const Tensor got = fused->evaluate(in).at("y"), want = interpret(g, in).at("y");
+            int64_t differ = 0;
+            for (int64_t i = 0; i < want.numel(); ++i) {
+              const float a = static_cast<float>(got.get(i)), b = static_cast<float>(want.get(i));
+              differ += !(std::isnan(a) && std::isnan(b)) && std::memcmp(&a, &b, sizeof a) != 0;
+            }
+            CHECK(differ == 0);
+          }
 }

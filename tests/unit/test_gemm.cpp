@@ -67,6 +67,13 @@ struct Case {
     return out;
   }
 
+  // By kiln_rt_sgemm_cached_b through `slot`, B as given (the caller may have changed it).
+  std::vector<float> run_cached(void** slot) const {
+    std::vector<float> out = c;
+    kiln_rt_sgemm_cached_b(slot, ta, tb, s.m, s.n, s.k, alpha, a.data(), lda, b.data(), ldb, beta, out.data(), ldc);
+    return out;
+  }
+
   std::vector<float> run_openblas() const {
     std::vector<float> out = c;
     if (beta == 0)  // BLAS may read C when beta is 0; the reference starts from zeros
@@ -170,6 +177,47 @@ TEST_CASE("gemm: KILN_GEMM chooses the kernel, and kiln info names it", "[gemm][
   CHECK_THAT(r.output, ContainsSubstring("gemm:     OpenBLAS ("));
 }
 
+// kiln_rt_sgemm_cached_b (inference weights packed once): kiln_rt_sgemm's bits for every
+// shape, transpose and kernel; B is packed on the first call and read from the cache
+// after (a change of B's contents alone is not seen until the cache is forgotten), and
+// packed again when B moves, the kernel changes or the cache was forgotten.
+TEST_CASE("gemm: a cached B gives sgemm's bits and is packed once until forgotten", "[gemm]") {
+  KernelGuard guard;
+  for (GemmKernel k : kiln_kernels()) {
+    REQUIRE(kiln::rt::set_gemm_kernel(k));
+    CAPTURE(kiln::rt::gemm_kernel_name(k));
+    uint32_t seed = 500;
+    for (Shape s : kShapes)
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          CAPTURE(s.m, s.n, s.k, ta, tb);
+          Case t(ta, tb, s, 0.75f, tb ? 0.0f : 1.25f, seed++);
+          void* slot = nullptr;
+          CHECK(fnv(t.run_cached(&slot)) == fnv(t.run_kiln()));
+          CHECK(fnv(t.run_cached(&slot)) == fnv(t.run_kiln()));  // from the cache
+          kiln_rt_gemm_cache_forget(&slot, 1, 1);
+          CHECK(slot == nullptr);
+        }
+  }
+  REQUIRE(kiln::rt::set_gemm_kernel(kiln_kernels().front()));
+  Case t(false, false, {64, 96, 300}, 1.0f, 0.0f, 7);
+  void* slot = nullptr;
+  const std::vector<float> first = t.run_cached(&slot);
+  CHECK(slot != nullptr);
+  Case moved = t;
+  for (float& v : t.b) v = -v;  // new contents, same address: the packed B still holds the old
+  CHECK(fnv(t.run_cached(&slot)) == fnv(first));
+  kiln_rt_gemm_cache_forget(&slot, 1, 0);  // forgotten: packed again from the new contents
+  CHECK(slot != nullptr);
+  CHECK(fnv(t.run_cached(&slot)) == fnv(t.run_kiln()));
+  CHECK(fnv(moved.run_cached(&slot)) == fnv(moved.run_kiln()));  // another address
+  if (kiln_kernels().size() > 1) {  // another kernel: packed again for it
+    REQUIRE(kiln::rt::set_gemm_kernel(kiln_kernels().back()));
+    CHECK(fnv(moved.run_cached(&slot)) == fnv(moved.run_kiln()));
+  }
+  kiln_rt_gemm_cache_forget(&slot, 1, 1);
+}
+
 // Shapes whose C is cut into pieces over the pool, each with ragged edges.
 TEST_CASE("gemm: the same bits at any KILN_NUM_THREADS", "[gemm][determinism]") {
   check_same_hashes_at_any_thread_count("[.gemm_threads_child]");
@@ -185,8 +233,12 @@ TEST_CASE("gemm: child with KILN_NUM_THREADS", "[.gemm_threads_child]") {
     uint64_t h = 1469598103934665603ull;
     uint32_t seed = 100;
     for (Shape s : {Shape{301, 517, 700}, {1000, 45, 300}, {37, 2000, 100}, {129, 130, 1100}, {1, 3000, 700},
-                    {2500, 1, 300}})
+                    {2500, 1, 300}, {128, 256, 1024}}) {
       for (bool ta : {false, true}) h = fnv(Case(ta, !ta, s, 1.5f, 0.5f, seed++).run_kiln(), h);
+      void* slot = nullptr;  // B packed once (the cut of C differs: B is not packed per piece)
+      for (bool ta : {false, true}) h = fnv(Case(ta, ta, s, 1.5f, 0.5f, seed++).run_cached(&slot), h);
+      kiln_rt_gemm_cache_forget(&slot, 1, 1);
+    }
     hashes += ' ' + std::to_string(h);
   }
   std::cout << hashes << std::endl;

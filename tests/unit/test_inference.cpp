@@ -238,3 +238,45 @@ TEST_CASE("split_state_prep hoists arithmetic on state and transposes no GEMM fo
   TensorMap got = interpret(sp.main, main_in), want = interpret(g, in);
   for (const char* o : {"y", "z", "y2"}) CHECK(got.at(o) == want.at(o));
 }
+
+// The CPU backend packs an inference graph's GEMM weights (state and constants) once per
+// instance (LowerOptions::gemm_cache); a change of the state's contents must repack them:
+// set_state() in place, evaluate() with other weights, a training executable's steps on a
+// shared store.
+TEST_CASE("inference executables repack GEMM weights when the state changes", "[inference][executable][gemm]") {
+  std::mt19937 rng(23);  // weights within ±0.3: outputs of about 1, as the tolerance wants
+  Graph g("linear");
+  ValueId x = g.add_input("x", TensorType{DType::f32, {2, 16, 40}});
+  ValueId w = g.add_input("w", TensorType{DType::f32, {40, 50}}, true);
+  ValueId w2 = g.add_input("w2", TensorType{DType::f32, {30, 50}}, true);
+  ValueId c = g.add_constant(random_tensor({30, 7}, rng, -0.3, 0.3), "c");
+  ValueId y = g.add_node(Op::Matmul, {x, w});                                           // [2, 16, 50]
+  ValueId z = g.add_node(Op::Matmul, {y, g.add_node(Op::Transpose, {w2}, {{"perm", Shape{1, 0}}})});  // [2, 16, 30]
+  g.add_output("y", y);
+  g.add_output("out", g.add_node(Op::Matmul, {z, c}));  // [2, 16, 7]
+  TensorMap state{{"w", random_tensor({40, 50}, rng, -0.3, 0.3)}, {"w2", random_tensor({30, 50}, rng, -0.3, 0.3)}};
+  auto exe = compile(g);
+  CHECK(exe->emit("llvm").find("kiln_rt_sgemm_cached_b") != std::string::npos);
+  exe->set_state(state);
+  const TensorMap in{{"x", random_tensor({2, 16, 40}, rng)}};
+  check_close(exe->run(in), interpret(g, with(state, in)));
+  check_close(exe->run(in), interpret(g, with(state, in)));  // from the packed weights
+  // New values in the same buffers.
+  TensorMap next{{"w", random_tensor({40, 50}, rng, -0.3, 0.3)}, {"w2", random_tensor({30, 50}, rng, -0.3, 0.3)}};
+  exe->set_state(next);
+  check_close(exe->run(in), interpret(g, with(next, in)));
+  exe->set_state("w", state.at("w"));
+  check_close(exe->run(in), interpret(g, with(with(next, {{"w", state.at("w")}}), in)));
+  // evaluate() with other weights, then the held ones again.
+  check_close(exe->evaluate(with(next, in)), interpret(g, with(next, in)));
+  check_close(exe->evaluate(with(state, in)), interpret(g, with(state, in)));
+  check_close(exe->run(in), interpret(g, with(exe->state(), in)));
+  // A training executable scales w in the shared store.
+  Graph t("train");
+  ValueId tw = t.add_input("w", TensorType{DType::f32, {40, 50}}, true);
+  t.add_output("w.next", t.add_node(Op::Mul, {tw, t.add_constant(Tensor::scalar(DType::f32, 0.5))}));
+  auto train = compile(t);
+  train->share_state_with(*exe);
+  train->step({});
+  check_close(exe->run(in), interpret(g, with(exe->state(), in)));
+}

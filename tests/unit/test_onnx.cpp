@@ -7,6 +7,7 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <cmath>
+#include <cstring>
 
 #include "codegen/executable.h"
 #include "frontend/losses.h"
@@ -810,4 +811,49 @@ TEST_CASE("onnx: Resize in nearest and linear modes, by scales and by sizes", "[
   check_both(model("nearest", "", "", {1, 1, 1.5, 1.5}, {}), x, {1, 1, 2, 1, 1, 2, 3, 3, 4});
   check_both(model("linear", "align_corners", "", {}, {1, 1, 3, 3}), x, {1, 1.5, 2, 2, 2.5, 3, 3, 3.5, 4});
   check_both(model("nearest", "asymmetric", "ceil", {}, {1, 1, 3, 1}), x, {1, 3, 3});
+}
+
+// GPT-2's tanh GELU has Pow(x, 3): a known exponent of 2 or 3 imports as x * x or
+// x * x * x (ONNX Runtime's own computation, and loops that vectorize, not a libm call per
+// element); other exponents, and exponents that are state, stay a pow.
+TEST_CASE("onnx: Pow by a known 2 or 3 is x * x or x * x * x, other exponents a pow", "[onnx]") {
+  const std::vector<double> xs{1.1, -2.7, 0.3, -0.0, 1e20, kInf, -kInf, kNaN};
+  for (double p : {2.0, 3.0, 2.5}) {
+    CAPTURE(p);
+    onnx::ModelProto m = one_node("Pow", {8});
+    set_shape(m.mutable_graph()->mutable_output(0), {8});
+    onnx::GraphProto* g = m.mutable_graph();
+    onnx::NodeProto* k = g->add_node();  // e = Constant(p), before the Pow
+    k->set_op_type("Constant");
+    k->add_output("e");
+    onnx::TensorProto* t = attr(k, "value", onnx::AttributeProto::TENSOR)->mutable_t();
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    t->add_float_data(static_cast<float>(p));
+    g->mutable_node()->SwapElements(0, 1);
+    g->mutable_node(1)->add_input("e");
+    OnnxModel om = import_onnx_bytes(bytes(m), "m.onnx");
+    bool has_pow = false;
+    for (const Node& n : om.graph.nodes()) has_pow = has_pow || n.op == Op::Pow;
+    CHECK(has_pow == (p == 2.5));
+    const Tensor x = Tensor::from(DType::f32, {8}, xs);
+    auto [interp, jit] = run_model(m, x);
+    for (int64_t i = 0; i < 8; ++i) {
+      const float v = static_cast<float>(xs[static_cast<size_t>(i)]);
+      const float want = p == 2 ? v * v : p == 3 ? (v * v) * v : std::pow(v, 2.5f);
+      CAPTURE(i, v);
+      for (const Tensor* t : {&interp, &jit}) {
+        const float got = static_cast<float>(t->get(i));
+        if (std::isnan(want)) CHECK(std::isnan(got));
+        else if (p != 2.5 || !std::isfinite(want)) CHECK(std::memcmp(&got, &want, sizeof got) == 0);
+        else CHECK(std::fabs(got - want) <= 1e-6f * std::fabs(want));
+      }
+    }
+  }
+  // An exponent that is state (a float initializer) may change: it stays a pow.
+  onnx::ModelProto m = one_node("Pow", {8});
+  add_initializer(m, "e", Tensor::scalar(DType::f32, 3), 1);
+  const OnnxModel state_exponent = import_onnx_bytes(bytes(m), "m.onnx");
+  bool has_pow = false;
+  for (const Node& n : state_exponent.graph.nodes()) has_pow = has_pow || n.op == Op::Pow;
+  CHECK(has_pow);
 }
