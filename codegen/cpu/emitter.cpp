@@ -116,16 +116,18 @@ Value* Lowerer::load(DType t, Value* base, Value* off) {
   return l;
 }
 
-// Every loop is marked not to be unrolled: its trip count is a constant, so LLVM's full
-// unroller copied whole nests (16 images around a vector loop over a plane, 16 copies of
-// it), making a training step's module ten times the size of what was emitted and its
-// compile minutes long. The vectorizer still vectorizes the innermost loops (without
-// interleaving, which the hint also turns off); measured, the kernels run no slower.
-void Lowerer::mark_latch(llvm::Instruction* br) {
+// A loop with another loop inside is marked not to be unrolled: its trip count is a
+// constant, so LLVM's full unroller copied whole nests (16 images around a vector loop over
+// a plane, 16 copies of it), making a training step's module ten times the size of what
+// was emitted and its compile minutes long. Innermost loops keep LLVM's defaults: the
+// vectorizer vectorizes and interleaves them (with the hint on them too, an AOT object for
+// x86-64-v3 + avx512vp2intersect hit an LLVM instruction-selection failure on a masked store).
+void Lowerer::mark_latch(llvm::Instruction* br, bool outer) {
+  ++loops_closed_;
   std::vector<llvm::Metadata*> ops = {nullptr};
   if (access_group_)
     ops.push_back(llvm::MDNode::get(C_, {llvm::MDString::get(C_, "llvm.loop.parallel_accesses"), access_group_}));
-  ops.push_back(llvm::MDNode::get(C_, {llvm::MDString::get(C_, "llvm.loop.unroll.disable")}));
+  if (outer) ops.push_back(llvm::MDNode::get(C_, {llvm::MDString::get(C_, "llvm.loop.unroll.disable")}));
   llvm::MDNode* loop = llvm::MDNode::getDistinct(C_, ops);
   loop->replaceOperandWith(0, loop);
   br->setMetadata(llvm::LLVMContext::MD_loop, loop);
@@ -214,10 +216,11 @@ void Lowerer::for_loop(int64_t n, const std::function<void(Value*)>& body) {
   B_.SetInsertPoint(header);
   llvm::PHINode* iv = B_.CreatePHI(i64_, 2, "i");
   iv->addIncoming(c64(0), pre);
+  const int64_t closed = loops_closed_;
   body(iv);
   Value* next = B_.CreateAdd(iv, c64(1), "i.next", true, true);
   iv->addIncoming(next, B_.GetInsertBlock());
-  mark_latch(B_.CreateCondBr(B_.CreateICmpSLT(next, c64(n)), header, exit));
+  mark_latch(B_.CreateCondBr(B_.CreateICmpSLT(next, c64(n)), header, exit), loops_closed_ != closed);
   B_.SetInsertPoint(exit);
 }
 
@@ -230,10 +233,11 @@ void Lowerer::for_range(Value* lo, Value* hi, const std::function<void(Value*)>&
   B_.SetInsertPoint(header);
   llvm::PHINode* iv = B_.CreatePHI(i64_, 2, "i");
   iv->addIncoming(lo, pre);
+  const int64_t closed = loops_closed_;
   body(iv);
   Value* next = B_.CreateAdd(iv, c64(1), "i.next", true, true);
   iv->addIncoming(next, B_.GetInsertBlock());
-  mark_latch(B_.CreateCondBr(B_.CreateICmpSLT(next, hi), header, exit));
+  mark_latch(B_.CreateCondBr(B_.CreateICmpSLT(next, hi), header, exit), loops_closed_ != closed);
   B_.SetInsertPoint(exit);
 }
 

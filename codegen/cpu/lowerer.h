@@ -63,8 +63,10 @@ class Lowerer {
   void mark_access(llvm::Instruction* i) {
     if (access_group_) i->setMetadata(llvm::LLVMContext::MD_access_group, access_group_);
   }
-  // Every loop's latch: llvm.loop.unroll.disable, and parallel_accesses in an access group.
-  void mark_latch(llvm::Instruction* br);
+  // Every loop's latch: parallel_accesses in an access group, and llvm.loop.unroll.disable
+  // when `outer` (another loop was closed inside it: loops_closed_ moved).
+  void mark_latch(llvm::Instruction* br, bool outer);
+  int64_t loops_closed_ = 0;
   llvm::MDNode* access_group_ = nullptr;
   Value* intrinsic(llvm::Intrinsic::ID id, Value* x) { return B_.CreateUnaryIntrinsic(id, x); }
   Value* is_nan(Value* x) { return B_.CreateFCmpUNO(x, x); }
