@@ -58,7 +58,7 @@ void run() {
                 best_fused * 1e3, best_plain / best_fused);
   }
   // GELU (erf form) over the layer's FFN activations: the compiled loop (Kiln's f32 erf,
-  // ir/math.h: vector code) against the same formula calling libm's erff per element, as
+  // numerics/math.h: vector code) against the same formula calling libm's erff per element, as
   // the loop did before.
   std::printf("\n%-34s %12s %12s %8s\n", "GELU over [batch*128, 1024]", "libm erff ms", "kiln ms", "ratio");
   for (int64_t batch : {1, 16}) {

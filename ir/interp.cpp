@@ -3,7 +3,7 @@
 // backward ops), softmax and one_hot in interp_nn.cpp. Every kernel is a naive loop in the
 // operand's own C++ type.
 #include "ir/interp.h"
-#include "ir/math.h"
+#include "numerics/math.h"
 
 #include <numeric>
 #include <set>
@@ -365,7 +365,7 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
         else return v < 0 ? wrap_sub(T(0), v) : v;
       });
     case Op::Exp:
-      return unary_float(*in[0], rt, [](auto v) { return std::exp(v); });
+      return unary_float(*in[0], rt, [](auto v) { return math::exp(v); });  // numerics/math.h
     case Op::Log:
       return unary_float(*in[0], rt, [](auto v) { return std::log(v); });
     case Op::Sqrt:
@@ -374,7 +374,7 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
       return unary_float(*in[0], rt, [](auto v) { return decltype(v)(1) / std::sqrt(v); });
     case Op::Tanh:
       return unary_float(*in[0], rt, [](auto v) {
-        if constexpr (std::is_same_v<decltype(v), float>) return math::tanh_f32(v);  // ir/math.h
+        if constexpr (std::is_same_v<decltype(v), float>) return math::tanh_f32(v);  // numerics/math.h
         else return std::tanh(v);
       });
     case Op::Erf:
@@ -397,12 +397,7 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
     case Op::Cos:
       return unary_float(*in[0], rt, [](auto v) { return std::cos(v); });
     case Op::Sigmoid:
-      return unary_float(*in[0], rt, [](auto v) {
-        using T = decltype(v);
-        if (v >= 0) return T(1) / (T(1) + std::exp(-v));
-        T e = std::exp(v);  // no overflow for large negative v
-        return e / (T(1) + e);
-      });
+      return unary_float(*in[0], rt, [](auto v) { return math::sigmoid(v); });
     case Op::Relu:
       return unary(*in[0], rt, [](auto v) {
         using T = decltype(v);

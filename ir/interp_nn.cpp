@@ -6,6 +6,7 @@
 
 #include "ir/interp_internal.h"
 #include "ir/philox.h"
+#include "numerics/math.h"
 
 namespace kiln::interp {
 
@@ -280,9 +281,9 @@ Tensor eval_softmax(const Tensor& x, const AttrMap& attrs, bool log, const Tenso
         for (int64_t k = 0; k < len; ++k)
           if (in[at(k)] > m) m = in[at(k)];
         int64_t next = 0;
-        T sum = blocked_sum<T>(len, [&] { return std::exp(in[at(next++)] - m); });
+        T sum = blocked_sum<T>(len, [&] { return math::exp(in[at(next++)] - m); });
         for (int64_t k = 0; k < len; ++k)
-          o[at(k)] = log ? in[at(k)] - m - std::log(sum) : std::exp(in[at(k)] - m) / sum;
+          o[at(k)] = log ? in[at(k)] - m - std::log(sum) : math::exp(in[at(k)] - m) / sum;
       }
   });
   return out;

@@ -10,6 +10,7 @@
 #include <new>
 #include <vector>
 
+#include "numerics/math.h"
 #include "runtime/blas.h"
 #include "runtime/gemm.h"
 #include "runtime/thread_pool.h"
@@ -115,7 +116,19 @@ void normalize(T* x, int64_t n, T sum, bool nan_to_zero) {
   }
 }
 
+// x[j] = exp(x[j] - mx): numerics/math.h's exp, the interpreter's softmax's.
+template <typename T>
+void exp_shifted(T* x, int64_t n, T mx) {
+  for (int64_t j = 0; j < n; ++j) x[j] = kiln::math::exp(x[j] - mx);
+}
+
 using F8 = kiln::rt::Vec32<float>::type;
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void exp_shifted_f32(float* x, int64_t n,
+                                                                                                    float mx) {
+  for (int64_t j = 0; j < n; ++j) x[j] = kiln::math::exp_f32(x[j] - mx);
+}
+void exp_shifted(float* x, int64_t n, float mx) { exp_shifted_f32(x, n, mx); }
 
 __attribute__((target_clones("arch=x86-64-v3", "default"))) float scale_mask_max_f32(float* x, int64_t n, bool mul,
                                                                                       bool div, float scale,
@@ -239,7 +252,7 @@ void attention_rows(const T* q, const T* k, const T* v, const T* mask, T* o, con
     // The unfused graph's operations in its order: scale, mask, then softmax's max,
     // exponentials, denominator and quotients.
     T mx = scale_mask_max(x, sk, mul, div, scale, m, p.mask_stride[3]);
-    for (int64_t j = 0; j < sk; ++j) x[j] = std::exp(x[j] - mx);
+    exp_shifted(x, sk, mx);
     normalize(x, sk, summation_order_sum(x, sk), nan_to_zero);
   }
   auto make_v = [&] { return v_operand(v, p, batch, vbuf); };

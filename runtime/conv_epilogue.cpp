@@ -3,22 +3,18 @@
 
 #include <cmath>
 
+#include "numerics/math.h"
 #include "runtime/kernels.h"
 
 namespace kiln::rt {
 namespace {
 
-template <typename T>
-inline T sigmoid(T v) {  // ir/interp.cpp's, so the bits agree
-  if (v >= 0) return T(1) / (T(1) + std::exp(-v));
-  T e = std::exp(v);
-  return e / (T(1) + e);
-}
-
 // One activation over the block, the residual added first; a loop per case so that each
-// vectorizes (silu's exp is a libm call either way).
+// vectorizes (f32 silu too: its sigmoid is numerics/math.h's, the interpreter's, with no
+// libm call; f64's calls libm's exp). Built for x86-64-v3 as well as the baseline, like
+// the conv kernels: the same operations, so the same bits, on either.
 template <typename T, bool kResidual>
-void apply(T* y, const T* r, int64_t count, int32_t act) {
+__attribute__((always_inline)) inline void apply(T* y, const T* r, int64_t count, int32_t act) {
   auto in = [&](int64_t i) { return kResidual ? y[i] + r[i] : y[i]; };
   switch (act) {
     case KILN_ACT_RELU:
@@ -37,7 +33,7 @@ void apply(T* y, const T* r, int64_t count, int32_t act) {
     case KILN_ACT_SILU:
       for (int64_t i = 0; i < count; ++i) {
         T v = in(i);
-        y[i] = v * sigmoid(v);
+        y[i] = v * math::sigmoid(v);
       }
       return;
     default:
@@ -48,14 +44,20 @@ void apply(T* y, const T* r, int64_t count, int32_t act) {
 }
 
 template <typename T>
-void epilogue(T* y, const T* residual, int64_t count, int32_t act) {
+__attribute__((always_inline)) inline void epilogue(T* y, const T* residual, int64_t count, int32_t act) {
   if (residual) apply<T, true>(y, residual, count, act);
   else apply<T, false>(y, residual, count, act);
 }
 
 }  // namespace
 
-void conv_epilogue(float* y, const float* residual, int64_t count, int32_t act) { epilogue(y, residual, count, act); }
-void conv_epilogue(double* y, const double* residual, int64_t count, int32_t act) { epilogue(y, residual, count, act); }
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void conv_epilogue(
+    float* y, const float* residual, int64_t count, int32_t act) {
+  epilogue(y, residual, count, act);
+}
+__attribute__((target_clones("arch=x86-64-v3", "default"))) void conv_epilogue(double* y, const double* residual,
+                                                                            int64_t count, int32_t act) {
+  epilogue(y, residual, count, act);
+}
 
 }  // namespace kiln::rt

@@ -124,6 +124,10 @@ class Lowerer {
   // ---- scalar_ops.cpp -----------------------------------------------------------------
   Value* libm(const char* f32_name, const char* f64_name, Value* x);
   Value* odd_rational(Value* a, float clamp, std::span<const float> p, std::span<const float> q);
+  // exp and sigmoid of a float scalar: numerics/math.h's for f32 (bitwise the interpreter's,
+  // no call, so the loop vectorizes), libm's exp for f64.
+  Value* exp(Value* x);
+  Value* sigmoid(Value* x);
   Value* cast_scalar(Value* x, DType from, DType to);
   Value* ew(const Node& n, DType in, DType out, const std::vector<Value*>& a);
   Value* compare(const std::vector<Value*>& a, DType in, llvm::CmpInst::Predicate f, llvm::CmpInst::Predicate s,

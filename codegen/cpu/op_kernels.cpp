@@ -750,7 +750,7 @@ void Lowerer::lower_softmax(const Node& n, const TensorType& xt, Value* x, Value
       // out[k] is written, so out may be x's own buffer) and divides in place: one exp per
       // element, not two.
       Value* s = blocked_sum(t, len, [&](Value* k) {
-        Value* e = intrinsic(llvm::Intrinsic::exp, B_.CreateFSub(load(t, x, at(k)), m));
+        Value* e = exp(B_.CreateFSub(load(t, x, at(k)), m));
         if (!log) store(t, e, out, at(k));
         return e;
       });

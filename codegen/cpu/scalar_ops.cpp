@@ -1,13 +1,15 @@
 // Elementwise ops on scalars (codegen/cpu/lowerer.h): the body of every loop kernel.
 #include "codegen/cpu/lowerer.h"
 
+#include <bit>
+#include <iterator>
 #include <limits>
 
 #include <llvm/IR/Constants.h>
 
 #include "ir/error.h"
-#include "ir/math.h"
 #include "ir/ops.h"
+#include "numerics/math.h"
 
 namespace kiln::cpu::detail {
 
@@ -20,7 +22,7 @@ Value* Lowerer::libm(const char* f32_name, const char* f64_name, Value* x) {
   return call;
 }
 
-// ir/math.h's odd_rational, operation for operation: Kiln's f32 erf and tanh, bitwise the
+// numerics/math.h's odd_rational, operation for operation: Kiln's f32 erf and tanh, bitwise the
 // interpreter's, and vectorizable (no call in the loop).
 Value* Lowerer::odd_rational(Value* a, float clamp, std::span<const float> p, std::span<const float> q) {
   llvm::Type* t = a->getType();
@@ -40,6 +42,41 @@ Value* Lowerer::odd_rational(Value* a, float clamp, std::span<const float> p, st
   Value* r = B_.CreateFDiv(B_.CreateFMul(x, num), den);
   Value* one = llvm::ConstantFP::get(t, 1.0), *minus_one = llvm::ConstantFP::get(t, -1.0);
   return B_.CreateSelect(B_.CreateFCmpOGT(r, one), one, B_.CreateSelect(B_.CreateFCmpOLT(r, minus_one), minus_one, r));
+}
+
+// numerics/math.h's exp_f32, operation for operation.
+Value* Lowerer::exp(Value* a) {
+  llvm::Type* t = a->getType();
+  if (!t->isFloatTy()) return intrinsic(llvm::Intrinsic::exp, a);
+  auto f = [&](float v) { return llvm::ConstantFP::get(t, v); };
+  llvm::Type* i32 = B_.getInt32Ty();
+  Value* x = B_.CreateSelect(B_.CreateFCmpOGT(a, f(math::kExpHi)), f(math::kExpHi),
+                             B_.CreateSelect(B_.CreateFCmpOLT(a, f(math::kExpLo)), f(math::kExpLo), a));
+  Value* shifted = B_.CreateFAdd(B_.CreateFMul(x, f(math::kExpLog2e)), f(math::kExpRound));
+  Value* n = B_.CreateFSub(shifted, f(math::kExpRound));
+  auto fma = [&](Value* p, Value* q, Value* r) { return B_.CreateIntrinsic(llvm::Intrinsic::fma, {t}, {p, q, r}); };
+  Value* r = fma(n, f(-math::kExpLn2Hi), x);
+  r = fma(n, f(-math::kExpLn2Lo), r);
+  constexpr size_t np = std::size(math::kExpP);
+  Value* p = f(math::kExpP[np - 1]);
+  for (size_t i = np - 1; i-- > 0;) p = fma(p, r, f(math::kExpP[i]));
+  Value* e = B_.CreateFAdd(fma(p, B_.CreateFMul(r, r), r), f(1.0f));
+  Value* ni = B_.CreateSub(B_.CreateBitCast(shifted, i32), llvm::ConstantInt::get(i32, std::bit_cast<uint32_t>(math::kExpRound)));
+  Value* n1 = B_.CreateAShr(ni, 1);
+  Value* n2 = B_.CreateSub(ni, n1);
+  auto pow2 = [&](Value* k) { return B_.CreateBitCast(B_.CreateShl(B_.CreateAdd(k, B_.getInt32(127)), 23), t); };
+  return B_.CreateFMul(B_.CreateFMul(e, pow2(n1)), pow2(n2));
+}
+
+// numerics/math.h's sigmoid_with: one exp, of -|x|; NaN gives x.
+Value* Lowerer::sigmoid(Value* a) {
+  llvm::Type* t = a->getType();
+  Value* one = llvm::ConstantFP::get(t, 1.0);
+  Value* e = exp(B_.CreateFNeg(intrinsic(llvm::Intrinsic::fabs, a)));
+  Value* d = B_.CreateFAdd(one, e);
+  Value* zero = llvm::ConstantFP::get(t, 0.0);
+  return B_.CreateSelect(B_.CreateFCmpOGE(a, zero), B_.CreateFDiv(one, d),
+                         B_.CreateSelect(B_.CreateFCmpOLT(a, zero), B_.CreateFDiv(e, d), a));
 }
 
 Value* Lowerer::cast_scalar(Value* x, DType from, DType to) {
@@ -87,7 +124,7 @@ Value* Lowerer::ew(const Node& n, DType in, DType out, const std::vector<Value*>
     case Op::Abs:
       if (fl) return intrinsic(llvm::Intrinsic::fabs, a[0]);
       return B_.CreateSelect(B_.CreateICmpSLT(a[0], zero()), B_.CreateSub(zero(), a[0]), a[0]);
-    case Op::Exp: return intrinsic(llvm::Intrinsic::exp, a[0]);
+    case Op::Exp: return exp(a[0]);
     case Op::Log: return intrinsic(llvm::Intrinsic::log, a[0]);
     case Op::Sqrt: return intrinsic(llvm::Intrinsic::sqrt, a[0]);
     case Op::Rsqrt: return B_.CreateFDiv(scalar(in, 1), intrinsic(llvm::Intrinsic::sqrt, a[0]));
@@ -110,13 +147,7 @@ Value* Lowerer::ew(const Node& n, DType in, DType out, const std::vector<Value*>
     case Op::Round: return intrinsic(llvm::Intrinsic::roundeven, a[0]);
     case Op::Sin: return libm("sinf", "sin", a[0]);
     case Op::Cos: return libm("cosf", "cos", a[0]);
-    case Op::Sigmoid: {
-      Value* one = scalar(in, 1);
-      Value* pos = B_.CreateFDiv(one, B_.CreateFAdd(one, intrinsic(llvm::Intrinsic::exp, B_.CreateFNeg(a[0]))));
-      Value* e = intrinsic(llvm::Intrinsic::exp, a[0]);
-      Value* neg = B_.CreateFDiv(e, B_.CreateFAdd(one, e));
-      return B_.CreateSelect(B_.CreateFCmpOGE(a[0], zero()), pos, neg);
-    }
+    case Op::Sigmoid: return sigmoid(a[0]);
     case Op::Relu:
       if (fl) return B_.CreateSelect(B_.CreateFCmpUGT(a[0], zero()), a[0], zero());
       return B_.CreateSelect(B_.CreateICmpSGT(a[0], zero()), a[0], zero());
