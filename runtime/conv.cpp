@@ -397,17 +397,12 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
   const ConvShape s(*params);
   const bool epi = needs_epilogue(residual, act);
   if (special) {
-    // The depthwise and Winograd kernels apply bias and relu themselves; the rest of an
-    // epilogue follows over the whole output.
+    // The depthwise kernel applies the whole epilogue to each output plane as it makes it;
+    // Winograd applies bias and relu itself, and the rest of an epilogue follows over the
+    // whole output.
+    if (kiln::rt::is_depthwise(*params)) return kiln::rt::depthwise_conv2d(x, w, bias, residual, y, *params, act);
     const int32_t own_act = epi ? KILN_ACT_NONE : act;
-    bool done = false;
-    if (kiln::rt::is_depthwise(*params)) {
-      kiln::rt::depthwise_conv2d(x, w, bias, y, *params, own_act);
-      done = true;
-    } else {
-      done = kiln::rt::winograd_shape(*params) && kiln::rt::winograd_conv2d(x, w, bias, y, *params, own_act);
-    }
-    if (done) {
+    if (kiln::rt::winograd_shape(*params) && kiln::rt::winograd_conv2d(x, w, bias, y, *params, own_act)) {
       if (epi) kiln::rt::conv_epilogue(y, residual, s.n * s.o * s.p, act);
       return;
     }
