@@ -12,9 +12,14 @@
 // conv.cpp's direct path; the WQ - OW positions past each row's end are computed and dropped.
 //
 // forward      per (image, channel): pad the plane, then for each of its `multiplier`
-//              output channels tiles of 4 vectors of positions whose accumulators stay in
-//              registers over all taps (bias first, then the taps in row-major order), then
-//              the rows are copied out with the activation.
+//              output channels tiles of 4 vectors (64 bytes each: AVX-512 where the machine
+//              has it) of positions whose accumulators stay in registers over all taps (bias
+//              first, then the taps in row-major order), relu / relu6 over them in cache,
+//              and the rows copied out into y; a residual or another activation (silu) is
+//              then the epilogue's (conv_epilogue.h) on that plane while it is in cache.
+//              The whole conv2d_epi is done per plane inside the parallel loop: no pass
+//              over the whole output after it (which, single-threaded, took 22% of the
+//              depthwise time at one thread, and for EfficientNet's silu far more at two).
 // grad_input   per (image, channel): dy's rows are scattered into a zeroed phase buffer of
 //              the padded input, tap by tap (contiguous in ox), and its interior is copied
 //              out: a tap over the padding lands in a cell that is dropped, so it adds
@@ -31,7 +36,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "runtime/conv_epilogue.h"
 #include "runtime/conv_internal.h"
+#include "runtime/kernels.h"
 #include "runtime/thread_pool.h"
 #include "runtime/vec_internal.h"
 
@@ -65,9 +72,12 @@ struct DwShape {
 };
 
 template <typename T>
-constexpr int64_t kLanes = 32 / static_cast<int64_t>(sizeof(T));
+constexpr int64_t kLanes = 32 / static_cast<int64_t>(sizeof(T));  // the gradients' vectors
+// The forward pass's vectors are 64 bytes: one AVX-512 register, two AVX ones.
 template <typename T>
-constexpr int64_t kTile = 4 * kLanes<T>;  // positions per forward tile: 4 vector accumulators
+constexpr int64_t kFwdLanes = 64 / static_cast<int64_t>(sizeof(T));
+template <typename T>
+constexpr int64_t kTile = 4 * kFwdLanes<T>;  // positions per forward tile: 4 vector accumulators
 
 // Zeros after the plane: the last tile of the last tap reads up to WQ + kTile past it.
 template <typename T>
@@ -87,11 +97,38 @@ PhaseSpan phase_span(const DwShape& s, int64_t px) {
   return {j0, j1, j0 * s.sw + px - s.pw};
 }
 
-// Copies one channel plane x [H, W] into q, the zero-padded phase-split plane, and zeroes
-// the slack after it: every cell is written once (the zeros only where they belong), phase
-// by phase, with no division per row or cell.
+// Short-row copies for the forward pass, by whole 32-byte vectors: dst[0, n) = src[0, n)
+// (zeros), writing up to kLanes - 1 cells past dst + n and reading as far past src + n.
+// Rows of 7 to 114 cells are too short for memcpy / memset calls or a vectorized loop's
+// tail to pay; the forward pass writes its buffers and planes in address order, so what a
+// vector writes past a row's end is written again by the next row, and it reads past a row
+// only where the next row follows.
+inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
 template <typename T>
-void pad_plane(const DwShape& s, const T* x, T* q) {
+[[gnu::always_inline]] inline void copy_over(T* dst, const T* src, int64_t n) {
+  using V = typename Vec32<T>::type;
+  for (int64_t j = 0; j < n; j += kLanes<T>) {
+    V v;
+    __builtin_memcpy(&v, src + j, sizeof v);
+    __builtin_memcpy(dst + j, &v, sizeof v);
+  }
+}
+template <typename T>
+[[gnu::always_inline]] inline void zero_over(T* dst, int64_t n) {
+  using V = typename Vec32<T>::type;
+  const V z{};
+  for (int64_t j = 0; j < n; j += kLanes<T>) __builtin_memcpy(dst + j, &z, sizeof z);
+}
+
+// Copies one channel plane x [H, W] into q, the zero-padded phase-split plane, and zeroes
+// the slack after it (and up to kLanes - 1 cells past the slack): every cell is written,
+// its value once (the zeros only where they belong), phase by phase and row by row in
+// address order, with no division per row or cell. A row whose vectors would read past the
+// input plane (which may end the buffer) is copied cell by cell.
+template <typename T>
+[[gnu::always_inline]] inline void pad_plane(const DwShape& s, const T* __restrict x, T* __restrict q,
+                                             int64_t slack) {
   for (int64_t py = 0; py < s.sh; ++py)
     for (int64_t px = 0; px < s.sw; ++px) {  // phase (py, px): padded rows py + i*SH, columns px + j*SW
       const PhaseSpan sp = phase_span(s, px);
@@ -100,31 +137,53 @@ void pad_plane(const DwShape& s, const T* x, T* q) {
         T* dst = base + i * s.wq;
         const int64_t iy = i * s.sh + py - s.ph;
         if (iy < 0 || iy >= s.h) {
-          std::fill_n(dst, s.wq, T(0));
+          zero_over(dst, s.wq);
           continue;
         }
-        const T* row = x + iy * s.w;
-        std::fill_n(dst, sp.j0, T(0));
-        if (s.sw == 1)
-          std::copy_n(row + sp.ix0, sp.j1 - sp.j0, dst + sp.j0);
+        const T* row = x + iy * s.w + sp.ix0 - sp.j0 * s.sw;  // cell j reads row[j * SW]
+        for (int64_t j = 0; j < sp.j0; ++j) dst[j] = T(0);
+        if (s.sw == 1 && iy * s.w + sp.ix0 + round_up(sp.j1 - sp.j0, kLanes<T>) <= s.h * s.w)
+          copy_over(dst + sp.j0, row + sp.j0, sp.j1 - sp.j0);
+        else if (s.sw == 1)
+          for (int64_t j = sp.j0; j < sp.j1; ++j) dst[j] = row[j];
         else if (s.sw == 2)  // the common stride, with a constant step the vectorizer can use
-          for (int64_t j = sp.j0; j < sp.j1; ++j) dst[j] = row[sp.ix0 + 2 * (j - sp.j0)];
+          for (int64_t j = sp.j0; j < sp.j1; ++j) dst[j] = row[2 * j];
         else
-          for (int64_t j = sp.j0; j < sp.j1; ++j) dst[j] = row[sp.ix0 + s.sw * (j - sp.j0)];
-        std::fill_n(dst + sp.j1, s.wq - sp.j1, T(0));
+          for (int64_t j = sp.j0; j < sp.j1; ++j) dst[j] = row[s.sw * j];
+        zero_over(dst + sp.j1, s.wq - sp.j1);
       }
     }
-  std::fill_n(q + s.plane, slack<T>(s), T(0));
+  zero_over(q + s.plane, slack);
+}
+
+// relu or relu6 over out[0, len): the interpreter's ops (conv_epilogue.h): NaN passes,
+// relu's -0.0 becomes +0.0, relu6 is minimum(maximum(v, 0), 6). A plain loop over the flat
+// buffer in cache, which the vectorizer takes whole (GCC's vector conditionals on the
+// accumulators measured 5x slower).
+template <typename T>
+[[gnu::always_inline]] inline void activate(T* __restrict out, int64_t len, int32_t act) {
+  if (act == KILN_ACT_RELU)
+    for (int64_t i = 0; i < len; ++i) out[i] = out[i] > T(0) || out[i] != out[i] ? out[i] : T(0);
+  else if (act == KILN_ACT_RELU6)
+    for (int64_t i = 0; i < len; ++i) {
+      const T v = out[i];
+      const T m = v != v ? v : v > T(0) ? v : T(0);  // maximum(v, 0)
+      out[i] = m != m ? m : m < T(6) ? m : T(6);     // minimum(m, 6)
+    }
 }
 
 // The forward pass over one padded plane for one output channel: out[p] for the flat
-// positions [0, len rounded up to kTile).
+// positions [0, len rounded up to kFwdLanes): tiles of 4 vectors, then single vectors, the
+// accumulators in registers over all taps (bias first, then the taps in row-major order),
+// then relu or relu6 over them. Every position is the same sequence of operations
+// whatever the tile it falls in.
 template <typename T>
 [[gnu::always_inline]] inline void forward_plane(const T* q, const int64_t* off, int64_t taps, const T* wts, T b,
-                                                 T* out, int64_t len) {
-  using V = typename Vec32<T>::type;
-  constexpr int64_t L = kLanes<T>;
-  for (int64_t p = 0; p < len; p += kTile<T>) {
+                                                 T* out, int64_t len, int32_t act) {
+  using V = typename Vec64<T>::type;
+  constexpr int64_t L = kFwdLanes<T>;
+  int64_t p = 0;
+  for (; p + kTile<T> <= len + L - 1; p += kTile<T>) {
     V a0, a1, a2, a3;
     for (int64_t e = 0; e < L; ++e) a0[e] = b;
     a1 = a0, a2 = a0, a3 = a0;
@@ -146,18 +205,69 @@ template <typename T>
     __builtin_memcpy(out + p + 2 * L, &a2, sizeof a2);
     __builtin_memcpy(out + p + 3 * L, &a3, sizeof a3);
   }
+  for (; p < len; p += L) {
+    V a0;
+    for (int64_t e = 0; e < L; ++e) a0[e] = b;
+    for (int64_t t = 0; t < taps; ++t) {
+      V v0;
+      __builtin_memcpy(&v0, q + off[t] + p, sizeof v0);
+      a0 += wts[t] * v0;
+    }
+    __builtin_memcpy(out + p, &a0, sizeof a0);
+  }
+  activate(out, len, act);
 }
 
-// Compiled for AVX2 + FMA as well as the baseline; the loader picks what the machine has.
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void forward_plane_f32(const float* q, const int64_t* off,
-                                                                                int64_t taps, const float* wts,
-                                                                                float b, float* out, int64_t len) {
-  forward_plane(q, off, taps, wts, b, out, len);
+// Copies the computed rows of one output channel (WQ apart in `out`) into its plane of y:
+// the rows in order by whole vectors (what one writes past its row's end, the next
+// overwrites), cell by cell where a vector would pass the plane's end (another plane). An act other than relu and
+// relu6, or a residual, is then the epilogue's, on the plane while it is in cache.
+template <typename T>
+[[gnu::always_inline]] inline void store_plane(const DwShape& s, const T* out, T* yc, const T* residual,
+                                               int32_t act) {
+  const int64_t size = s.oh * s.ow, over = round_up(s.ow, kLanes<T>);
+  int64_t oy = 0;
+  for (; oy < s.oh && oy * s.ow + over <= size; ++oy) copy_over(yc + oy * s.ow, out + oy * s.wq, s.ow);
+  for (; oy < s.oh; ++oy)
+    for (int64_t ox = 0; ox < s.ow; ++ox) yc[oy * s.ow + ox] = out[oy * s.wq + ox];
+  if (residual != nullptr || (act != KILN_ACT_NONE && act != KILN_ACT_RELU && act != KILN_ACT_RELU6))
+    conv_epilogue(yc, residual, s.oh * s.ow, act);
 }
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void forward_plane_f64(const double* q, const int64_t* off,
-                                                                                int64_t taps, const double* wts,
-                                                                                double b, double* out, int64_t len) {
-  forward_plane(q, off, taps, wts, b, out, len);
+
+// The forward pass over the (image, channel) items [begin, end): pad each plane, then each
+// of its output channels into `out` and from there into y. `q` holds the plane and its
+// slack, then `out` (out_size, then kLanes more for the row copies to read past).
+template <typename T>
+[[gnu::always_inline]] inline void forward_items(const DwShape& s, const T* x, const T* w, const T* bias,
+                                                 const T* residual, T* y, int32_t act, int64_t begin, int64_t end,
+                                                 T* q, const int64_t* off) {
+  T* out = q + s.plane + slack<T>(s) + kLanes<T>;
+  const int64_t o = s.c * s.mult;
+  // relu and relu6 (without a residual) are applied in `out`; anything else on y's plane.
+  const int32_t own_act = residual == nullptr && (act == KILN_ACT_RELU || act == KILN_ACT_RELU6) ? act : KILN_ACT_NONE;
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t n = item / s.c, ch = item % s.c;
+    pad_plane(s, x + item * s.h * s.w, q, slack<T>(s));
+    for (int64_t m = 0; m < s.mult; ++m) {
+      const int64_t oc = ch * s.mult + m, at = (n * o + oc) * s.oh * s.ow;
+      forward_plane(q, off, s.taps, w + oc * s.taps, bias ? bias[oc] : T(0), out, s.len, own_act);
+      store_plane(s, out, y + at, residual ? residual + at : nullptr, own_act == act ? KILN_ACT_NONE : act);
+    }
+  }
+}
+
+// Compiled for AVX-512 and AVX2 + FMA as well as the baseline; the loader picks what the
+// machine has. The two vector clones contract each tap into one FMA, so they compute the
+// same bits.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void forward_items_f32(
+    const DwShape& s, const float* x, const float* w, const float* bias, const float* residual, float* y,
+    int32_t act, int64_t begin, int64_t end, float* q, const int64_t* off) {
+  forward_items(s, x, w, bias, residual, y, act, begin, end, q, off);
+}
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void forward_items_f64(
+    const DwShape& s, const double* x, const double* w, const double* bias, const double* residual, double* y,
+    int32_t act, int64_t begin, int64_t end, double* q, const int64_t* off) {
+  forward_items(s, x, w, bias, residual, y, act, begin, end, q, off);
 }
 
 // grad_input: adds dy's rows [OH, OW] of one output channel, times its weights, into the
@@ -260,34 +370,17 @@ void for_items(int64_t items, F&& body) {
 }
 
 template <typename T>
-void forward(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams& p, int32_t act) {
+void forward(const T* x, const T* w, const T* bias, const T* residual, T* y, const KilnConv2dParams& p,
+             int32_t act) {
   const DwShape s(p);
-  const int64_t o = s.c * s.mult, out_size = (s.len + kTile<T> - 1) / kTile<T> * kTile<T>;
+  const int64_t out_size = (s.len + kTile<T> - 1) / kTile<T> * kTile<T>;
   for_items(s.n * s.c, [&](int64_t begin, int64_t end) {
-    T* q = scratch<T>(s.plane + slack<T>(s) + out_size);
-    T* out = q + s.plane + slack<T>(s);
+    T* q = scratch<T>(s.plane + slack<T>(s) + kLanes<T> + out_size + kLanes<T>);
     const int64_t* off = tap_offsets(s);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t n = item / s.c, ch = item % s.c;
-      pad_plane(s, x + item * s.h * s.w, q);
-      for (int64_t m = 0; m < s.mult; ++m) {
-        const int64_t oc = ch * s.mult + m;
-        const T b = bias ? bias[oc] : T(0);
-        if constexpr (std::is_same_v<T, float>)
-          forward_plane_f32(q, off, s.taps, w + oc * s.taps, b, out, s.len);
-        else
-          forward_plane_f64(q, off, s.taps, w + oc * s.taps, b, out, s.len);
-        T* yc = y + (n * o + oc) * s.oh * s.ow;
-        for (int64_t oy = 0; oy < s.oh; ++oy) {
-          const T* src = out + oy * s.wq;
-          T* dst = yc + oy * s.ow;
-          if (act == KILN_ACT_RELU)  // the interpreter's relu: NaN passes, -0.0 becomes +0.0
-            for (int64_t ox = 0; ox < s.ow; ++ox) dst[ox] = src[ox] > T(0) || src[ox] != src[ox] ? src[ox] : T(0);
-          else
-            std::copy_n(src, s.ow, dst);
-        }
-      }
-    }
+    if constexpr (std::is_same_v<T, float>)
+      forward_items_f32(s, x, w, bias, residual, y, act, begin, end, q, off);
+    else
+      forward_items_f64(s, x, w, bias, residual, y, act, begin, end, q, off);
   });
 }
 
@@ -336,7 +429,7 @@ void grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams& p) {
   const int64_t o = s.c * s.mult, per_channel = s.mult * s.taps;
   for_items(s.c, [&](int64_t begin, int64_t end) {
     // One scratch block: the vector accumulators (aligned), the scalar ones, the plane.
-    T* base = scratch<T>((per_channel + 1) * kLanes<T> + per_channel + s.plane + slack<T>(s));
+    T* base = scratch<T>((per_channel + 1) * kLanes<T> + per_channel + s.plane + slack<T>(s) + kLanes<T>);
     base += (kLanes<T> - reinterpret_cast<uintptr_t>(base) / sizeof(T) % kLanes<T>) % kLanes<T>;
     V* accv = reinterpret_cast<V*>(base);
     T* acc = base + per_channel * kLanes<T>;
@@ -346,7 +439,7 @@ void grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams& p) {
       std::fill_n(accv, per_channel, V{});
       std::fill_n(acc, per_channel, T(0));
       for (int64_t n = 0; n < s.n; ++n) {
-        pad_plane(s, x + (n * s.c + ch) * s.h * s.w, q);
+        pad_plane(s, x + (n * s.c + ch) * s.h * s.w, q, slack<T>(s));
         for (int64_t m = 0; m < s.mult; ++m) {
           const T* d = dy + (n * o + ch * s.mult + m) * s.oh * s.ow;
           if constexpr (std::is_same_v<T, float>)
@@ -366,13 +459,13 @@ void grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams& p) {
 
 }  // namespace
 
-void depthwise_conv2d(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams& p,
-                      int32_t act) {
-  forward(x, w, bias, y, p, act);
+void depthwise_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                      const KilnConv2dParams& p, int32_t act) {
+  forward(x, w, bias, residual, y, p, act);
 }
-void depthwise_conv2d(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams& p,
-                      int32_t act) {
-  forward(x, w, bias, y, p, act);
+void depthwise_conv2d(const double* x, const double* w, const double* bias, const double* residual, double* y,
+                      const KilnConv2dParams& p, int32_t act) {
+  forward(x, w, bias, residual, y, p, act);
 }
 void depthwise_grad_input(const float* dy, const float* w, float* dx, const KilnConv2dParams& p) {
   grad_input(dy, w, dx, p);

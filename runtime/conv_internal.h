@@ -59,10 +59,13 @@ T* scratch(int64_t count) {
 // entry points call for such shapes.
 inline bool is_depthwise(const KilnConv2dParams& p) { return p.groups == p.c && p.groups > 1; }
 
-void depthwise_conv2d(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams& p,
-                      int32_t act);
-void depthwise_conv2d(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams& p,
-                      int32_t act);
+// The forward conv: y = act(conv(x, w) + bias + residual), the epilogue (runtime/conv_epilogue.h;
+// residual may be null) applied to each output plane as it is made. The residual must not
+// overlap y.
+void depthwise_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                      const KilnConv2dParams& p, int32_t act);
+void depthwise_conv2d(const double* x, const double* w, const double* bias, const double* residual, double* y,
+                      const KilnConv2dParams& p, int32_t act);
 void depthwise_grad_input(const float* dy, const float* w, float* dx, const KilnConv2dParams& p);
 void depthwise_grad_input(const double* dy, const double* w, double* dx, const KilnConv2dParams& p);
 void depthwise_grad_weight(const float* x, const float* dy, float* dw, const KilnConv2dParams& p);

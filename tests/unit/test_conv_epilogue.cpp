@@ -62,11 +62,18 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 TEST_CASE("conv2d_epi is the runtime's conv2d then the interpreter's add and activation, bit for bit",
           "[conv][epilogue]") {
   std::mt19937 rng(9);
-  // 3x3 pad 1 (the direct path), 1x1 and a strided 5x5 (im2col + GEMM), grouped.
+  // 3x3 pad 1 (the direct path), 1x1 and a strided 5x5 (im2col + GEMM), grouped; depthwise
+  // (runtime/conv_depthwise.cpp, which applies the epilogue to each plane as it makes it):
+  // stride 1 and 2, pad 0 to 2, channel counts that are no multiple of 16, multiplier 2,
+  // batch 1 and 3, rows of 2 to 113 outputs (shorter and longer than a vector), 5x5.
   struct Case {
     int64_t n, c, h, o, k, stride, pad, groups;
   };
-  for (const Case& cs : {Case{2, 3, 8, 5, 3, 1, 1, 1}, Case{1, 8, 7, 6, 1, 1, 0, 1}, Case{2, 4, 11, 4, 5, 2, 2, 2}}) {
+  for (const Case& cs : {Case{2, 3, 8, 5, 3, 1, 1, 1}, Case{1, 8, 7, 6, 1, 1, 0, 1}, Case{2, 4, 11, 4, 5, 2, 2, 2},
+                         Case{1, 19, 14, 19, 3, 1, 1, 19}, Case{3, 21, 7, 21, 3, 2, 1, 21},
+                         Case{3, 5, 7, 10, 3, 1, 1, 5}, Case{1, 17, 113, 17, 3, 1, 1, 17},
+                         Case{2, 6, 112, 6, 3, 2, 1, 6}, Case{2, 7, 4, 7, 3, 1, 0, 7}, Case{1, 9, 9, 9, 5, 1, 2, 9},
+                         Case{2, 3, 3, 3, 3, 2, 2, 3}}) {
     const int64_t oh = (cs.h + 2 * cs.pad - cs.k) / cs.stride + 1;
     KilnConv2dParams p{.n = cs.n, .c = cs.c, .h = cs.h, .w = cs.h, .o = cs.o, .kh = cs.k, .kw = cs.k, .oh = oh,
                        .ow = oh, .stride_h = cs.stride, .stride_w = cs.stride, .pad_h = cs.pad, .pad_w = cs.pad,

@@ -558,6 +558,8 @@ uint64_t conv_outputs_hash() {
       {1, 24, 30, 30, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 24},
       {3, 10, 17, 19, 20, 5, 5, {2, 2}, {2, 2}, {1, 1}, 10},
       {3, 12, 9, 9, 12, 3, 3, {2, 1}, {1, 1}, {2, 1}, 12},
+      {1, 40, 7, 7, 40, 3, 3, {1, 1}, {1, 1}, {1, 1}, 40},   // MobileNetV2's 7x7 depthwise, smaller
+      {2, 19, 14, 14, 19, 3, 3, {2, 2}, {1, 1}, {1, 1}, 19},
       {1, 12, 10, 10, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 4},
       {5, 12, 10, 10, 12, 3, 3, {1, 1}, {1, 1}, {1, 1}, 3},
       {1, 32, 14, 14, 48, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1},
@@ -592,6 +594,17 @@ uint64_t conv_outputs_hash() {
       mix(y);
       mix(dx);
       mix(dw);
+      if (dt == DType::f32 && k.groups == k.c) {
+        // A depthwise conv's epilogue, applied to each plane as it is made: relu6, and silu
+        // with a residual.
+        Tensor r = random_tensor(dt, y.shape(), rng);
+        for (int32_t act : {KILN_ACT_RELU6, KILN_ACT_SILU}) {
+          kiln_rt_conv2d_epi_f32(x.data<float>(), w.data<float>(), b.data<float>(),
+                                 act == KILN_ACT_SILU ? r.data<float>() : nullptr, y.data<float>(), &p, act);
+          REQUIRE(kiln_rt_take_error() == nullptr);
+          mix(y);
+        }
+      }
     }
   return h;
 }
