@@ -622,6 +622,13 @@ void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* 
     std::fill_n(dw, size, T(0));
     return;
   }
+  // LeNet-sized layers take the direct path below; with Kiln's GEMM running, the other f32
+  // shapes are one implicit GEMM over the batch (runtime/conv_grad_implicit.cpp).
+  const bool direct = special && direct_ok(s) && size <= kDirectMaxDw;
+  if constexpr (std::is_same_v<T, float>)
+    if (special && !direct && kiln::rt::implicit_grad_weight_shape(*params) &&
+        kiln::rt::implicit_grad_weight(x, dy, dw, *params))
+      return;
   // Grouped: each group's weights are their own sum over the images, in image order, so the
   // groups run in parallel with no partial sums (one column buffer per thread) and each
   // group's result is the same whichever thread computes it.
@@ -638,7 +645,6 @@ void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* 
   // count, so dw is bitwise the same for any number of threads.
   int64_t chunks = std::clamp<int64_t>(kMaxPartialElements / size, 1, std::min(s.n, kMaxChunks));
   bool parallel = chunks > 1 && kiln_rt_num_threads() > 1 && !kiln::rt::in_parallel_region();
-  const bool direct = special && direct_ok(s) && size <= kDirectMaxDw;
   std::vector<T> partials(static_cast<size_t>((chunks - 1) * size));
   auto body = [&](int64_t begin, int64_t end) {
     for (int64_t chunk = begin; chunk < end; ++chunk) {

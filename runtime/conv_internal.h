@@ -98,6 +98,16 @@ bool implicit_gemm_shape(const KilnConv2dParams& p);
 bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
                           const KilnConv2dParams& p, int32_t act);
 
+// The f32 weight gradient of a dense (not depthwise) conv as one implicit GEMM over the
+// whole batch (runtime/conv_grad_implicit.cpp): the reduction over (image, position) pairs
+// cut into KC-deep slices across images, dY and the im2col rows packed straight into the
+// GEMM's panels, items owning blocks of dW; bitwise the same for any thread count, equal to
+// the im2col path to rounding. implicit_grad_weight_shape says whether it applies (Kiln's
+// GEMM kernel is running); implicit_grad_weight computes dw and returns true, or returns
+// false when Kiln's GEMM is not the one running (nothing computed).
+bool implicit_grad_weight_shape(const KilnConv2dParams& p);
+bool implicit_grad_weight(const float* x, const float* dy, float* dw, const KilnConv2dParams& p);
+
 // The general path alone, im2col (or none for a 1x1 stride-1 conv) + one GEMM per image and
 // group, whatever the shape: what every convolution took before the specialized kernels,
 // kept callable as the baseline bench/conv_bench.cpp measures them against. f32 only.

@@ -1,0 +1,230 @@
+// The f32 weight gradient of a dense convolution as one implicit GEMM over the whole batch:
+// for group g,
+//   dW[g] [og, K] = sum over images n and output positions p of dY[n,g] [og, P] . col(X[n,g])^T
+// (K = C/g * KH * KW, P = OH * OW), a GEMM whose reduction runs over all N * P (image,
+// position) pairs r = n * P + p. runtime/conv.cpp's im2col path runs one GEMM per image
+// instead, writing the whole of dW once per image (ResNet-18's 512-channel 7x7 layer: a
+// 512 x 4608 result for 49 positions of reduction), and materializes each image's column
+// matrix; here the reduction is cut into KC-deep slices of r across image boundaries, and
+// both operands are packed straight from the tensors for each slice:
+//   A (dY, og x r)  the GEMM's own packing of dY's rows, one call per image segment of the
+//                   slice and per MR-tall micro-panel;
+//   B (r x K)       for each NR-wide micro-panel of K, the rows of the im2col matrix for the
+//                   slice's positions are gathered contiguously into a small buffer
+//                   [NR][kc] and packed transposed by the GEMM's packing (its 16 x 16
+//                   register transposes);
+// then the micro-kernel accumulates each MR x NR tile of dW over the slice (beta 0 for the
+// first slice, 1 after).
+//
+// Determinism: every element of dW is one accumulator per slice, the slices fixed by N * P
+// alone and added in order, whatever work item or thread computes it. Items are blocks of
+// (group, output channels, columns of K), each owning its block of dW for the whole
+// reduction: no partial sums, so dW is bitwise the same for any thread count and any cut
+// into items (tests/unit/test_conv.cpp checks thread counts 1, 2, 3 and 8). The sums are
+// ordered differently from the per-image GEMMs of the im2col path (slices cross images),
+// so the results agree with it and with the interpreter to rounding, not bitwise.
+//
+// Padding is a real zero multiplied by dy, as in the im2col path (0 * inf is NaN).
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+
+#include "runtime/conv_internal.h"
+#include "runtime/gemm_internal.h"
+#include "runtime/thread_pool.h"
+
+namespace kiln::rt {
+namespace {
+
+using gemm::kKC;
+using gemm::kNC;
+
+constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// Per thread, 64-byte aligned, kept between calls: [0] packed A, [1] packed B, [2] the
+// gathered im2col rows of one B micro-panel.
+float* buffer(int slot, int64_t floats) {
+  struct Aligned {
+    float* p = nullptr;
+    int64_t size = 0;
+    ~Aligned() { std::free(p); }
+  };
+  thread_local Aligned buffers[3];
+  Aligned& b = buffers[slot];
+  if (b.size < floats) {
+    std::free(b.p);
+    b.p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(round_up(floats * 4, 64))));
+    b.size = b.p ? floats : 0;
+  }
+  return b.p;
+}
+
+// Row kk = (ci, ky, kx) of image n's (group g's) im2col matrix over positions [pa, pb), into
+// out[0, pb - pa): the input cell each output position's tap reads, zero over the padding.
+[[gnu::always_inline]] inline void im2col_row(const ConvShape& s, const float* x, int64_t n, int64_t g, int64_t kk,
+                                              int64_t pa, int64_t pb, float* out) {
+  const int64_t taps = s.kh * s.kw, ci = kk / taps, t = kk % taps, ky = t / s.kw, kx = t % s.kw;
+  const float* plane = x + ((n * s.c + g * s.cg + ci) * s.h) * s.w;
+  const int64_t iy0 = ky * s.dh - s.ph, ix0 = kx * s.dw - s.pw;
+  const Span span = inside(s.w, s.ow, s.sw, ix0);
+  if (s.sh == 1 && s.sw == 1 && s.ow == s.w) {
+    // Unit stride, output rows as wide as input rows: position j reads plane[j + shift] in
+    // the output rows [oy0, oy1) whose input row exists, one contiguous run; then the cells
+    // of the columns outside [lo, hi), which that run took from the next or previous input
+    // row, are zeroed (runtime/conv_implicit.cpp's gather does the same).
+    const int64_t oy0 = std::clamp<int64_t>(-iy0, 0, s.oh), oy1 = std::clamp<int64_t>(s.h - iy0, oy0, s.oh);
+    const int64_t shift = iy0 * s.w + ix0;
+    const int64_t a = std::clamp(std::max(oy0 * s.w, -shift), pa, pb);
+    const int64_t b = std::clamp(std::min(oy1 * s.w, s.h * s.w - shift), a, pb);
+    for (int64_t j = pa; j < a; ++j) out[j - pa] = 0.0f;
+    for (int64_t j = a; j < b; ++j) out[j - pa] = plane[j + shift];
+    for (int64_t j = b; j < pb; ++j) out[j - pa] = 0.0f;
+    if (span.lo > 0 || span.hi < s.ow)
+      for (int64_t oy = std::max(oy0, pa / s.ow); oy < oy1 && oy * s.ow < pb; ++oy) {
+        const int64_t base = oy * s.ow;
+        for (int64_t j = std::max(base, pa); j < std::min(base + span.lo, pb); ++j) out[j - pa] = 0.0f;
+        for (int64_t j = std::max(base + span.hi, pa); j < std::min(base + s.ow, pb); ++j) out[j - pa] = 0.0f;
+      }
+    return;
+  }
+  int64_t j = pa;
+  while (j < pb) {
+    const int64_t oy = j / s.ow, ox = j % s.ow, end = std::min(s.ow, ox + (pb - j));
+    const int64_t iy = oy * s.sh + iy0;
+    if (iy < 0 || iy >= s.h) {
+      for (int64_t q = ox; q < end; ++q) *out++ = 0.0f;
+    } else {
+      const float* row = plane + iy * s.w + ix0;
+      const int64_t a = std::clamp(span.lo, ox, end), b = std::clamp(span.hi, a, end);
+      for (int64_t q = ox; q < a; ++q) *out++ = 0.0f;
+      if (s.sw == 1)
+        for (int64_t q = a; q < b; ++q) *out++ = row[q];
+      else
+        for (int64_t q = a; q < b; ++q) *out++ = row[q * s.sw];
+      for (int64_t q = b; q < end; ++q) *out++ = 0.0f;
+    }
+    j += end - ox;
+  }
+}
+
+// Rows [k0, k0 + rows) of the im2col matrix over the reduction slice [r0, r0 + kc) (which
+// may cross images), each into dst + i * kc.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void gather_rows(
+    const ConvShape& s, const float* x, int64_t g, int64_t k0, int64_t rows, int64_t r0, int64_t kc, float* dst) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* out = dst + i * kc;
+    for (int64_t r = r0; r < r0 + kc;) {
+      const int64_t n = r / s.p, pa = r % s.p, pb = std::min(s.p, pa + (r0 + kc - r));
+      im2col_row(s, x, n, g, k0 + i, pa, pb, out + (r - r0));
+      r += pb - pa;
+    }
+  }
+}
+
+// How dW [og, K] of each group is cut into items: blocks of whole A micro-panels (rows) and
+// whole B micro-panels (columns), the columns at most about kNC per block (the packed B
+// block stays in L2). Cutting the columns makes each block pack dY again (og values per
+// reduction step), cutting the rows makes each block gather and transpose the im2col rows
+// again (K values per step, the costlier), so the columns are cut first, until there are
+// enough items for the threads.
+struct Blocking {
+  int64_t row_blocks, col_blocks;
+};
+Blocking blocking(const ConvShape& s, int64_t mr, int64_t nr, int64_t threads) {
+  const int64_t row_panels = (s.og + mr - 1) / mr, col_panels = (s.k + nr - 1) / nr;
+  int64_t rows = 1, cols = std::max<int64_t>(1, (col_panels * nr + kNC - 1) / kNC);
+  const int64_t want = 2 * threads;
+  while (s.groups * rows * cols < want) {
+    if (cols * 2 <= col_panels)
+      cols *= 2;
+    else if (rows * 2 <= row_panels)
+      rows *= 2;
+    else
+      break;
+  }
+  return {rows, std::min(cols, col_panels)};
+}
+
+void run(const ConvShape& s, const gemm::Kernel& kern, const float* x, const float* dy, float* dw,
+         std::atomic<bool>& failed) {
+  const int64_t mr = kern.mr, nr = kern.nr;
+  const int64_t threads = in_parallel_region() ? 1 : std::max<int64_t>(1, kiln_rt_num_threads());
+  const Blocking cut = blocking(s, mr, nr, threads);
+  const int64_t row_panels = (s.og + mr - 1) / mr, col_panels = (s.k + nr - 1) / nr;
+  const int64_t reduction = s.n * s.p;
+  const int64_t items = s.groups * cut.row_blocks * cut.col_blocks;
+  parallel_for(items, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t cb = item % cut.col_blocks, rb = item / cut.col_blocks % cut.row_blocks;
+      const int64_t g = item / cut.col_blocks / cut.row_blocks;
+      const int64_t q0 = row_panels * rb / cut.row_blocks, q1 = row_panels * (rb + 1) / cut.row_blocks;
+      const int64_t c0 = col_panels * cb / cut.col_blocks, c1 = col_panels * (cb + 1) / cut.col_blocks;
+      if (q0 >= q1 || c0 >= c1) continue;
+      float* abuf = buffer(0, (q1 - q0) * mr * kKC);
+      float* bbuf = buffer(1, (c1 - c0) * nr * kKC);
+      float* rows = buffer(2, nr * kKC);
+      if (!abuf || !bbuf || !rows) {
+        failed.store(true);
+        return;
+      }
+      float* c = dw + g * s.og * s.k;  // C [og, K] of this group
+      for (int64_t r0 = 0; r0 < reduction; r0 += kKC) {
+        const int64_t kc = std::min(kKC, reduction - r0);
+        const float beta = r0 == 0 ? 0.0f : 1.0f;
+        // A: dY's rows of panels [q0, q1) over the slice, image segment by segment.
+        for (int64_t r = r0; r < r0 + kc;) {
+          const int64_t n = r / s.p, pa = r % s.p, pb = std::min(s.p, pa + (r0 + kc - r));
+          gemm::Args a{};
+          a.a = dy + (n * s.o + g * s.og) * s.p;
+          a.lda = s.p;
+          for (int64_t q = q0; q < q1; ++q)
+            kern.pack_a(a, q * mr, std::min(mr, s.og - q * mr), pa, pb - pa, abuf + ((q - q0) * kc + (r - r0)) * mr);
+          r += pb - pa;
+        }
+        // B: the im2col rows of each panel of columns, gathered then packed transposed.
+        for (int64_t cp = c0; cp < c1; ++cp) {
+          const int64_t k0 = cp * nr, nv = std::min(nr, s.k - k0);
+          gather_rows(s, x, g, k0, nv, r0, kc, rows);
+          gemm::Args b{};
+          b.tb = true;
+          b.b = rows;
+          b.ldb = kc;
+          kern.pack_b(b, 0, kc, 0, nv, bbuf + (cp - c0) * nr * kc);
+        }
+        for (int64_t q = q0; q < q1; ++q) {
+          const int64_t row = q * mr, mv = std::min(mr, s.og - row);
+          const float* ap = abuf + (q - q0) * mr * kc;
+          for (int64_t cp = c0; cp < c1; ++cp) {
+            const int64_t k0 = cp * nr;
+            kern.tile(kc, ap, bbuf + (cp - c0) * nr * kc, c + row * s.k + k0, s.k, 1.0f, beta, mv,
+                      std::min(nr, s.k - k0));
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+bool implicit_grad_weight_shape(const KilnConv2dParams& p) {
+  return gemm::current_kernel() != nullptr && p.o / p.groups > 0 && p.c / p.groups * p.kh * p.kw > 0;
+}
+
+bool implicit_grad_weight(const float* x, const float* dy, float* dw, const KilnConv2dParams& p) {
+  const gemm::Kernel* kern = gemm::current_kernel();
+  if (!kern) return false;
+  const ConvShape s(p);
+  if (s.o == 0 || s.k == 0) return true;
+  if (s.n == 0 || s.p == 0) {
+    std::fill_n(dw, s.o * s.k, 0.0f);
+    return true;
+  }
+  std::atomic<bool> failed{false};
+  run(s, *kern, x, dy, dw, failed);
+  if (failed.load()) record_error("conv2d_grad_weight: out of memory for its packing buffers");
+  return true;
+}
+
+}  // namespace kiln::rt
