@@ -401,6 +401,13 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
     // epilogue follows over the whole output.
     const int32_t own_act = epi ? KILN_ACT_NONE : act;
     bool done = false;
+    // A batch of small planes (ResNet's 14x14 and 7x7 layers): one implicit GEMM across the
+    // images (runtime/conv_batched.cpp), ahead of Winograd, which transforms the weights on
+    // every call and has few tiles per image there.
+    if constexpr (std::is_same_v<T, float>)
+      if (!kiln::rt::is_depthwise(*params) && !direct_ok(s) && kiln::rt::batched_conv2d_shape(*params) &&
+          kiln::rt::batched_conv2d(x, w, bias, residual, y, *params, act))
+        return;
     if (kiln::rt::is_depthwise(*params)) {
       kiln::rt::depthwise_conv2d(x, w, bias, y, *params, own_act);
       done = true;
@@ -623,7 +630,7 @@ void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* 
     return;
   }
   // LeNet-sized layers take the direct path below; with Kiln's GEMM running, the other f32
-  // shapes are one implicit GEMM over the batch (runtime/conv_grad_implicit.cpp).
+  // shapes are one implicit GEMM over the batch (runtime/conv_batched.cpp).
   const bool direct = special && direct_ok(s) && size <= kDirectMaxDw;
   if constexpr (std::is_same_v<T, float>)
     if (special && !direct && kiln::rt::implicit_grad_weight_shape(*params) &&

@@ -1,4 +1,7 @@
-// The implicit-GEMM weight gradient (runtime/conv_grad_implicit.cpp): against the f64
+// runtime/conv_batched.cpp's implicit GEMMs across a batch. The forward conv of small planes
+// with columns across images: bit for bit the im2col + GEMM path, with and without bias,
+// with the epilogue and a residual, with each kernel, and what kiln_rt_conv2d takes it for.
+// The weight gradient: against the f64
 // weight gradient of the same values (im2col + dgemm) to f32 rounding, with each of Kiln's
 // GEMM kernels (which agree bit for bit), over strides, padding, dilation, groups, odd
 // sizes, reduction slices crossing images (positions per image not dividing the slice
@@ -17,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/conv_epilogue.h"
 #include "runtime/conv_internal.h"
 #include "runtime/gemm.h"
 #include "runtime/kernels.h"
@@ -84,7 +88,91 @@ void check_close(const std::vector<float>& got, const std::vector<double>& want,
   CHECK(worst <= 2.0 * eps * static_cast<double>(terms));
 }
 
+// Forward shapes: at least 2 images, at most kBatchedMaxPositions positions each.
+const std::vector<Case>& forward_cases() {
+  static const std::vector<Case> all = {
+      {16, 40, 7, 7, 45, 3, 3, 1, 1, 1, 1, 1, 1, 1},     // 49 positions: column blocks cross images
+      {3, 300, 7, 7, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1},     // K 2700: eleven slices, bias filled first
+      {4, 64, 13, 13, 130, 3, 3, 2, 2, 1, 1, 1, 1, 1},   // strided, 10 row panels, ragged last panel
+      {2, 24, 14, 14, 40, 1, 1, 2, 2, 0, 0, 1, 1, 1},    // 1x1 stride 2
+      {3, 24, 6, 6, 40, 1, 1, 1, 1, 0, 0, 1, 1, 1},      // pointwise
+      {5, 16, 8, 8, 32, 3, 3, 1, 1, 1, 1, 1, 1, 8},      // grouped, 64 positions
+      {7, 3, 9, 11, 4, 2, 3, 2, 3, 1, 2, 2, 1, 1},       // every attribute differs between H and W
+      {2, 3, 3, 2, 33, 2, 2, 1, 1, 2, 2, 1, 1, 1},       // windows entirely in the padding
+  };
+  return all;
+}
+
 }  // namespace
+
+TEST_CASE("batched implicit-GEMM conv2d is bit for bit im2col + GEMM with each kernel", "[runtime][conv][batched]") {
+  KernelGuard guard;
+  std::mt19937 rng(4048);
+  for (GemmKernel kern : kiln_kernels()) {
+    REQUIRE(kiln::rt::set_gemm_kernel(kern));
+    for (const Case& k : forward_cases()) {
+      const KilnConv2dParams p = params_of(k);
+      INFO(kiln::rt::gemm_kernel_name(kern) << ": n " << k.n << " c " << k.c << " " << k.h << "x" << k.w << " o "
+                                            << k.o << " k " << k.kh << "x" << k.kw << " groups " << k.groups);
+      REQUIRE(kiln::rt::batched_conv2d_shape(p));
+      const int64_t ysize = p.n * p.o * p.oh * p.ow;
+      const std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
+      const std::vector<float> w = random_vector(k.o * (k.c / k.groups) * k.kh * k.kw, rng);
+      const std::vector<float> b = random_vector(k.o, rng), res = random_vector(ysize, rng);
+      for (bool bias : {false, true}) {
+        std::vector<float> want(static_cast<size_t>(ysize)), got(static_cast<size_t>(ysize), 12345.0f);
+        kiln::rt::conv2d_im2col_f32(x.data(), w.data(), bias ? b.data() : nullptr, want.data(), p);
+        REQUIRE(kiln::rt::batched_conv2d(x.data(), w.data(), bias ? b.data() : nullptr, nullptr, got.data(), p,
+                                         KILN_ACT_NONE));
+        REQUIRE(kiln_rt_take_error() == nullptr);
+        CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+        for (int32_t act : {KILN_ACT_RELU, KILN_ACT_SILU})
+          for (bool residual : {false, true}) {
+            std::vector<float> e = want;
+            kiln::rt::conv_epilogue(e.data(), residual ? res.data() : nullptr, ysize, act);
+            std::fill(got.begin(), got.end(), 12345.0f);
+            REQUIRE(kiln::rt::batched_conv2d(x.data(), w.data(), bias ? b.data() : nullptr,
+                                             residual ? res.data() : nullptr, got.data(), p, act));
+            INFO("act " << act << " residual " << residual);
+            CHECK(std::memcmp(e.data(), got.data(), e.size() * sizeof(float)) == 0);
+          }
+      }
+    }
+  }
+  if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels (OpenBLAS computes every conv GEMM)");
+}
+
+TEST_CASE("batched implicit-GEMM conv2d: what kiln_rt_conv2d takes it for, and what it declines",
+          "[runtime][conv][batched]") {
+  KernelGuard guard;
+  if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels");
+  REQUIRE(kiln::rt::set_gemm_kernel(kiln_kernels().front()));
+  // One image, larger planes, one position, one output channel per group: not this path.
+  CHECK_FALSE(kiln::rt::batched_conv2d_shape(params_of({1, 64, 7, 7, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1})));
+  CHECK_FALSE(kiln::rt::batched_conv2d_shape(params_of({2, 64, 14, 14, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1})));
+  CHECK_FALSE(kiln::rt::batched_conv2d_shape(params_of({2, 8, 3, 3, 4, 3, 3, 1, 1, 0, 0, 1, 1, 1})));
+  CHECK_FALSE(kiln::rt::batched_conv2d_shape(params_of({2, 8, 5, 5, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4})));
+  // ResNet-18's 7x7 layer, cut down (K 1152: beyond the direct path's): kiln_rt_conv2d
+  // (with relu, ahead of Winograd) takes it.
+  const Case k{4, 128, 7, 7, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1};
+  const KilnConv2dParams p = params_of(k);
+  REQUIRE(kiln::rt::batched_conv2d_shape(p));
+  REQUIRE(kiln::rt::winograd_shape(p));
+  std::mt19937 rng(8);
+  const std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng), w = random_vector(k.o * k.c * 9, rng);
+  const std::vector<float> b = random_vector(k.o, rng);
+  const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
+  std::vector<float> want(ysize), got(ysize);
+  REQUIRE(kiln::rt::batched_conv2d(x.data(), w.data(), b.data(), nullptr, want.data(), p, KILN_ACT_RELU));
+  kiln_rt_conv2d_act_f32(x.data(), w.data(), b.data(), got.data(), &p, KILN_ACT_RELU);
+  CHECK(std::memcmp(want.data(), got.data(), ysize * sizeof(float)) == 0);
+  // With OpenBLAS computing the GEMMs: declined, nothing written.
+  REQUIRE(kiln::rt::set_gemm_kernel(GemmKernel::openblas));
+  CHECK_FALSE(kiln::rt::batched_conv2d_shape(p));
+  std::vector<float> y(ysize, 7.0f);
+  CHECK_FALSE(kiln::rt::batched_conv2d(x.data(), w.data(), b.data(), nullptr, y.data(), p, KILN_ACT_NONE));
+  CHECK(y == std::vector<float>(ysize, 7.0f));
+}
 
 TEST_CASE("implicit-GEMM conv2d_grad_weight matches the f64 gradient with each kernel, the kernels bit for bit",
           "[runtime][conv][implicit][grad]") {
@@ -158,13 +246,14 @@ TEST_CASE("implicit-GEMM conv2d_grad_weight: padding times an infinite dy is NaN
   CHECK(dw[9] == 0.0f);  // the other output channel's dy is all zeros
 }
 
-TEST_CASE("implicit-GEMM conv2d_grad_weight gives the same bits at any KILN_NUM_THREADS",
-          "[runtime][conv][implicit][grad][threads]") {
-  check_same_hashes_at_any_thread_count("[.conv_grad_implicit_threads_child]");
+TEST_CASE("batched conv2d and implicit-GEMM conv2d_grad_weight give the same bits at any KILN_NUM_THREADS",
+          "[runtime][conv][implicit][grad][batched][threads]") {
+  check_same_hashes_at_any_thread_count("[.conv_batched_threads_child]");
 }
 
 // Run by the test above in a child process with KILN_NUM_THREADS set; prints the hash.
-TEST_CASE("implicit-GEMM conv2d_grad_weight: child with KILN_NUM_THREADS", "[.conv_grad_implicit_threads_child]") {
+TEST_CASE("batched conv2d and implicit-GEMM conv2d_grad_weight: child with KILN_NUM_THREADS",
+          "[.conv_batched_threads_child]") {
   REQUIRE(std::getenv("KILN_NUM_THREADS") != nullptr);
   KernelGuard guard;
   std::string hashes = "hashes";
@@ -181,6 +270,16 @@ TEST_CASE("implicit-GEMM conv2d_grad_weight: child with KILN_NUM_THREADS", "[.co
       REQUIRE(kiln_rt_take_error() == nullptr);
       const auto* bytes = reinterpret_cast<const unsigned char*>(dw.data());
       for (size_t i = 0; i < dw.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+    }
+    for (const Case& k : forward_cases()) {
+      const KilnConv2dParams p = params_of(k);
+      const std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
+      const std::vector<float> w = random_vector(k.o * (k.c / k.groups) * k.kh * k.kw, rng), b = random_vector(k.o, rng);
+      std::vector<float> y(static_cast<size_t>(p.n * p.o * p.oh * p.ow));
+      REQUIRE(kiln::rt::batched_conv2d(x.data(), w.data(), b.data(), nullptr, y.data(), p, KILN_ACT_RELU));
+      REQUIRE(kiln_rt_take_error() == nullptr);
+      const auto* bytes = reinterpret_cast<const unsigned char*>(y.data());
+      for (size_t i = 0; i < y.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
     }
     hashes += ' ' + std::to_string(h);
   }

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "runtime/conv_epilogue.h"
 #include "runtime/conv_internal.h"
 #include "runtime/gemm_internal.h"
 #include "runtime/thread_pool.h"
@@ -42,15 +43,15 @@ using gemm::kNC;
 
 constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-// Per thread, 64-byte aligned, kept between calls: [0] packed A, [1] packed B, [2] the
-// gathered im2col rows of one B micro-panel.
+// Per thread, 64-byte aligned, kept between calls: [0] packed A, [1] packed B, [2] gathered
+// im2col rows, [3] the forward conv's block of C.
 float* buffer(int slot, int64_t floats) {
   struct Aligned {
     float* p = nullptr;
     int64_t size = 0;
     ~Aligned() { std::free(p); }
   };
-  thread_local Aligned buffers[3];
+  thread_local Aligned buffers[4];
   Aligned& b = buffers[slot];
   if (b.size < floats) {
     std::free(b.p);
@@ -108,14 +109,15 @@ float* buffer(int slot, int64_t floats) {
   }
 }
 
-// Rows [k0, k0 + rows) of the im2col matrix over the reduction slice [r0, r0 + kc) (which
-// may cross images), each into dst + i * kc.
+// Rows [k0, k0 + rows) of the im2col matrix over the (image, position) pairs [r0, r0 + len)
+// (which may cross images), row i into dst + i * ld.
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void gather_rows(
-    const ConvShape& s, const float* x, int64_t g, int64_t k0, int64_t rows, int64_t r0, int64_t kc, float* dst) {
+    const ConvShape& s, const float* x, int64_t g, int64_t k0, int64_t rows, int64_t r0, int64_t len, int64_t ld,
+    float* dst) {
   for (int64_t i = 0; i < rows; ++i) {
-    float* out = dst + i * kc;
-    for (int64_t r = r0; r < r0 + kc;) {
-      const int64_t n = r / s.p, pa = r % s.p, pb = std::min(s.p, pa + (r0 + kc - r));
+    float* out = dst + i * ld;
+    for (int64_t r = r0; r < r0 + len;) {
+      const int64_t n = r / s.p, pa = r % s.p, pb = std::min(s.p, pa + (r0 + len - r));
       im2col_row(s, x, n, g, k0 + i, pa, pb, out + (r - r0));
       r += pb - pa;
     }
@@ -185,7 +187,7 @@ void run(const ConvShape& s, const gemm::Kernel& kern, const float* x, const flo
         // B: the im2col rows of each panel of columns, gathered then packed transposed.
         for (int64_t cp = c0; cp < c1; ++cp) {
           const int64_t k0 = cp * nr, nv = std::min(nr, s.k - k0);
-          gather_rows(s, x, g, k0, nv, r0, kc, rows);
+          gather_rows(s, x, g, k0, nv, r0, kc, kc, rows);
           gemm::Args b{};
           b.tb = true;
           b.b = rows;
@@ -206,7 +208,107 @@ void run(const ConvShape& s, const gemm::Kernel& kern, const float* x, const flo
   });
 }
 
+// The forward conv, columns across images: for group g, C [og, N * P] = W[g] [og, K] . B with
+// B [K, N * P] the im2col matrices of the images side by side. Items are blocks of (group,
+// output channels, columns); each computes its block into a buffer C [rows, cols] (a block's
+// columns may cross images, which y's layout [N, O, P] does not keep contiguous), then copies
+// each row's runs into y and applies the epilogue there.
+constexpr int64_t kForwardBlockFloats = 1 << 18;  // C's block: 1 MiB
+constexpr int64_t kGatherCols = 128;              // columns gathered at a time before packing
+
+void run_forward(const ConvShape& s, const gemm::Kernel& kern, const float* x, const float* w, const float* bias,
+                 const float* residual, float* y, int32_t act, std::atomic<bool>& failed) {
+  const int64_t mr = kern.mr, nr = kern.nr;
+  const int64_t threads = in_parallel_region() ? 1 : std::max<int64_t>(1, kiln_rt_num_threads());
+  const int64_t columns = s.n * s.p;
+  const int64_t row_panels = (s.og + mr - 1) / mr, col_panels = (columns + nr - 1) / nr;
+  const int64_t max_cols = std::max(nr, std::min(kNC, kForwardBlockFloats / s.og) / nr * nr);
+  int64_t rows = 1, cols = std::max<int64_t>(1, (col_panels * nr + max_cols - 1) / max_cols);
+  while (s.groups * rows * cols < 2 * threads) {
+    if (cols * 2 <= col_panels)
+      cols *= 2;
+    else if (rows * 2 <= row_panels)
+      rows *= 2;
+    else
+      break;
+  }
+  cols = std::min(cols, col_panels);
+  const int64_t items = s.groups * rows * cols;
+  parallel_for(items, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t cb = item % cols, rb = item / cols % rows, g = item / cols / rows;
+      const int64_t q0 = row_panels * rb / rows, q1 = row_panels * (rb + 1) / rows;
+      const int64_t c0 = col_panels * cb / cols, c1 = col_panels * (cb + 1) / cols;
+      if (q0 >= q1 || c0 >= c1) continue;
+      const int64_t r0 = q0 * mr, r1 = std::min(s.og, q1 * mr), j0 = c0 * nr, j1 = std::min(columns, c1 * nr);
+      const int64_t ncols = j1 - j0, kc_max = std::min(kKC, s.k);
+      float* abuf = buffer(0, (q1 - q0) * mr * kc_max);
+      float* bbuf = buffer(1, (c1 - c0) * nr * kc_max);
+      float* tmp = buffer(2, kc_max * kGatherCols);
+      float* cbuf = buffer(3, (r1 - r0) * ncols);
+      if (!abuf || !bbuf || !tmp || !cbuf) {
+        failed.store(true);
+        return;
+      }
+      // The bias first, as the im2col path fills y with it: every slice then adds (beta 1).
+      if (bias)
+        for (int64_t r = r0; r < r1; ++r) std::fill_n(cbuf + (r - r0) * ncols, ncols, bias[g * s.og + r]);
+      gemm::Args a{};
+      a.a = w + g * s.og * s.k;
+      a.lda = s.k;
+      for (int64_t p0 = 0; p0 < s.k; p0 += kKC) {
+        const int64_t kc = std::min(kKC, s.k - p0);
+        const float beta = p0 == 0 && !bias ? 0.0f : 1.0f;
+        kern.pack_a(a, r0, r1 - r0, p0, kc, abuf);
+        for (int64_t cc = 0; cc < ncols; cc += kGatherCols) {
+          const int64_t len = std::min(kGatherCols, ncols - cc);
+          gather_rows(s, x, g, p0, kc, j0 + cc, len, len, tmp);
+          gemm::Args b{};
+          b.b = tmp;
+          b.ldb = len;
+          kern.pack_b(b, 0, kc, 0, len, bbuf + cc * kc);  // cc is a multiple of NR
+        }
+        for (int64_t q = q0; q < q1; ++q) {
+          const int64_t row = q * mr, mv = std::min(mr, s.og - row);
+          const float* ap = abuf + (q - q0) * mr * kc;
+          for (int64_t jr = 0; jr < ncols; jr += nr)
+            kern.tile(kc, ap, bbuf + jr * kc, cbuf + (row - r0) * ncols + jr, ncols, 1.0f, beta, mv,
+                      std::min(nr, ncols - jr));
+        }
+      }
+      // Each row's runs into y, image by image, with the epilogue.
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t j = j0; j < j1;) {
+          const int64_t n = j / s.p, pa = j % s.p, pb = std::min(s.p, pa + (j1 - j));
+          const int64_t at = (n * s.o + g * s.og + r) * s.p + pa;
+          std::copy_n(cbuf + (r - r0) * ncols + (j - j0), pb - pa, y + at);
+          if (act != KILN_ACT_NONE || residual) conv_epilogue(y + at, residual ? residual + at : nullptr, pb - pa, act);
+          j += pb - pa;
+        }
+    }
+  });
+}
+
 }  // namespace
+
+bool batched_conv2d_shape(const KilnConv2dParams& p) {
+  // As implicit_gemm_shape: more than one position and output channel per group (else the
+  // im2col path's GEMM is a matrix-vector product, summed in another order).
+  return gemm::current_kernel() != nullptr && p.n >= 2 && p.oh * p.ow > 1 && p.oh * p.ow <= kBatchedMaxPositions &&
+         p.o / p.groups > 1 && p.c / p.groups * p.kh * p.kw > 0;
+}
+
+bool batched_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                    const KilnConv2dParams& p, int32_t act) {
+  const gemm::Kernel* kern = gemm::current_kernel();
+  if (!kern) return false;
+  const ConvShape s(p);
+  if (s.n == 0 || s.o == 0 || s.p == 0) return true;
+  std::atomic<bool> failed{false};
+  run_forward(s, *kern, x, w, bias, residual, y, act, failed);
+  if (failed.load()) record_error("conv2d: out of memory for its packing buffers");
+  return true;
+}
 
 bool implicit_grad_weight_shape(const KilnConv2dParams& p) {
   return gemm::current_kernel() != nullptr && p.o / p.groups > 0 && p.c / p.groups * p.kh * p.kw > 0;
