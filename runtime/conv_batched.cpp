@@ -99,10 +99,28 @@ float* buffer(int slot, int64_t floats) {
       const float* row = plane + iy * s.w + ix0;
       const int64_t a = std::clamp(span.lo, ox, end), b = std::clamp(span.hi, a, end);
       for (int64_t q = ox; q < a; ++q) *out++ = 0.0f;
-      if (s.sw == 1)
+      if (s.sw == 1) {
         for (int64_t q = a; q < b; ++q) *out++ = row[q];
-      else
+      } else if (s.sw == 2) {
+        // ResNet's strided layers: the even lanes of two vectors, 16 at a time (one
+        // vpermt2ps with AVX-512); the vector loop stops short of reading past the run's
+        // last odd element, which may lie past the tensor.
+        using V = float __attribute__((vector_size(64)));
+        const float* src = row + 2 * a;
+        const int64_t len = b - a;
+        int64_t q = 0;
+        for (; q + 16 < len; q += 16) {
+          V lo, hi;
+          __builtin_memcpy(&lo, src + 2 * q, sizeof lo);
+          __builtin_memcpy(&hi, src + 2 * q + 16, sizeof hi);
+          const V even = __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+          __builtin_memcpy(out + q, &even, sizeof even);
+        }
+        for (; q < len; ++q) out[q] = src[2 * q];
+        out += len;
+      } else {
         for (int64_t q = a; q < b; ++q) *out++ = row[q * s.sw];
+      }
       for (int64_t q = b; q < end; ++q) *out++ = 0.0f;
     }
     j += end - ox;

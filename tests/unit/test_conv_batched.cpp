@@ -51,6 +51,7 @@ std::vector<float> random_vector(int64_t n, std::mt19937& rng) {
 const std::vector<Case>& cases() {
   static const std::vector<Case> all = {
       {2, 3, 30, 30, 64, 7, 7, 2, 2, 3, 3, 1, 1, 1},     // a small stem: stride 2, K 147, 225 positions
+      {2, 3, 75, 80, 16, 7, 7, 2, 2, 3, 0, 1, 1, 1},     // stride 2, rows of 37 outputs: the vector gather
       {3, 5, 11, 13, 7, 3, 5, 1, 1, 2, 1, 1, 1, 1},      // unit stride, same width: the contiguous gather
       {2, 5, 11, 13, 7, 3, 3, 1, 1, 0, 0, 1, 1, 1},      // unit stride, narrower rows
       {3, 4, 9, 7, 8, 3, 2, 2, 2, 1, 1, 2, 2, 2},        // stride, dilation and groups
