@@ -40,8 +40,12 @@
 // channels and at least two images take Winograd (runtime/conv_winograd.cpp). With Kiln's
 // GEMM kernel running, an f32 forward conv the kernels above do not take runs as an
 // implicit GEMM (runtime/conv_implicit.cpp): this file's im2col + GEMM without the column
-// matrix, bitwise the same result; the im2col path below remains for f64, the gradients,
-// OpenBLAS as the GEMM, and one output position or channel per group.
+// matrix, bitwise the same result; a batch of small planes (at most kBatchedMaxPositions
+// positions) runs as one implicit GEMM with columns across the images instead
+// (runtime/conv_batched.cpp), ahead of Winograd. With Kiln's GEMM, the f32 weight gradient
+// off the direct path is one implicit GEMM over the batch (runtime/conv_batched.cpp) and
+// the chunks below do not run. The im2col path below remains for f64, input gradients of
+// strided convs, OpenBLAS as the GEMM, and one output position or channel per group.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
