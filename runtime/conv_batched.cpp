@@ -142,19 +142,32 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   }
 }
 
+// Items run over the pool dynamically: each of min(threads, items) tasks takes the next
+// item until none is left, so items of unequal size (blocks of whole micro-panels) balance
+// out. Every item computes a block of the output alone and completely, so which thread
+// runs it changes no bit.
+constexpr int64_t kItemsPerThread = 4;
+template <typename F>
+void for_each_item(int64_t items, int64_t threads, F&& body) {
+  std::atomic<int64_t> next{0};
+  parallel_for(std::min(items, threads), 1, [&](int64_t, int64_t) {
+    for (int64_t item = next.fetch_add(1); item < items; item = next.fetch_add(1)) body(item);
+  });
+}
+
 // How dW [og, K] of each group is cut into items: blocks of whole A micro-panels (rows) and
 // whole B micro-panels (columns), the columns at most about kNC per block (the packed B
 // block stays in L2). Cutting the columns makes each block pack dY again (og values per
 // reduction step), cutting the rows makes each block gather and transpose the im2col rows
 // again (K values per step, the costlier), so the columns are cut first, until there are
-// enough items for the threads.
+// kItemsPerThread items per thread.
 struct Blocking {
   int64_t row_blocks, col_blocks;
 };
 Blocking blocking(const ConvShape& s, int64_t mr, int64_t nr, int64_t threads) {
   const int64_t row_panels = (s.og + mr - 1) / mr, col_panels = (s.k + nr - 1) / nr;
   int64_t rows = 1, cols = std::max<int64_t>(1, (col_panels * nr + kNC - 1) / kNC);
-  const int64_t want = 2 * threads;
+  const int64_t want = kItemsPerThread * threads;
   while (s.groups * rows * cols < want) {
     if (cols * 2 <= col_panels)
       cols *= 2;
@@ -174,52 +187,50 @@ void run(const ConvShape& s, const gemm::Kernel& kern, const float* x, const flo
   const int64_t row_panels = (s.og + mr - 1) / mr, col_panels = (s.k + nr - 1) / nr;
   const int64_t reduction = s.n * s.p;
   const int64_t items = s.groups * cut.row_blocks * cut.col_blocks;
-  parallel_for(items, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t cb = item % cut.col_blocks, rb = item / cut.col_blocks % cut.row_blocks;
-      const int64_t g = item / cut.col_blocks / cut.row_blocks;
-      const int64_t q0 = row_panels * rb / cut.row_blocks, q1 = row_panels * (rb + 1) / cut.row_blocks;
-      const int64_t c0 = col_panels * cb / cut.col_blocks, c1 = col_panels * (cb + 1) / cut.col_blocks;
-      if (q0 >= q1 || c0 >= c1) continue;
-      float* abuf = buffer(0, (q1 - q0) * mr * kKC);
-      float* bbuf = buffer(1, (c1 - c0) * nr * kKC);
-      float* rows = buffer(2, nr * kKC);
-      if (!abuf || !bbuf || !rows) {
-        failed.store(true);
-        return;
+  for_each_item(items, threads, [&](int64_t item) {
+    const int64_t cb = item % cut.col_blocks, rb = item / cut.col_blocks % cut.row_blocks;
+    const int64_t g = item / cut.col_blocks / cut.row_blocks;
+    const int64_t q0 = row_panels * rb / cut.row_blocks, q1 = row_panels * (rb + 1) / cut.row_blocks;
+    const int64_t c0 = col_panels * cb / cut.col_blocks, c1 = col_panels * (cb + 1) / cut.col_blocks;
+    if (q0 >= q1 || c0 >= c1) return;
+    float* abuf = buffer(0, (q1 - q0) * mr * kKC);
+    float* bbuf = buffer(1, (c1 - c0) * nr * kKC);
+    float* rows = buffer(2, nr * kKC);
+    if (!abuf || !bbuf || !rows) {
+      failed.store(true);
+      return;
+    }
+    float* c = dw + g * s.og * s.k;  // C [og, K] of this group
+    for (int64_t r0 = 0; r0 < reduction; r0 += kKC) {
+      const int64_t kc = std::min(kKC, reduction - r0);
+      const float beta = r0 == 0 ? 0.0f : 1.0f;
+      // A: dY's rows of panels [q0, q1) over the slice, image segment by segment.
+      for (int64_t r = r0; r < r0 + kc;) {
+        const int64_t n = r / s.p, pa = r % s.p, pb = std::min(s.p, pa + (r0 + kc - r));
+        gemm::Args a{};
+        a.a = dy + (n * s.o + g * s.og) * s.p;
+        a.lda = s.p;
+        for (int64_t q = q0; q < q1; ++q)
+          kern.pack_a(a, q * mr, std::min(mr, s.og - q * mr), pa, pb - pa, abuf + ((q - q0) * kc + (r - r0)) * mr);
+        r += pb - pa;
       }
-      float* c = dw + g * s.og * s.k;  // C [og, K] of this group
-      for (int64_t r0 = 0; r0 < reduction; r0 += kKC) {
-        const int64_t kc = std::min(kKC, reduction - r0);
-        const float beta = r0 == 0 ? 0.0f : 1.0f;
-        // A: dY's rows of panels [q0, q1) over the slice, image segment by segment.
-        for (int64_t r = r0; r < r0 + kc;) {
-          const int64_t n = r / s.p, pa = r % s.p, pb = std::min(s.p, pa + (r0 + kc - r));
-          gemm::Args a{};
-          a.a = dy + (n * s.o + g * s.og) * s.p;
-          a.lda = s.p;
-          for (int64_t q = q0; q < q1; ++q)
-            kern.pack_a(a, q * mr, std::min(mr, s.og - q * mr), pa, pb - pa, abuf + ((q - q0) * kc + (r - r0)) * mr);
-          r += pb - pa;
-        }
-        // B: the im2col rows of each panel of columns, gathered then packed transposed.
+      // B: the im2col rows of each panel of columns, gathered then packed transposed.
+      for (int64_t cp = c0; cp < c1; ++cp) {
+        const int64_t k0 = cp * nr, nv = std::min(nr, s.k - k0);
+        gather_rows(s, x, g, k0, nv, r0, kc, kc, rows);
+        gemm::Args b{};
+        b.tb = true;
+        b.b = rows;
+        b.ldb = kc;
+        kern.pack_b(b, 0, kc, 0, nv, bbuf + (cp - c0) * nr * kc);
+      }
+      for (int64_t q = q0; q < q1; ++q) {
+        const int64_t row = q * mr, mv = std::min(mr, s.og - row);
+        const float* ap = abuf + (q - q0) * mr * kc;
         for (int64_t cp = c0; cp < c1; ++cp) {
-          const int64_t k0 = cp * nr, nv = std::min(nr, s.k - k0);
-          gather_rows(s, x, g, k0, nv, r0, kc, kc, rows);
-          gemm::Args b{};
-          b.tb = true;
-          b.b = rows;
-          b.ldb = kc;
-          kern.pack_b(b, 0, kc, 0, nv, bbuf + (cp - c0) * nr * kc);
-        }
-        for (int64_t q = q0; q < q1; ++q) {
-          const int64_t row = q * mr, mv = std::min(mr, s.og - row);
-          const float* ap = abuf + (q - q0) * mr * kc;
-          for (int64_t cp = c0; cp < c1; ++cp) {
-            const int64_t k0 = cp * nr;
-            kern.tile(kc, ap, bbuf + (cp - c0) * nr * kc, c + row * s.k + k0, s.k, 1.0f, beta, mv,
-                      std::min(nr, s.k - k0));
-          }
+          const int64_t k0 = cp * nr;
+          kern.tile(kc, ap, bbuf + (cp - c0) * nr * kc, c + row * s.k + k0, s.k, 1.0f, beta, mv,
+                    std::min(nr, s.k - k0));
         }
       }
     }
@@ -242,7 +253,7 @@ void run_forward(const ConvShape& s, const gemm::Kernel& kern, const float* x, c
   const int64_t row_panels = (s.og + mr - 1) / mr, col_panels = (columns + nr - 1) / nr;
   const int64_t max_cols = std::max(nr, std::min(kNC, kForwardBlockFloats / s.og) / nr * nr);
   int64_t rows = 1, cols = std::max<int64_t>(1, (col_panels * nr + max_cols - 1) / max_cols);
-  while (s.groups * rows * cols < 2 * threads) {
+  while (s.groups * rows * cols < kItemsPerThread * threads) {
     if (cols * 2 <= col_panels)
       cols *= 2;
     else if (rows * 2 <= row_panels)
@@ -252,58 +263,56 @@ void run_forward(const ConvShape& s, const gemm::Kernel& kern, const float* x, c
   }
   cols = std::min(cols, col_panels);
   const int64_t items = s.groups * rows * cols;
-  parallel_for(items, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t cb = item % cols, rb = item / cols % rows, g = item / cols / rows;
-      const int64_t q0 = row_panels * rb / rows, q1 = row_panels * (rb + 1) / rows;
-      const int64_t c0 = col_panels * cb / cols, c1 = col_panels * (cb + 1) / cols;
-      if (q0 >= q1 || c0 >= c1) continue;
-      const int64_t r0 = q0 * mr, r1 = std::min(s.og, q1 * mr), j0 = c0 * nr, j1 = std::min(columns, c1 * nr);
-      const int64_t ncols = j1 - j0, kc_max = std::min(kKC, s.k);
-      float* abuf = buffer(0, (q1 - q0) * mr * kc_max);
-      float* bbuf = buffer(1, (c1 - c0) * nr * kc_max);
-      float* tmp = buffer(2, kc_max * kGatherCols);
-      float* cbuf = buffer(3, (r1 - r0) * ncols);
-      if (!abuf || !bbuf || !tmp || !cbuf) {
-        failed.store(true);
-        return;
-      }
-      // The bias first, as the im2col path fills y with it: every slice then adds (beta 1).
-      if (bias)
-        for (int64_t r = r0; r < r1; ++r) std::fill_n(cbuf + (r - r0) * ncols, ncols, bias[g * s.og + r]);
-      gemm::Args a{};
-      a.a = w + g * s.og * s.k;
-      a.lda = s.k;
-      for (int64_t p0 = 0; p0 < s.k; p0 += kKC) {
-        const int64_t kc = std::min(kKC, s.k - p0);
-        const float beta = p0 == 0 && !bias ? 0.0f : 1.0f;
-        kern.pack_a(a, r0, r1 - r0, p0, kc, abuf);
-        for (int64_t cc = 0; cc < ncols; cc += kGatherCols) {
-          const int64_t len = std::min(kGatherCols, ncols - cc);
-          gather_rows(s, x, g, p0, kc, j0 + cc, len, len, tmp);
-          gemm::Args b{};
-          b.b = tmp;
-          b.ldb = len;
-          kern.pack_b(b, 0, kc, 0, len, bbuf + cc * kc);  // cc is a multiple of NR
-        }
-        for (int64_t q = q0; q < q1; ++q) {
-          const int64_t row = q * mr, mv = std::min(mr, s.og - row);
-          const float* ap = abuf + (q - q0) * mr * kc;
-          for (int64_t jr = 0; jr < ncols; jr += nr)
-            kern.tile(kc, ap, bbuf + jr * kc, cbuf + (row - r0) * ncols + jr, ncols, 1.0f, beta, mv,
-                      std::min(nr, ncols - jr));
-        }
-      }
-      // Each row's runs into y, image by image, with the epilogue.
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t j = j0; j < j1;) {
-          const int64_t n = j / s.p, pa = j % s.p, pb = std::min(s.p, pa + (j1 - j));
-          const int64_t at = (n * s.o + g * s.og + r) * s.p + pa;
-          std::copy_n(cbuf + (r - r0) * ncols + (j - j0), pb - pa, y + at);
-          if (act != KILN_ACT_NONE || residual) conv_epilogue(y + at, residual ? residual + at : nullptr, pb - pa, act);
-          j += pb - pa;
-        }
+  for_each_item(items, threads, [&](int64_t item) {
+    const int64_t cb = item % cols, rb = item / cols % rows, g = item / cols / rows;
+    const int64_t q0 = row_panels * rb / rows, q1 = row_panels * (rb + 1) / rows;
+    const int64_t c0 = col_panels * cb / cols, c1 = col_panels * (cb + 1) / cols;
+    if (q0 >= q1 || c0 >= c1) return;
+    const int64_t r0 = q0 * mr, r1 = std::min(s.og, q1 * mr), j0 = c0 * nr, j1 = std::min(columns, c1 * nr);
+    const int64_t ncols = j1 - j0, kc_max = std::min(kKC, s.k);
+    float* abuf = buffer(0, (q1 - q0) * mr * kc_max);
+    float* bbuf = buffer(1, (c1 - c0) * nr * kc_max);
+    float* tmp = buffer(2, kc_max * kGatherCols);
+    float* cbuf = buffer(3, (r1 - r0) * ncols);
+    if (!abuf || !bbuf || !tmp || !cbuf) {
+      failed.store(true);
+      return;
     }
+    // The bias first, as the im2col path fills y with it: every slice then adds (beta 1).
+    if (bias)
+      for (int64_t r = r0; r < r1; ++r) std::fill_n(cbuf + (r - r0) * ncols, ncols, bias[g * s.og + r]);
+    gemm::Args a{};
+    a.a = w + g * s.og * s.k;
+    a.lda = s.k;
+    for (int64_t p0 = 0; p0 < s.k; p0 += kKC) {
+      const int64_t kc = std::min(kKC, s.k - p0);
+      const float beta = p0 == 0 && !bias ? 0.0f : 1.0f;
+      kern.pack_a(a, r0, r1 - r0, p0, kc, abuf);
+      for (int64_t cc = 0; cc < ncols; cc += kGatherCols) {
+        const int64_t len = std::min(kGatherCols, ncols - cc);
+        gather_rows(s, x, g, p0, kc, j0 + cc, len, len, tmp);
+        gemm::Args b{};
+        b.b = tmp;
+        b.ldb = len;
+        kern.pack_b(b, 0, kc, 0, len, bbuf + cc * kc);  // cc is a multiple of NR
+      }
+      for (int64_t q = q0; q < q1; ++q) {
+        const int64_t row = q * mr, mv = std::min(mr, s.og - row);
+        const float* ap = abuf + (q - q0) * mr * kc;
+        for (int64_t jr = 0; jr < ncols; jr += nr)
+          kern.tile(kc, ap, bbuf + jr * kc, cbuf + (row - r0) * ncols + jr, ncols, 1.0f, beta, mv,
+                    std::min(nr, ncols - jr));
+      }
+    }
+    // Each row's runs into y, image by image, with the epilogue.
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = j0; j < j1;) {
+        const int64_t n = j / s.p, pa = j % s.p, pb = std::min(s.p, pa + (j1 - j));
+        const int64_t at = (n * s.o + g * s.og + r) * s.p + pa;
+        std::copy_n(cbuf + (r - r0) * ncols + (j - j0), pb - pa, y + at);
+        if (act != KILN_ACT_NONE || residual) conv_epilogue(y + at, residual ? residual + at : nullptr, pb - pa, act);
+        j += pb - pa;
+      }
   });
 }
 
