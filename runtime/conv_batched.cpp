@@ -116,6 +116,14 @@ float* buffer(int slot, int64_t floats) {
           const V even = __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
           __builtin_memcpy(out + q, &even, sizeof even);
         }
+        using V8 = float __attribute__((vector_size(32)));
+        for (; q + 8 < len; q += 8) {  // ResNet's 28- and 14-wide rows: 8 more at a time
+          V8 lo, hi;
+          __builtin_memcpy(&lo, src + 2 * q, sizeof lo);
+          __builtin_memcpy(&hi, src + 2 * q + 8, sizeof hi);
+          const V8 even = __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14);
+          __builtin_memcpy(out + q, &even, sizeof even);
+        }
         for (; q < len; ++q) out[q] = src[2 * q];
         out += len;
       } else {
@@ -338,7 +346,10 @@ bool batched_conv2d(const float* x, const float* w, const float* bias, const flo
 }
 
 bool implicit_grad_weight_shape(const KilnConv2dParams& p) {
-  return gemm::current_kernel() != nullptr && p.o / p.groups > 0 && p.c / p.groups * p.kh * p.kw > 0;
+  // Not 1x1 kernels: their im2col is the input itself or a strided gather of its rows, and
+  // the per-image GEMMs measured faster (ResNet-18's 1x1 stride-2 downsamples at batch 16,
+  // one thread: 0.7-0.75x of them here).
+  return gemm::current_kernel() != nullptr && p.o / p.groups > 0 && p.c / p.groups > 0 && p.kh * p.kw > 1;
 }
 
 bool implicit_grad_weight(const float* x, const float* dy, float* dw, const KilnConv2dParams& p) {

@@ -102,8 +102,9 @@ bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, con
 // whole batch (runtime/conv_batched.cpp): the reduction over (image, position) pairs
 // cut into KC-deep slices across images, dY and the im2col rows packed straight into the
 // GEMM's panels, items owning blocks of dW; bitwise the same for any thread count, equal to
-// the im2col path to rounding. implicit_grad_weight_shape says whether it applies (Kiln's
-// GEMM kernel is running); implicit_grad_weight computes dw and returns true, or returns
+// the im2col path to rounding. implicit_grad_weight_shape says whether the entry point takes
+// it (Kiln's GEMM kernel is running, a kernel larger than 1x1); implicit_grad_weight (any
+// shape) computes dw and returns true, or returns
 // false when Kiln's GEMM is not the one running (nothing computed).
 bool implicit_grad_weight_shape(const KilnConv2dParams& p);
 bool implicit_grad_weight(const float* x, const float* dy, float* dw, const KilnConv2dParams& p);
