@@ -163,20 +163,19 @@ void for_each_item(int64_t items, int64_t threads, F&& body) {
   });
 }
 
-// How dW [og, K] of each group is cut into items: blocks of whole A micro-panels (rows) and
-// whole B micro-panels (columns), the columns at most about kNC per block (the packed B
-// block stays in L2). Cutting the columns makes each block pack dY again (og values per
-// reduction step), cutting the rows makes each block gather and transpose the im2col rows
-// again (K values per step, the costlier), so the columns are cut first, until there are
-// kItemsPerThread items per thread.
+// How each group's output is cut into items: blocks of whole A micro-panels (rows) and
+// whole B micro-panels (columns), starting from `cols` column blocks (each small enough for
+// its packed B block to stay in L2). In both GEMMs below a cut of the columns makes each
+// block pack the A panels again (og values per K step), a cut of the rows makes each block
+// gather the im2col rows again (K or positions per step, the costlier), so the columns are
+// cut first, until there are kItemsPerThread items per thread.
 struct Blocking {
   int64_t row_blocks, col_blocks;
 };
-Blocking blocking(const ConvShape& s, int64_t mr, int64_t nr, int64_t threads) {
-  const int64_t row_panels = (s.og + mr - 1) / mr, col_panels = (s.k + nr - 1) / nr;
-  int64_t rows = 1, cols = std::max<int64_t>(1, (col_panels * nr + kNC - 1) / kNC);
-  const int64_t want = kItemsPerThread * threads;
-  while (s.groups * rows * cols < want) {
+Blocking blocking(int64_t groups, int64_t row_panels, int64_t col_panels, int64_t cols, int64_t threads) {
+  int64_t rows = 1;
+  cols = std::max<int64_t>(1, cols);
+  while (groups * rows * cols < kItemsPerThread * threads) {
     if (cols * 2 <= col_panels)
       cols *= 2;
     else if (rows * 2 <= row_panels)
@@ -191,8 +190,9 @@ void run(const ConvShape& s, const gemm::Kernel& kern, const float* x, const flo
          std::atomic<bool>& failed) {
   const int64_t mr = kern.mr, nr = kern.nr;
   const int64_t threads = in_parallel_region() ? 1 : std::max<int64_t>(1, kiln_rt_num_threads());
-  const Blocking cut = blocking(s, mr, nr, threads);
   const int64_t row_panels = (s.og + mr - 1) / mr, col_panels = (s.k + nr - 1) / nr;
+  // dW's columns (K) in blocks of at most about kNC.
+  const Blocking cut = blocking(s.groups, row_panels, col_panels, (col_panels * nr + kNC - 1) / kNC, threads);
   const int64_t reduction = s.n * s.p;
   const int64_t items = s.groups * cut.row_blocks * cut.col_blocks;
   for_each_item(items, threads, [&](int64_t item) {
@@ -260,16 +260,8 @@ void run_forward(const ConvShape& s, const gemm::Kernel& kern, const float* x, c
   const int64_t columns = s.n * s.p;
   const int64_t row_panels = (s.og + mr - 1) / mr, col_panels = (columns + nr - 1) / nr;
   const int64_t max_cols = std::max(nr, std::min(kNC, kForwardBlockFloats / s.og) / nr * nr);
-  int64_t rows = 1, cols = std::max<int64_t>(1, (col_panels * nr + max_cols - 1) / max_cols);
-  while (s.groups * rows * cols < kItemsPerThread * threads) {
-    if (cols * 2 <= col_panels)
-      cols *= 2;
-    else if (rows * 2 <= row_panels)
-      rows *= 2;
-    else
-      break;
-  }
-  cols = std::min(cols, col_panels);
+  const Blocking cut = blocking(s.groups, row_panels, col_panels, (col_panels * nr + max_cols - 1) / max_cols, threads);
+  const int64_t rows = cut.row_blocks, cols = cut.col_blocks;
   const int64_t items = s.groups * rows * cols;
   for_each_item(items, threads, [&](int64_t item) {
     const int64_t cb = item % cols, rb = item / cols % rows, g = item / cols / rows;
