@@ -44,14 +44,15 @@ using gemm::kNC;
 constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 // Per thread, 64-byte aligned, kept between calls: [0] packed A, [1] packed B, [2] gathered
-// im2col rows, [3] the forward conv's block of C.
+// im2col rows, [3] the forward conv's block of C, [4] the forward conv's packed weights (the
+// calling thread's).
 float* buffer(int slot, int64_t floats) {
   struct Aligned {
     float* p = nullptr;
     int64_t size = 0;
     ~Aligned() { std::free(p); }
   };
-  thread_local Aligned buffers[4];
+  thread_local Aligned buffers[5];
   Aligned& b = buffers[slot];
   if (b.size < floats) {
     std::free(b.p);
@@ -247,9 +248,9 @@ void run(const ConvShape& s, const gemm::Kernel& kern, const float* x, const flo
 
 // The forward conv, columns across images: for group g, C [og, N * P] = W[g] [og, K] . B with
 // B [K, N * P] the im2col matrices of the images side by side. Items are blocks of (group,
-// output channels, columns); each computes its block into a buffer C [rows, cols] (a block's
-// columns may cross images, which y's layout [N, O, P] does not keep contiguous), then copies
-// each row's runs into y and applies the epilogue there.
+// output channels, columns), the weights packed once for all; each computes its block into
+// a buffer C [rows, cols] (a block's columns may cross images, which y's layout [N, O, P]
+// does not keep contiguous), then copies each row's runs into y and applies the epilogue.
 constexpr int64_t kForwardBlockFloats = 1 << 18;  // C's block: 1 MiB
 constexpr int64_t kGatherCols = 128;              // columns gathered at a time before packing
 
@@ -263,6 +264,23 @@ void run_forward(const ConvShape& s, const gemm::Kernel& kern, const float* x, c
   const Blocking cut = blocking(s.groups, row_panels, col_panels, (col_panels * nr + max_cols - 1) / max_cols, threads);
   const int64_t rows = cut.row_blocks, cols = cut.col_blocks;
   const int64_t items = s.groups * rows * cols;
+  // The weights' A panels, packed once for every item ([g][panel][K][MR]: slice p0 of a
+  // panel at p0 * MR), over the pool: packed per item, ResNet-18's 512-channel weights were
+  // transposed once per column block.
+  float* a_all = buffer(4, s.groups * row_panels * mr * s.k);
+  if (!a_all) {
+    failed.store(true);
+    return;
+  }
+  parallel_for(s.groups * row_panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t g = i / row_panels, q = i % row_panels;
+      gemm::Args a{};
+      a.a = w + g * s.og * s.k;
+      a.lda = s.k;
+      kern.pack_a(a, q * mr, std::min(mr, s.og - q * mr), 0, s.k, a_all + i * mr * s.k);
+    }
+  });
   for_each_item(items, threads, [&](int64_t item) {
     const int64_t cb = item % cols, rb = item / cols % rows, g = item / cols / rows;
     const int64_t q0 = row_panels * rb / rows, q1 = row_panels * (rb + 1) / rows;
@@ -270,24 +288,19 @@ void run_forward(const ConvShape& s, const gemm::Kernel& kern, const float* x, c
     if (q0 >= q1 || c0 >= c1) return;
     const int64_t r0 = q0 * mr, r1 = std::min(s.og, q1 * mr), j0 = c0 * nr, j1 = std::min(columns, c1 * nr);
     const int64_t ncols = j1 - j0, kc_max = std::min(kKC, s.k);
-    float* abuf = buffer(0, (q1 - q0) * mr * kc_max);
     float* bbuf = buffer(1, (c1 - c0) * nr * kc_max);
     float* tmp = buffer(2, kc_max * kGatherCols);
     float* cbuf = buffer(3, (r1 - r0) * ncols);
-    if (!abuf || !bbuf || !tmp || !cbuf) {
+    if (!bbuf || !tmp || !cbuf) {
       failed.store(true);
       return;
     }
     // The bias first, as the im2col path fills y with it: every slice then adds (beta 1).
     if (bias)
       for (int64_t r = r0; r < r1; ++r) std::fill_n(cbuf + (r - r0) * ncols, ncols, bias[g * s.og + r]);
-    gemm::Args a{};
-    a.a = w + g * s.og * s.k;
-    a.lda = s.k;
     for (int64_t p0 = 0; p0 < s.k; p0 += kKC) {
       const int64_t kc = std::min(kKC, s.k - p0);
       const float beta = p0 == 0 && !bias ? 0.0f : 1.0f;
-      kern.pack_a(a, r0, r1 - r0, p0, kc, abuf);
       for (int64_t cc = 0; cc < ncols; cc += kGatherCols) {
         const int64_t len = std::min(kGatherCols, ncols - cc);
         gather_rows(s, x, g, p0, kc, j0 + cc, len, len, tmp);
@@ -298,7 +311,7 @@ void run_forward(const ConvShape& s, const gemm::Kernel& kern, const float* x, c
       }
       for (int64_t q = q0; q < q1; ++q) {
         const int64_t row = q * mr, mv = std::min(mr, s.og - row);
-        const float* ap = abuf + (q - q0) * mr * kc;
+        const float* ap = a_all + ((g * row_panels + q) * s.k + p0) * mr;
         for (int64_t jr = 0; jr < ncols; jr += nr)
           kern.tile(kc, ap, bbuf + jr * kc, cbuf + (row - r0) * ncols + jr, ncols, 1.0f, beta, mv,
                     std::min(nr, ncols - jr));
