@@ -24,7 +24,9 @@
 // --cpu-time times by the process's CPU time instead of the wall clock: on a machine other
 // work shares, run it with KILN_NUM_THREADS=1 to compare kernels by the work they do.
 //
-//   conv_bench [--batch N] [--min-time SECONDS] [--cpu-time] [--models [--grads]]
+// --only MODEL (mobilenet, resnet18, grouped) and --only-batch N (1 or 16) run a part of --models.
+//
+//   conv_bench [--batch N] [--min-time SECONDS] [--cpu-time] [--models [--grads] [--only M] [--only-batch N]]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -318,6 +320,10 @@ void bench_layer(const Layer& l, int64_t n, bool grads, std::mt19937& rng, Total
   }
 }
 
+// --only MODEL and --only-batch N restrict --models to one model's layers and one batch.
+const char* g_only_model = nullptr;
+int64_t g_only_batch = 0;
+
 void bench_models(bool grads, std::mt19937& rng) {
   // MobileNetV2 (224x224): its depthwise layers (3x3, stride 1 and 2, 32..960 channels) and
   // 1x1 expand / project layers; ResNet-18: its 3x3 layers (64..512 channels), the 7x7
@@ -355,8 +361,10 @@ void bench_models(bool grads, std::mt19937& rng) {
   std::printf("%-13s %-10s %-3s %-30s %-11s %9s %9s %7s %7s %9s %6s\n", "model", "layer", "n", "C x H x W -> O",
               "kernel", "new ms", "old ms", "old/new", "GFLOP/s", "bound ms", "bd/new");
   for (int64_t n : {1, 16}) {
+    if (g_only_batch != 0 && n != g_only_batch) continue;
     Totals mobile_dw, mobile_pw, mobile_other, resnet, grouped;
     for (const Layer& l : layers) {
+      if (g_only_model && std::strcmp(l.model, g_only_model) != 0) continue;
       const bool mobile = std::strcmp(l.model, "mobilenet") == 0;
       Totals& t = !mobile ? (l.groups > 1 ? grouped : resnet) : l.groups > 1 ? mobile_dw : l.k == 1 ? mobile_pw : mobile_other;
       bench_layer(l, n, grads, rng, t);
@@ -387,8 +395,13 @@ int main(int argc, char** argv) {
       grads = true;
     } else if (a == "--cpu-time") {
       g_cpu_time = true;
+    } else if (a == "--only" && i + 1 < argc) {
+      g_only_model = argv[++i];
+    } else if (a == "--only-batch" && i + 1 < argc) {
+      g_only_batch = std::atoll(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: conv_bench [--batch N] [--min-time SECONDS] [--cpu-time] [--models [--grads]]\n");
+      std::fprintf(stderr, "usage: conv_bench [--batch N] [--min-time SECONDS] [--cpu-time] [--models [--grads] "
+                           "[--only mobilenet|resnet18|grouped] [--only-batch 1|16]]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }

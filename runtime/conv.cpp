@@ -40,9 +40,14 @@
 // channels and at least two images take Winograd (runtime/conv_winograd.cpp). With Kiln's
 // GEMM kernel running, an f32 forward conv the kernels above do not take runs as an
 // implicit GEMM (runtime/conv_implicit.cpp): this file's im2col + GEMM without the column
-// matrix, bitwise the same result; the im2col path below remains for f64, the gradients,
-// OpenBLAS as the GEMM, and one output position or channel per group.
+// matrix, bitwise the same result; a batch of small planes (at most kBatchedMaxPositions
+// positions) runs as one implicit GEMM with columns across the images instead
+// (runtime/conv_batched.cpp), ahead of Winograd. With Kiln's GEMM, the f32 weight gradient
+// off the direct path is one implicit GEMM over the batch (runtime/conv_batched.cpp) and
+// the chunks below do not run. The im2col path below remains for f64, input gradients of
+// strided convs, OpenBLAS as the GEMM, and one output position or channel per group.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <type_traits>
@@ -402,6 +407,13 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
     // whole output.
     if (kiln::rt::is_depthwise(*params)) return kiln::rt::depthwise_conv2d(x, w, bias, residual, y, *params, act);
     const int32_t own_act = epi ? KILN_ACT_NONE : act;
+    // A batch of small planes (ResNet's 14x14 and 7x7 layers): one implicit GEMM across the
+    // images (runtime/conv_batched.cpp), ahead of Winograd, which transforms the weights on
+    // every call and has few tiles per image there.
+    if constexpr (std::is_same_v<T, float>)
+      if (!direct_ok(s) && kiln::rt::batched_conv2d_shape(*params) &&
+          kiln::rt::batched_conv2d(x, w, bias, residual, y, *params, act))
+        return;
     if (kiln::rt::winograd_shape(*params) && kiln::rt::winograd_conv2d(x, w, bias, y, *params, own_act)) {
       if (epi) kiln::rt::conv_epilogue(y, residual, s.n * s.o * s.p, act);
       return;
@@ -453,23 +465,37 @@ void conv2d_grad_input(const T* dy, const T* w, T* dx, const KilnConv2dParams* p
   std::optional<KilnConv2dParams> ts = special ? transposed_conv(s) : std::nullopt;
   if (ts) {
     // wt [C, O, KH, KW]: wt[c, o, ky, kx] = w[o, c, KH - 1 - ky, KW - 1 - kx].
+    // Written in wt's order, c by c over the pool: the reads of one c are O runs of `taps`
+    // weights, and the next c reads the cache lines after them (the other order scattered
+    // its writes, a line each: a quarter of ResNet-18's 512-channel 7x7 input gradient).
+    // The buffer is the calling thread's, kept between calls (no fresh pages each step).
     const int64_t taps = s.kh * s.kw;
-    std::vector<T> wt(static_cast<size_t>(s.c * s.o * taps));
-    bool finite = true;
-    for (int64_t o = 0; o < s.o; ++o)
-      for (int64_t c = 0; c < s.c; ++c)
-        for (int64_t t = 0; t < taps; ++t) {
-          const T v = w[(o * s.c + c) * taps + t];
-          finite = finite && v - v == T(0);  // false for an infinity or a NaN
-          wt[static_cast<size_t>((c * s.o + o) * taps + taps - 1 - t)] = v;
+    thread_local std::vector<T> flipped;
+    if (flipped.size() < static_cast<size_t>(s.c * s.o * taps)) flipped.resize(static_cast<size_t>(s.c * s.o * taps));
+    T* wt = flipped.data();
+    std::atomic<bool> nonfinite{false};
+    kiln::rt::parallel_for(s.c, 1, [&](int64_t c0, int64_t c1) {
+      bool bad = false;
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t o = 0; o < s.o; ++o) {
+          const T* src = w + (o * s.c + c) * taps;
+          T* dst = wt + (c * s.o + o) * taps + taps - 1;
+          for (int64_t t = 0; t < taps; ++t) {
+            const T v = src[t];
+            bad |= !(v - v == T(0));  // an infinity or a NaN
+            dst[-t] = v;
+          }
         }
+      if (bad) nonfinite.store(true, std::memory_order_relaxed);
+    });
+    const bool finite = !nonfinite.load();
     // The transposed conv multiplies every weight by the zeros around dy, which the input
     // gradient (a scatter into x's cells) has no term for: with a weight that is infinite
     // or NaN, 0 * w is NaN, so such weights take the GEMM + col2im below, whose products
     // over the padding fall in cells col2im drops. Otherwise it is a forward conv, with the
     // forward kernels (Winograd, direct, im2col + GEMM over C * KH * KW rows instead of a
     // GEMM over O and a scatter of C * KH * KW rows back into dx).
-    if (finite) return conv2d(dy, wt.data(), static_cast<const T*>(nullptr), dx, &*ts, KILN_ACT_NONE);
+    if (finite) return conv2d(dy, static_cast<const T*>(wt), static_cast<const T*>(nullptr), dx, &*ts, KILN_ACT_NONE);
   }
   for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {
     T* dcol = s.pointwise ? nullptr : scratch<T>(s.k * s.p);
@@ -620,6 +646,13 @@ void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* 
     std::fill_n(dw, size, T(0));
     return;
   }
+  // LeNet-sized layers take the direct path below; with Kiln's GEMM running, the other f32
+  // shapes are one implicit GEMM over the batch (runtime/conv_batched.cpp).
+  const bool direct = special && direct_ok(s) && size <= kDirectMaxDw;
+  if constexpr (std::is_same_v<T, float>)
+    if (special && !direct && kiln::rt::implicit_grad_weight_shape(*params) &&
+        kiln::rt::implicit_grad_weight(x, dy, dw, *params))
+      return;
   // Grouped: each group's weights are their own sum over the images, in image order, so the
   // groups run in parallel with no partial sums (one column buffer per thread) and each
   // group's result is the same whichever thread computes it.
@@ -636,7 +669,6 @@ void conv2d_grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams* 
   // count, so dw is bitwise the same for any number of threads.
   int64_t chunks = std::clamp<int64_t>(kMaxPartialElements / size, 1, std::min(s.n, kMaxChunks));
   bool parallel = chunks > 1 && kiln_rt_num_threads() > 1 && !kiln::rt::in_parallel_region();
-  const bool direct = special && direct_ok(s) && size <= kDirectMaxDw;
   std::vector<T> partials(static_cast<size_t>((chunks - 1) * size));
   auto body = [&](int64_t begin, int64_t end) {
     for (int64_t chunk = begin; chunk < end; ++chunk) {

@@ -101,6 +101,31 @@ bool implicit_gemm_shape(const KilnConv2dParams& p);
 bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
                           const KilnConv2dParams& p, int32_t act);
 
+// The f32 weight gradient of a dense (not depthwise) conv as one implicit GEMM over the
+// whole batch (runtime/conv_batched.cpp): the reduction over (image, position) pairs
+// cut into KC-deep slices across images, dY and the im2col rows packed straight into the
+// GEMM's panels, items owning blocks of dW; bitwise the same for any thread count, equal to
+// the im2col path to rounding. implicit_grad_weight_shape says whether the entry point takes
+// it (Kiln's GEMM kernel is running, a kernel larger than 1x1); implicit_grad_weight (any
+// shape) computes dw and returns true, or returns
+// false when Kiln's GEMM is not the one running (nothing computed).
+bool implicit_grad_weight_shape(const KilnConv2dParams& p);
+bool implicit_grad_weight(const float* x, const float* dy, float* dw, const KilnConv2dParams& p);
+
+// The f32 forward conv of a batch (at least 2 images) with small planes (at most
+// kBatchedMaxPositions output positions) as one implicit GEMM whose columns run across the
+// images (runtime/conv_batched.cpp): the per-image implicit GEMM gives ResNet-18's 7x7
+// layers 49 columns per image (a 32-wide micro-panel and a 17-wide one) and streams all the
+// weights again for each image; Winograd has 16 tiles per image there. Measured on
+// ResNet-18's 7x7 layers at batch 16 (one thread, CPU time): 1.25-1.4x the per-image
+// implicit GEMM and Winograd; on its 14x14 layers it only tied the implicit GEMM and lost to
+// Winograd, hence the limit. Bitwise the im2col + GEMM path's result (the same slices of K,
+// the same bias handling). y = act(conv + bias + residual); a residual must not overlap y.
+constexpr int64_t kBatchedMaxPositions = 64;
+bool batched_conv2d_shape(const KilnConv2dParams& p);
+bool batched_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                    const KilnConv2dParams& p, int32_t act);
+
 // The general path alone, im2col (or none for a 1x1 stride-1 conv) + one GEMM per image and
 // group, whatever the shape: what every convolution took before the specialized kernels,
 // kept callable as the baseline bench/conv_bench.cpp measures them against. f32 only.

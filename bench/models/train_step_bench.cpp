@@ -7,6 +7,7 @@
 #include <chrono>
 #include <optional>
 #include <cstdio>
+#include <ctime>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,7 +23,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: train_step_bench MODEL.onnx --input X.npy --labels Y.npy [--optimizer sgd|adam] [--reps N]\n"
-    "                        [--timings] [--profile]\n"
+    "                        [--timings] [--profile] [--cpu-time]\n"
     "\n"
     "Imports MODEL.onnx for training (OnnxImportOptions::training) at the batch of X.npy, adds\n"
     "softmax cross-entropy on its logits (kiln::with_classifier_loss: labels Y.npy, i32 [N]),\n"
@@ -32,14 +33,23 @@ constexpr const char* kUsage =
     "(the loss of the last step). The model's own weights are the initial state.\n"
     "  --reps N   timed steps (default 5)\n"
     "  --timings  the phases of import and compile on stderr (as kiln run --timings)\n"
-    "  --profile  the compiled step's per-kernel profile over the timed steps on stdout\n";
+    "  --profile  the compiled step's per-kernel profile over the timed steps on stdout\n"
+    "  --cpu-time time the steps by the process's CPU time (all its threads) instead of the wall\n"
+    "             clock: on a machine other work shares, run with KILN_NUM_THREADS=1 to compare\n"
+    "             builds by the work a step does\n";
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 int run(const std::string& model, const std::string& x_file, const std::string& y_file, const std::string& optimizer,
-        int reps, bool timings, bool profile) {
+        int reps, bool timings, bool profile, bool cpu_time) {
   kiln::set_phase_timing(timings);
   const kiln::Tensor x = kiln::read_npy(x_file);
   const kiln::Tensor y = kiln::read_npy(y_file);
@@ -75,8 +85,9 @@ int run(const std::string& model, const std::string& x_file, const std::string& 
   std::vector<double> times;
   for (int i = 0; i < reps; ++i) {
     t = std::chrono::steady_clock::now();
+    const double c0 = cpu_seconds();
     out = exe->run(batch);
-    times.push_back(seconds_since(t));
+    times.push_back(cpu_time ? cpu_seconds() - c0 : seconds_since(t));
   }
   std::sort(times.begin(), times.end());
   const size_t n = times.size();
@@ -94,7 +105,7 @@ int run(const std::string& model, const std::string& x_file, const std::string& 
 int main(int argc, char** argv) {
   std::string model, x_file, y_file, optimizer = "sgd";
   int reps = 5;
-  bool timings = false, profile = false;
+  bool timings = false, profile = false, cpu_time = false;
   try {
     for (int i = 1; i < argc; ++i) {
       std::string_view a = argv[i];
@@ -115,6 +126,8 @@ int main(int argc, char** argv) {
         timings = true;
       } else if (a == "--profile") {
         profile = true;
+      } else if (a == "--cpu-time") {
+        cpu_time = true;
       } else if (a == "--reps" && has_value) {
         std::string_view v = argv[++i];
         auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), reps);
@@ -128,7 +141,7 @@ int main(int argc, char** argv) {
     }
     if (model.empty() || x_file.empty() || y_file.empty())
       throw kiln::Error("needs MODEL.onnx, --input X.npy and --labels Y.npy (see --help)");
-    return run(model, x_file, y_file, optimizer, reps, timings, profile);
+    return run(model, x_file, y_file, optimizer, reps, timings, profile, cpu_time);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_step_bench: error: %s\n", e.what());
     return 1;

@@ -18,6 +18,7 @@
 #include "runtime/conv_internal.h"
 #include "runtime/gemm.h"
 #include "runtime/kernels.h"
+#include "conv_cases.h"
 #include "gemm_kernels.h"
 #include "self_exe.h"
 
@@ -25,22 +26,7 @@ namespace {
 
 using kiln::rt::GemmKernel;
 
-struct Case {
-  int64_t n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, groups;
-};
-
-KilnConv2dParams params_of(const Case& k) {
-  const int64_t oh = (k.h + 2 * k.ph - k.dh * (k.kh - 1) - 1) / k.sh + 1;
-  const int64_t ow = (k.w + 2 * k.pw - k.dw * (k.kw - 1) - 1) / k.sw + 1;
-  return {k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, oh, ow, k.sh, k.sw, k.ph, k.pw, k.dh, k.dw, k.groups};
-}
-
-std::vector<float> random_vector(int64_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(-1, 1);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = u(rng);
-  return v;
-}
+using Case = ConvCase;
 
 // Shapes for the implicit path: every position / channel block edge, both gather paths
 // (unit stride with rows as wide as the input's: one run per K row; any other: row by row),
