@@ -93,10 +93,12 @@ bool winograd_conv2d(const double* x, const double* w, const double* bias, doubl
 // applies (Kiln's GEMM kernel is running, more than one output position and one output
 // channel per group); implicit_gemm_conv2d computes y = act(conv + bias + residual) (a
 // residual must not overlap y) and returns true, or false when Kiln's GEMM is not the one
-// running (nothing computed).
+// running (nothing computed). With `cache` (a weight-cache slot, runtime/weight_cache.h:
+// kiln_rt_conv2d_cached_f32's), the packed weights are kept there and reused while w's
+// address, the shape and the GEMM kernel stay the same: the same bits.
 bool implicit_gemm_shape(const KilnConv2dParams& p);
 bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
-                          const KilnConv2dParams& p, int32_t act);
+                          const KilnConv2dParams& p, int32_t act, void** cache = nullptr);
 
 // The general path alone, im2col (or none for a 1x1 stride-1 conv) + one GEMM per image and
 // group, whatever the shape: what every convolution took before the specialized kernels,
