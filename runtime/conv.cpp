@@ -407,7 +407,10 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
       kiln::rt::depthwise_conv2d(x, w, bias, y, *params, own_act);
       done = true;
     } else {
-      done = kiln::rt::winograd_shape(*params) && kiln::rt::winograd_conv2d(x, w, bias, y, *params, own_act);
+      if constexpr (std::is_same_v<T, float>)
+        done = kiln::rt::winograd_shape(*params) && kiln::rt::winograd_conv2d(x, w, bias, y, *params, own_act, cache);
+      else
+        done = kiln::rt::winograd_shape(*params) && kiln::rt::winograd_conv2d(x, w, bias, y, *params, own_act);
     }
     if (done) {
       if (epi) kiln::rt::conv_epilogue(y, residual, s.n * s.o * s.p, act);

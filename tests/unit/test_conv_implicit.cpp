@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -205,6 +206,60 @@ TEST_CASE("implicit-GEMM conv2d with cached weights is bit for bit the uncached 
   kiln_rt_gemm_cache_forget(&slot, 1, 1);
   CHECK(slot == nullptr);
   if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels (OpenBLAS computes every conv GEMM)");
+}
+
+// Winograd's transformed weights (U) kept in a cache slot: the uncached kernel's bits, the
+// old U until the slot is forgotten, and a w or x that is not all finite still declined
+// (the entry point then takes another kernel, with the same bits as without a cache).
+TEST_CASE("Winograd conv2d with cached transformed weights is bit for bit the uncached kernel until forgotten",
+          "[runtime][conv][winograd][cache]") {
+  const Case k{2, 32, 10, 10, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1};
+  const KilnConv2dParams p = params_of(k);
+  REQUIRE(kiln::rt::winograd_shape(p));
+  std::mt19937 rng(8);
+  std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng), w = random_vector(k.o * k.c * 9, rng);
+  const std::vector<float> b = random_vector(k.o, rng), w_new = random_vector(k.o * k.c * 9, rng);
+  const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
+  void* slot = nullptr;
+  auto wino = [&](bool cache) {
+    std::vector<float> y(ysize, 12345.0f);
+    CHECK(kiln::rt::winograd_conv2d(x.data(), w.data(), b.data(), y.data(), p, KILN_ACT_RELU, cache ? &slot : nullptr));
+    return y;
+  };
+  auto entry = [&](bool cache) {
+    std::vector<float> y(ysize, 12345.0f);
+    if (cache)
+      kiln_rt_conv2d_cached_f32(&slot, x.data(), w.data(), b.data(), nullptr, y.data(), &p, KILN_ACT_RELU);
+    else
+      kiln_rt_conv2d_act_f32(x.data(), w.data(), b.data(), y.data(), &p, KILN_ACT_RELU);
+    REQUIRE(kiln_rt_take_error() == nullptr);
+    return y;
+  };
+  const std::vector<float> before = wino(false);
+  CHECK(same_bits(wino(true), before));  // transforms
+  CHECK(slot != nullptr);
+  CHECK(same_bits(wino(true), before));  // from the cache
+  CHECK(same_bits(entry(true), entry(false)));
+  w = w_new;  // new contents at the same address: the old U ...
+  CHECK(same_bits(wino(true), before));
+  kiln_rt_gemm_cache_forget(&slot, 1, 0);  // ... until forgotten
+  const std::vector<float> after = wino(false);
+  CHECK_FALSE(same_bits(after, before));
+  CHECK(same_bits(wino(true), after));
+  // Not finite: declined, writing nothing, through the cache too; the entry point's other
+  // kernel gives the uncached entry's bits.
+  for (std::vector<float>* v : {&w, &x}) {
+    const float keep = (*v)[7];
+    (*v)[7] = std::numeric_limits<float>::infinity();
+    kiln_rt_gemm_cache_forget(&slot, 1, 0);
+    std::vector<float> y(ysize, 7.0f);
+    CHECK_FALSE(kiln::rt::winograd_conv2d(x.data(), w.data(), b.data(), y.data(), p, KILN_ACT_RELU, &slot));
+    CHECK(y == std::vector<float>(ysize, 7.0f));
+    CHECK(same_bits(entry(true), entry(false)));
+    (*v)[7] = keep;
+  }
+  kiln_rt_gemm_cache_forget(&slot, 1, 1);
+  CHECK(slot == nullptr);
 }
 
 TEST_CASE("implicit-GEMM conv2d: what kiln_rt_conv2d takes it for, and what it declines", "[runtime][conv][implicit]") {
