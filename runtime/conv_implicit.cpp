@@ -6,14 +6,17 @@
 // weights' A micro-panels are packed once per call for all images and blocks of positions
 // instead of once per image, or, for an inference graph's weight (a constant, or state of
 // an executable that does not train), once per instance: kept in a weight-cache slot
-// (runtime/weight_cache.h, kiln_rt_conv2d_cached_f32) until the instance forgets it.
+// (runtime/weight_cache.h, kiln_rt_conv2d_cached_f32) until the instance forgets it. All
+// of them are laid out KC slice by KC slice (pack_all_a), so that an item's panels of one
+// slice are one contiguous run: a cached copy larger than the caches streams from memory.
 //
 // The same micro-kernel runs the same operations per element as kiln_rt_sgemm over the
 // im2col matrix: each output is one accumulator per KC slice of K (fixed by K alone), the
 // first slice combined with the bias the output was filled with (beta 1) or with nothing
 // (beta 0), later ones added (beta 1); with K in one slice the bias is added after the
 // GEMM instead (the same single rounding of acc + bias). So the result is bitwise the im2col + GEMM path's,
-// for any thread count and any cut into work items (tests/unit/test_conv.cpp checks it).
+// for any thread count and any cut into work items, with the weights packed per call or
+// cached (tests/unit/test_conv_implicit.cpp checks it).
 //
 // Work: items of (image, group, block of positions, block of output channels), run over
 // the pool. Positions are cut into blocks of at most NC columns; with fewer images than
@@ -244,21 +247,30 @@ int64_t packed_a_floats(const Shape& s, const gemm::Kernel& kern) {
   return s.groups * ((s.og + kern.mr - 1) / kern.mr) * kern.mr * s.k;
 }
 
-// All the weights as A micro-panels, layout [g][panel][K][MR]: slice p0 of a panel is
-// contiguous at p0 * MR. Over the pool when the weights are large (ResNet's 3x3 layers);
-// small ones (MobileNet's 1x1 layers) on this thread, which costs less than waking the pool.
+// Where panel q of group g, K rows [p0, p0 + kc) of one KC slice, lies in pack_all_a's layout.
+int64_t packed_a_at(const Shape& s, int64_t mr, int64_t panels, int64_t g, int64_t q, int64_t p0, int64_t kc) {
+  return (g * panels * s.k + p0 * panels + q * kc) * mr;
+}
+
+// All the weights as A micro-panels, layout [g][KC slice][panel][kc][MR]: a KC slice of
+// consecutive panels is one contiguous run, in the order an item reads them, so
+// that weights read from memory (a cache of them larger than the caches) stream. Over the
+// pool when the weights are large (ResNet's 3x3 layers); small ones (MobileNet's 1x1
+// layers) on this thread, which costs less than waking the pool.
 void pack_all_a(const Shape& s, const gemm::Kernel& kern, const float* w, float* dst) {
-  const int64_t mr = kern.mr, panels = (s.og + mr - 1) / mr;
+  const int64_t mr = kern.mr, panels = (s.og + mr - 1) / mr, slices = (s.k + kKC - 1) / kKC;
   auto pack_all = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t g = i / panels, q = i % panels;
-      pack_a(s, kern, w, g, q * mr, std::min(mr, s.og - q * mr), 0, s.k, dst + i * mr * s.k);
+      const int64_t g = i / (slices * panels), sl = i / panels % slices, q = i % panels;
+      const int64_t p0 = sl * kKC, kc = std::min(kKC, s.k - p0);
+      pack_a(s, kern, w, g, q * mr, std::min(mr, s.og - q * mr), p0, kc,
+             dst + packed_a_at(s, mr, panels, g, q, p0, kc));
     }
   };
   if (s.o * s.k >= kParallelPackFloats && !in_parallel_region())
-    parallel_for(s.groups * panels, 1, pack_all);
+    parallel_for(s.groups * slices * panels, 1, pack_all);
   else
-    pack_all(0, s.groups * panels);
+    pack_all(0, s.groups * slices * panels);
 }
 
 // `packed`: the weights already packed by pack_all_a (a weight cache), or null to pack them
@@ -313,7 +325,7 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
         for (int64_t q = q0; q < q1; ++q) {
           const int64_t row = q * mr, mv = std::min(mr, s.og - row);
           if (mv <= 0) break;
-          const float* ap = shared_a ? a_all + ((g * panels + q) * s.k + p0) * mr : abuf + (q - q0) * mr * kc;
+          const float* ap = shared_a ? a_all + packed_a_at(s, mr, panels, g, q, p0, kc) : abuf + (q - q0) * mr * kc;
           for (int64_t jr = j0; jr < j1; jr += nr)
             kern.tile(kc, ap, bbuf + (jr - j0) * kc, yc + row * s.p + jr, s.p, 1.0f, beta, mv,
                       std::min(nr, j1 - jr));
