@@ -68,6 +68,13 @@ const std::vector<Case>& cases() {
   return all;
 }
 
+// "avx512 14x32: n 2 c 5 11x13 o 7 k 3x5 groups 1", for a failure's message.
+std::string describe(GemmKernel kern, const Case& k) {
+  return std::string(kiln::rt::gemm_kernel_name(kern)) + ": n " + std::to_string(k.n) + " c " + std::to_string(k.c) +
+         " " + std::to_string(k.h) + "x" + std::to_string(k.w) + " o " + std::to_string(k.o) + " k " +
+         std::to_string(k.kh) + "x" + std::to_string(k.kw) + " groups " + std::to_string(k.groups);
+}
+
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -83,8 +90,7 @@ TEST_CASE("implicit-GEMM conv2d is bit for bit im2col + GEMM with each kernel", 
     REQUIRE(kiln::rt::set_gemm_kernel(kern));
     for (const Case& k : cases()) {
       const KilnConv2dParams p = params_of(k);
-      INFO(kiln::rt::gemm_kernel_name(kern) << ": n " << k.n << " c " << k.c << " " << k.h << "x" << k.w << " o "
-                                            << k.o << " k " << k.kh << "x" << k.kw << " groups " << k.groups);
+      INFO(describe(kern, k));
       REQUIRE(kiln::rt::implicit_gemm_shape(p));
       const int64_t ysize = p.n * p.o * p.oh * p.ow;
       std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
@@ -128,8 +134,7 @@ TEST_CASE("implicit-GEMM conv2d with cached weights is bit for bit the uncached 
     REQUIRE(kiln::rt::set_gemm_kernel(kern));
     for (const Case& k : cases()) {
       const KilnConv2dParams p = params_of(k);
-      INFO(kiln::rt::gemm_kernel_name(kern) << ": n " << k.n << " c " << k.c << " " << k.h << "x" << k.w << " o "
-                                            << k.o << " k " << k.kh << "x" << k.kw << " groups " << k.groups);
+      INFO(describe(kern, k));
       const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
       std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
       std::vector<float> w = random_vector(k.o * (k.c / k.groups) * k.kh * k.kw, rng), b = random_vector(k.o, rng);
