@@ -18,6 +18,10 @@
 // For the layers Winograd takes, at batch 1, the f32 result's largest error against an f64
 // conv of the same values, next to im2col + sgemm's.
 //
+// For every dense layer, the forward conv with its weights prepared once (packed, or
+// transformed for Winograd: kiln_rt_conv2d_cached_f32, an inference graph's weights) against
+// once per call ("per call/once" above 1: the cache saves time).
+//
 // For the 3x3 layers Winograd takes, also the implicit-GEMM conv
 // (runtime/conv_implicit.cpp) of the same layer against it ("wino/impl" below 1: Winograd is faster).
 //
@@ -306,6 +310,17 @@ void bench_layer(const Layer& l, int64_t n, bool grads, std::mt19937& rng, Total
         [&] { kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE); });
     std::printf("  %-11s %-10s %-3lld winograd %.3f ms, implicit gemm %.3f ms: wino/impl %.2f\n", l.model, l.what,
                 (long long)n, wino * 1e3, implicit * 1e3, wino / implicit);
+  }
+  if (!depthwise) {
+    // The weights packed (or, for Winograd, transformed) once, as an inference graph's are
+    // (kiln_rt_conv2d_cached_f32), against once per call.
+    void* slot = nullptr;
+    auto [once, per_call] = time_pair(
+        [&] { kiln_rt_conv2d_cached_f32(&slot, x.data(), w.data(), bias.data(), nullptr, y.data(), &p, KILN_ACT_NONE); },
+        [&] { kiln_rt_conv2d_f32(x.data(), w.data(), bias.data(), y.data(), &p); });
+    kiln_rt_gemm_cache_forget(&slot, 1, 1);
+    std::printf("  %-11s %-10s %-3lld weights prepared once %.3f ms, per call %.3f ms: per call/once %.2f\n", l.model,
+                l.what, (long long)n, once * 1e3, per_call * 1e3, per_call / once);
   }
   for (const Kernel& kn : kernels) {
     auto [fresh, old] = time_pair(kn.fresh, kn.old);

@@ -144,6 +144,10 @@ class Program {
   virtual const Prepared& prepared() const = 0;
   virtual const std::shared_ptr<Device>& device() const = 0;
   virtual std::unique_ptr<Instance> instantiate() const = 0;
+  // Whether its instances derive anything from the state that they keep between calls
+  // (Instance::forget_state: the CPU backend's packed weights), so that running with the
+  // state set, rather than given to each call, saves work per call.
+  virtual bool derives_from_state() const { return false; }
   // Text of the generated code: cpu "llvm", "asm"; cuda "cuda", "ptx". kiln::Error for a
   // form this backend does not have (listing the ones it has).
   virtual std::string emit(std::string_view form) const = 0;

@@ -335,6 +335,9 @@ Executable::~Executable() {
 }
 
 const Prepared& Executable::prepared() const { return program_->prepared(); }
+bool Executable::derives_from_state() const {
+  return !program_->prepared().prep_names.empty() || program_->derives_from_state();
+}
 const std::shared_ptr<Device>& Executable::device() const { return program_->device(); }
 
 std::vector<std::string> Executable::emit_forms() const {

@@ -110,6 +110,11 @@ class Executable {
 
   const Graph& graph() const { return graph_; }  // the graph as given (its signature)
   const Prepared& prepared() const;              // optimized graph, memory and kernel plans
+  // Whether the code derives anything from the state once and keeps it while the state is
+  // the store's, unchanged (inference mode: prepared weights, docs/passes.md; weights
+  // packed once per instance, docs/design.md): then run() with the state set does less
+  // per call than evaluate() with it given, which derives it again each time.
+  bool derives_from_state() const;
   const Graph& compiled_graph() const { return prepared().graph; }
   const MemoryPlan& plan() const { return prepared().memory; }
   const std::string& target() const { return target_; }

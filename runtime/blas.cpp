@@ -20,6 +20,7 @@
 
 #include "runtime/gemm.h"
 #include "runtime/thread_pool.h"
+#include "runtime/weight_cache.h"
 
 namespace kiln::rt {
 
@@ -251,6 +252,13 @@ void gemm(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k, T a
     kiln::rt::parallel_for(g.count(), 1, piece);
 }
 
+// A GEMM cache slot's object (kiln_rt_sgemm_cached_b): B packed for the kernel.
+struct PackedBCache final : kiln::rt::WeightCache {
+  kiln::rt::PackedB packed;
+  ~PackedBCache() override { kiln::rt::forget_packed_b(packed, true); }
+  void forget(bool release) override { kiln::rt::forget_packed_b(packed, release); }
+};
+
 }  // namespace
 
 extern "C" {
@@ -267,23 +275,28 @@ void kiln_rt_sgemm_cached_b(void** slot, int32_t trans_a, int32_t trans_b, int64
                             int64_t ldc) {
   // One row or column of C is a matrix-vector product, which packs nothing.
   if (m >= 2 && n >= 2 && k >= 1 && alpha != 0.0f && kiln::rt::gemm_kernel() != kiln::rt::GemmKernel::openblas) {
-    auto* p = static_cast<kiln::rt::PackedB*>(*slot);
-    if (!p) *slot = p = new (std::nothrow) kiln::rt::PackedB;
-    if (p && (kiln::rt::packed_b_matches(*p, trans_b != 0, k, n, b, ldb) || kiln::rt::pack_b(*p, trans_b != 0, k, n, b, ldb)) &&
-        kiln::rt::sgemm_packed_b(trans_a != 0, m, alpha, a, lda, *p, beta, c, ldc))
-      return;
+    auto* cache = static_cast<kiln::rt::WeightCache*>(*slot);
+    if (!cache) *slot = cache = new (std::nothrow) PackedBCache;
+    auto* held = dynamic_cast<PackedBCache*>(cache);
+    if (held) {
+      kiln::rt::PackedB& p = held->packed;
+      if ((kiln::rt::packed_b_matches(p, trans_b != 0, k, n, b, ldb) || kiln::rt::pack_b(p, trans_b != 0, k, n, b, ldb)) &&
+          kiln::rt::sgemm_packed_b(trans_a != 0, m, alpha, a, lda, p, beta, c, ldc))
+        return;
+    }
   }
   kiln_rt_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void kiln_rt_gemm_cache_forget(void** slots, int64_t n, int32_t release) {
   for (int64_t i = 0; i < n; ++i) {
-    auto* p = static_cast<kiln::rt::PackedB*>(slots[i]);
+    auto* p = static_cast<kiln::rt::WeightCache*>(slots[i]);
     if (!p) continue;
-    kiln::rt::forget_packed_b(*p, release != 0);
     if (release) {
       delete p;
       slots[i] = nullptr;
+    } else {
+      p->forget(false);
     }
   }
 }

@@ -19,8 +19,10 @@ void kiln_rt_sgemm(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64
 void kiln_rt_sgemm_cached_b(void** slot, int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k,
                             float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                             int64_t ldc);
-// The caches at slots[0..n): forgotten (release == 0: their buffers kept for the next
-// packing) or freed and set to null (release != 0).
+// The caches at slots[0..n) (kiln_rt_sgemm_cached_b's, and runtime/kernels.h's
+// kiln_rt_conv2d_cached_f32's: one table of slots, each used by one call site): forgotten
+// (release == 0: their buffers kept for the next packing) or freed and set to null
+// (release != 0).
 void kiln_rt_gemm_cache_forget(void** slots, int64_t n, int32_t release);
 void kiln_rt_dgemm(int32_t trans_a, int32_t trans_b, int64_t m, int64_t n, int64_t k, double alpha,
                    const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,

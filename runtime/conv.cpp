@@ -396,9 +396,11 @@ std::optional<KilnConv2dParams> transposed_conv(const ConvShape& s) {
 }
 
 // `special`: the kernel for the shape (depthwise, direct); without it, im2col + GEMM.
+// `cache`: a weight-cache slot for the kernels that keep their packed weights (runtime/
+// weight_cache.h), or null.
 template <typename T>
 void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams* params, int32_t act,
-            bool special = true, const T* residual = nullptr) {
+            bool special = true, const T* residual = nullptr, void** cache = nullptr) {
   const ConvShape s(*params);
   const bool epi = needs_epilogue(residual, act);
   if (special) {
@@ -414,14 +416,19 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
       if (!direct_ok(s) && kiln::rt::batched_conv2d_shape(*params) &&
           kiln::rt::batched_conv2d(x, w, bias, residual, y, *params, act))
         return;
-    if (kiln::rt::winograd_shape(*params) && kiln::rt::winograd_conv2d(x, w, bias, y, *params, own_act)) {
+    bool done;
+    if constexpr (std::is_same_v<T, float>)
+      done = kiln::rt::winograd_shape(*params) && kiln::rt::winograd_conv2d(x, w, bias, y, *params, own_act, cache);
+    else
+      done = kiln::rt::winograd_shape(*params) && kiln::rt::winograd_conv2d(x, w, bias, y, *params, own_act);
+    if (done) {
       if (epi) kiln::rt::conv_epilogue(y, residual, s.n * s.o * s.p, act);
       return;
     }
     if (direct_ok(s)) return direct_all(s, x, w, bias, y, act, residual);
     if constexpr (std::is_same_v<T, float>)
       if (kiln::rt::implicit_gemm_shape(*params) &&
-          kiln::rt::implicit_gemm_conv2d(x, w, bias, residual, y, *params, act))
+          kiln::rt::implicit_gemm_conv2d(x, w, bias, residual, y, *params, act, cache))
         return;
   }
   for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {
@@ -448,14 +455,14 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
 // its residual in place took 1.44x the time of one with the residual apart at batch 16).
 template <typename T>
 void conv2d_epi(const T* x, const T* w, const T* bias, const T* residual, T* y, const KilnConv2dParams* p,
-                int32_t act) {
+                int32_t act, void** cache = nullptr) {
   const int64_t count = p->n * p->o * p->oh * p->ow;
   if (residual && residual < y + count && y < residual + count) {
     thread_local std::vector<T> copy;
     copy.assign(residual, residual + count);  // within the capacity the last calls left
     residual = copy.data();
   }
-  conv2d(x, w, bias, y, p, act, true, residual);
+  conv2d(x, w, bias, y, p, act, true, residual, cache);
 }
 
 template <typename T>
@@ -741,6 +748,10 @@ void kiln_rt_conv2d_epi_f32(const float* x, const float* w, const float* bias, c
 void kiln_rt_conv2d_epi_f64(const double* x, const double* w, const double* bias, const double* residual, double* y,
                             const KilnConv2dParams* p, int32_t act) {
   guarded("conv2d: out of memory", [&] { conv2d_epi(x, w, bias, residual, y, p, act); });
+}
+void kiln_rt_conv2d_cached_f32(void** cache, const float* x, const float* w, const float* bias, const float* residual,
+                               float* y, const KilnConv2dParams* p, int32_t act) {
+  guarded("conv2d: out of memory", [&] { conv2d_epi(x, w, bias, residual, y, p, act, cache); });
 }
 void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams* p) {
   guarded("conv2d_grad_input: out of memory", [&] { conv2d_grad_input(dy, w, dx, p); });

@@ -4,14 +4,19 @@
 // packed B micro-panels are gathered straight from the image (the im2col of one KC-deep
 // slice of K by one block of output positions, into a buffer that stays in L2), and the
 // weights' A micro-panels are packed once per call for all images and blocks of positions
-// instead of once per image.
+// instead of once per image, or, for an inference graph's weight (a constant, or state of
+// an executable that does not train), once per instance: kept in a weight-cache slot
+// (runtime/weight_cache.h, kiln_rt_conv2d_cached_f32) until the instance forgets it. All
+// of them are laid out KC slice by KC slice (pack_all_a), so that an item's panels of one
+// slice are one contiguous run: a cached copy larger than the caches streams from memory.
 //
 // The same micro-kernel runs the same operations per element as kiln_rt_sgemm over the
 // im2col matrix: each output is one accumulator per KC slice of K (fixed by K alone), the
 // first slice combined with the bias the output was filled with (beta 1) or with nothing
 // (beta 0), later ones added (beta 1); with K in one slice the bias is added after the
 // GEMM instead (the same single rounding of acc + bias). So the result is bitwise the im2col + GEMM path's,
-// for any thread count and any cut into work items (tests/unit/test_conv.cpp checks it).
+// for any thread count and any cut into work items, with the weights packed per call or
+// cached (tests/unit/test_conv_implicit.cpp checks it).
 //
 // Work: items of (image, group, block of positions, block of output channels), run over
 // the pool. Positions are cut into blocks of at most NC columns; with fewer images than
@@ -24,11 +29,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <new>
 
 #include "runtime/conv_epilogue.h"
 #include "runtime/conv_internal.h"
 #include "runtime/gemm_internal.h"
 #include "runtime/thread_pool.h"
+#include "runtime/weight_cache.h"
 
 namespace kiln::rt {
 namespace {
@@ -235,37 +242,58 @@ Blocking blocking(const Shape& s, int64_t mr, int64_t nr, int64_t threads) {
   return {nc, (s.p + nc - 1) / nc, rows};
 }
 
-void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* w, const float* bias,
-         const float* residual, float* y, int32_t act, std::atomic<bool>& failed) {
+// The floats of all the weights packed by pack_all_a.
+int64_t packed_a_floats(const Shape& s, const gemm::Kernel& kern) {
+  return s.groups * ((s.og + kern.mr - 1) / kern.mr) * kern.mr * s.k;
+}
+
+// Where panel q of group g, K rows [p0, p0 + kc) of one KC slice, lies in pack_all_a's layout.
+int64_t packed_a_at(const Shape& s, int64_t mr, int64_t panels, int64_t g, int64_t q, int64_t p0, int64_t kc) {
+  return (g * panels * s.k + p0 * panels + q * kc) * mr;
+}
+
+// All the weights as A micro-panels, layout [g][KC slice][panel][kc][MR]: a KC slice of
+// consecutive panels is one contiguous run, in the order an item reads them, so
+// that weights read from memory (a cache of them larger than the caches) stream. Over the
+// pool when the weights are large (ResNet's 3x3 layers); small ones (MobileNet's 1x1
+// layers) on this thread, which costs less than waking the pool.
+void pack_all_a(const Shape& s, const gemm::Kernel& kern, const float* w, float* dst) {
+  const int64_t mr = kern.mr, panels = (s.og + mr - 1) / mr, slices = (s.k + kKC - 1) / kKC;
+  auto pack_all = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t g = i / (slices * panels), sl = i / panels % slices, q = i % panels;
+      const int64_t p0 = sl * kKC, kc = std::min(kKC, s.k - p0);
+      pack_a(s, kern, w, g, q * mr, std::min(mr, s.og - q * mr), p0, kc,
+             dst + packed_a_at(s, mr, panels, g, q, p0, kc));
+    }
+  };
+  if (s.o * s.k >= kParallelPackFloats && !in_parallel_region())
+    parallel_for(s.groups * slices * panels, 1, pack_all);
+  else
+    pack_all(0, s.groups * slices * panels);
+}
+
+// `packed`: the weights already packed by pack_all_a (a weight cache), or null to pack them
+// here, once for the call when several items read the same rows, else per item and slice.
+void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* w, const float* packed,
+         const float* bias, const float* residual, float* y, int32_t act, std::atomic<bool>& failed) {
   const int64_t mr = kern.mr, nr = kern.nr;
   const int64_t threads = in_parallel_region() ? 1 : std::max<int64_t>(1, kiln_rt_num_threads());
   const Blocking cut = blocking(s, mr, nr, threads);
   const int64_t nc = cut.nc, col_blocks = cut.col_blocks, row_blocks = cut.row_blocks;
   const int64_t panels = (s.og + mr - 1) / mr;  // A micro-panels per group
   const int64_t items = s.n * s.groups * col_blocks * row_blocks;
-  // The weights are packed once for the call when several items read the same rows.
-  const bool shared_a = items / row_blocks > 1;
+  const bool shared_a = packed != nullptr || items / row_blocks > 1;
   const int64_t kc_max = std::min(kKC, s.k);
-  float* a_all = nullptr;
-  if (shared_a) {
-    a_all = buffer(2, s.groups * panels * mr * s.k);
-    if (!a_all) {
+  const float* a_all = packed;
+  if (shared_a && !a_all) {
+    float* all = buffer(2, packed_a_floats(s, kern));
+    if (!all) {
       failed.store(true);
       return;
     }
-    // Layout [g][panel][K][MR]: slice p0 of a panel is contiguous at p0 * MR. Over the pool
-    // when the weights are large (ResNet's 3x3 layers at a batch); small ones (MobileNet's
-    // 1x1 layers) on this thread, which costs less than waking the pool.
-    auto pack_all = [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t g = i / panels, q = i % panels;
-        pack_a(s, kern, w, g, q * mr, std::min(mr, s.og - q * mr), 0, s.k, a_all + i * mr * s.k);
-      }
-    };
-    if (s.o * s.k >= kParallelPackFloats)
-      parallel_for(s.groups * panels, 1, pack_all);
-    else
-      pack_all(0, s.groups * panels);
+    pack_all_a(s, kern, w, all);
+    a_all = all;
   }
   parallel_for(items, 1, [&](int64_t begin, int64_t end) {
     float* bbuf = buffer(0, round_up(nc, nr) * kc_max);
@@ -297,7 +325,7 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
         for (int64_t q = q0; q < q1; ++q) {
           const int64_t row = q * mr, mv = std::min(mr, s.og - row);
           if (mv <= 0) break;
-          const float* ap = shared_a ? a_all + ((g * panels + q) * s.k + p0) * mr : abuf + (q - q0) * mr * kc;
+          const float* ap = shared_a ? a_all + packed_a_at(s, mr, panels, g, q, p0, kc) : abuf + (q - q0) * mr * kc;
           for (int64_t jr = j0; jr < j1; jr += nr)
             kern.tile(kc, ap, bbuf + (jr - j0) * kc, yc + row * s.p + jr, s.p, 1.0f, beta, mv,
                       std::min(nr, j1 - jr));
@@ -316,6 +344,41 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
   });
 }
 
+// A conv weight-cache slot's object (kiln_rt_conv2d_cached_f32): the weights packed by
+// pack_all_a for one kernel, with what they were packed from.
+struct PackedConvWeights final : WeightCache {
+  const float* src = nullptr;  // null: nothing packed (or forgotten)
+  const gemm::Kernel* kernel = nullptr;
+  int64_t groups = 0, og = 0, k = 0;
+  float* data = nullptr;
+  int64_t floats = 0;  // data's capacity
+
+  ~PackedConvWeights() override { std::free(data); }
+  void forget(bool release) override {
+    src = nullptr;
+    if (!release) return;
+    std::free(data);
+    data = nullptr;
+    floats = 0;
+  }
+  // w packed for `kern` and shape s, packed now unless it is what this holds; null when
+  // the buffer cannot be allocated.
+  const float* get(const Shape& s, const gemm::Kernel& kern, const float* w) {
+    if (src == w && kernel == &kern && groups == s.groups && og == s.og && k == s.k) return data;
+    forget(false);
+    const int64_t need = packed_a_floats(s, kern);
+    if (floats < need) {
+      forget(true);
+      data = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(round_up(need * 4, 64))));
+      if (!data) return nullptr;
+      floats = need;
+    }
+    pack_all_a(s, kern, w, data);
+    src = w, kernel = &kern, groups = s.groups, og = s.og, k = s.k;
+    return data;
+  }
+};
+
 }  // namespace
 
 bool implicit_gemm_shape(const KilnConv2dParams& p) {
@@ -326,13 +389,21 @@ bool implicit_gemm_shape(const KilnConv2dParams& p) {
 }
 
 bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
-                          const KilnConv2dParams& p, int32_t act) {
+                          const KilnConv2dParams& p, int32_t act, void** cache) {
   const gemm::Kernel* kern = gemm::current_kernel();
   if (!kern) return false;
   const Shape s(p);
   if (s.n == 0 || s.o == 0 || s.p == 0) return true;
+  // The cached packing, made now when the slot holds none that applies (or none that can
+  // be allocated: then packed for this call alone, as without a cache).
+  const float* packed = nullptr;
+  if (cache) {
+    auto* held = static_cast<WeightCache*>(*cache);
+    if (!held) *cache = held = new (std::nothrow) PackedConvWeights;
+    if (auto* c = dynamic_cast<PackedConvWeights*>(held)) packed = c->get(s, *kern, w);
+  }
   std::atomic<bool> failed{false};
-  run(s, *kern, x, w, bias, residual, y, act, failed);
+  run(s, *kern, x, w, packed, bias, residual, y, act, failed);
   if (failed.load()) record_error("conv2d: out of memory for its packing buffers");
   return true;
 }

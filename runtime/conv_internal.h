@@ -74,7 +74,8 @@ void depthwise_grad_weight(const double* x, const double* dy, double* dw, const 
 // Winograd F(2x2, 3x3) (runtime/conv_winograd.cpp) for a 3x3 stride-1 undilated ungrouped
 // conv with at least kWinogradMinChannels input and output channels, kWinogradMinTiles 2x2
 // output tiles in the batch and at least kWinogradMinImages images: it transforms the
-// weights on every call, which a single image does not repay. Against the implicit-GEMM
+// weights on every call (with `cache`, a weight-cache slot, once, until the slot is
+// forgotten or w's address changes), which a single image does not repay. Against the implicit-GEMM
 // conv (bench/conv_bench --models --cpu-time, one thread) at batch 1 it took 1.10x the time
 // on ResNet-18's 64-channel 56x56 layer, 1.32x on the 128-channel 28x28 one and 2.5x on the
 // 256-channel 14x14 one; at batch 16, 0.87-0.96x (1.0x at 512 channels, 7x7).
@@ -86,7 +87,7 @@ constexpr int64_t kWinogradMinTiles = 40;
 constexpr int64_t kWinogradMinImages = 2;
 bool winograd_shape(const KilnConv2dParams& p);
 bool winograd_conv2d(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams& p,
-                     int32_t act);
+                     int32_t act, void** cache = nullptr);
 bool winograd_conv2d(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams& p,
                      int32_t act);
 
@@ -96,10 +97,12 @@ bool winograd_conv2d(const double* x, const double* w, const double* bias, doubl
 // applies (Kiln's GEMM kernel is running, more than one output position and one output
 // channel per group); implicit_gemm_conv2d computes y = act(conv + bias + residual) (a
 // residual must not overlap y) and returns true, or false when Kiln's GEMM is not the one
-// running (nothing computed).
+// running (nothing computed). With `cache` (a weight-cache slot, runtime/weight_cache.h:
+// kiln_rt_conv2d_cached_f32's), the packed weights are kept there and reused while w's
+// address, the shape and the GEMM kernel stay the same: the same bits.
 bool implicit_gemm_shape(const KilnConv2dParams& p);
 bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
-                          const KilnConv2dParams& p, int32_t act);
+                          const KilnConv2dParams& p, int32_t act, void** cache = nullptr);
 
 // The f32 weight gradient of a dense (not depthwise) conv as one implicit GEMM over the
 // whole batch (runtime/conv_batched.cpp): the reduction over (image, position) pairs

@@ -4,7 +4,9 @@
 // GEMMs of [O, C] by [C, tiles] (one per element of the 4x4 transformed tile): 2.25x fewer
 // multiplications than im2col + GEMM, and no im2col matrix.
 //
-//   U [16][O][C]         the weights, transformed once per call (G g G^T)
+//   U [16][O][C]         the weights, transformed once per call (G g G^T), or once per
+//                        instance for an inference graph's weight (kept in a weight-cache
+//                        slot, runtime/weight_cache.h, until the instance forgets it)
 //   V [16][C][cols]      the input tiles of a chunk of images, transformed (B^T d B)
 //   M [16][O][cols]      U[e] . V[e], 16 GEMMs
 //   y                    A^T m A per tile, plus the bias, through the activation
@@ -23,12 +25,14 @@
 // finite, and conv.cpp takes im2col + GEMM instead.
 #include <algorithm>
 #include <cstdint>
+#include <new>
 #include <type_traits>
 #include <vector>
 
 #include "runtime/blas.h"
 #include "runtime/conv_internal.h"
 #include "runtime/thread_pool.h"
+#include "runtime/weight_cache.h"
 
 namespace kiln::rt {
 namespace {
@@ -167,20 +171,25 @@ void transform_output(const Wino& s, const T* m, int64_t cols, int64_t col0, int
     }
 }
 
+// `cached`: U already made by transform_weights (a weight cache), or null to make it here.
 template <typename T>
-void winograd(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams& p, int32_t act) {
+void winograd(const T* x, const T* w, const T* cached, const T* bias, T* y, const KilnConv2dParams& p, int32_t act) {
   const Wino s(p);
   const int64_t per_chunk = std::clamp<int64_t>((kMinCols + s.tiles - 1) / s.tiles, 1, std::max<int64_t>(s.n, 1));
   const int64_t cols_max = per_chunk * s.tiles;
-  // U, V and M in one buffer of the calling thread, kept between calls (no page faults on
-  // fresh memory each time); the pool's threads use `scratch` for their own rows.
+  // U (unless cached), V and M in one buffer of the calling thread, kept between calls (no
+  // page faults on fresh memory each time); the pool's threads use `scratch` for their own rows.
   thread_local std::vector<T> buffer;
-  const size_t need = static_cast<size_t>(16 * (s.o * s.c + (s.c + s.o) * cols_max));
+  const int64_t u_size = cached ? 0 : 16 * s.o * s.c;
+  const size_t need = static_cast<size_t>(u_size + 16 * (s.c + s.o) * cols_max);
   if (buffer.size() < need) buffer.resize(need);
-  T* u = buffer.data();
-  T* v = u + 16 * s.o * s.c;
+  T* v = buffer.data() + u_size;
   T* m = v + 16 * s.c * cols_max;
-  transform_weights(s, w, u);
+  const T* u = cached;
+  if (!u) {
+    transform_weights(s, w, buffer.data());
+    u = buffer.data();
+  }
   for (int64_t first = 0; first < s.n; first += per_chunk) {
     const int64_t images = std::min(per_chunk, s.n - first), cols = images * s.tiles;
     parallel_for(images * s.c, 1, [&](int64_t begin, int64_t end) {
@@ -212,6 +221,28 @@ bool all_finite(const T* a, int64_t n) {
   return ok;
 }
 
+// A conv weight-cache slot's object for a Winograd conv (kiln_rt_conv2d_cached_f32): U made
+// from w by transform_weights, and whether w was all finite, with what it was made from.
+struct WinogradWeights final : WeightCache {
+  const float* src = nullptr;  // null: nothing made (or forgotten)
+  int64_t o = 0, c = 0;
+  bool finite = false;
+  std::vector<float> u;
+  void forget(bool release) override {
+    src = nullptr;
+    if (release) std::vector<float>().swap(u);
+  }
+  const float* get(const KilnConv2dParams& p, const float* w) {
+    if (src == w && o == p.o && c == p.c) return u.data();
+    forget(false);
+    finite = all_finite(w, p.o * p.c * 9);
+    u.resize(static_cast<size_t>(16 * p.o * p.c));
+    if (finite) transform_weights(Wino(p), w, u.data());
+    src = w, o = p.o, c = p.c;
+    return u.data();
+  }
+};
+
 }  // namespace
 
 bool winograd_shape(const KilnConv2dParams& p) {
@@ -223,13 +254,22 @@ bool winograd_shape(const KilnConv2dParams& p) {
 template <typename T>
 bool winograd_conv2d_t(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams& p, int32_t act) {
   if (!all_finite(w, p.o * p.c * 9) || !all_finite(x, p.n * p.c * p.h * p.w)) return false;
-  winograd(x, w, bias, y, p, act);
+  winograd(x, w, static_cast<const T*>(nullptr), bias, y, p, act);
   return true;
 }
 
 bool winograd_conv2d(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams& p,
-                     int32_t act) {
-  return winograd_conv2d_t(x, w, bias, y, p, act);
+                     int32_t act, void** cache) {
+  WinogradWeights* held = nullptr;
+  if (cache) {
+    if (!*cache) *cache = new (std::nothrow) WinogradWeights;
+    held = dynamic_cast<WinogradWeights*>(static_cast<WeightCache*>(*cache));
+  }
+  if (!held) return winograd_conv2d_t(x, w, bias, y, p, act);
+  const float* u = held->get(p, w);
+  if (!held->finite || !all_finite(x, p.n * p.c * p.h * p.w)) return false;
+  winograd(x, w, u, bias, y, p, act);
+  return true;
 }
 bool winograd_conv2d(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams& p,
                      int32_t act) {

@@ -60,6 +60,14 @@ void kiln_rt_conv2d_epi_f32(const float* x, const float* w, const float* bias, c
                             const KilnConv2dParams* p, int32_t act);
 void kiln_rt_conv2d_epi_f64(const double* x, const double* w, const double* bias, const double* residual, double* y,
                             const KilnConv2dParams* p, int32_t act);
+// conv2d_epi_f32 for a w that stays the same between calls (an inference graph's weight):
+// the kernels that pack the weights (the implicit-GEMM conv) pack them once into the cache
+// at *cache (created on the first call, null before) and again only when w's address, the
+// shape or the GEMM kernel differ from what it holds; the owner of the slot must forget it
+// (runtime/blas.h's kiln_rt_gemm_cache_forget) whenever w's contents may have changed. The
+// same bits as kiln_rt_conv2d_epi_f32 for the same arguments.
+void kiln_rt_conv2d_cached_f32(void** cache, const float* x, const float* w, const float* bias, const float* residual,
+                               float* y, const KilnConv2dParams* p, int32_t act);
 // dx = conv2d_grad_input(dy, w): dx is overwritten (not accumulated)
 void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams* p);
 void kiln_rt_conv2d_grad_input_f64(const double* dy, const double* w, double* dx, const KilnConv2dParams* p);

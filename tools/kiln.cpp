@@ -315,20 +315,24 @@ int run_run(const Run& a) {
     options.profile = a.profile;
     phase.emplace("compile");
     auto exe = kiln::compile(g, options);
-    // A graph without state updates does not train: when the executable prepares weights
-    // from its state (inference mode, docs/passes.md: folded batch norms), the state is set
-    // once so that they are prepared once, not per run. Otherwise evaluate() reads the
-    // state where it is, with no copy.
+    // A graph without state updates does not train: when the executable derives anything
+    // from its state (Executable::derives_from_state: folded batch norms, weights packed
+    // once), the state is set once so that it is derived once, not per run, each tensor
+    // dropped as soon as the store holds its copy. Otherwise evaluate() reads the state
+    // where it is, with no copy.
     const bool trains = std::any_of(g.outputs().begin(), g.outputs().end(), [&](const kiln::GraphOutput& o) {
       return kiln::updated_state(g, o).valid();
     });
-    const bool set_once = !trains && !exe->prepared().prep_names.empty();
+    const bool set_once = !trains && exe->derives_from_state();
     phase.emplace("first run");  // with the preparation of the weights, once
     kiln::TensorMap plain;
     if (set_once) {
-      kiln::TensorMap state;
-      for (auto& [name, value] : inputs) (g.is_state(g.find(name)) ? state : plain).emplace(name, value);
-      exe->set_state(state);
+      kiln::PhaseTimer timer("set state");
+      for (auto it = inputs.begin(); it != inputs.end(); it = inputs.erase(it))
+        if (g.is_state(g.find(it->first)))
+          exe->set_state(it->first, it->second);
+        else
+          plain.emplace(it->first, std::move(it->second));
     }
     auto once = [&] { return set_once ? exe->run(plain) : exe->evaluate(inputs); };
     outputs = once();

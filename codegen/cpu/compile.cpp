@@ -142,6 +142,7 @@ class CpuProgram final : public Program {
     return host;
   }
   std::unique_ptr<Instance> instantiate() const override;
+  bool derives_from_state() const override { return gemm_cache_slots > 0; }
   std::vector<std::string> emit_forms() const override { return {"llvm", "asm"}; }
   std::string emit(std::string_view form) const override {
     if (form != "llvm" && form != "asm") throw Error("cpu codegen: no form '" + std::string(form) + "' (forms: llvm, asm)");

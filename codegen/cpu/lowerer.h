@@ -187,6 +187,11 @@ class Lowerer {
   Value* gemm_cache_ = nullptr;
   int64_t gemm_cache_slots_ = 0;
   std::vector<bool> weight_;
+  // Whether a kernel may keep `v` (of the graph being lowered) packed in a cache slot: a
+  // weight, read outside any parallel loop (a slot is not shared between threads).
+  bool cacheable_weight(ValueId v) const;
+  // A new slot of the table: its address, made where the kernel function is called.
+  Value* weight_cache_slot();
   bool outlining_ = false;  // emitting the body of a parallel loop's task function
   int tasks_ = 0;
   std::set<std::string> runtime_;

@@ -88,10 +88,16 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
     }
     case Op::Matmul: return lower_matmul(g, n, kernel, ptr);
     case Op::Conv2d: {
+      Value* null = llvm::ConstantPointerNull::get(llvm::PointerType::get(C_, 0));
+      Value* bias = n.operands.size() > 2 ? in(2) : null;
+      Value* params = conv_params(n, it(0).shape, it(1).shape, rt.shape);
+      if (rt.dtype == DType::f32 && cacheable_weight(n.operands[1])) {
+        B_.CreateCall(runtime(RtFn::kiln_rt_conv2d_cached_f32),
+                      {weight_cache_slot(), in(0), in(1), bias, null, out, params, B_.getInt32(KILN_ACT_NONE)});
+        return;
+      }
       RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_conv2d_f32 : RtFn::kiln_rt_conv2d_f64;
-      Value* bias = n.operands.size() > 2 ? in(2) : llvm::ConstantPointerNull::get(llvm::PointerType::get(C_, 0));
-      B_.CreateCall(runtime(f),
-                    {in(0), in(1), bias, out, conv_params(n, it(0).shape, it(1).shape, rt.shape)});
+      B_.CreateCall(runtime(f), {in(0), in(1), bias, out, params});
       return;
     }
     case Op::Conv2dGradInput: {
@@ -409,7 +415,13 @@ bool Lowerer::lower_conv_epilogue(const Node& n, const std::vector<Value*>& ptr)
   Value* bias = in.size() > 2 ? in[2] : null;
   Value* params = conv_params(conv, body.type(conv.operands[0]).shape, body.type(conv.operands[1]).shape, yt.shape);
   const bool f32 = yt.dtype == DType::f32;
-  if (residual == nullptr && act == KILN_ACT_RELU) {
+  // The weight, as the top level (or the enclosing body) sees it.
+  const ValueId outer_w = n.operands.at(static_cast<size_t>(body.value(conv.operands[1]).input));
+  if (f32 && cacheable_weight(outer_w)) {
+    B_.CreateCall(runtime(RtFn::kiln_rt_conv2d_cached_f32), {weight_cache_slot(), in[0], in[1], bias,
+                                                             residual ? residual : null, ptr[n.results[0].id], params,
+                                                             B_.getInt32(act)});
+  } else if (residual == nullptr && act == KILN_ACT_RELU) {
     B_.CreateCall(runtime(f32 ? RtFn::kiln_rt_conv2d_act_f32 : RtFn::kiln_rt_conv2d_act_f64),
                   {in[0], in[1], bias, ptr[n.results[0].id], params, B_.getInt32(act)});
   } else {
@@ -762,6 +774,18 @@ void Lowerer::lower_softmax(const Node& n, const TensorType& xt, Value* x, Value
   });
 }
 
+bool Lowerer::cacheable_weight(ValueId v) const { return gemm_cache_ && !outlining_ && weight_.at(v.id); }
+
+Value* Lowerer::weight_cache_slot() {
+  // Made where the kernel function is called (as a constant's address is, lower.cpp), so
+  // that the kernel gets its slot in its ctx and layers that differ only in their slots
+  // stay one shared function.
+  auto* slot = llvm::GetElementPtrInst::CreateInBounds(ptr_, gemm_cache_, {c64(gemm_cache_slots_++)}, "gemm.slot");
+  if (kernel_caller_) slot->insertInto(kernel_caller_, kernel_caller_->end());
+  else B_.Insert(slot);
+  return slot;
+}
+
 // The GEMM kernel `k` of node `n`: reads k.a / k.b with its transpose flags.
 void Lowerer::lower_matmul(const Graph& g, const Node& n, const Kernel& k, std::vector<Value*>& ptr) {
   const TensorType& rt = g.type(n.result());
@@ -790,18 +814,11 @@ void Lowerer::lower_matmul(const Graph& g, const Node& n, const Kernel& k, std::
   // one per batch index.
   const int64_t batch = num_elements(ob);
   const bool b_shared = std::all_of(sb.begin(), sb.end(), [](int64_t s) { return s == 0; });
-  // A weight (LowerOptions::gemm_cache) in one call, outside any parallel loop (a cache
-  // slot is not shared between threads): B packed once, in the instance's slot.
+  // A weight (LowerOptions::gemm_cache) in one call: B packed once, in the instance's slot.
   const bool one_call = batch == 1 || (b_shared && !ta && ab == ob);
-  if (gemm_cache_ && f32 && one_call && !outlining_ && weight_[k.b.id] && m * batch >= 2 && nn >= 2) {
-    // Made where the kernel function is called (as a constant's address is, lower.cpp), so
-    // that the kernel gets its slot in its ctx and layers that differ only in their slots
-    // stay one shared function.
-    auto* slot = llvm::GetElementPtrInst::CreateInBounds(ptr_, gemm_cache_, {c64(gemm_cache_slots_++)}, "gemm.slot");
-    if (kernel_caller_) slot->insertInto(kernel_caller_, kernel_caller_->end());
-    else B_.Insert(slot);
+  if (f32 && one_call && cacheable_weight(k.b) && m * batch >= 2 && nn >= 2) {
     B_.CreateCall(runtime(RtFn::kiln_rt_sgemm_cached_b),
-                  {slot, B_.getInt32(ta ? 1 : 0), B_.getInt32(tb ? 1 : 0), c64(batch * m), c64(nn), c64(kk),
+                  {weight_cache_slot(), B_.getInt32(ta ? 1 : 0), B_.getInt32(tb ? 1 : 0), c64(batch * m), c64(nn), c64(kk),
                    llvm::ConstantFP::get(ft, 1.0), a, c64(ta ? m : kk), b, c64(tb ? kk : nn),
                    llvm::ConstantFP::get(ft, 0.0), c, c64(nn)});
     return;

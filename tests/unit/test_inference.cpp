@@ -239,10 +239,40 @@ TEST_CASE("split_state_prep hoists arithmetic on state and transposes no GEMM fo
   for (const char* o : {"y", "z", "y2"}) CHECK(got.at(o) == want.at(o));
 }
 
+// Runs `g` (its state `state`, then `next`: other values of the same shapes) through one
+// executable and checks every result against the interpreter's, where a kernel that keeps
+// its weights packed in the instance (`cached`: its runtime call, which the code must
+// make) would give stale ones if the packing were not made again: set_state() in place,
+// evaluate() with other weights, a training executable's steps on a shared store.
+void check_repacks_when_state_changes(const Graph& g, const TensorMap& state, const TensorMap& next,
+                                      const TensorMap& in, const char* cached) {
+  auto exe = compile(g);
+  CHECK(exe->emit("llvm").find(cached) != std::string::npos);
+  exe->set_state(state);
+  check_close(exe->run(in), interpret(g, with(state, in)));
+  check_close(exe->run(in), interpret(g, with(state, in)));  // from the packed weights
+  // New values in the same buffers.
+  exe->set_state(next);
+  check_close(exe->run(in), interpret(g, with(next, in)));
+  const auto& [first, first_value] = *state.begin();
+  exe->set_state(first, first_value);
+  check_close(exe->run(in), interpret(g, with(with(next, {{first, first_value}}), in)));
+  // evaluate() with other weights, then the held ones again.
+  check_close(exe->evaluate(with(next, in)), interpret(g, with(next, in)));
+  check_close(exe->evaluate(with(state, in)), interpret(g, with(state, in)));
+  check_close(exe->run(in), interpret(g, with(exe->state(), in)));
+  // A training executable halves the first weight in the shared store.
+  Graph t("train");
+  ValueId tw = t.add_input(first, TensorType{DType::f32, first_value.shape()}, true);
+  t.add_output(first + ".next", t.add_node(Op::Mul, {tw, t.add_constant(Tensor::scalar(DType::f32, 0.5))}));
+  auto train = compile(t);
+  train->share_state_with(*exe);
+  train->step({});
+  check_close(exe->run(in), interpret(g, with(exe->state(), in)));
+}
+
 // The CPU backend packs an inference graph's GEMM weights (state and constants) once per
-// instance (LowerOptions::gemm_cache); a change of the state's contents must repack them:
-// set_state() in place, evaluate() with other weights, a training executable's steps on a
-// shared store.
+// instance (LowerOptions::gemm_cache); a change of the state's contents must repack them.
 TEST_CASE("inference executables repack GEMM weights when the state changes", "[inference][executable][gemm]") {
   std::mt19937 rng(23);  // weights within ±0.3: outputs of about 1, as the tolerance wants
   Graph g("linear");
@@ -254,29 +284,36 @@ TEST_CASE("inference executables repack GEMM weights when the state changes", "[
   ValueId z = g.add_node(Op::Matmul, {y, g.add_node(Op::Transpose, {w2}, {{"perm", Shape{1, 0}}})});  // [2, 16, 30]
   g.add_output("y", y);
   g.add_output("out", g.add_node(Op::Matmul, {z, c}));  // [2, 16, 7]
-  TensorMap state{{"w", random_tensor({40, 50}, rng, -0.3, 0.3)}, {"w2", random_tensor({30, 50}, rng, -0.3, 0.3)}};
-  auto exe = compile(g);
-  CHECK(exe->emit("llvm").find("kiln_rt_sgemm_cached_b") != std::string::npos);
-  exe->set_state(state);
-  const TensorMap in{{"x", random_tensor({2, 16, 40}, rng)}};
-  check_close(exe->run(in), interpret(g, with(state, in)));
-  check_close(exe->run(in), interpret(g, with(state, in)));  // from the packed weights
-  // New values in the same buffers.
-  TensorMap next{{"w", random_tensor({40, 50}, rng, -0.3, 0.3)}, {"w2", random_tensor({30, 50}, rng, -0.3, 0.3)}};
-  exe->set_state(next);
-  check_close(exe->run(in), interpret(g, with(next, in)));
-  exe->set_state("w", state.at("w"));
-  check_close(exe->run(in), interpret(g, with(with(next, {{"w", state.at("w")}}), in)));
-  // evaluate() with other weights, then the held ones again.
-  check_close(exe->evaluate(with(next, in)), interpret(g, with(next, in)));
-  check_close(exe->evaluate(with(state, in)), interpret(g, with(state, in)));
-  check_close(exe->run(in), interpret(g, with(exe->state(), in)));
-  // A training executable scales w in the shared store.
-  Graph t("train");
-  ValueId tw = t.add_input("w", TensorType{DType::f32, {40, 50}}, true);
-  t.add_output("w.next", t.add_node(Op::Mul, {tw, t.add_constant(Tensor::scalar(DType::f32, 0.5))}));
-  auto train = compile(t);
-  train->share_state_with(*exe);
-  train->step({});
-  check_close(exe->run(in), interpret(g, with(exe->state(), in)));
+  const TensorMap state{{"w", random_tensor({40, 50}, rng, -0.3, 0.3)}, {"w2", random_tensor({30, 50}, rng, -0.3, 0.3)}};
+  const TensorMap next{{"w", random_tensor({40, 50}, rng, -0.3, 0.3)}, {"w2", random_tensor({30, 50}, rng, -0.3, 0.3)}};
+  check_repacks_when_state_changes(g, state, next, {{"x", random_tensor({2, 16, 40}, rng)}}, "kiln_rt_sgemm_cached_b");
+}
+
+// So do an inference graph's convolution weights (the implicit-GEMM conv's packed weights,
+// Winograd's transformed ones): a strided conv alone (no direct or Winograd kernel for it),
+// a Winograd one with relu fused, a grouped strided one with bias and relu fused (runtime/
+// kernels.h's epilogue), and a pointwise one with a constant weight.
+TEST_CASE("inference executables repack convolution weights when the state changes", "[inference][executable][conv]") {
+  std::mt19937 rng(29);
+  Graph g("convs");
+  ValueId x = g.add_input("x", TensorType{DType::f32, {2, 6, 17, 17}});
+  ValueId w = g.add_input("w", TensorType{DType::f32, {32, 6, 3, 3}}, true);
+  ValueId w2 = g.add_input("w2", TensorType{DType::f32, {24, 16, 3, 3}}, true);
+  ValueId b2 = g.add_input("b2", TensorType{DType::f32, {24}}, true);
+  ValueId w3 = g.add_input("w3", TensorType{DType::f32, {32, 32, 3, 3}}, true);
+  ValueId y = g.add_node(Op::Conv2d, {x, w}, {{"stride", Shape{2, 2}}, {"padding", Shape{1, 1}}});  // [2, 32, 9, 9]
+  ValueId u = g.add_node(Op::Relu, {g.add_node(Op::Conv2d, {y, w3}, {{"padding", Shape{1, 1}}})});   // Winograd
+  ValueId z = g.add_node(Op::Relu, {g.add_node(Op::Conv2d, {u, w2, b2}, {{"stride", Shape{2, 2}}, {"groups", int64_t{2}}})});
+  ValueId c = g.add_constant(random_tensor({5, 24, 1, 1}, rng, -0.3, 0.3), "c");
+  g.add_output("y", y);
+  g.add_output("out", g.add_node(Op::Conv2d, {z, c}));  // [2, 5, 4, 4]
+  auto weights = [&] {
+    return TensorMap{{"w", random_tensor({32, 6, 3, 3}, rng, -0.3, 0.3)},
+                     {"w2", random_tensor({24, 16, 3, 3}, rng, -0.3, 0.3)},
+                     {"b2", random_tensor({24}, rng, -0.3, 0.3)},
+                     {"w3", random_tensor({32, 32, 3, 3}, rng, -0.3, 0.3)}};
+  };
+  const TensorMap state = weights(), next = weights();
+  check_repacks_when_state_changes(g, state, next, {{"x", random_tensor({2, 6, 17, 17}, rng)}},
+                                   "kiln_rt_conv2d_cached_f32");
 }

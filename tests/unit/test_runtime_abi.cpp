@@ -19,7 +19,7 @@ namespace {
 
 // Each op that calls the runtime, in dtype T (replaced by f32 or f64).
 std::string abi_graph(const std::string& t) {
-  std::string text = R"(graph @abi(%x: T[2,4,9,9], %w: T[6,2,3,3], %dy: T[2,6,5,5], %dp: T[2,4,5,5], %a: T[64,64], %e: T[512,512], %q: T[2,5,4], %mask: T[5,5], state %wt: T[64,64]) {
+  std::string text = R"(graph @abi(%x: T[2,4,9,9], %w: T[6,2,3,3], %dy: T[2,6,5,5], %dp: T[2,4,5,5], %a: T[64,64], %e: T[512,512], %q: T[2,5,4], %mask: T[5,5], state %wt: T[64,64], state %wc: T[6,2,3,3]) {
   %y = conv2d(%x, %w) {groups=2, padding=[1, 1], stride=[2, 2]} : T[2,6,5,5]
   %dx = conv2d_grad_input(%dy, %w) {input_size=[9, 9], stride=[2, 2], padding=[1, 1], groups=2} : T[2,4,9,9]
   %dw = conv2d_grad_weight(%x, %dy) {groups=2, kernel=[3, 3], padding=[1, 1], stride=[2, 2]} : T[6,2,3,3]
@@ -43,8 +43,9 @@ std::string abi_graph(const std::string& t) {
   %p = softmax(%sm) {axis=-1} : T[2,5,5]
   %att = matmul(%p, %q) : T[2,5,4]
   %mw = matmul(%a, %wt) : T[64,64]
+  %yc = conv2d(%x, %wc) {groups=2, padding=[1, 1], stride=[2, 2]} : T[2,6,5,5]
   %tk = top_k(%e) {axis=1, k=3} : i64[512,3]
-  return mw = %mw, tk = %tk, att = %att, y = %y, dx = %dx, dw = %dw, mp = %mp, dm = %dm, ap = %ap, da = %da, m = %m, t = %t, yr = %yr, z3 = %z3
+  return mw = %mw, yc = %yc, tk = %tk, att = %att, y = %y, dx = %dx, dw = %dw, mp = %mp, dm = %dm, ap = %ap, da = %da, m = %m, t = %t, yr = %yr, z3 = %z3
 }
 )";
   for (size_t at; (at = text.find('T')) != std::string::npos;) text.replace(at, 1, t);
@@ -83,8 +84,8 @@ TEST_CASE("runtime ABI: generated code declares each runtime function as abi.def
     auto code = compile(parse(abi_graph(t)), o);
     ir += code->emit("llvm");
   }
-  // top_k's integer instances. (%mw: an inference graph's f32 GEMM with a state weight
-  // takes the cached-B call.)
+  // top_k's integer instances. (%mw and %yc: an inference graph's f32 GEMM and conv with a
+  // state weight take the cached-B and cached-weight calls.)
   for (const char* t : {"i32", "i64"}) {
     auto code = compile(parse(std::string("graph @k(%e: ") + t +
                               "[4,9]) {\n  %tk = top_k(%e) {axis=1, k=3} : i64[4,3]\n  return tk = %tk\n}\n"),
