@@ -2,10 +2,17 @@
 // uniform [-1, 1) data (tests/unit/test_conv_implicit.cpp, test_conv_batched.cpp).
 #pragma once
 
+#include <catch2/catch_test_macros.hpp>
+
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <initializer_list>
 #include <random>
 #include <vector>
 
+#include "runtime/conv_epilogue.h"
+#include "runtime/conv_internal.h"
 #include "runtime/kernels.h"
 
 struct ConvCase {
@@ -23,4 +30,34 @@ inline std::vector<float> random_vector(int64_t n, std::mt19937& rng) {
   std::vector<float> v(static_cast<size_t>(n));
   for (float& x : v) x = u(rng);
   return v;
+}
+
+// `conv(x, w, bias, residual, y, params, act)` (a runtime conv kernel taking the shape: it
+// returns true) against im2col + GEMM, bit for bit: with and without bias, then with each
+// of `acts` with and without a residual against the same conv followed by conv_epilogue.
+template <typename Conv>
+void check_bitwise_against_im2col(const ConvCase& k, std::mt19937& rng, std::initializer_list<int32_t> acts,
+                                  Conv conv) {
+  const KilnConv2dParams p = params_of(k);
+  const int64_t ysize = p.n * p.o * p.oh * p.ow;
+  const std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
+  const std::vector<float> w = random_vector(k.o * (k.c / k.groups) * k.kh * k.kw, rng);
+  const std::vector<float> b = random_vector(k.o, rng), res = random_vector(ysize, rng);
+  for (bool bias : {false, true}) {
+    std::vector<float> want(static_cast<size_t>(ysize)), got(static_cast<size_t>(ysize), 12345.0f);
+    kiln::rt::conv2d_im2col_f32(x.data(), w.data(), bias ? b.data() : nullptr, want.data(), p);
+    REQUIRE(conv(x.data(), w.data(), bias ? b.data() : nullptr, nullptr, got.data(), p, KILN_ACT_NONE));
+    REQUIRE(kiln_rt_take_error() == nullptr);
+    CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+    for (int32_t act : acts)
+      for (bool residual : {false, true}) {
+        std::vector<float> e = want;
+        kiln::rt::conv_epilogue(e.data(), residual ? res.data() : nullptr, ysize, act);
+        std::fill(got.begin(), got.end(), 12345.0f);
+        REQUIRE(conv(x.data(), w.data(), bias ? b.data() : nullptr, residual ? res.data() : nullptr, got.data(), p,
+                     act));
+        INFO("bias " << bias << " act " << act << " residual " << residual);
+        CHECK(std::memcmp(e.data(), got.data(), e.size() * sizeof(float)) == 0);
+      }
+  }
 }

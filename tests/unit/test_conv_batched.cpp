@@ -102,28 +102,8 @@ TEST_CASE("batched implicit-GEMM conv2d is bit for bit im2col + GEMM with each k
       INFO(kiln::rt::gemm_kernel_name(kern) << ": n " << k.n << " c " << k.c << " " << k.h << "x" << k.w << " o "
                                             << k.o << " k " << k.kh << "x" << k.kw << " groups " << k.groups);
       REQUIRE(kiln::rt::batched_conv2d_shape(p));
-      const int64_t ysize = p.n * p.o * p.oh * p.ow;
-      const std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
-      const std::vector<float> w = random_vector(k.o * (k.c / k.groups) * k.kh * k.kw, rng);
-      const std::vector<float> b = random_vector(k.o, rng), res = random_vector(ysize, rng);
-      for (bool bias : {false, true}) {
-        std::vector<float> want(static_cast<size_t>(ysize)), got(static_cast<size_t>(ysize), 12345.0f);
-        kiln::rt::conv2d_im2col_f32(x.data(), w.data(), bias ? b.data() : nullptr, want.data(), p);
-        REQUIRE(kiln::rt::batched_conv2d(x.data(), w.data(), bias ? b.data() : nullptr, nullptr, got.data(), p,
-                                         KILN_ACT_NONE));
-        REQUIRE(kiln_rt_take_error() == nullptr);
-        CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
-        for (int32_t act : {KILN_ACT_RELU, KILN_ACT_SILU})
-          for (bool residual : {false, true}) {
-            std::vector<float> e = want;
-            kiln::rt::conv_epilogue(e.data(), residual ? res.data() : nullptr, ysize, act);
-            std::fill(got.begin(), got.end(), 12345.0f);
-            REQUIRE(kiln::rt::batched_conv2d(x.data(), w.data(), bias ? b.data() : nullptr,
-                                             residual ? res.data() : nullptr, got.data(), p, act));
-            INFO("act " << act << " residual " << residual);
-            CHECK(std::memcmp(e.data(), got.data(), e.size() * sizeof(float)) == 0);
-          }
-      }
+      check_bitwise_against_im2col(k, rng, {KILN_ACT_RELU, KILN_ACT_SILU},
+                                   [](auto... args) { return kiln::rt::batched_conv2d(args...); });
     }
   }
   if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels (OpenBLAS computes every conv GEMM)");
