@@ -70,25 +70,21 @@ inline float exp_f32(float a) {
   return e * s1 * s2;
 }
 
-// sigmoid(x) = 1 / (1 + e) for x >= 0 and e / (1 + e) below, e = exp(-|x|): neither
-// overflows, and one exp serves both sides. NaN gives x itself, so SiLU's x * sigmoid(x)
-// multiplies two equal NaNs and its bits do not depend on the order a compiler puts the
-// product's operands in.
-template <typename T, typename Exp>
-T sigmoid_with(T x, Exp exp) {
-  T e = exp(-std::fabs(x));
-  return x >= T(0) ? T(1) / (T(1) + e) : x < T(0) ? e / (T(1) + e) : x;
-}
-
-// Kiln's exp and sigmoid for either float type: its own for f32, libm's exp for f64.
+// Kiln's exp for either float type: its own for f32, libm's for f64.
 template <typename T>
 T exp(T x) {
   if constexpr (std::is_same_v<T, float>) return exp_f32(x);
   else return std::exp(x);
 }
+
+// sigmoid(x) = 1 / (1 + e) for x >= 0 and e / (1 + e) below, e = exp(-|x|): neither
+// overflows, and one exp serves both sides. NaN gives x itself, so SiLU's x * sigmoid(x)
+// multiplies two equal NaNs and its bits do not depend on the order a compiler puts the
+// product's operands in.
 template <typename T>
 T sigmoid(T x) {
-  return sigmoid_with(x, [](T v) { return math::exp(v); });
+  T e = math::exp(-std::fabs(x));
+  return x >= T(0) ? T(1) / (T(1) + e) : x < T(0) ? e / (T(1) + e) : x;
 }
 inline float sigmoid_f32(float x) { return sigmoid<float>(x); }
 

@@ -68,7 +68,7 @@ Value* Lowerer::exp(Value* a) {
   return B_.CreateFMul(B_.CreateFMul(e, pow2(n1)), pow2(n2));
 }
 
-// numerics/math.h's sigmoid_with: one exp, of -|x|; NaN gives x.
+// numerics/math.h's sigmoid: one exp, of -|x|; NaN gives x.
 Value* Lowerer::sigmoid(Value* a) {
   llvm::Type* t = a->getType();
   Value* one = llvm::ConstantFP::get(t, 1.0);
