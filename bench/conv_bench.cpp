@@ -311,6 +311,20 @@ void bench_layer(const Layer& l, int64_t n, bool grads, std::mt19937& rng, Total
     std::printf("  %-11s %-10s %-3lld winograd %.3f ms, implicit gemm %.3f ms: wino/impl %.2f\n", l.model, l.what,
                 (long long)n, wino * 1e3, implicit * 1e3, wino / implicit);
   }
+  if (kiln::rt::implicit_gemm_shape(p) && !depthwise) {
+    // The implicit GEMM's B read in place from a padded copy of x against gathered into
+    // packed panels (runtime/conv_implicit.cpp), both with the weights packed per call.
+    using kiln::rt::ImplicitB;
+    auto [in_place, packed] = time_pair(
+        [&] { kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE,
+                                             nullptr, ImplicitB::in_place); },
+        [&] { kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE,
+                                             nullptr, ImplicitB::packed); });
+    std::printf("  %-11s %-10s %-3lld implicit gemm, B in place %.3f ms (%.1f GFLOP/s), packed %.3f ms (%.1f): "
+                "packed/in place %.2f\n",
+                l.model, l.what, (long long)n, in_place * 1e3, flops / in_place / 1e9, packed * 1e3,
+                flops / packed / 1e9, packed / in_place);
+  }
   if (!depthwise) {
     // The weights packed (or, for Winograd, transformed) once, as an inference graph's are
     // (kiln_rt_conv2d_cached_f32), against once per call.

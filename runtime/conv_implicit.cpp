@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <vector>
 
 #include "runtime/conv_epilogue.h"
 #include "runtime/conv_internal.h"
@@ -62,9 +63,10 @@ struct Aligned {
   }
 };
 // Per thread: [0] the packed B block, [1] a slice of A packed for one item, [2] the calling
-// thread's packed A of the whole call.
+// thread's packed A of the whole call, [3] the calling thread's phased copy of the input
+// (RowsB), [4] an item's block of C in the wide layout.
 float* buffer(int slot, int64_t floats) {
-  thread_local Aligned buffers[3];
+  thread_local Aligned buffers[5];
   return buffers[slot].get(floats);
 }
 
@@ -195,6 +197,142 @@ void pack_b(const Shape& s, const gemm::Kernel& kern, const float* x, int64_t n,
   }
 }
 
+// B read in place (gemm::TileRowsFn) instead of packed: for a unit-stride, unpadded 1x1
+// conv the rows of B are the input's channel planes themselves; otherwise the input is
+// copied once per call into a zero-padded, stride-phased layout in which every row of the
+// im2col matrix is one run of consecutive floats. Phase (py, px) of channel c holds the
+// padded image's rows py, py + sh, ... and columns px, px + sw, ... as a [hq, wq] plane
+// (only the phases some kernel tap reads are kept; stride 1 has one), so that output
+// position (oy, ox) and tap (ky, kx) read plane (ky*dh % sh, kx*dw % sw) at row
+// oy + ky*dh / sh and column ox + kx*dw / sw. Numbering the positions oy * wq + ox ("wide"
+// positions, wq >= ow columns a row), row k = (ci, ky, kx) of B is the run starting at
+// off[k] = ci * cs + phase * hq * wq + (ky*dh / sh) * wq + kx*dw / sw: no gather per KC
+// slice and block, the micro-kernel loads B's rows where they lie. The wq - ow wide columns
+// past each output row are computed too and dropped when the item's block is copied into y
+// (unless wq == ow: then the wide layout is y's and the tiles store into y). Padding is a
+// real zero, so each output is the same accumulator over the same k as the packed path's:
+// the same bits.
+struct RowsB {
+  const float* data = nullptr;  // image 0, channel 0
+  int64_t image_stride = 0, channel_stride = 0;
+  int64_t wq = 0, positions = 0;  // wide columns per output row; wide positions per image
+  bool wide = false;              // wq != ow
+  int64_t* off = nullptr;         // [k]: row k of group g's B at data + n*image_stride + g*cg*channel_stride + off[k]
+};
+
+// The phase planes RowsB keeps along one axis: index[r] for the residues r = tap * dil % stride
+// some tap has (-1 for the others), and their count.
+struct Phases {
+  int64_t index[16] = {};
+  int64_t count = 0;
+};
+bool phases_of(int64_t taps, int64_t dil, int64_t stride, Phases& ph) {
+  if (stride > 16) return false;
+  for (int64_t r = 0; r < stride; ++r) ph.index[r] = -1;
+  for (int64_t t = 0; t < taps; ++t) {
+    const int64_t r = t * dil % stride;
+    if (ph.index[r] < 0) ph.index[r] = ph.count++;
+  }
+  return true;
+}
+
+// Fills `rb` for the call; `off` has room for s.k offsets. False when the phased copy
+// cannot be allocated.
+bool make_rows_b(const Shape& s, const float* x, int64_t* off, RowsB& rb) {
+  rb.off = off;
+  if (s.pointwise) {
+    rb.data = x;
+    rb.channel_stride = s.h * s.w;
+    rb.image_stride = s.c * rb.channel_stride;
+    rb.wq = s.w;
+    rb.positions = s.p;
+    rb.wide = false;
+    for (int64_t k = 0; k < s.k; ++k) off[k] = k * rb.channel_stride;
+    return true;
+  }
+  Phases py, px;
+  if (!phases_of(s.kh, s.dh, s.sh, py) || !phases_of(s.kw, s.dw, s.sw, px)) return false;
+  const int64_t hq = s.oh + (s.kh - 1) * s.dh / s.sh, wq = s.ow + (s.kw - 1) * s.dw / s.sw;
+  const int64_t plane = hq * wq, cs = py.count * px.count * plane;
+  // The last tap's runs of the wide positions end up to (kw-1)*dw/sw floats past the last plane.
+  const int64_t total = s.n * s.c * cs + s.kw * s.dw + 64;
+  float* dst = buffer(3, total);
+  if (!dst) return false;
+  rb.data = dst;
+  rb.channel_stride = cs;
+  rb.image_stride = s.c * cs;
+  rb.wq = wq;
+  rb.positions = s.oh * wq;
+  rb.wide = wq != s.ow;
+  for (int64_t ci = 0, k = 0; ci < s.cg; ++ci)
+    for (int64_t ky = 0; ky < s.kh; ++ky)
+      for (int64_t kx = 0; kx < s.kw; ++kx, ++k) {
+        const int64_t phase = py.index[ky * s.dh % s.sh] * px.count + px.index[kx * s.dw % s.sw];
+        off[k] = ci * cs + phase * plane + ky * s.dh / s.sh * wq + kx * s.dw / s.sw;
+      }
+  std::fill(dst + s.n * s.c * cs, dst + total, 0.0f);
+  // Plane (n, c, phase) row qy holds the padded row sh*qy + ry: input row sh*qy + ry - ph,
+  // at columns sw*qx + rx - pw.
+  auto fill = [&](int64_t begin, int64_t end) {
+    for (int64_t nc = begin; nc < end; ++nc) {
+      const float* src = x + nc * s.h * s.w;
+      float* d = dst + nc * cs;
+      for (int64_t ry = 0; ry < s.sh; ++ry) {
+        if (py.index[ry] < 0) continue;
+        for (int64_t rx = 0; rx < s.sw; ++rx) {
+          if (px.index[rx] < 0) continue;
+          float* q = d + (py.index[ry] * px.count + px.index[rx]) * plane;
+          // Columns qx whose input column sw*qx + rx - pw lies in the row: [lo, hi).
+          const Span span = inside(s.w, wq, s.sw, rx - s.pw);
+          for (int64_t qy = 0; qy < hq; ++qy, q += wq) {
+            const int64_t iy = s.sh * qy + ry - s.ph;
+            if (iy < 0 || iy >= s.h) {
+              std::fill(q, q + wq, 0.0f);
+              continue;
+            }
+            const float* row = src + iy * s.w + span.off;
+            std::fill(q, q + span.lo, 0.0f);
+            if (s.sw == 1)
+              std::copy(row + span.lo, row + span.hi, q + span.lo);
+            else
+              for (int64_t qx = span.lo; qx < span.hi; ++qx) q[qx] = row[qx * s.sw];
+            std::fill(q + span.hi, q + wq, 0.0f);
+          }
+        }
+      }
+    }
+  };
+  if (s.n * s.c * cs >= (1 << 15) && !in_parallel_region())
+    parallel_for(s.n * s.c, 1, fill);
+  else
+    fill(0, s.n * s.c);
+  return true;
+}
+
+// Wide positions [j0, j1) (wq columns a row, the first ow of them outputs) as the run of y's
+// positions [lo, hi) they hold.
+struct Run {
+  int64_t lo, hi;
+};
+Run outputs_of(int64_t j0, int64_t j1, int64_t wq, int64_t ow) {
+  auto at = [&](int64_t j) { return j / wq * ow + std::min(j % wq, ow); };
+  return {at(j0), at(j1)};
+}
+
+// Copies the outputs among wide positions [j0, j1) of one row of C (c: position j0) to y
+// (y: the first of them).
+void copy_out(const float* c, int64_t j0, int64_t j1, int64_t wq, int64_t ow, float* y) {
+  for (int64_t j = j0; j < j1;) {
+    const int64_t ox = j % wq, end = std::min(j1, j - ox + wq);
+    if (ox < ow) {
+      const int64_t n = std::min(end, j - ox + ow) - j;
+      std::copy(c + (j - j0), c + (j - j0) + n, y);
+      y += n;
+    }
+    j = end;
+  }
+}
+
 // Rows [i0, i0 + rows) of group g's weights W[g] [og, K] (row-major), K columns [p0, p0 + kc),
 // as MR-tall micro-panels [panel][kc][MR] by the GEMM's own packing.
 void pack_a(const Shape& s, const gemm::Kernel& kern, const float* w, int64_t g, int64_t i0, int64_t rows,
@@ -223,24 +361,26 @@ struct Blocking {
 };
 constexpr double kItemMacs = 1 << 19;
 constexpr int64_t kParallelPackFloats = 1 << 18;  // 1 MiB of weights
-Blocking blocking(const Shape& s, int64_t mr, int64_t nr, int64_t threads) {
-  const int64_t col_panels = (s.p + nr - 1) / nr, row_panels = (s.og + mr - 1) / mr;
-  int64_t cols = (s.p + kNC - 1) / kNC, rows = 1;
+Blocking blocking(const Shape& s, int64_t positions, int64_t mr, int64_t nr, int64_t threads) {
+  const int64_t col_panels = (positions + nr - 1) / nr, row_panels = (s.og + mr - 1) / mr;
+  int64_t cols = (positions + kNC - 1) / kNC, rows = 1;
   // No more items than are worth a pool task each (gemm.cpp's measure: 2^19 multiply-adds).
   const double macs = static_cast<double>(s.n * s.o) * static_cast<double>(s.p) * static_cast<double>(s.k);
   const int64_t worth = std::max<int64_t>(1, static_cast<int64_t>(macs / kItemMacs));
   while (s.n * s.groups * cols * rows < std::min(2 * threads, worth)) {
     const bool can_cut_rows = rows * 2 <= row_panels, can_cut_cols = cols * 2 <= col_panels;
-    if (can_cut_rows && (s.og / rows >= s.p / cols || !can_cut_cols))
+    if (can_cut_rows && (s.og / rows >= positions / cols || !can_cut_cols))
       rows *= 2;
     else if (can_cut_cols)
       cols *= 2;
     else
       break;
   }
-  const int64_t nc = round_up((s.p + cols - 1) / cols, nr);
-  return {nc, (s.p + nc - 1) / nc, rows};
+  const int64_t nc = round_up((positions + cols - 1) / cols, nr);
+  return {nc, (positions + nc - 1) / nc, rows};
 }
+// The most floats of an item's block of C in the wide layout (RowsB), in the thread's buffer.
+constexpr int64_t kWideBlockFloats = 1 << 16;
 
 // The floats of all the weights packed by pack_all_a.
 int64_t packed_a_floats(const Shape& s, const gemm::Kernel& kern) {
@@ -275,16 +415,32 @@ void pack_all_a(const Shape& s, const gemm::Kernel& kern, const float* w, float*
 
 // `packed`: the weights already packed by pack_all_a (a weight cache), or null to pack them
 // here, once for the call when several items read the same rows, else per item and slice.
+// `in_place`: B's rows read in place (RowsB) rather than gathered into packed panels.
 void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* w, const float* packed,
-         const float* bias, const float* residual, float* y, int32_t act, std::atomic<bool>& failed) {
+         const float* bias, const float* residual, float* y, int32_t act, bool in_place, std::atomic<bool>& failed) {
   const int64_t mr = kern.mr, nr = kern.nr;
   const int64_t threads = in_parallel_region() ? 1 : std::max<int64_t>(1, kiln_rt_num_threads());
-  const Blocking cut = blocking(s, mr, nr, threads);
-  const int64_t nc = cut.nc, col_blocks = cut.col_blocks, row_blocks = cut.row_blocks;
-  const int64_t panels = (s.og + mr - 1) / mr;  // A micro-panels per group
+  RowsB rb;
+  if (in_place) {
+    thread_local std::vector<int64_t> offsets;  // the calling thread's
+    if (offsets.size() < static_cast<size_t>(s.k)) offsets.resize(static_cast<size_t>(s.k));
+    if (!make_rows_b(s, x, offsets.data(), rb)) {
+      failed.store(true);
+      return;
+    }
+  }
+  const int64_t positions = in_place ? rb.positions : s.p;  // the GEMM's columns per image and group
+  const Blocking cut = blocking(s, positions, mr, nr, threads);
+  const int64_t nc = cut.nc, col_blocks = cut.col_blocks, panels = (s.og + mr - 1) / mr;  // A micro-panels per group
+  int64_t row_blocks = cut.row_blocks;
+  if (rb.wide) {  // an item's block of C at most kWideBlockFloats
+    const int64_t most = std::max<int64_t>(1, kWideBlockFloats / (nc * mr));
+    row_blocks = std::max(row_blocks, (panels + most - 1) / most);
+  }
   const int64_t items = s.n * s.groups * col_blocks * row_blocks;
   const bool shared_a = packed != nullptr || items / row_blocks > 1;
   const int64_t kc_max = std::min(kKC, s.k);
+  const int64_t rows_max = (panels + row_blocks - 1) / row_blocks * mr;  // rows of an item
   const float* a_all = packed;
   if (shared_a && !a_all) {
     float* all = buffer(2, packed_a_floats(s, kern));
@@ -296,48 +452,62 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
     a_all = all;
   }
   parallel_for(items, 1, [&](int64_t begin, int64_t end) {
-    float* bbuf = buffer(0, round_up(nc, nr) * kc_max);
-    float* abuf = shared_a ? nullptr : buffer(1, (panels + row_blocks - 1) / row_blocks * mr * kc_max);
-    if (!bbuf || (!shared_a && !abuf)) {
+    float* bbuf = in_place ? nullptr : buffer(0, round_up(nc, nr) * kc_max);
+    float* abuf = shared_a ? nullptr : buffer(1, rows_max * kc_max);
+    float* cbuf = rb.wide ? buffer(4, rows_max * nc) : nullptr;
+    if ((!in_place && !bbuf) || (!shared_a && !abuf) || (rb.wide && !cbuf)) {
       failed.store(true);
       return;
     }
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t rb = item % row_blocks, cb = item / row_blocks % col_blocks, ng = item / row_blocks / col_blocks;
+      const int64_t rb_i = item % row_blocks, cb = item / row_blocks % col_blocks, ng = item / row_blocks / col_blocks;
       const int64_t n = ng / s.groups, g = ng % s.groups;
-      const int64_t q0 = panels * rb / row_blocks, q1 = panels * (rb + 1) / row_blocks;
+      const int64_t q0 = panels * rb_i / row_blocks, q1 = panels * (rb_i + 1) / row_blocks;
       const int64_t r0 = q0 * mr, r1 = std::min(s.og, q1 * mr);
-      const int64_t j0 = cb * nc, j1 = std::min(s.p, j0 + nc);
+      const int64_t j0 = cb * nc, j1 = std::min(positions, j0 + nc);
       if (r0 >= r1 || j0 >= j1) continue;
-      float* yc = y + (n * s.o + g * s.og) * s.p;  // C [og, P] of this image and group
+      float* yc = y + (n * s.o + g * s.og) * s.p;  // Y [og, P] of this image and group
+      // Where the tiles store C's row r, column j: Y itself, or (wide positions) the block
+      // cbuf [r1 - r0, nc].
+      const int64_t ldc = rb.wide ? nc : s.p;
+      auto c_at = [&](int64_t r, int64_t j) { return rb.wide ? cbuf + (r - r0) * nc + (j - j0) : yc + r * s.p + j; };
+      const float* bsrc = in_place ? rb.data + n * rb.image_stride + g * s.cg * rb.channel_stride : nullptr;
       // The bias: with K in one slice, added after the GEMM (acc + b, one rounding: what the
       // GEMM's 1 * acc + 1 * C over a C filled with b gives), row by row with the epilogue
       // while the row is in L1; with more slices, C is filled with it first, as the im2col
       // path does, since the later slices add to it.
       const bool bias_after = bias && s.k <= kKC;
       if (bias && !bias_after)
-        for (int64_t r = r0; r < r1; ++r) std::fill(yc + r * s.p + j0, yc + r * s.p + j1, bias[g * s.og + r]);
+        for (int64_t r = r0; r < r1; ++r) std::fill(c_at(r, j0), c_at(r, j1), bias[g * s.og + r]);
       for (int64_t p0 = 0; p0 < s.k; p0 += kKC) {
         const int64_t kc = std::min(kKC, s.k - p0);
         const float beta = p0 == 0 && (!bias || bias_after) ? 0.0f : 1.0f;
-        pack_b(s, kern, x, n, g, p0, kc, j0, j1, bbuf);
+        if (!in_place) pack_b(s, kern, x, n, g, p0, kc, j0, j1, bbuf);
         if (!shared_a) pack_a(s, kern, w, g, r0, r1 - r0, p0, kc, abuf);
         for (int64_t q = q0; q < q1; ++q) {
           const int64_t row = q * mr, mv = std::min(mr, s.og - row);
           if (mv <= 0) break;
           const float* ap = shared_a ? a_all + packed_a_at(s, mr, panels, g, q, p0, kc) : abuf + (q - q0) * mr * kc;
-          for (int64_t jr = j0; jr < j1; jr += nr)
-            kern.tile(kc, ap, bbuf + (jr - j0) * kc, yc + row * s.p + jr, s.p, 1.0f, beta, mv,
-                      std::min(nr, j1 - jr));
+          for (int64_t jr = j0; jr < j1; jr += nr) {
+            const int64_t nv = std::min(nr, j1 - jr);
+            if (in_place)
+              kern.tile_rows(kc, ap, bsrc + jr, rb.off + p0, c_at(row, jr), ldc, 1.0f, beta, mv, nv);
+            else
+              kern.tile(kc, ap, bbuf + (jr - j0) * kc, c_at(row, jr), ldc, 1.0f, beta, mv, nv);
+          }
         }
       }
+      // The item's outputs: y's positions [y0, y1) of rows [r0, r1).
+      const Run out = rb.wide ? outputs_of(j0, j1, rb.wq, s.ow) : Run{j0, j1};
+      if (rb.wide)
+        for (int64_t r = r0; r < r1; ++r) copy_out(c_at(r, j0), j0, j1, rb.wq, s.ow, yc + r * s.p + out.lo);
       if (bias_after || act != KILN_ACT_NONE || residual)
         for (int64_t r = r0; r < r1; ++r) {
-          float* yr = yc + r * s.p + j0;
-          if (bias_after) add_scalar(yr, j1 - j0, bias[g * s.og + r]);
+          float* yr = yc + r * s.p + out.lo;
+          if (bias_after) add_scalar(yr, out.hi - out.lo, bias[g * s.og + r]);
           if (act != KILN_ACT_NONE || residual) {
-            const int64_t at = (n * s.o + g * s.og + r) * s.p + j0;
-            conv_epilogue(yr, residual ? residual + at : nullptr, j1 - j0, act);
+            const int64_t at = (n * s.o + g * s.og + r) * s.p + out.lo;
+            conv_epilogue(yr, residual ? residual + at : nullptr, out.hi - out.lo, act);
           }
         }
     }
@@ -379,6 +549,9 @@ struct PackedConvWeights final : WeightCache {
   }
 };
 
+// Whether B's rows are read in place (RowsB) rather than gathered into packed panels.
+bool rows_b_wins(const Shape&) { return true; }
+
 }  // namespace
 
 bool implicit_gemm_shape(const KilnConv2dParams& p) {
@@ -389,7 +562,7 @@ bool implicit_gemm_shape(const KilnConv2dParams& p) {
 }
 
 bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
-                          const KilnConv2dParams& p, int32_t act, void** cache) {
+                          const KilnConv2dParams& p, int32_t act, void** cache, ImplicitB b) {
   const gemm::Kernel* kern = gemm::current_kernel();
   if (!kern) return false;
   const Shape s(p);
@@ -403,7 +576,7 @@ bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, con
     if (auto* c = dynamic_cast<PackedConvWeights*>(held)) packed = c->get(s, *kern, w);
   }
   std::atomic<bool> failed{false};
-  run(s, *kern, x, w, packed, bias, residual, y, act, failed);
+  run(s, *kern, x, w, packed, bias, residual, y, act, b == ImplicitB::in_place || (b == ImplicitB::best && rows_b_wins(s)), failed);
   if (failed.load()) record_error("conv2d: out of memory for its packing buffers");
   return true;
 }

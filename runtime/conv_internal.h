@@ -100,9 +100,14 @@ bool winograd_conv2d(const double* x, const double* w, const double* bias, doubl
 // running (nothing computed). With `cache` (a weight-cache slot, runtime/weight_cache.h:
 // kiln_rt_conv2d_cached_f32's), the packed weights are kept there and reused while w's
 // address, the shape and the GEMM kernel stay the same: the same bits.
+// `b` forces how B is read, for tests and bench/conv_bench: gathered into packed panels per
+// KC slice and block, or in place from a padded copy of the input (conv_implicit.cpp's RowsB);
+// `best` picks by the shape.
+enum class ImplicitB { best, packed, in_place };
 bool implicit_gemm_shape(const KilnConv2dParams& p);
 bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
-                          const KilnConv2dParams& p, int32_t act, void** cache = nullptr);
+                          const KilnConv2dParams& p, int32_t act, void** cache = nullptr,
+                          ImplicitB b = ImplicitB::best);
 
 // The f32 weight gradient of a dense (not depthwise) conv as one implicit GEMM over the
 // whole batch (runtime/conv_batched.cpp): the reduction over (image, position) pairs

@@ -39,11 +39,37 @@ struct Avx2 {
 
   static void tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta,
                    int64_t mv, int64_t nv) {
+    tile_any<false>(kc, a, b, nullptr, c, ldc, alpha, beta, mv, nv);
+  }
+  static void tile_rows(int64_t kc, const float* a, const float* b, const int64_t* boff, float* c, int64_t ldc,
+                        float alpha, float beta, int64_t mv, int64_t nv) {
+    if (nv == NR)
+      tile_any<true, false>(kc, a, b, boff, c, ldc, alpha, beta, mv, nv);
+    else
+      tile_any<true, true>(kc, a, b, boff, c, ldc, alpha, beta, mv, nv);
+  }
+
+  // With `Rows`, B's row p is read in place at b + boff[p] (TileRowsFn), unaligned; with
+  // `Tail` too, by masked loads of the nv columns that exist.
+  template <bool Rows, bool Tail = false>
+  static void tile_any(int64_t kc, const float* a, const float* b, const int64_t* boff, float* c, int64_t ldc,
+                       float alpha, float beta, int64_t mv, int64_t nv) {
+    const __m256i m0 = lanes(nv), m1 = lanes(nv - 8);
     __m256 acc[MR][2];
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < kc; ++p, a += MR, b += NR) {
-      const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+    for (int64_t p = 0; p < kc; ++p, a += MR) {
+      __m256 b0, b1;
+      if constexpr (!Rows) {
+        b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+        b += NR;
+      } else if constexpr (Tail) {
+        const float* bp = b + boff[p];
+        b0 = _mm256_maskload_ps(bp, m0), b1 = _mm256_maskload_ps(bp + 8, m1);
+      } else {
+        const float* bp = b + boff[p];
+        b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+      }
 #pragma GCC unroll 6
       for (int r = 0; r < MR; ++r) {
         const __m256 av = _mm256_broadcast_ss(a + r);
@@ -52,7 +78,6 @@ struct Avx2 {
       }
     }
     // C = alpha * acc + beta * C (C not read when beta is 0), clipped to mv x nv.
-    const __m256i m0 = lanes(nv), m1 = lanes(nv - 8);
     const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
@@ -73,6 +98,6 @@ struct Avx2 {
 }  // namespace
 
 namespace kiln::rt::gemm {
-const Kernel kAvx2 = {"avx2 6x16", Avx2::MR, Avx2::NR, &blocked<Avx2>, &gemv_range<Avx2>, &Avx2::tile, &pack_a<Avx2>, &pack_b<Avx2>,
+const Kernel kAvx2 = {"avx2 6x16", Avx2::MR, Avx2::NR, &blocked<Avx2>, &gemv_range<Avx2>, &Avx2::tile, &Avx2::tile_rows, &pack_a<Avx2>, &pack_b<Avx2>,
                     &pack_b_all<Avx2>, &blocked_from<Avx2>};
 }  // namespace kiln::rt::gemm

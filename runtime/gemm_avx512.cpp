@@ -23,20 +23,36 @@ namespace {
 #include "runtime/gemm_blocked.inc"
 
 // Rows [0, R) of the tile, V vectors (16 columns each) of it: edge tiles compute only the
-// rows and vectors they store (the same operations per element as a whole tile).
-template <int R, int V>
-void tile_rv(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta,
-             int64_t nv) {
+// rows and vectors they store (the same operations per element as a whole tile). With
+// `Rows`, B's row p is read in place at b + boff[p] (TileRowsFn) instead of from the packed
+// micro-panel, unaligned, with `Tail` the last vector masked to the nv columns that exist.
+template <int R, int V, bool Rows, bool Tail = false>
+void tile_rv(int64_t kc, const float* a, const float* b, const int64_t* boff, float* c, int64_t ldc, float alpha,
+             float beta, int64_t nv) {
   constexpr int64_t MR = 14, NR = 32;
+  __mmask16 mask[V];
+#pragma GCC unroll 2
+  for (int v = 0; v < V; ++v) {
+    const int64_t lanes = std::clamp<int64_t>(nv - 16 * v, 0, 16);
+    mask[v] = lanes == 16 ? __mmask16(0xffff) : __mmask16((1u << lanes) - 1);
+  }
   __m512 acc[R][V];
 #pragma GCC unroll 14
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
     for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < kc; ++p, a += MR, b += NR) {
+  for (int64_t p = 0; p < kc; ++p, a += MR) {
     __m512 bv[V];
+    if constexpr (Rows) {
+      const float* bp = b + boff[p];
 #pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) bv[v] = _mm512_load_ps(b + 16 * v);
+      for (int v = 0; v < V; ++v)
+        bv[v] = Tail && v + 1 == V ? _mm512_maskz_loadu_ps(mask[v], bp + 16 * v) : _mm512_loadu_ps(bp + 16 * v);
+    } else {
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) bv[v] = _mm512_load_ps(b + 16 * v);
+      b += NR;
+    }
 #pragma GCC unroll 14
     for (int r = 0; r < R; ++r) {
       const __m512 av = _mm512_set1_ps(a[r]);
@@ -45,12 +61,6 @@ void tile_rv(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, 
     }
   }
   // C = alpha * acc + beta * C (C not read when beta is 0), clipped to nv columns.
-  __mmask16 mask[V];
-#pragma GCC unroll 2
-  for (int v = 0; v < V; ++v) {
-    const int64_t lanes = std::clamp<int64_t>(nv - 16 * v, 0, 16);
-    mask[v] = lanes == 16 ? __mmask16(0xffff) : __mmask16((1u << lanes) - 1);
-  }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
 #pragma GCC unroll 14
   for (int r = 0; r < R; ++r) {
@@ -67,13 +77,15 @@ void tile_rv(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, 
   }
 }
 
-using TileFn = void (*)(int64_t, const float*, const float*, float*, int64_t, float, float, int64_t);
+using TileFn = void (*)(int64_t, const float*, const float*, const int64_t*, float*, int64_t, float, float, int64_t);
 
-template <int... R>
+template <bool Rows, bool Tail, int... R>
 constexpr std::array<std::array<TileFn, 2>, sizeof...(R)> tile_table(std::integer_sequence<int, R...>) {
-  return {{{&tile_rv<R + 1, 1>, &tile_rv<R + 1, 2>}...}};
+  return {{{&tile_rv<R + 1, 1, Rows, Tail>, &tile_rv<R + 1, 2, Rows, Tail>}...}};
 }
-constexpr auto kTiles = tile_table(std::make_integer_sequence<int, 14>());
+constexpr auto kTiles = tile_table<false, false>(std::make_integer_sequence<int, 14>());
+constexpr auto kRowTiles = tile_table<true, false>(std::make_integer_sequence<int, 14>());
+constexpr auto kRowTailTiles = tile_table<true, true>(std::make_integer_sequence<int, 14>());
 
 struct Avx512 {
   static constexpr int64_t MR = 14, NR = 32;
@@ -122,13 +134,18 @@ struct Avx512 {
 
   static void tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta,
                    int64_t mv, int64_t nv) {
-    kTiles[static_cast<size_t>(mv - 1)][nv > 16](kc, a, b, c, ldc, alpha, beta, nv);
+    kTiles[static_cast<size_t>(mv - 1)][nv > 16](kc, a, b, nullptr, c, ldc, alpha, beta, nv);
+  }
+  static void tile_rows(int64_t kc, const float* a, const float* b, const int64_t* boff, float* c, int64_t ldc,
+                        float alpha, float beta, int64_t mv, int64_t nv) {
+    const auto& table = nv % 16 == 0 ? kRowTiles : kRowTailTiles;
+    table[static_cast<size_t>(mv - 1)][nv > 16](kc, a, b, boff, c, ldc, alpha, beta, nv);
   }
 };
 
 }  // namespace
 
 namespace kiln::rt::gemm {
-const Kernel kAvx512 = {"avx512 14x32", Avx512::MR, Avx512::NR, &blocked<Avx512>, &gemv_range<Avx512>, &Avx512::tile, &pack_a<Avx512>, &pack_b<Avx512>,
+const Kernel kAvx512 = {"avx512 14x32", Avx512::MR, Avx512::NR, &blocked<Avx512>, &gemv_range<Avx512>, &Avx512::tile, &Avx512::tile_rows, &pack_a<Avx512>, &pack_b<Avx512>,
                     &pack_b_all<Avx512>, &blocked_from<Avx512>};
 }  // namespace kiln::rt::gemm

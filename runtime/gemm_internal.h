@@ -77,6 +77,14 @@ using GemvFn = void (*)(const Args& g, const float* x, int64_t lo, int64_t hi);
 using TileFn = void (*)(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta,
                         int64_t mv, int64_t nv);
 
+// The same tile with B read in place instead of from a packed micro-panel: row p of B is
+// the nv values at b + boff[p] (any alignment; nothing at or past b + boff[p] + nv is
+// read), so a driver whose B rows are runs of one array (runtime/conv_implicit.cpp's
+// convolutions over a padded copy of the image) needs no packing of B. The same operations
+// per element as TileFn, so the same bits.
+using TileRowsFn = void (*)(int64_t kc, const float* a, const float* b, const int64_t* boff, float* c, int64_t ldc,
+                            float alpha, float beta, int64_t mv, int64_t nv);
+
 // The packing of gemm_blocked.inc, for such drivers: pack_a(g, i0, mc, p0, kc, dst) packs
 // op(A)[i0 : i0+mc, p0 : p0+kc] into MR-tall micro-panels ([panel][kc][MR], zeros past
 // row mc); pack_b(g, p0, kc, j0, nc, dst) packs op(B)[p0 : p0+kc, j0 : j0+nc] into NR-wide
@@ -95,6 +103,7 @@ struct Kernel {
   BlockFn block;
   GemvFn gemv;
   TileFn tile;
+  TileRowsFn tile_rows;
   PackFn pack_a, pack_b;
   PackAllFn pack_b_all;
   PackedBlockFn block_packed;

@@ -50,6 +50,9 @@ const std::vector<Case>& cases() {
       {2, 16, 12, 12, 32, 3, 3, 1, 1, 1, 1, 1, 1, 8},     // grouped: 2 channels in, 4 out per group
       {1, 8, 40, 40, 20, 3, 3, 1, 1, 1, 1, 1, 1, 2},      // 1600 positions (more than one block), groups
       {1, 520, 4, 4, 3, 1, 1, 1, 1, 0, 0, 1, 1, 1},       // K past two slices, 3 channels, 16 positions
+      {2, 7, 30, 45, 5, 3, 3, 3, 2, 4, 1, 1, 3, 1},       // stride 3 x 2, dilation 1 x 3: 3 x 2 phases, some unused
+      {1, 3, 61, 70, 600, 3, 3, 1, 1, 1, 1, 1, 1, 1},     // 600 channels x 4340 wide positions: blocks of rows
+      {2, 6, 9, 9, 20, 5, 5, 1, 1, 7, 7, 1, 1, 1},        // padding wider than the kernel: rows of zeros only
   };
   return all;
 }
@@ -69,17 +72,56 @@ bool kiln_kernel(GemmKernel k) { return k != GemmKernel::openblas && kiln::rt::g
 
 }  // namespace
 
+// B gathered into packed panels, or read in place from the padded, stride-phased copy of
+// the input (conv_implicit.cpp's RowsB; wide output rows copied out unless the conv is
+// pointwise), or as the shape picks: each is im2col + GEMM's bits.
 TEST_CASE("implicit-GEMM conv2d is bit for bit im2col + GEMM with each kernel", "[runtime][conv][implicit]") {
   KernelGuard guard;
   std::mt19937 rng(2024);
+  using kiln::rt::ImplicitB;
   for (GemmKernel kern : kiln_kernels()) {
     REQUIRE(kiln::rt::set_gemm_kernel(kern));
-    for (const Case& k : cases()) {
+    for (ImplicitB mode : {ImplicitB::packed, ImplicitB::in_place, ImplicitB::best})
+      for (const Case& k : cases()) {
+        const KilnConv2dParams p = params_of(k);
+        INFO(describe(kern, k) << " B mode " << static_cast<int>(mode));
+        REQUIRE(kiln::rt::implicit_gemm_shape(p));
+        check_bitwise_against_im2col(k, rng, {KILN_ACT_RELU, KILN_ACT_RELU6, KILN_ACT_SILU},
+                                     [mode](const float* x, const float* w, const float* b, const float* r, float* y,
+                                            const KilnConv2dParams& q, int32_t act) {
+                                       return kiln::rt::implicit_gemm_conv2d(x, w, b, r, y, q, act, nullptr, mode);
+                                     });
+      }
+  }
+  if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels (OpenBLAS computes every conv GEMM)");
+}
+
+// Infinities and NaNs in x and w: padding still reads as a real zero (0 * inf is NaN where a
+// window overlaps the padding), in place as packed, so both keep im2col + GEMM's bits.
+TEST_CASE("implicit-GEMM conv2d keeps im2col's bits with infinities and NaNs", "[runtime][conv][implicit]") {
+  KernelGuard guard;
+  using kiln::rt::ImplicitB;
+  std::mt19937 rng(9);
+  for (GemmKernel kern : kiln_kernels()) {
+    REQUIRE(kiln::rt::set_gemm_kernel(kern));
+    for (const Case& k : {Case{2, 5, 11, 13, 7, 3, 5, 1, 1, 2, 1, 1, 1, 1}, Case{3, 4, 9, 7, 8, 3, 2, 2, 2, 1, 1, 2, 2, 2},
+                          Case{3, 24, 10, 10, 40, 1, 1, 1, 1, 0, 0, 1, 1, 1}}) {
       const KilnConv2dParams p = params_of(k);
-      INFO(describe(kern, k));
-      REQUIRE(kiln::rt::implicit_gemm_shape(p));
-      check_bitwise_against_im2col(k, rng, {KILN_ACT_RELU, KILN_ACT_RELU6, KILN_ACT_SILU},
-                                   [](auto... args) { return kiln::rt::implicit_gemm_conv2d(args...); });
+      std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
+      std::vector<float> w = random_vector(k.o * (k.c / k.groups) * k.kh * k.kw, rng), b = random_vector(k.o, rng);
+      x[3] = std::numeric_limits<float>::infinity();
+      x[x.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+      w[1] = -std::numeric_limits<float>::infinity();
+      const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
+      std::vector<float> want(ysize);
+      kiln::rt::conv2d_im2col_f32(x.data(), w.data(), b.data(), want.data(), p);
+      for (ImplicitB mode : {ImplicitB::packed, ImplicitB::in_place}) {
+        INFO(describe(kern, k) << " B mode " << static_cast<int>(mode));
+        std::vector<float> got(ysize, 12345.0f);
+        REQUIRE(kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), b.data(), nullptr, got.data(), p, KILN_ACT_NONE,
+                                               nullptr, mode));
+        CHECK(same_bits(got, want));
+      }
     }
   }
   if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels (OpenBLAS computes every conv GEMM)");
