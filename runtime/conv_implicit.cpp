@@ -236,29 +236,25 @@ bool phases_of(int64_t taps, int64_t dil, int64_t stride, Phases& ph) {
   return true;
 }
 
-// Fills `rb` for the call; `off` has room for s.k offsets. False when the phased copy
-// cannot be allocated.
-bool make_rows_b(const Shape& s, const float* x, int64_t* off, RowsB& rb) {
+// The layout of the phased copy (or of x itself, pointwise) in `rb`, its offsets in `off`
+// (room for s.k): everything but `data`; false for a stride past what Phases holds.
+// `image_floats`: the floats of one image's copy (0 for pointwise).
+bool rows_b_layout(const Shape& s, int64_t* off, RowsB& rb, int64_t& image_floats) {
   rb.off = off;
   if (s.pointwise) {
-    rb.data = x;
     rb.channel_stride = s.h * s.w;
     rb.image_stride = s.c * rb.channel_stride;
     rb.wq = s.w;
     rb.positions = s.p;
     rb.wide = false;
     for (int64_t k = 0; k < s.k; ++k) off[k] = k * rb.channel_stride;
+    image_floats = 0;
     return true;
   }
   Phases py, px;
   if (!phases_of(s.kh, s.dh, s.sh, py) || !phases_of(s.kw, s.dw, s.sw, px)) return false;
   const int64_t hq = s.oh + (s.kh - 1) * s.dh / s.sh, wq = s.ow + (s.kw - 1) * s.dw / s.sw;
   const int64_t plane = hq * wq, cs = py.count * px.count * plane;
-  // The last tap's runs of the wide positions end up to (kw-1)*dw/sw floats past the last plane.
-  const int64_t total = s.n * s.c * cs + s.kw * s.dw + 64;
-  float* dst = buffer(3, total);
-  if (!dst) return false;
-  rb.data = dst;
   rb.channel_stride = cs;
   rb.image_stride = s.c * cs;
   rb.wq = wq;
@@ -270,43 +266,49 @@ bool make_rows_b(const Shape& s, const float* x, int64_t* off, RowsB& rb) {
         const int64_t phase = py.index[ky * s.dh % s.sh] * px.count + px.index[kx * s.dw % s.sw];
         off[k] = ci * cs + phase * plane + ky * s.dh / s.sh * wq + kx * s.dw / s.sw;
       }
-  std::fill(dst + s.n * s.c * cs, dst + total, 0.0f);
-  // Plane (n, c, phase) row qy holds the padded row sh*qy + ry: input row sh*qy + ry - ph,
-  // at columns sw*qx + rx - pw.
-  auto fill = [&](int64_t begin, int64_t end) {
-    for (int64_t nc = begin; nc < end; ++nc) {
-      const float* src = x + nc * s.h * s.w;
-      float* d = dst + nc * cs;
-      for (int64_t ry = 0; ry < s.sh; ++ry) {
-        if (py.index[ry] < 0) continue;
-        for (int64_t rx = 0; rx < s.sw; ++rx) {
-          if (px.index[rx] < 0) continue;
-          float* q = d + (py.index[ry] * px.count + px.index[rx]) * plane;
-          // Columns qx whose input column sw*qx + rx - pw lies in the row: [lo, hi).
-          const Span span = inside(s.w, wq, s.sw, rx - s.pw);
-          for (int64_t qy = 0; qy < hq; ++qy, q += wq) {
-            const int64_t iy = s.sh * qy + ry - s.ph;
-            if (iy < 0 || iy >= s.h) {
-              std::fill(q, q + wq, 0.0f);
-              continue;
-            }
-            const float* row = src + iy * s.w + span.off;
-            std::fill(q, q + span.lo, 0.0f);
-            if (s.sw == 1)
-              std::copy(row + span.lo, row + span.hi, q + span.lo);
-            else
-              for (int64_t qx = span.lo; qx < span.hi; ++qx) q[qx] = row[qx * s.sw];
-            std::fill(q + span.hi, q + wq, 0.0f);
+  image_floats = rb.image_stride;
+  return true;
+}
+// The last tap's runs of the wide positions end up to (kw-1)*dw/sw floats past the last
+// plane: zeros after the copy of the last image.
+int64_t rows_b_slack(const Shape& s) { return s.kw * s.dw + 64; }
+
+// The phased copy of channels [c0, c1) of the batch (n * C + c flattened) into dst, laid
+// out as rows_b_layout says (dst: channel c0's planes).
+void fill_phases(const Shape& s, const RowsB& rb, const float* x, int64_t c0, int64_t c1, float* dst) {
+  Phases py, px;
+  phases_of(s.kh, s.dh, s.sh, py);
+  phases_of(s.kw, s.dw, s.sw, px);
+  const int64_t wq = rb.wq, hq = s.oh + (s.kh - 1) * s.dh / s.sh, plane = hq * wq;
+  for (int64_t nc = c0; nc < c1; ++nc) {
+    const float* src = x + nc * s.h * s.w;
+    float* d = dst + (nc - c0) * rb.channel_stride;
+    // Plane (c, phase) row qy holds the padded row sh*qy + ry: input row sh*qy + ry - ph,
+    // at columns sw*qx + rx - pw.
+    for (int64_t ry = 0; ry < s.sh; ++ry) {
+      if (py.index[ry] < 0) continue;
+      for (int64_t rx = 0; rx < s.sw; ++rx) {
+        if (px.index[rx] < 0) continue;
+        float* q = d + (py.index[ry] * px.count + px.index[rx]) * plane;
+        // Columns qx whose input column sw*qx + rx - pw lies in the row: [lo, hi).
+        const Span span = inside(s.w, wq, s.sw, rx - s.pw);
+        for (int64_t qy = 0; qy < hq; ++qy, q += wq) {
+          const int64_t iy = s.sh * qy + ry - s.ph;
+          if (iy < 0 || iy >= s.h) {
+            std::fill(q, q + wq, 0.0f);
+            continue;
           }
+          const float* row = src + iy * s.w + span.off;
+          std::fill(q, q + span.lo, 0.0f);
+          if (s.sw == 1)
+            std::copy(row + span.lo, row + span.hi, q + span.lo);
+          else
+            for (int64_t qx = span.lo; qx < span.hi; ++qx) q[qx] = row[qx * s.sw];
+          std::fill(q + span.hi, q + wq, 0.0f);
         }
       }
     }
-  };
-  if (s.n * s.c * cs >= (1 << 15) && !in_parallel_region())
-    parallel_for(s.n * s.c, 1, fill);
-  else
-    fill(0, s.n * s.c);
-  return true;
+  }
 }
 
 // Wide positions [j0, j1) (wq columns a row, the first ow of them outputs) as the run of y's
@@ -421,13 +423,32 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
   const int64_t mr = kern.mr, nr = kern.nr;
   const int64_t threads = in_parallel_region() ? 1 : std::max<int64_t>(1, kiln_rt_num_threads());
   RowsB rb;
+  int64_t image_floats = 0;
   if (in_place) {
     thread_local std::vector<int64_t> offsets;  // the calling thread's
     if (offsets.size() < static_cast<size_t>(s.k)) offsets.resize(static_cast<size_t>(s.k));
-    if (!make_rows_b(s, x, offsets.data(), rb)) {
+    if (!rows_b_layout(s, offsets.data(), rb, image_floats)) in_place = false;
+  }
+  // With images enough for every thread, each thread copies the image it works on into a
+  // buffer of its own, which stays in its L2 while its items read it; otherwise (batch 1) the
+  // whole batch is copied first, over the pool.
+  const bool per_image = in_place && image_floats > 0 && s.n > 1 && (s.n % threads == 0 || s.n >= 4 * threads);
+  if (in_place && image_floats > 0 && !per_image) {
+    const int64_t total = s.n * image_floats + rows_b_slack(s);
+    float* dst = buffer(3, total);
+    if (!dst) {
       failed.store(true);
       return;
     }
+    std::fill(dst + s.n * image_floats, dst + total, 0.0f);
+    auto fill = [&](int64_t c0, int64_t c1) { fill_phases(s, rb, x, c0, c1, dst + c0 * rb.channel_stride); };
+    if (s.n * image_floats >= (1 << 15) && !in_parallel_region())
+      parallel_for(s.n * s.c, 1, fill);
+    else
+      fill(0, s.n * s.c);
+    rb.data = dst;
+  } else if (in_place && image_floats == 0) {
+    rb.data = x;
   }
   const int64_t positions = in_place ? rb.positions : s.p;  // the GEMM's columns per image and group
   const Blocking cut = blocking(s, positions, mr, nr, threads);
@@ -437,7 +458,7 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
     const int64_t most = std::max<int64_t>(1, kWideBlockFloats / (nc * mr));
     row_blocks = std::max(row_blocks, (panels + most - 1) / most);
   }
-  const int64_t items = s.n * s.groups * col_blocks * row_blocks;
+  const int64_t per_image_items = s.groups * col_blocks * row_blocks, items = s.n * per_image_items;
   const bool shared_a = packed != nullptr || items / row_blocks > 1;
   const int64_t kc_max = std::min(kKC, s.k);
   const int64_t rows_max = (panels + row_blocks - 1) / row_blocks * mr;  // rows of an item
@@ -451,66 +472,93 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
     pack_all_a(s, kern, w, all);
     a_all = all;
   }
+  // The buffers of the thread running items; false when one cannot be allocated.
+  struct Buffers {
+    float *b = nullptr, *a = nullptr, *c = nullptr;
+  };
+  auto buffers = [&](Buffers& t) {
+    t.b = in_place ? nullptr : buffer(0, round_up(nc, nr) * kc_max);
+    t.a = shared_a ? nullptr : buffer(1, rows_max * kc_max);
+    t.c = rb.wide ? buffer(4, rows_max * nc) : nullptr;
+    return (in_place || t.b) && (shared_a || t.a) && (!rb.wide || t.c);
+  };
+  // One item: image n, (group, column block, row block) number `sub` of that image; B of
+  // image n at `image` when read in place.
+  auto item = [&](const Buffers& t, int64_t n, int64_t sub, const float* image) {
+    const int64_t rb_i = sub % row_blocks, cb = sub / row_blocks % col_blocks, g = sub / row_blocks / col_blocks;
+    const int64_t q0 = panels * rb_i / row_blocks, q1 = panels * (rb_i + 1) / row_blocks;
+    const int64_t r0 = q0 * mr, r1 = std::min(s.og, q1 * mr);
+    const int64_t j0 = cb * nc, j1 = std::min(positions, j0 + nc);
+    if (r0 >= r1 || j0 >= j1) return;
+    float* yc = y + (n * s.o + g * s.og) * s.p;  // Y [og, P] of this image and group
+    // Where the tiles store C's row r, column j: Y itself, or (wide positions) the block
+    // t.c [r1 - r0, nc].
+    const int64_t ldc = rb.wide ? nc : s.p;
+    auto c_at = [&](int64_t r, int64_t j) { return rb.wide ? t.c + (r - r0) * nc + (j - j0) : yc + r * s.p + j; };
+    const float* bsrc = in_place ? image + g * s.cg * rb.channel_stride : nullptr;
+    // The bias: with K in one slice, added after the GEMM (acc + b, one rounding: what the
+    // GEMM's 1 * acc + 1 * C over a C filled with b gives), row by row with the epilogue
+    // while the row is in L1; with more slices, C is filled with it first, as the im2col
+    // path does, since the later slices add to it.
+    const bool bias_after = bias && s.k <= kKC;
+    if (bias && !bias_after)
+      for (int64_t r = r0; r < r1; ++r) std::fill(c_at(r, j0), c_at(r, j1), bias[g * s.og + r]);
+    for (int64_t p0 = 0; p0 < s.k; p0 += kKC) {
+      const int64_t kc = std::min(kKC, s.k - p0);
+      const float beta = p0 == 0 && (!bias || bias_after) ? 0.0f : 1.0f;
+      if (!in_place) pack_b(s, kern, x, n, g, p0, kc, j0, j1, t.b);
+      if (!shared_a) pack_a(s, kern, w, g, r0, r1 - r0, p0, kc, t.a);
+      for (int64_t q = q0; q < q1; ++q) {
+        const int64_t row = q * mr, mv = std::min(mr, s.og - row);
+        if (mv <= 0) break;
+        const float* ap = shared_a ? a_all + packed_a_at(s, mr, panels, g, q, p0, kc) : t.a + (q - q0) * mr * kc;
+        for (int64_t jr = j0; jr < j1; jr += nr) {
+          const int64_t nv = std::min(nr, j1 - jr);
+          if (in_place)
+            kern.tile_rows(kc, ap, bsrc + jr, rb.off + p0, c_at(row, jr), ldc, 1.0f, beta, mv, nv);
+          else
+            kern.tile(kc, ap, t.b + (jr - j0) * kc, c_at(row, jr), ldc, 1.0f, beta, mv, nv);
+        }
+      }
+    }
+    // The item's outputs: y's positions [out.lo, out.hi) of rows [r0, r1).
+    const Run out = rb.wide ? outputs_of(j0, j1, rb.wq, s.ow) : Run{j0, j1};
+    if (rb.wide)
+      for (int64_t r = r0; r < r1; ++r) copy_out(c_at(r, j0), j0, j1, rb.wq, s.ow, yc + r * s.p + out.lo);
+    if (bias_after || act != KILN_ACT_NONE || residual)
+      for (int64_t r = r0; r < r1; ++r) {
+        float* yr = yc + r * s.p + out.lo;
+        if (bias_after) add_scalar(yr, out.hi - out.lo, bias[g * s.og + r]);
+        if (act != KILN_ACT_NONE || residual) {
+          const int64_t at = (n * s.o + g * s.og + r) * s.p + out.lo;
+          conv_epilogue(yr, residual ? residual + at : nullptr, out.hi - out.lo, act);
+        }
+      }
+  };
+  if (per_image) {
+    parallel_for(s.n, 1, [&](int64_t begin, int64_t end) {
+      Buffers t;
+      float* image = buffer(3, image_floats + rows_b_slack(s));
+      if (!buffers(t) || !image) {
+        failed.store(true);
+        return;
+      }
+      std::fill(image + image_floats, image + image_floats + rows_b_slack(s), 0.0f);
+      for (int64_t n = begin; n < end; ++n) {
+        fill_phases(s, rb, x, n * s.c, (n + 1) * s.c, image);
+        for (int64_t sub = 0; sub < per_image_items; ++sub) item(t, n, sub, image);
+      }
+    });
+    return;
+  }
   parallel_for(items, 1, [&](int64_t begin, int64_t end) {
-    float* bbuf = in_place ? nullptr : buffer(0, round_up(nc, nr) * kc_max);
-    float* abuf = shared_a ? nullptr : buffer(1, rows_max * kc_max);
-    float* cbuf = rb.wide ? buffer(4, rows_max * nc) : nullptr;
-    if ((!in_place && !bbuf) || (!shared_a && !abuf) || (rb.wide && !cbuf)) {
+    Buffers t;
+    if (!buffers(t)) {
       failed.store(true);
       return;
     }
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t rb_i = item % row_blocks, cb = item / row_blocks % col_blocks, ng = item / row_blocks / col_blocks;
-      const int64_t n = ng / s.groups, g = ng % s.groups;
-      const int64_t q0 = panels * rb_i / row_blocks, q1 = panels * (rb_i + 1) / row_blocks;
-      const int64_t r0 = q0 * mr, r1 = std::min(s.og, q1 * mr);
-      const int64_t j0 = cb * nc, j1 = std::min(positions, j0 + nc);
-      if (r0 >= r1 || j0 >= j1) continue;
-      float* yc = y + (n * s.o + g * s.og) * s.p;  // Y [og, P] of this image and group
-      // Where the tiles store C's row r, column j: Y itself, or (wide positions) the block
-      // cbuf [r1 - r0, nc].
-      const int64_t ldc = rb.wide ? nc : s.p;
-      auto c_at = [&](int64_t r, int64_t j) { return rb.wide ? cbuf + (r - r0) * nc + (j - j0) : yc + r * s.p + j; };
-      const float* bsrc = in_place ? rb.data + n * rb.image_stride + g * s.cg * rb.channel_stride : nullptr;
-      // The bias: with K in one slice, added after the GEMM (acc + b, one rounding: what the
-      // GEMM's 1 * acc + 1 * C over a C filled with b gives), row by row with the epilogue
-      // while the row is in L1; with more slices, C is filled with it first, as the im2col
-      // path does, since the later slices add to it.
-      const bool bias_after = bias && s.k <= kKC;
-      if (bias && !bias_after)
-        for (int64_t r = r0; r < r1; ++r) std::fill(c_at(r, j0), c_at(r, j1), bias[g * s.og + r]);
-      for (int64_t p0 = 0; p0 < s.k; p0 += kKC) {
-        const int64_t kc = std::min(kKC, s.k - p0);
-        const float beta = p0 == 0 && (!bias || bias_after) ? 0.0f : 1.0f;
-        if (!in_place) pack_b(s, kern, x, n, g, p0, kc, j0, j1, bbuf);
-        if (!shared_a) pack_a(s, kern, w, g, r0, r1 - r0, p0, kc, abuf);
-        for (int64_t q = q0; q < q1; ++q) {
-          const int64_t row = q * mr, mv = std::min(mr, s.og - row);
-          if (mv <= 0) break;
-          const float* ap = shared_a ? a_all + packed_a_at(s, mr, panels, g, q, p0, kc) : abuf + (q - q0) * mr * kc;
-          for (int64_t jr = j0; jr < j1; jr += nr) {
-            const int64_t nv = std::min(nr, j1 - jr);
-            if (in_place)
-              kern.tile_rows(kc, ap, bsrc + jr, rb.off + p0, c_at(row, jr), ldc, 1.0f, beta, mv, nv);
-            else
-              kern.tile(kc, ap, bbuf + (jr - j0) * kc, c_at(row, jr), ldc, 1.0f, beta, mv, nv);
-          }
-        }
-      }
-      // The item's outputs: y's positions [y0, y1) of rows [r0, r1).
-      const Run out = rb.wide ? outputs_of(j0, j1, rb.wq, s.ow) : Run{j0, j1};
-      if (rb.wide)
-        for (int64_t r = r0; r < r1; ++r) copy_out(c_at(r, j0), j0, j1, rb.wq, s.ow, yc + r * s.p + out.lo);
-      if (bias_after || act != KILN_ACT_NONE || residual)
-        for (int64_t r = r0; r < r1; ++r) {
-          float* yr = yc + r * s.p + out.lo;
-          if (bias_after) add_scalar(yr, out.hi - out.lo, bias[g * s.og + r]);
-          if (act != KILN_ACT_NONE || residual) {
-            const int64_t at = (n * s.o + g * s.og + r) * s.p + out.lo;
-            conv_epilogue(yr, residual ? residual + at : nullptr, out.hi - out.lo, act);
-          }
-        }
-    }
+    for (int64_t i = begin; i < end; ++i)
+      item(t, i / per_image_items, i % per_image_items, in_place ? rb.data + i / per_image_items * rb.image_stride : nullptr);
   });
 }
 
