@@ -311,6 +311,18 @@ void bench_layer(const Layer& l, int64_t n, bool grads, std::mt19937& rng, Total
     std::printf("  %-11s %-10s %-3lld winograd %.3f ms, implicit gemm %.3f ms: wino/impl %.2f\n", l.model, l.what,
                 (long long)n, wino * 1e3, implicit * 1e3, wino / implicit);
   }
+  if (depthwise) {
+    // The depthwise forward pass in channel blocks (16 channels a vector) against one
+    // channel plane at a time (runtime/conv_depthwise.cpp); the blocks decline some shapes.
+    using kiln::rt::DepthwisePath;
+    auto [blocks, planes] = time_pair(
+        [&] { kiln::rt::depthwise_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_RELU6,
+                                         DepthwisePath::channel_blocks); },
+        [&] { kiln::rt::depthwise_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_RELU6,
+                                         DepthwisePath::planes); });
+    std::printf("  %-11s %-10s %-3lld depthwise + relu6, channel blocks %.3f ms, planes %.3f ms: planes/blocks %.2f\n",
+                l.model, l.what, (long long)n, blocks * 1e3, planes * 1e3, planes / blocks);
+  }
   if (kiln::rt::implicit_gemm_shape(p) && !depthwise) {
     // The implicit GEMM's B read in place from a padded copy of x against gathered into
     // packed panels (runtime/conv_implicit.cpp), both with the weights packed per call.

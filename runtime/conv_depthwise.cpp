@@ -256,6 +256,204 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   forward_items(s, x, w, bias, residual, y, act, begin, end, q, off);
 }
 
+// Channel blocks: the forward pass of kBlock channels at once, one channel per lane of a
+// 64-byte vector, for small planes (MobileNet's and EfficientNet's 7x7 to 28x28 layers),
+// where one plane per item is mostly overhead (padding, the short rows, the copies out: at
+// 7x7, 49 outputs of 9 taps a plane). The block's planes are copied into a zero-padded
+// buffer [HB][WB][kBlock] (cell (r, col) of every channel in one vector), each output
+// position is one vector accumulator per channel block (bias first, then the taps in
+// row-major order, `a += w * v` as in forward_plane: the same operations per element, so
+// the same bits), and the block's outputs [OH*OW][kBlock] are copied into y's planes, whose
+// epilogue (relu, relu6, silu, a residual) is then conv_epilogue's as in store_plane.
+constexpr int64_t kBlock = 16;
+constexpr int64_t kBlockPositions = 4;  // output positions per step: independent accumulators
+struct BlockShape {
+  int64_t hb, wb;  // the padded plane: the input and its padding, as far as the last window reaches
+  explicit BlockShape(const DwShape& s)
+      : hb(std::max(s.h + 2 * s.ph, (s.oh - 1) * s.sh + (s.kh - 1) * s.dh + 1)),
+        wb(std::max(s.w + 2 * s.pw, (s.ow - 1) * s.sw + (s.kw - 1) * s.dw + 1)) {}
+  int64_t floats(const DwShape& s) const { return hb * wb * kBlock + s.taps * kBlock + s.oh * s.ow * kBlock + kBlock; }
+};
+
+// A 16 x 16 transpose in registers: r[i][j] becomes r[j][i]. Four butterfly stages: at
+// stage h, rows i and i + h (bit h of i clear) exchange the columns with bit h set of row i
+// for those with bit h clear of row i + h.
+using V16 = Vec64<float>::type;
+typedef int32_t I16 __attribute__((vector_size(64)));
+template <int H>
+[[gnu::always_inline]] inline void butterfly(V16* r) {
+  I16 lo, hi;
+  for (int j = 0; j < 16; ++j) {
+    if (j & H) continue;
+    lo[j] = j, lo[j | H] = 16 + j;
+    hi[j] = j | H, hi[j | H] = 16 + (j | H);
+  }
+  for (int i = 0; i < 16; ++i) {
+    if (i & H) continue;
+    const V16 a = r[i], b = r[i | H];
+    r[i] = __builtin_shuffle(a, b, lo);
+    r[i | H] = __builtin_shuffle(a, b, hi);
+  }
+}
+// The first n lanes of v from / to memory (the others zero when loading): a whole vector,
+// or lane by lane (a variable-length memcpy is a slow `rep movs` here).
+[[gnu::always_inline]] inline void load_part(V16& v, const float* src, int64_t n) {
+  if (n == 16) {
+    __builtin_memcpy(&v, src, sizeof v);
+    return;
+  }
+  v = V16{};
+  for (int64_t j = 0; j < n; ++j) v[j] = src[j];
+}
+[[gnu::always_inline]] inline void store_part(float* dst, const V16& v, int64_t n) {
+  if (n == 16) {
+    __builtin_memcpy(dst, &v, sizeof v);
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j) dst[j] = v[j];
+}
+[[gnu::always_inline]] inline void transpose16(V16* r) {
+  butterfly<8>(r);
+  butterfly<4>(r);
+  butterfly<2>(r);
+  butterfly<1>(r);
+}
+
+// The block's outputs [oh * ow][kBlock] from the padded block q and the weights wts, KH x
+// KW taps (compile-time for the common kernels: 0 for any, read from s).
+template <int KH, int KW>
+[[gnu::always_inline]] inline void block_taps(const DwShape& s, const BlockShape& b, const float* q,
+                                              const float* wts, const Vec64<float>::type& bv, float* out) {
+  using V = Vec64<float>::type;
+  const int64_t kh = KH ? KH : s.kh, kw = KW ? KW : s.kw;
+  const int64_t step = s.sw * kBlock;  // between neighbouring outputs of a row
+  for (int64_t oy = 0; oy < s.oh; ++oy) {
+    int64_t ox = 0;
+    for (; ox + kBlockPositions <= s.ow; ox += kBlockPositions) {
+      V a0 = bv, a1 = bv, a2 = bv, a3 = bv;
+      for (int64_t ky = 0; ky < kh; ++ky) {
+        const float* row = q + ((oy * s.sh + ky * s.dh) * b.wb + ox * s.sw) * kBlock;
+        for (int64_t kx = 0; kx < kw; ++kx) {
+          const float* src = row + kx * s.dw * kBlock;
+          V wv, v0, v1, v2, v3;
+          __builtin_memcpy(&wv, wts + (ky * kw + kx) * kBlock, sizeof wv);
+          __builtin_memcpy(&v0, src, sizeof v0);
+          __builtin_memcpy(&v1, src + step, sizeof v1);
+          __builtin_memcpy(&v2, src + 2 * step, sizeof v2);
+          __builtin_memcpy(&v3, src + 3 * step, sizeof v3);
+          a0 += wv * v0;
+          a1 += wv * v1;
+          a2 += wv * v2;
+          a3 += wv * v3;
+        }
+      }
+      float* o = out + (oy * s.ow + ox) * kBlock;
+      __builtin_memcpy(o, &a0, sizeof a0);
+      __builtin_memcpy(o + kBlock, &a1, sizeof a1);
+      __builtin_memcpy(o + 2 * kBlock, &a2, sizeof a2);
+      __builtin_memcpy(o + 3 * kBlock, &a3, sizeof a3);
+    }
+    for (; ox < s.ow; ++ox) {
+      V a0 = bv;
+      for (int64_t ky = 0; ky < kh; ++ky) {
+        const float* row = q + ((oy * s.sh + ky * s.dh) * b.wb + ox * s.sw) * kBlock;
+        for (int64_t kx = 0; kx < kw; ++kx) {
+          V wv, v0;
+          __builtin_memcpy(&wv, wts + (ky * kw + kx) * kBlock, sizeof wv);
+          __builtin_memcpy(&v0, row + kx * s.dw * kBlock, sizeof v0);
+          a0 += wv * v0;
+        }
+      }
+      __builtin_memcpy(out + (oy * s.ow + ox) * kBlock, &a0, sizeof a0);
+    }
+  }
+}
+
+// Image n, channels [c0, c0 + kBlock): `buf` holds BlockShape::floats.
+[[gnu::always_inline]] inline void forward_block(const DwShape& s, const BlockShape& b, const float* x, const float* w,
+                                                 const float* bias, const float* residual, float* y, int32_t act,
+                                                 int64_t n, int64_t c0, float* buf) {
+  using V = Vec64<float>::type;
+  static_assert(sizeof(V) == kBlock * sizeof(float));
+  float* q = buf;                           // [hb][wb][kBlock]
+  float* wts = q + b.hb * b.wb * kBlock;    // [taps][kBlock]
+  float* out = wts + s.taps * kBlock;       // [oh * ow][kBlock]
+  const int64_t plane = s.h * s.w, size = s.oh * s.ow;
+  // The padding ring only: the interior is written below.
+  for (int64_t r = 0; r < b.hb; ++r) {
+    float* row = q + r * b.wb * kBlock;
+    if (r < s.ph || r >= s.ph + s.h) {
+      std::fill(row, row + b.wb * kBlock, 0.0f);
+    } else {
+      std::fill(row, row + s.pw * kBlock, 0.0f);
+      std::fill(row + (s.pw + s.w) * kBlock, row + b.wb * kBlock, 0.0f);
+    }
+  }
+  // The block's rows, 16 columns of 16 channels at a time, transposed in registers.
+  const float* xb = x + (n * s.c + c0) * plane;
+  for (int64_t iy = 0; iy < s.h; ++iy)
+    for (int64_t ix = 0; ix < s.w; ix += kBlock) {
+      const int64_t cols = std::min(kBlock, s.w - ix);
+      V16 r[kBlock];
+      // Past a row's end a whole vector reads the next row's cells (whose lanes are not
+      // stored), except at the end of the block's input, which may end x.
+      for (int64_t l = 0; l < kBlock; ++l) {
+        const int64_t at = l * plane + iy * s.w + ix;
+        load_part(r[l], xb + at, at + kBlock <= kBlock * plane ? kBlock : cols);
+      }
+      transpose16(r);
+      float* dst = q + ((iy + s.ph) * b.wb + s.pw + ix) * kBlock;
+      for (int64_t j = 0; j < cols; ++j) __builtin_memcpy(dst + j * kBlock, &r[j], sizeof r[j]);
+    }
+  for (int64_t l = 0; l < kBlock; ++l)
+    for (int64_t t = 0; t < s.taps; ++t) wts[t * kBlock + l] = w[(c0 + l) * s.taps + t];
+  V bv;
+  for (int64_t l = 0; l < kBlock; ++l) bv[l] = bias ? bias[c0 + l] : 0.0f;
+  if (s.kh == 3 && s.kw == 3)
+    block_taps<3, 3>(s, b, q, wts, bv, out);
+  else if (s.kh == 5 && s.kw == 5)
+    block_taps<5, 5>(s, b, q, wts, bv, out);
+  else
+    block_taps<0, 0>(s, b, q, wts, bv, out);
+  // An activation without a residual over the whole block at once (elementwise: the same
+  // bits as per plane); a residual is added on y's planes, in conv_epilogue's order.
+  if (act != KILN_ACT_NONE && !residual) conv_epilogue(out, nullptr, size * kBlock, act);
+  // Into y's planes, 16 positions of 16 channels at a time, transposed in registers.
+  float* yb = y + (n * s.c + c0) * size;
+  for (int64_t i = 0; i < size; i += kBlock) {
+    const int64_t cols = std::min(kBlock, size - i);
+    V16 r[kBlock];
+    for (int64_t j = 0; j < kBlock; ++j) {
+      r[j] = V16{};
+      if (j < cols) __builtin_memcpy(&r[j], out + (i + j) * kBlock, sizeof r[j]);
+    }
+    transpose16(r);
+    for (int64_t l = 0; l < kBlock; ++l) store_part(yb + l * size + i, r[l], cols);
+  }
+  if (residual)
+    for (int64_t l = 0; l < kBlock; ++l) {
+      const int64_t at = (n * s.c + c0 + l) * size;
+      conv_epilogue(y + at, residual + at, size, act);
+    }
+}
+
+// The items [begin, end) of (image, channel block) pairs.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void forward_blocks_f32(
+    const DwShape& s, const float* x, const float* w, const float* bias, const float* residual, float* y,
+    int32_t act, int64_t begin, int64_t end, float* buf) {
+  const BlockShape b(s);
+  const int64_t blocks = s.c / kBlock;
+  for (int64_t item = begin; item < end; ++item)
+    forward_block(s, b, x, w, bias, residual, y, act, item / blocks, item % blocks * kBlock, buf);
+}
+
+// Whether the channel blocks take a forward pass: f32, one output channel per input
+// channel, whole blocks of channels, planes of at most kBlockMaxPositions outputs.
+constexpr int64_t kBlockMaxPositions = 14 * 14;
+bool blocks_apply(const DwShape& s) {
+  return s.mult == 1 && s.c % kBlock == 0 && s.oh * s.ow <= kBlockMaxPositions;
+}
+
 // grad_input: adds dy's rows [OH, OW] of one output channel, times its weights, into the
 // phase-split plane dq.
 template <typename T>
@@ -357,8 +555,19 @@ void for_items(int64_t items, F&& body) {
 
 template <typename T>
 void forward(const T* x, const T* w, const T* bias, const T* residual, T* y, const KilnConv2dParams& p,
-             int32_t act) {
+             int32_t act, DepthwisePath path = DepthwisePath::best) {
   const DwShape s(p);
+  if constexpr (std::is_same_v<T, float>) {
+    if (path == DepthwisePath::channel_blocks || (path == DepthwisePath::best && blocks_apply(s))) {
+      if (blocks_apply(s)) {
+        const BlockShape b(s);
+        for_items(s.n * s.c / kBlock, [&](int64_t begin, int64_t end) {
+          forward_blocks_f32(s, x, w, bias, residual, y, act, begin, end, scratch<float>(b.floats(s)));
+        });
+        return;
+      }
+    }
+  }
   const int64_t out_size = (s.len + kTile<T> - 1) / kTile<T> * kTile<T>;
   for_items(s.n * s.c, [&](int64_t begin, int64_t end) {
     T* q = scratch<T>(s.plane + slack<T>(s) + kLanes<T> + out_size + kLanes<T>);
@@ -446,8 +655,8 @@ void grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams& p) {
 }  // namespace
 
 void depthwise_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
-                      const KilnConv2dParams& p, int32_t act) {
-  forward(x, w, bias, residual, y, p, act);
+                      const KilnConv2dParams& p, int32_t act, DepthwisePath path) {
+  forward(x, w, bias, residual, y, p, act, path);
 }
 void depthwise_conv2d(const double* x, const double* w, const double* bias, const double* residual, double* y,
                       const KilnConv2dParams& p, int32_t act) {

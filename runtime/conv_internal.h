@@ -62,8 +62,13 @@ inline bool is_depthwise(const KilnConv2dParams& p) { return p.groups == p.c && 
 // The forward conv: y = act(conv(x, w) + bias + residual), the epilogue (runtime/conv_epilogue.h;
 // residual may be null) applied to each output plane as it is made. The residual must not
 // overlap y.
+// `path` forces the f32 forward kernel, for tests and bench/conv_bench: one channel plane
+// per item, or blocks of 16 channels in a vector's lanes (MobileNet's small planes; only
+// for one output channel per input channel and whole blocks of channels: otherwise the
+// planes); `best` picks by the shape. Both give the same bits.
+enum class DepthwisePath { best, planes, channel_blocks };
 void depthwise_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
-                      const KilnConv2dParams& p, int32_t act);
+                      const KilnConv2dParams& p, int32_t act, DepthwisePath path = DepthwisePath::best);
 void depthwise_conv2d(const double* x, const double* w, const double* bias, const double* residual, double* y,
                       const KilnConv2dParams& p, int32_t act);
 void depthwise_grad_input(const float* dy, const float* w, float* dx, const KilnConv2dParams& p);

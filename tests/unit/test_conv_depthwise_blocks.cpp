@@ -1,0 +1,122 @@
+// The depthwise forward pass in channel blocks (runtime/conv_depthwise.cpp: 16 channels in
+// the lanes of a vector, for small planes) against the pass over one channel plane at a
+// time, bit for bit: strides, padding (windows entirely in it too), dilation, 3x3 and 5x5
+// and non-square kernels, batch 1 and 3, bias or none, each epilogue with and without a
+// residual, infinities and NaNs; shapes the blocks decline; and the same
+// bits at any KILN_NUM_THREADS.
+#include <catch2/catch_test_macros.hpp>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/conv_internal.h"
+#include "runtime/kernels.h"
+#include "conv_cases.h"
+#include "self_exe.h"
+
+namespace {
+
+using kiln::rt::DepthwisePath;
+
+// {n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, groups}: groups == c == o.
+const std::vector<ConvCase>& cases() {
+  static const std::vector<ConvCase> all = {
+      {1, 16, 7, 7, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16},        // MobileNetV2's 7x7 layers
+      {3, 32, 14, 14, 32, 3, 3, 2, 2, 1, 1, 1, 1, 32},      // stride 2, batch 3
+      {1, 48, 13, 11, 48, 5, 5, 1, 1, 2, 2, 1, 1, 48},      // EfficientNet's 5x5, odd sizes
+      {2, 16, 9, 10, 16, 3, 5, 2, 1, 1, 2, 2, 1, 16},       // every attribute differs between H and W
+      {1, 16, 3, 3, 16, 3, 3, 1, 1, 3, 3, 1, 1, 16},        // windows entirely in the padding
+      {2, 16, 8, 8, 16, 2, 2, 3, 3, 0, 0, 1, 1, 16},        // stride > kernel: cells no window reads
+      {1, 32, 14, 14, 32, 3, 3, 1, 1, 1, 1, 1, 1, 32},      // the largest plane the blocks take
+      {1, 16, 6, 5, 16, 1, 1, 1, 1, 0, 0, 1, 1, 16},        // 1x1, rows shorter than 4 positions' step
+  };
+  return all;
+}
+
+std::string describe(const ConvCase& k) {
+  return "n " + std::to_string(k.n) + " c " + std::to_string(k.c) + " " + std::to_string(k.h) + "x" +
+         std::to_string(k.w) + " k " + std::to_string(k.kh) + "x" + std::to_string(k.kw) + " stride " +
+         std::to_string(k.sh) + "x" + std::to_string(k.sw);
+}
+
+// y of the depthwise forward pass by `path`.
+std::vector<float> run(const ConvCase& k, const std::vector<float>& x, const std::vector<float>& w, const float* b,
+                       const float* residual, int32_t act, DepthwisePath path) {
+  const KilnConv2dParams p = params_of(k);
+  std::vector<float> y(static_cast<size_t>(p.n * p.o * p.oh * p.ow), 12345.0f);
+  kiln::rt::depthwise_conv2d(x.data(), w.data(), b, residual, y.data(), p, act, path);
+  return y;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("depthwise conv2d in channel blocks is bit for bit the per-plane pass", "[runtime][conv][depthwise]") {
+  std::mt19937 rng(616);
+  for (const ConvCase& k : cases()) {
+    INFO(describe(k));
+    const KilnConv2dParams p = params_of(k);
+    const int64_t ysize = p.n * p.o * p.oh * p.ow;
+    std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng), w = random_vector(k.o * k.kh * k.kw, rng);
+    const std::vector<float> b = random_vector(k.o, rng), res = random_vector(ysize, rng);
+    for (bool special : {false, true}) {
+      if (special) {  // an infinite weight over the padding, a NaN and an infinity in x
+        w[0] = std::numeric_limits<float>::infinity();
+        x[5] = std::numeric_limits<float>::quiet_NaN();
+        x[x.size() - 1] = -std::numeric_limits<float>::infinity();
+      }
+      for (const float* bias : {static_cast<const float*>(nullptr), b.data()})
+        for (int32_t act : {KILN_ACT_NONE, KILN_ACT_RELU, KILN_ACT_RELU6, KILN_ACT_SILU})
+          for (const float* r : {static_cast<const float*>(nullptr), res.data()}) {
+            INFO("special " << special << " bias " << (bias != nullptr) << " act " << act << " residual "
+                            << (r != nullptr));
+            const std::vector<float> want = run(k, x, w, bias, r, act, DepthwisePath::planes);
+            CHECK(same_bits(run(k, x, w, bias, r, act, DepthwisePath::channel_blocks), want));
+            CHECK(same_bits(run(k, x, w, bias, r, act, DepthwisePath::best), want));
+          }
+    }
+  }
+}
+
+TEST_CASE("depthwise conv2d: channel blocks asked for on a shape they decline give the per-plane bits", "[runtime][conv][depthwise]") {
+  std::mt19937 rng(3);
+  // Not whole blocks of channels (24), a channel multiplier (2), a plane past 14x14: the
+  // per-plane pass, whatever is asked for (the same bits as asking for it).
+  for (const ConvCase& k : {ConvCase{1, 24, 7, 7, 24, 3, 3, 1, 1, 1, 1, 1, 1, 24},
+                            ConvCase{1, 16, 7, 7, 32, 3, 3, 1, 1, 1, 1, 1, 1, 16},
+                            ConvCase{1, 16, 15, 15, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16}}) {
+    INFO(describe(k));
+    const std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
+    const std::vector<float> w = random_vector(k.o * k.kh * k.kw, rng);
+    CHECK(same_bits(run(k, x, w, nullptr, nullptr, KILN_ACT_RELU, DepthwisePath::channel_blocks),
+                    run(k, x, w, nullptr, nullptr, KILN_ACT_RELU, DepthwisePath::planes)));
+  }
+}
+
+TEST_CASE("depthwise conv2d in channel blocks gives the same bits at any KILN_NUM_THREADS",
+          "[runtime][conv][depthwise][threads]") {
+  check_same_hashes_at_any_thread_count("[.depthwise_blocks_threads_child]");
+}
+
+TEST_CASE("depthwise conv2d in channel blocks: child with KILN_NUM_THREADS", "[.depthwise_blocks_threads_child]") {
+  REQUIRE(std::getenv("KILN_NUM_THREADS") != nullptr);
+  uint64_t h = 1469598103934665603ull;
+  std::mt19937 rng(71);
+  for (const ConvCase& k : cases()) {
+    const std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
+    const std::vector<float> w = random_vector(k.o * k.kh * k.kw, rng), b = random_vector(k.o, rng);
+    const std::vector<float> y = run(k, x, w, b.data(), nullptr, KILN_ACT_RELU6, DepthwisePath::channel_blocks);
+    const auto* bytes = reinterpret_cast<const unsigned char*>(y.data());
+    for (size_t i = 0; i < y.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  std::cout << "hashes " << h << std::endl;
+}
