@@ -39,6 +39,7 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
+#include <optional>
 #include <utility>
 #include <random>
 #include <string>
@@ -422,6 +423,7 @@ void bench_models(bool grads, std::mt19937& rng) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::optional<Layer> layer;  // --layer
   int64_t batch = 256;
   bool models = false, grads = false;
   for (int i = 1; i < argc; ++i) {
@@ -440,9 +442,23 @@ int main(int argc, char** argv) {
       g_only_model = argv[++i];
     } else if (a == "--only-batch" && i + 1 < argc) {
       g_only_batch = std::atoll(argv[++i]);
+    } else if (a == "--layer" && i + 1 < argc) {
+      long long v[7] = {0, 0, 0, 0, 1, 0, 1};
+      const int got = std::sscanf(argv[++i], "%lld,%lld,%lld,%lld,%lld,%lld,%lld", &v[0], &v[1], &v[2], &v[3], &v[4],
+                                  &v[5], &v[6]);
+      Layer l{"layer", "custom", v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
+      if (got < 4 ||
+          l.c < 1 || l.h < 1 || l.o < 1 || l.k < 1 || l.stride < 1 || l.pad < 0 || l.groups < 1 ||
+          l.c % l.groups != 0 || l.o % l.groups != 0 || l.h + 2 * l.pad < l.k) {
+        std::fprintf(stderr, "conv_bench: --layer wants C,H,O,K[,STRIDE[,PAD[,GROUPS]]] (a square H x H input, "
+                             "a K x K kernel), e.g. 64,13,256,3,1,1\n");
+        return 2;
+      }
+      layer = l;
     } else {
       std::fprintf(stderr, "usage: conv_bench [--batch N] [--min-time SECONDS] [--cpu-time] [--models [--grads] "
-                           "[--only mobilenet|resnet18|grouped] [--only-batch 1|16]]\n");
+                           "[--only mobilenet|resnet18|grouped] [--only-batch 1|16]] [--layer C,H,O,K[,S[,P[,G]]] "
+                           "[--grads]]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
@@ -454,6 +470,11 @@ int main(int argc, char** argv) {
   std::printf("threads %d, %s\n", kiln_rt_num_threads(), kiln_rt_blas_config());
   if (models) {
     bench_models(grads, rng);
+    return 0;
+  }
+  if (layer) {  // one layer at --batch, as --models times each of its layers
+    Totals t;
+    bench_layer(*layer, batch, grads, rng, t);
     return 0;
   }
   double big = sgemm_seconds(1024, 1024, 1024, rng);

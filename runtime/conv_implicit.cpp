@@ -597,8 +597,17 @@ struct PackedConvWeights final : WeightCache {
   }
 };
 
-// Whether B's rows are read in place (RowsB) rather than gathered into packed panels.
-bool rows_b_wins(const Shape&) { return true; }
+// Whether B's rows are read in place (RowsB) rather than gathered into packed panels: unless
+// the wide positions take more than a tenth more micro-panel columns than the outputs do
+// (bench/conv_bench --layer, one thread: SqueezeNet's 13x13 layers, 7 wide micro-panels for
+// 6, ran 0.94-0.96x packed; ResNet-18's 7x7, 14x14 and 28x28 layers, at most 8% more, and
+// its stem 1.06-1.35x in place; pointwise convs read x itself: 1.04-1.21x).
+bool rows_b_wins(const Shape& s, int64_t nr) {
+  if (s.pointwise) return true;
+  const int64_t wq = s.ow + (s.kw - 1) * s.dw / s.sw;
+  const int64_t wide = (s.oh * wq + nr - 1) / nr, real = (s.p + nr - 1) / nr;
+  return wide * 10 <= real * 11;
+}
 
 }  // namespace
 
@@ -624,7 +633,7 @@ bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, con
     if (auto* c = dynamic_cast<PackedConvWeights*>(held)) packed = c->get(s, *kern, w);
   }
   std::atomic<bool> failed{false};
-  run(s, *kern, x, w, packed, bias, residual, y, act, b == ImplicitB::in_place || (b == ImplicitB::best && rows_b_wins(s)), failed);
+  run(s, *kern, x, w, packed, bias, residual, y, act, b == ImplicitB::in_place || (b == ImplicitB::best && rows_b_wins(s, kern->nr)), failed);
   if (failed.load()) record_error("conv2d: out of memory for its packing buffers");
   return true;
 }
