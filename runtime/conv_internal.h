@@ -77,7 +77,8 @@ void depthwise_grad_weight(const float* x, const float* dy, float* dw, const Kil
 void depthwise_grad_weight(const double* x, const double* dy, double* dw, const KilnConv2dParams& p);
 
 // Winograd F(2x2, 3x3) (runtime/conv_winograd.cpp) for a 3x3 stride-1 undilated ungrouped
-// conv with at least kWinogradMinChannels input and output channels, kWinogradMinTiles 2x2
+// conv with at least kWinogradMinInputChannels input and kWinogradMinChannels output
+// channels, kWinogradMinTiles 2x2
 // output tiles in the batch and at least kWinogradMinImages images: it transforms the
 // weights on every call (with `cache`, a weight-cache slot, once, until the slot is
 // forgotten or w's address changes), which a single image does not repay. Against the implicit-GEMM
@@ -87,6 +88,11 @@ void depthwise_grad_weight(const double* x, const double* dy, double* dw, const 
 // winograd_shape says whether the shape qualifies; winograd_conv2d computes y and returns
 // true, or returns false (computing nothing) when x or w holds an infinity or a NaN, whose
 // propagation the transforms would not keep as the interpreter's.
+// Since the implicit GEMM reads B in place, Winograd's transforms only pay with enough
+// input channels for its 16 GEMMs to be long (conv_bench --layer, batch 16, 2 threads,
+// Winograd's time over the implicit GEMM's: 64 channels 1.03-1.08, 96 0.98-1.03, 128
+// 0.86-0.93; SqueezeNet's 32 -> 128 on 27x27 1.79, 64 -> 256 on 13x13 1.48).
+constexpr int64_t kWinogradMinInputChannels = 128;
 constexpr int64_t kWinogradMinChannels = 32;
 constexpr int64_t kWinogradMinTiles = 40;
 constexpr int64_t kWinogradMinImages = 2;

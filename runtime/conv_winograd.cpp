@@ -247,7 +247,7 @@ struct WinogradWeights final : WeightCache {
 
 bool winograd_shape(const KilnConv2dParams& p) {
   return p.kh == 3 && p.kw == 3 && p.stride_h == 1 && p.stride_w == 1 && p.dil_h == 1 && p.dil_w == 1 &&
-         p.groups == 1 && p.c >= kWinogradMinChannels && p.o >= kWinogradMinChannels && p.n >= kWinogradMinImages &&
+         p.groups == 1 && p.c >= kWinogradMinInputChannels && p.o >= kWinogradMinChannels && p.n >= kWinogradMinImages &&
          p.n * ((p.oh + 1) / 2) * ((p.ow + 1) / 2) >= kWinogradMinTiles;
 }
 

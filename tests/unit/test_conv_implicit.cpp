@@ -225,7 +225,7 @@ TEST_CASE("implicit-GEMM conv2d with cached weights is bit for bit the uncached 
 // (the entry point then takes another kernel, with the same bits as without a cache).
 TEST_CASE("Winograd conv2d with cached transformed weights is bit for bit the uncached kernel until forgotten",
           "[runtime][conv][winograd][cache]") {
-  const Case k{2, 32, 10, 10, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1};
+  const Case k{2, 128, 10, 10, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1};
   const KilnConv2dParams p = params_of(k);
   REQUIRE(kiln::rt::winograd_shape(p));
   std::mt19937 rng(8);

@@ -297,21 +297,21 @@ TEST_CASE("inference executables repack convolution weights when the state chang
   std::mt19937 rng(29);
   Graph g("convs");
   ValueId x = g.add_input("x", TensorType{DType::f32, {2, 6, 17, 17}});
-  ValueId w = g.add_input("w", TensorType{DType::f32, {32, 6, 3, 3}}, true);
+  ValueId w = g.add_input("w", TensorType{DType::f32, {128, 6, 3, 3}}, true);
   ValueId w2 = g.add_input("w2", TensorType{DType::f32, {24, 16, 3, 3}}, true);
   ValueId b2 = g.add_input("b2", TensorType{DType::f32, {24}}, true);
-  ValueId w3 = g.add_input("w3", TensorType{DType::f32, {32, 32, 3, 3}}, true);
-  ValueId y = g.add_node(Op::Conv2d, {x, w}, {{"stride", Shape{2, 2}}, {"padding", Shape{1, 1}}});  // [2, 32, 9, 9]
+  ValueId w3 = g.add_input("w3", TensorType{DType::f32, {32, 128, 3, 3}}, true);
+  ValueId y = g.add_node(Op::Conv2d, {x, w}, {{"stride", Shape{2, 2}}, {"padding", Shape{1, 1}}});  // [2, 128, 9, 9]
   ValueId u = g.add_node(Op::Relu, {g.add_node(Op::Conv2d, {y, w3}, {{"padding", Shape{1, 1}}})});   // Winograd
   ValueId z = g.add_node(Op::Relu, {g.add_node(Op::Conv2d, {u, w2, b2}, {{"stride", Shape{2, 2}}, {"groups", int64_t{2}}})});
   ValueId c = g.add_constant(random_tensor({5, 24, 1, 1}, rng, -0.3, 0.3), "c");
   g.add_output("y", y);
   g.add_output("out", g.add_node(Op::Conv2d, {z, c}));  // [2, 5, 4, 4]
   auto weights = [&] {
-    return TensorMap{{"w", random_tensor({32, 6, 3, 3}, rng, -0.3, 0.3)},
+    return TensorMap{{"w", random_tensor({128, 6, 3, 3}, rng, -0.3, 0.3)},
                      {"w2", random_tensor({24, 16, 3, 3}, rng, -0.3, 0.3)},
                      {"b2", random_tensor({24}, rng, -0.3, 0.3)},
-                     {"w3", random_tensor({32, 32, 3, 3}, rng, -0.3, 0.3)}};
+                     {"w3", random_tensor({32, 128, 3, 3}, rng, -0.3, 0.3)}};
   };
   const TensorMap state = weights(), next = weights();
   check_repacks_when_state_changes(g, state, next, {{"x", random_tensor({2, 6, 17, 17}, rng)}},

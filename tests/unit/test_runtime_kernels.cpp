@@ -462,13 +462,13 @@ TEST_CASE("runtime: depthwise conv2d and its gradients over kernels, strides, pa
 }
 
 TEST_CASE("runtime: Winograd 3x3 convolutions against the interpreter", "[runtime][conv][winograd]") {
-  // 3x3 stride 1 with at least 32 channels in and out, 40 tiles and 2 images, past the
+  // 3x3 stride 1 with at least 128 channels in and 32 out, 40 tiles and 2 images, past the
   // direct path's limits (a plane over 1024 positions, or over 1024 taps): Winograd F(2x2,
   // 3x3). Odd and even output sizes (half-used tiles), padding 0, 1 and 2, batch 2 and 3;
   // check_conv also runs an input with a NaN (im2col + GEMM instead) and the fused relu.
   std::mt19937 rng(808);
   const std::vector<ConvCase> cases = {
-      {2, 40, 33, 31, 36, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
+      {2, 128, 33, 31, 36, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
       {3, 128, 7, 7, 130, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
       {3, 120, 5, 6, 33, 3, 3, {1, 1}, {0, 0}, {1, 1}, 1},
       {2, 116, 4, 9, 32, 3, 3, {1, 1}, {2, 1}, {1, 1}, 1},
