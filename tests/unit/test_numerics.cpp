@@ -165,6 +165,32 @@ TEST_CASE("numerics: long reductions along any axes are accurate and bitwise ali
   }
 }
 
+// Short rows over trailing axes (a global average pool's 7x7 planes), which the CPU backend
+// reduces 8 rows at a time, and the rows past the last 8: each output still its own row in
+// order, the interpreter's bits; floats with NaN and infinities, and integers.
+TEST_CASE("numerics: short trailing reductions of many rows are the interpreter's", "[numerics][sum]") {
+  for (const Shape& shape : {Shape{19, 37, 7, 7}, Shape{5, 3, 11}, Shape{16, 4, 64}, Shape{3, 17, 2}}) {
+    CAPTURE(shape);
+    const Ints axes = shape.size() == 4 ? Ints{2, 3} : Ints{2};
+    for (DType dt : {DType::f32, DType::f64, DType::i32, DType::i64}) {
+      CAPTURE(dtype_name(dt));
+      Graph g("short");
+      ValueId x = g.add_input("x", {dt, shape});
+      std::vector<Op> ops = {Op::Sum, Op::Max, Op::Min};
+      if (is_float(dt)) ops.push_back(Op::Mean);
+      for (Op op : ops) g.add_output(std::string(op_info(op).spelling), g.add_node(op, {x}, {{"axes", axes}}));
+      Tensor in = uniform(shape, -100.0f, 100.0f, 11).cast(dt);
+      if (is_float(dt)) {
+        in.set(5, std::numeric_limits<double>::quiet_NaN());
+        in.set(in.numel() - 3, std::numeric_limits<double>::infinity());
+        in.set(in.numel() / 2, -std::numeric_limits<double>::infinity());
+      }
+      Runs r = run_all(g, {{"x", in}});
+      for (Op op : ops) check_bitwise(r, std::string(op_info(op).spelling));
+    }
+  }
+}
+
 TEST_CASE("numerics: softmax and cross-entropy over long axes", "[numerics][sum]") {
   // Softmax / log_softmax over 2^20 classes, and a cross-entropy averaged over 2^20 rows
   // and one over 2^20 classes: the denominators and means are long sums.
