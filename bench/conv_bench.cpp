@@ -28,9 +28,17 @@
 // --cpu-time times by the process's CPU time instead of the wall clock: on a machine other
 // work shares, run it with KILN_NUM_THREADS=1 to compare kernels by the work they do.
 //
+// For every dense layer the implicit GEMM reading B in place against gathering it into
+// packed panels ("packed/in place" above 1: in place is faster), and for every depthwise
+// one the channel blocks against one plane at a time ("planes/blocks"), each with the other
+// choice forced (the entry point picks by the shape).
+//
 // --only MODEL (mobilenet, resnet18, grouped) and --only-batch N (1 or 16) run a part of --models.
+// --layer C,H,O,K[,STRIDE[,PAD[,GROUPS]]] runs the same figures for one layer (a square
+// H x H input, a K x K kernel) at --batch N.
 //
 //   conv_bench [--batch N] [--min-time SECONDS] [--cpu-time] [--models [--grads] [--only M] [--only-batch N]]
+//              [--layer C,H,O,K[,S[,P[,G]]] [--grads]]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
