@@ -156,6 +156,22 @@ template <typename T>
   zero_over(q + s.plane, slack);
 }
 
+// a_i += w * (the vector at src + i * step), i = 0..3: one tap of four accumulators (w a
+// scalar or a vector), multiply then add as written (the vector clones contract it into one
+// FMA, the same in every caller, so the same bits).
+template <typename V, typename W, typename T>
+[[gnu::always_inline]] inline void madd4(V& a0, V& a1, V& a2, V& a3, const W& w, const T* src, int64_t step) {
+  V v0, v1, v2, v3;
+  __builtin_memcpy(&v0, src, sizeof v0);
+  __builtin_memcpy(&v1, src + step, sizeof v1);
+  __builtin_memcpy(&v2, src + 2 * step, sizeof v2);
+  __builtin_memcpy(&v3, src + 3 * step, sizeof v3);
+  a0 += w * v0;
+  a1 += w * v1;
+  a2 += w * v2;
+  a3 += w * v3;
+}
+
 // The forward pass over one padded plane for one output channel: out[p] for the flat
 // positions [0, len rounded up to kFwdLanes): tiles of 4 vectors, then single vectors, the
 // accumulators in registers over all taps (bias first, then the taps in row-major order),
@@ -172,17 +188,7 @@ template <typename T>
     for (int64_t e = 0; e < L; ++e) a0[e] = b;
     a1 = a0, a2 = a0, a3 = a0;
     for (int64_t t = 0; t < taps; ++t) {
-      const T* src = q + off[t] + p;
-      const T wv = wts[t];
-      V v0, v1, v2, v3;
-      __builtin_memcpy(&v0, src, sizeof v0);
-      __builtin_memcpy(&v1, src + L, sizeof v1);
-      __builtin_memcpy(&v2, src + 2 * L, sizeof v2);
-      __builtin_memcpy(&v3, src + 3 * L, sizeof v3);
-      a0 += wv * v0;
-      a1 += wv * v1;
-      a2 += wv * v2;
-      a3 += wv * v3;
+      madd4(a0, a1, a2, a3, wts[t], q + off[t] + p, L);
     }
     __builtin_memcpy(out + p, &a0, sizeof a0);
     __builtin_memcpy(out + p + L, &a1, sizeof a1);
@@ -334,17 +340,9 @@ template <int KH, int KW>
       for (int64_t ky = 0; ky < kh; ++ky) {
         const float* row = q + ((oy * s.sh + ky * s.dh) * b.wb + ox * s.sw) * kBlock;
         for (int64_t kx = 0; kx < kw; ++kx) {
-          const float* src = row + kx * s.dw * kBlock;
-          V wv, v0, v1, v2, v3;
+          V wv;
           __builtin_memcpy(&wv, wts + (ky * kw + kx) * kBlock, sizeof wv);
-          __builtin_memcpy(&v0, src, sizeof v0);
-          __builtin_memcpy(&v1, src + step, sizeof v1);
-          __builtin_memcpy(&v2, src + 2 * step, sizeof v2);
-          __builtin_memcpy(&v3, src + 3 * step, sizeof v3);
-          a0 += wv * v0;
-          a1 += wv * v1;
-          a2 += wv * v2;
-          a3 += wv * v3;
+          madd4(a0, a1, a2, a3, wv, row + kx * s.dw * kBlock, step);
         }
       }
       float* o = out + (oy * s.ow + ox) * kBlock;
