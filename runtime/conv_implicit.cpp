@@ -501,6 +501,10 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
     // while the row is in L1; with more slices, C is filled with it first, as the im2col
     // path does, since the later slices add to it.
     const bool bias_after = bias && s.k <= kKC;
+    // With B in place and K in one slice, the tiles' stores also add the bias and apply relu
+    // or relu6 (the same operations as the passes below, which then do not run).
+    const bool in_store = in_place && s.k <= kKC && !residual &&
+                          (act == KILN_ACT_NONE || act == KILN_ACT_RELU || act == KILN_ACT_RELU6);
     if (bias && !bias_after)
       for (int64_t r = r0; r < r1; ++r) std::fill(c_at(r, j0), c_at(r, j1), bias[g * s.og + r]);
     for (int64_t p0 = 0; p0 < s.k; p0 += kKC) {
@@ -515,7 +519,8 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
         for (int64_t jr = j0; jr < j1; jr += nr) {
           const int64_t nv = std::min(nr, j1 - jr);
           if (in_place)
-            kern.tile_rows(kc, ap, bsrc + jr, rb.off + p0, c_at(row, jr), ldc, 1.0f, beta, mv, nv);
+            kern.tile_rows(kc, ap, bsrc + jr, rb.off + p0, c_at(row, jr), ldc, 1.0f, beta, mv, nv,
+                           in_store && bias ? bias + g * s.og + row : nullptr, in_store ? act : KILN_ACT_NONE);
           else
             kern.tile(kc, ap, t.b + (jr - j0) * kc, c_at(row, jr), ldc, 1.0f, beta, mv, nv);
         }
@@ -525,7 +530,7 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
     const Run out = rb.wide ? outputs_of(j0, j1, rb.wq, s.ow) : Run{j0, j1};
     if (rb.wide)
       for (int64_t r = r0; r < r1; ++r) copy_out(c_at(r, j0), j0, j1, rb.wq, s.ow, yc + r * s.p + out.lo);
-    if (bias_after || act != KILN_ACT_NONE || residual)
+    if (!in_store && (bias_after || act != KILN_ACT_NONE || residual))
       for (int64_t r = r0; r < r1; ++r) {
         float* yr = yc + r * s.p + out.lo;
         if (bias_after) add_scalar(yr, out.hi - out.lo, bias[g * s.og + r]);

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "runtime/gemm_internal.h"
+#include "runtime/kernels.h"
 
 #pragma GCC target("avx2,fma")
 
@@ -39,21 +40,21 @@ struct Avx2 {
 
   static void tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta,
                    int64_t mv, int64_t nv) {
-    tile_any<false>(kc, a, b, nullptr, c, ldc, alpha, beta, mv, nv);
+    tile_any<false>(kc, a, b, nullptr, c, ldc, alpha, beta, mv, nv, nullptr, KILN_ACT_NONE);
   }
   static void tile_rows(int64_t kc, const float* a, const float* b, const int64_t* boff, float* c, int64_t ldc,
-                        float alpha, float beta, int64_t mv, int64_t nv) {
+                        float alpha, float beta, int64_t mv, int64_t nv, const float* bias, int32_t act) {
     if (nv == NR)
-      tile_any<true, false>(kc, a, b, boff, c, ldc, alpha, beta, mv, nv);
+      tile_any<true, false>(kc, a, b, boff, c, ldc, alpha, beta, mv, nv, bias, act);
     else
-      tile_any<true, true>(kc, a, b, boff, c, ldc, alpha, beta, mv, nv);
+      tile_any<true, true>(kc, a, b, boff, c, ldc, alpha, beta, mv, nv, bias, act);
   }
 
   // With `Rows`, B's row p is read in place at b + boff[p] (TileRowsFn), unaligned; with
   // `Tail` too, by masked loads of the nv columns that exist.
   template <bool Rows, bool Tail = false>
   static void tile_any(int64_t kc, const float* a, const float* b, const int64_t* boff, float* c, int64_t ldc,
-                       float alpha, float beta, int64_t mv, int64_t nv) {
+                       float alpha, float beta, int64_t mv, int64_t nv, const float* bias, int32_t act) {
     const __m256i m0 = lanes(nv), m1 = lanes(nv - 8);
     __m256 acc[MR][2];
 #pragma GCC unroll 6
@@ -77,15 +78,25 @@ struct Avx2 {
         acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
       }
     }
-    // C = alpha * acc + beta * C (C not read when beta is 0), clipped to mv x nv.
+    // C = alpha * acc + beta * C (C not read when beta is 0), clipped to mv x nv; with beta
+    // 0, then + bias[r] and the activation (TileRowsFn).
     const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+    const __m256 zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
+    auto finish = [&](__m256 y, int r) {
+      if (bias) y = _mm256_add_ps(y, _mm256_set1_ps(bias[r]));
+      if (act == KILN_ACT_RELU || act == KILN_ACT_RELU6)  // y > 0 or NaN: y, else +0
+        y = _mm256_and_ps(_mm256_cmp_ps(y, zero, _CMP_NLE_UQ), y);
+      if (act == KILN_ACT_RELU6)  // y < 6 or NaN: y, else 6
+        y = _mm256_blendv_ps(six, y, _mm256_cmp_ps(y, six, _CMP_NGE_UQ));
+      return y;
+    };
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
       if (r >= mv) break;
       float* cr = c + r * ldc;
       if (beta == 0.0f) {
-        _mm256_maskstore_ps(cr, m0, _mm256_mul_ps(va, acc[r][0]));
-        _mm256_maskstore_ps(cr + 8, m1, _mm256_mul_ps(va, acc[r][1]));
+        _mm256_maskstore_ps(cr, m0, finish(_mm256_mul_ps(va, acc[r][0]), r));
+        _mm256_maskstore_ps(cr + 8, m1, finish(_mm256_mul_ps(va, acc[r][1]), r));
       } else {
         const __m256 c0 = _mm256_maskload_ps(cr, m0), c1 = _mm256_maskload_ps(cr + 8, m1);
         _mm256_maskstore_ps(cr, m0, _mm256_fmadd_ps(va, acc[r][0], _mm256_mul_ps(vb, c0)));

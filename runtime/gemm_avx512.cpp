@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "runtime/gemm_internal.h"
+#include "runtime/kernels.h"
 
 #pragma GCC target("avx512f,fma")
 // GCC 12's AVX-512 shuffle intrinsics start from _mm512_undefined_ps(), which its
@@ -28,7 +29,7 @@ namespace {
 // micro-panel, unaligned, with `Tail` the last vector masked to the nv columns that exist.
 template <int R, int V, bool Rows, bool Tail = false>
 void tile_rv(int64_t kc, const float* a, const float* b, const int64_t* boff, float* c, int64_t ldc, float alpha,
-             float beta, int64_t nv) {
+             float beta, int64_t nv, const float* bias, int32_t act) {
   constexpr int64_t MR = 14, NR = 32;
   __mmask16 mask[V];
 #pragma GCC unroll 2
@@ -60,15 +61,25 @@ void tile_rv(int64_t kc, const float* a, const float* b, const int64_t* boff, fl
       for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
     }
   }
-  // C = alpha * acc + beta * C (C not read when beta is 0), clipped to nv columns.
+  // C = alpha * acc + beta * C (C not read when beta is 0), clipped to nv columns; with
+  // beta 0, then + bias[r] and the activation (TileRowsFn).
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
+  auto finish = [&](__m512 y, int r) {
+    if (bias) y = _mm512_add_ps(y, _mm512_set1_ps(bias[r]));
+    if (act == KILN_ACT_RELU || act == KILN_ACT_RELU6)  // y > 0 or NaN: y, else +0
+      y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, zero, _CMP_NLE_UQ), y);
+    if (act == KILN_ACT_RELU6)  // y < 6 or NaN: y, else 6
+      y = _mm512_mask_mov_ps(six, _mm512_cmp_ps_mask(y, six, _CMP_NGE_UQ), y);
+    return y;
+  };
 #pragma GCC unroll 14
   for (int r = 0; r < R; ++r) {
     float* cr = c + r * ldc;
 #pragma GCC unroll 2
     for (int v = 0; v < V; ++v) {
       if (beta == 0.0f) {
-        _mm512_mask_storeu_ps(cr + 16 * v, mask[v], _mm512_mul_ps(va, acc[r][v]));
+        _mm512_mask_storeu_ps(cr + 16 * v, mask[v], finish(_mm512_mul_ps(va, acc[r][v]), r));
       } else {
         const __m512 old = _mm512_maskz_loadu_ps(mask[v], cr + 16 * v);
         _mm512_mask_storeu_ps(cr + 16 * v, mask[v], _mm512_fmadd_ps(va, acc[r][v], _mm512_mul_ps(vb, old)));
@@ -77,7 +88,8 @@ void tile_rv(int64_t kc, const float* a, const float* b, const int64_t* boff, fl
   }
 }
 
-using TileFn = void (*)(int64_t, const float*, const float*, const int64_t*, float*, int64_t, float, float, int64_t);
+using TileFn = void (*)(int64_t, const float*, const float*, const int64_t*, float*, int64_t, float, float, int64_t,
+                        const float*, int32_t);
 
 template <bool Rows, bool Tail, int... R>
 constexpr std::array<std::array<TileFn, 2>, sizeof...(R)> tile_table(std::integer_sequence<int, R...>) {
@@ -134,12 +146,12 @@ struct Avx512 {
 
   static void tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta,
                    int64_t mv, int64_t nv) {
-    kTiles[static_cast<size_t>(mv - 1)][nv > 16](kc, a, b, nullptr, c, ldc, alpha, beta, nv);
+    kTiles[static_cast<size_t>(mv - 1)][nv > 16](kc, a, b, nullptr, c, ldc, alpha, beta, nv, nullptr, KILN_ACT_NONE);
   }
   static void tile_rows(int64_t kc, const float* a, const float* b, const int64_t* boff, float* c, int64_t ldc,
-                        float alpha, float beta, int64_t mv, int64_t nv) {
+                        float alpha, float beta, int64_t mv, int64_t nv, const float* bias, int32_t act) {
     const auto& table = nv % 16 == 0 ? kRowTiles : kRowTailTiles;
-    table[static_cast<size_t>(mv - 1)][nv > 16](kc, a, b, boff, c, ldc, alpha, beta, nv);
+    table[static_cast<size_t>(mv - 1)][nv > 16](kc, a, b, boff, c, ldc, alpha, beta, nv, bias, act);
   }
 };
 

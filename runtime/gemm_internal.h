@@ -82,8 +82,12 @@ using TileFn = void (*)(int64_t kc, const float* a, const float* b, float* c, in
 // read), so a driver whose B rows are runs of one array (runtime/conv_implicit.cpp's
 // convolutions over a padded copy of the image) needs no packing of B. The same operations
 // per element as TileFn, so the same bits.
+// With beta == 0 it may also finish C in the store: `bias` (null: none) the bias of rows
+// [0, mv), added to alpha * acc (one rounding, as a pass adding it after would), then `act`
+// (KILN_ACT_NONE, KILN_ACT_RELU or KILN_ACT_RELU6, conv_epilogue's formulas: NaN passes,
+// -0 becomes +0), saving the passes over C that would do them.
 using TileRowsFn = void (*)(int64_t kc, const float* a, const float* b, const int64_t* boff, float* c, int64_t ldc,
-                            float alpha, float beta, int64_t mv, int64_t nv);
+                            float alpha, float beta, int64_t mv, int64_t nv, const float* bias, int32_t act);
 
 // The packing of gemm_blocked.inc, for such drivers: pack_a(g, i0, mc, p0, kc, dst) packs
 // op(A)[i0 : i0+mc, p0 : p0+kc] into MR-tall micro-panels ([panel][kc][MR], zeros past

@@ -97,7 +97,9 @@ TEST_CASE("implicit-GEMM conv2d is bit for bit im2col + GEMM with each kernel", 
 }
 
 // Infinities and NaNs in x and w: padding still reads as a real zero (0 * inf is NaN where a
-// window overlaps the padding), in place as packed, so both keep im2col + GEMM's bits.
+// window overlaps the padding), in place as packed, so both keep im2col + GEMM's bits; and
+// relu / relu6 done in the tiles' stores (B in place, K in one slice) pass NaN and clamp
+// the infinities as conv_epilogue does.
 TEST_CASE("implicit-GEMM conv2d keeps im2col's bits with infinities and NaNs", "[runtime][conv][implicit]") {
   KernelGuard guard;
   using kiln::rt::ImplicitB;
@@ -113,15 +115,17 @@ TEST_CASE("implicit-GEMM conv2d keeps im2col's bits with infinities and NaNs", "
       x[x.size() / 2] = std::numeric_limits<float>::quiet_NaN();
       w[1] = -std::numeric_limits<float>::infinity();
       const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
-      std::vector<float> want(ysize);
-      kiln::rt::conv2d_im2col_f32(x.data(), w.data(), b.data(), want.data(), p);
-      for (ImplicitB mode : {ImplicitB::packed, ImplicitB::in_place}) {
-        INFO(describe(kern, k) << " B mode " << static_cast<int>(mode));
-        std::vector<float> got(ysize, 12345.0f);
-        REQUIRE(kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), b.data(), nullptr, got.data(), p, KILN_ACT_NONE,
-                                               nullptr, mode));
-        CHECK(same_bits(got, want));
-      }
+      std::vector<float> conv(ysize);
+      kiln::rt::conv2d_im2col_f32(x.data(), w.data(), b.data(), conv.data(), p);
+      for (int32_t act : {KILN_ACT_NONE, KILN_ACT_RELU, KILN_ACT_RELU6})
+        for (ImplicitB mode : {ImplicitB::packed, ImplicitB::in_place}) {
+          INFO(describe(kern, k) << " B mode " << static_cast<int>(mode) << " act " << act);
+          std::vector<float> want = conv, got(ysize, 12345.0f);
+          kiln::rt::conv_epilogue(want.data(), nullptr, static_cast<int64_t>(ysize), act);
+          REQUIRE(kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), b.data(), nullptr, got.data(), p, act, nullptr,
+                                                 mode));
+          CHECK(same_bits(got, want));
+        }
     }
   }
   if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels (OpenBLAS computes every conv GEMM)");
