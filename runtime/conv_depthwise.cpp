@@ -563,14 +563,12 @@ void forward(const T* x, const T* w, const T* bias, const T* residual, T* y, con
              int32_t act, DepthwisePath path = DepthwisePath::best) {
   const DwShape s(p);
   if constexpr (std::is_same_v<T, float>) {
-    if (path == DepthwisePath::channel_blocks || (path == DepthwisePath::best && blocks_apply(s))) {
-      if (blocks_apply(s)) {
-        const BlockShape b(s);
-        for_items(s.n * s.c / kBlock, [&](int64_t begin, int64_t end) {
-          forward_blocks_f32(s, x, w, bias, residual, y, act, begin, end, scratch<float>(b.floats(s)));
-        });
-        return;
-      }
+    if (path != DepthwisePath::planes && blocks_apply(s)) {
+      const BlockShape b(s);
+      for_items(s.n * s.c / kBlock, [&](int64_t begin, int64_t end) {
+        forward_blocks_f32(s, x, w, bias, residual, y, act, begin, end, scratch<float>(b.floats(s)));
+      });
+      return;
     }
   }
   const int64_t out_size = (s.len + kTile<T> - 1) / kTile<T> * kTile<T>;

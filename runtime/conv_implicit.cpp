@@ -212,19 +212,20 @@ void pack_b(const Shape& s, const gemm::Kernel& kern, const float* x, int64_t n,
 // (unless wq == ow: then the wide layout is y's and the tiles store into y). Padding is a
 // real zero, so each output is the same accumulator over the same k as the packed path's:
 // the same bits.
-struct RowsB {
-  const float* data = nullptr;  // image 0, channel 0
-  int64_t image_stride = 0, channel_stride = 0;
-  int64_t wq = 0, positions = 0;  // wide columns per output row; wide positions per image
-  bool wide = false;              // wq != ow
-  int64_t* off = nullptr;         // [k]: row k of group g's B at data + n*image_stride + g*cg*channel_stride + off[k]
-};
-
 // The phase planes RowsB keeps along one axis: index[r] for the residues r = tap * dil % stride
 // some tap has (-1 for the others), and their count.
 struct Phases {
   int64_t index[16] = {};
   int64_t count = 0;
+};
+
+struct RowsB {
+  const float* data = nullptr;  // image 0, channel 0
+  int64_t image_stride = 0, channel_stride = 0;
+  int64_t hq = 0, wq = 0, positions = 0;  // a phase plane's rows and (wide) columns; wide positions per image
+  bool wide = false;                      // wq != ow
+  Phases py, px;                          // the phases kept along each axis
+  int64_t* off = nullptr;  // [k]: row k of group g's B at data + n*image_stride + g*cg*channel_stride + off[k]
 };
 bool phases_of(int64_t taps, int64_t dil, int64_t stride, Phases& ph) {
   if (stride > 16) return false;
@@ -251,12 +252,14 @@ bool rows_b_layout(const Shape& s, int64_t* off, RowsB& rb, int64_t& image_float
     image_floats = 0;
     return true;
   }
-  Phases py, px;
+  Phases& py = rb.py;
+  Phases& px = rb.px;
   if (!phases_of(s.kh, s.dh, s.sh, py) || !phases_of(s.kw, s.dw, s.sw, px)) return false;
   const int64_t hq = s.oh + (s.kh - 1) * s.dh / s.sh, wq = s.ow + (s.kw - 1) * s.dw / s.sw;
   const int64_t plane = hq * wq, cs = py.count * px.count * plane;
   rb.channel_stride = cs;
   rb.image_stride = s.c * cs;
+  rb.hq = hq;
   rb.wq = wq;
   rb.positions = s.oh * wq;
   rb.wide = wq != s.ow;
@@ -276,10 +279,8 @@ int64_t rows_b_slack(const Shape& s) { return s.kw * s.dw + 64; }
 // The phased copy of channels [c0, c1) of the batch (n * C + c flattened) into dst, laid
 // out as rows_b_layout says (dst: channel c0's planes).
 void fill_phases(const Shape& s, const RowsB& rb, const float* x, int64_t c0, int64_t c1, float* dst) {
-  Phases py, px;
-  phases_of(s.kh, s.dh, s.sh, py);
-  phases_of(s.kw, s.dw, s.sw, px);
-  const int64_t wq = rb.wq, hq = s.oh + (s.kh - 1) * s.dh / s.sh, plane = hq * wq;
+  const Phases &py = rb.py, &px = rb.px;
+  const int64_t wq = rb.wq, hq = rb.hq, plane = hq * wq;
   for (int64_t nc = c0; nc < c1; ++nc) {
     const float* src = x + nc * s.h * s.w;
     float* d = dst + (nc - c0) * rb.channel_stride;
@@ -482,6 +483,15 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
     t.c = rb.wide ? buffer(4, rows_max * nc) : nullptr;
     return (in_place || t.b) && (shared_a || t.a) && (!rb.wide || t.c);
   };
+  // The bias: with K in one slice, added after the GEMM (acc + b, one rounding: what the
+  // GEMM's 1 * acc + 1 * C over a C filled with b gives), row by row with the epilogue while
+  // the row is in L1; with more slices, C is filled with it first, as the im2col path does,
+  // since the later slices add to it.
+  const bool bias_after = bias && s.k <= kKC;
+  // With B in place and K in one slice, the tiles' stores also add the bias and apply relu or
+  // relu6 (the same operations as the passes after the GEMM, which then do not run).
+  const bool in_store = in_place && s.k <= kKC && !residual &&
+                        (act == KILN_ACT_NONE || act == KILN_ACT_RELU || act == KILN_ACT_RELU6);
   // One item: image n, (group, column block, row block) number `sub` of that image; B of
   // image n at `image` when read in place.
   auto item = [&](const Buffers& t, int64_t n, int64_t sub, const float* image) {
@@ -496,15 +506,6 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
     const int64_t ldc = rb.wide ? nc : s.p;
     auto c_at = [&](int64_t r, int64_t j) { return rb.wide ? t.c + (r - r0) * nc + (j - j0) : yc + r * s.p + j; };
     const float* bsrc = in_place ? image + g * s.cg * rb.channel_stride : nullptr;
-    // The bias: with K in one slice, added after the GEMM (acc + b, one rounding: what the
-    // GEMM's 1 * acc + 1 * C over a C filled with b gives), row by row with the epilogue
-    // while the row is in L1; with more slices, C is filled with it first, as the im2col
-    // path does, since the later slices add to it.
-    const bool bias_after = bias && s.k <= kKC;
-    // With B in place and K in one slice, the tiles' stores also add the bias and apply relu
-    // or relu6 (the same operations as the passes below, which then do not run).
-    const bool in_store = in_place && s.k <= kKC && !residual &&
-                          (act == KILN_ACT_NONE || act == KILN_ACT_RELU || act == KILN_ACT_RELU6);
     if (bias && !bias_after)
       for (int64_t r = r0; r < r1; ++r) std::fill(c_at(r, j0), c_at(r, j1), bias[g * s.og + r]);
     for (int64_t p0 = 0; p0 < s.k; p0 += kKC) {

@@ -676,6 +676,16 @@ void Lowerer::lower_reduce(const Node& n, const TensorType& xt, const TensorType
     if (n.op == Op::Mean) return B_.CreateFDiv(acc, scalar(t, static_cast<double>(count)));
     return acc;
   };
+  // Row j of a trailing reduction, reduced in order by one thread.
+  auto reduce_row = [&](Value* j) {
+    Value* base = row_base(j);
+    auto elem = [&](Value* k) { return load(t, x, B_.CreateAdd(base, row_offset(k))); };
+    if (blocked) return store(t, finish(blocked_sum(t, count, elem)), out, j);
+    Value* slot = alloca(ty(t));
+    B_.CreateStore(init, slot);
+    for_loop(count, [&](Value* k) { B_.CreateStore(combine(B_.CreateLoad(ty(t), slot), elem(k)), slot); });
+    store(t, finish(B_.CreateLoad(ty(t), slot)), out, j);
+  };
   if (trailing && !blocked && m >= 2 * kReduceRows && count > 1) {
     // Short rows (a global average pool's 7x7 planes: 49 elements each), kReduceRows at a
     // time: each row still reduced in order by one chain, but the rows' chains advance
@@ -702,29 +712,12 @@ void Lowerer::lower_reduce(const Node& n, const TensorType& xt, const TensorType
               B_.CreateAdd(first, c64(i), "", true, true));
     });
     // The last m % kReduceRows rows one at a time.
-    for_range(c64(groups * kReduceRows), c64(m), [&](Value* j) {
-      Value* base = row_base(j);
-      Value* slot = alloca(ty(t));
-      B_.CreateStore(init, slot);
-      for_loop(count, [&](Value* k) {
-        B_.CreateStore(combine(B_.CreateLoad(ty(t), slot), load(t, x, B_.CreateAdd(base, row_offset(k)))), slot);
-      });
-      store(t, finish(B_.CreateLoad(ty(t), slot)), out, j);
-    });
+    for_range(c64(groups * kReduceRows), c64(m), reduce_row);
     return;
   }
   if (trailing) {
-    // One output element per iteration, reduced in order by one thread: parallel-safe,
-    // and the same whatever the thread count.
-    par_for(m, count, [&](Value* j) {
-      Value* base = row_base(j);
-      auto elem = [&](Value* k) { return load(t, x, B_.CreateAdd(base, row_offset(k))); };
-      if (blocked) return store(t, finish(blocked_sum(t, count, elem)), out, j);
-      Value* slot = alloca(ty(t));
-      B_.CreateStore(init, slot);
-      for_loop(count, [&](Value* k) { B_.CreateStore(combine(B_.CreateLoad(ty(t), slot), elem(k)), slot); });
-      store(t, finish(B_.CreateLoad(ty(t), slot)), out, j);
-    });
+    // One output element per iteration: parallel-safe, and the same whatever the thread count.
+    par_for(m, count, reduce_row);
     return;
   }
   // Each output adds its elements in row-major order: for a float sum (at most one block
