@@ -65,7 +65,13 @@ StateStore::StateStore(std::shared_ptr<Device> device) : device_(std::move(devic
 void StateStore::touch() { generation_ = next_generation(); }
 
 StateStore::~StateStore() {
-  for (auto& [name, e] : entries_) device_->release(e.data);
+  for (auto& [name, e] : entries_) release(e);
+}
+
+void StateStore::release(Entry& e) noexcept {
+  if (e.owner.nbytes() == 0) device_->release(e.data);
+  e.owner = Tensor();
+  e.data = nullptr;
 }
 
 bool StateStore::contains(std::string_view name) const { return entries_.find(name) != entries_.end(); }
@@ -83,7 +89,7 @@ void* StateStore::data(std::string_view name) const {
 void StateStore::set(std::string_view name, const Tensor& value) {
   auto it = entries_.find(name);
   if (it != entries_.end() && it->second.type != value.type()) {
-    device_->release(it->second.data);
+    release(it->second);
     entries_.erase(it);
     it = entries_.end();
   }
@@ -91,7 +97,7 @@ void StateStore::set(std::string_view name, const Tensor& value) {
   // storage is shared copies nothing.)
   const Tensor dense = value.materialized();
   if (it == entries_.end()) {
-    Entry e{value.type(), device_->allocate(static_cast<int64_t>(dense.nbytes()))};
+    Entry e{value.type(), device_->allocate(static_cast<int64_t>(dense.nbytes())), Tensor()};
     it = entries_.emplace(std::string(name), e).first;
   }
   device_->upload(it->second.data, dense.raw(), static_cast<int64_t>(dense.nbytes()));
@@ -106,10 +112,32 @@ Tensor StateStore::get(std::string_view name) const {
   return t;
 }
 
+void StateStore::adopt(std::string_view name, Tensor&& value) {
+  if (!device_->host_visible() || value.is_splat() || value.nbytes() == 0) return set(name, value);
+  if (auto it = entries_.find(name); it != entries_.end()) {
+    release(it->second);
+    entries_.erase(it);
+  }
+  Entry e{value.type(), nullptr, std::move(value)};
+  e.data = e.owner.raw();  // the tensor's own storage (a view or shared storage is copied first)
+  entries_.emplace(std::string(name), std::move(e));
+  touch();
+}
+
+Tensor StateStore::view(std::string_view name) const {
+  if (!device_->host_visible()) return get(name);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw Error("state '%" + std::string(name) + "' is not set");
+  const TensorType& t = it->second.type;
+  // Not owned: the entry outlives the view's use (the aliasing constructor with no owner).
+  std::shared_ptr<const std::byte> bytes(std::shared_ptr<const std::byte>(), static_cast<const std::byte*>(it->second.data));
+  return Tensor::view(t.dtype, t.shape, std::move(bytes), static_cast<size_t>(t.numel()) * dtype_size(t.dtype));
+}
+
 void StateStore::erase(std::string_view name) {
   auto it = entries_.find(name);
   if (it == entries_.end()) return;
-  device_->release(it->second.data);
+  release(it->second);
   entries_.erase(it);
   touch();
 }
@@ -617,12 +645,19 @@ void Executable::update_prep() {
   TensorMap in;
   for (const GraphInput& gi : p.prep.inputs()) {
     const std::string& name = p.prep.value(gi.value).name;
-    in.emplace(name, source.get(name));  // bind_inputs checked that every state input is set
+    in.emplace(name, source.view(name));  // bind_inputs checked that every state input is set
   }
   PhaseTimer timer("prepare weights");
   TensorMap out = interpret(p.prep, in);
+  in.clear();
   if (!prep_store_) prep_store_ = std::make_unique<StateStore>(device());
-  for (const std::string& name : p.prep_names) prep_store_->set(name, out.at(name));
+  // The results become the prepared state without a copy on the host (a second copy of
+  // every prepared weight used to stand beside the first until all were set).
+  for (const std::string& name : p.prep_names) {
+    auto it = out.find(name);
+    prep_store_->adopt(name, std::move(it->second));
+    out.erase(it);
+  }
   prep_source_ = &source;
   prep_generation_ = source.generation();
 }

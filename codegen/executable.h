@@ -78,7 +78,13 @@ class StateStore {
   // Sets `name` (uploads); an existing tensor of the same type is overwritten in place
   // (its buffer stays where it is), otherwise replaced.
   void set(std::string_view name, const Tensor& value);
+  // As set(), but on a host-visible device a dense tensor's storage becomes the entry's
+  // buffer (no copy; the store keeps it alive); elsewhere, or for a splat, set() itself.
+  void adopt(std::string_view name, Tensor&& value);
   Tensor get(std::string_view name) const;  // downloads a copy; kiln::Error if not set
+  // A read-only view of `name`'s buffer on a host-visible device (nothing copied; valid
+  // while the entry is neither set again nor erased); get() elsewhere.
+  Tensor view(std::string_view name) const;
   void erase(std::string_view name);
   std::vector<std::string> names() const;
   TensorMap snapshot() const;  // downloads every tensor
@@ -92,7 +98,9 @@ class StateStore {
   struct Entry {
     TensorType type;
     void* data = nullptr;
+    Tensor owner;  // adopt(): the tensor whose storage `data` is (not the device's)
   };
+  void release(Entry& e) noexcept;
   std::shared_ptr<Device> device_;
   std::map<std::string, Entry, std::less<>> entries_;
   uint64_t generation_;

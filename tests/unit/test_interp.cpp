@@ -1061,3 +1061,40 @@ TEST_CASE("interp: Philox4x32-10 gives Random123's known answers; dropout keeps 
   CHECK(std::abs(same_b / 1e5 - 0.58) < 0.01);  // independent masks agree 0.7^2 + 0.3^2 of the time
   CHECK(std::abs(same_c / 1e5 - 0.58) < 0.01);
 }
+
+// eval_transpose moves whole rows or tiles for the common permutations (a copy, batches of
+// matrix transposes, axes of size 1 anywhere); every element must land where the index
+// rule out[c] = x[c'] with c'[perm[d]] = c[d] puts it, for every dtype and for shapes that
+// are not multiples of its tile.
+TEST_CASE("interp: transpose puts every element where the index rule says", "[interp]") {
+  struct Case {
+    Shape shape;
+    Ints perm;
+  };
+  const Case cases[] = {
+      {{37, 70}, {1, 0}},          {{3, 33, 65}, {0, 2, 1}},      {{2, 3, 4, 5}, {0, 1, 3, 2}},
+      {{2, 3, 4, 5}, {2, 3, 0, 1}}, {{2, 3, 4, 5}, {3, 1, 2, 0}},  {{1, 40, 1, 9}, {3, 1, 2, 0}},
+      {{5, 1, 7}, {2, 1, 0}},      {{4, 6, 1}, {2, 0, 1}},        {{2, 3, 4}, {0, 1, 2}},
+      {{1, 1}, {1, 0}},            {{6, 0, 3}, {2, 1, 0}},        {{2, 3, 4, 5, 6}, {0, 3, 4, 1, 2}},
+  };
+  for (DType dt : kAllDTypes)
+    for (const Case& c : cases) {
+      Tensor x = iota(dt, c.shape);
+      if (dt == DType::boolean)
+        for (int64_t i = 0; i < x.numel(); ++i) x.set_int(i, (i * 7 / 3) % 2);
+      Tensor y = run(Op::Transpose, {x}, {{"perm", c.perm}});
+      std::vector<int64_t> in_strides(c.shape.size(), 1);
+      for (size_t d = c.shape.size(); d-- > 1;) in_strides[d - 1] = in_strides[d] * c.shape[d];
+      const Shape& os = y.shape();
+      std::vector<int64_t> idx(os.size(), 0);
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        int64_t src = 0;
+        for (size_t d = 0; d < os.size(); ++d) src += idx[d] * in_strides[static_cast<size_t>(c.perm[d])];
+        INFO(dtype_name(dt) << " " << shape_str(c.shape) << " element " << i);
+        REQUIRE(y.get_int(i) == x.get_int(src));
+        for (size_t d = os.size(); d-- > 0;)
+          if (++idx[d] < os[d]) break;
+          else idx[d] = 0;
+      }
+    }
+}
