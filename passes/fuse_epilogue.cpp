@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "ir/error.h"
+#include "passes/kernel_plan.h"
 
 namespace kiln {
 namespace {
@@ -109,6 +110,20 @@ Graph fuse_epilogue(const Graph& g, const PassOptions& options, Op anchor, const
       }
       if (!extended || done) break;
     }
+    // A GEMM with an epilogue also takes the transposes of the last two axes that only it
+    // reads (ONNX Gemm's transB: matmul(x, transpose(w)) + bias): in the body the GEMM reads
+    // the transpose's source with its transpose flag (the kernel plan elides the transpose),
+    // so no copy of the operand is made per run, nor, for an inference graph's weight, once
+    // as prepared state beside the weight itself (split_state_prep hoists a transpose of state
+    // that a fused node reads).
+    if (group >= 0 && !conv)
+      for (ValueId operand : a.operands) {
+        const int t = p.producer(operand);
+        if (t < 0 || p.grouped(static_cast<size_t>(t)) || p.is_output(operand) || p.users(operand).size() != 1) continue;
+        const Node& tn = g.nodes()[static_cast<size_t>(t)];
+        if (tn.op != Op::Transpose || !is_last_two_swap(attr_ints(tn.attrs, "perm"))) continue;
+        if (p.can_join(group, static_cast<size_t>(t))) p.join(group, static_cast<size_t>(t));
+      }
   }
   return fusion::outline(p, prefix);
 }
