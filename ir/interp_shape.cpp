@@ -72,8 +72,8 @@ void transpose_matrices(const std::byte* in, std::byte* out, int64_t batch, int6
       }
 }
 
-// The common transposes without a per-element index walk: a copy, moves of whole rows, or
-// batches of matrix transposes (a weight's [out, in] -> [in, out]). False for the rest.
+// The common transposes without a per-element index walk: a copy, moves of whole runs of
+// the last axis (a head transpose [b, s, h, d] -> [b, h, s, d]), or batches of matrix transposes (a weight's [out, in] -> [in, out]). False for the rest.
 bool fast_transpose(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) {
   const MergedTranspose m = merge_axes(x.shape(), perm);
   const size_t es = dtype_size(x.dtype());
@@ -84,6 +84,24 @@ bool fast_transpose(const Tensor& x, const std::vector<int64_t>& perm, Tensor& o
   for (size_t d = 0; d < r; ++d) identity = identity && m.perm[d] == static_cast<int64_t>(d);
   if (identity) {
     if (x.nbytes() > 0) std::memcpy(dst, src, x.nbytes());
+    return true;
+  }
+  if (m.perm[r - 1] == static_cast<int64_t>(r - 1)) {
+    // The last axis stays last: whole runs of it move, the output walked run by run.
+    const int64_t inner = m.dims[r - 1];
+    const size_t run = static_cast<size_t>(inner) * es;
+    std::vector<int64_t> in_strides(r, 1), idx(r - 1, 0), out_dims(r - 1);
+    for (size_t d = r - 1; d-- > 0;) in_strides[d] = in_strides[d + 1] * m.dims[d + 1];
+    for (size_t d = 0; d + 1 < r; ++d) out_dims[d] = m.dims[static_cast<size_t>(m.perm[d])];
+    const int64_t runs = x.numel() / std::max<int64_t>(inner, 1);
+    for (int64_t i = 0; i < runs; ++i) {
+      int64_t from = 0;
+      for (size_t d = 0; d + 1 < r; ++d) from += idx[d] * in_strides[static_cast<size_t>(m.perm[d])];
+      std::memcpy(dst + static_cast<size_t>(i) * run, src + static_cast<size_t>(from) * es, run);
+      for (size_t d = r - 1; d-- > 0;)
+        if (++idx[d] < out_dims[d]) break;
+        else idx[d] = 0;
+    }
     return true;
   }
   bool batched_matrix = r >= 2 && m.perm[r - 1] == static_cast<int64_t>(r - 2) && m.perm[r - 2] == static_cast<int64_t>(r - 1);
