@@ -53,6 +53,46 @@ T* scratch(int64_t count) {
   return buffer.data();
 }
 
+// The implicit GEMM's B read in place (gemm::TileRowsFn, runtime/conv_implicit.cpp) instead of
+// packed: for a unit-stride, unpadded 1x1
+// conv the rows of B are the input's channel planes themselves; otherwise the input is
+// copied once per call into a zero-padded, stride-phased layout in which every row of the
+// im2col matrix is one run of consecutive floats. Phase (py, px) of channel c holds the
+// padded image's rows py, py + sh, ... and columns px, px + sw, ... as a [hq, wq] plane
+// (only the phases some kernel tap reads are kept; stride 1 has one), so that output
+// position (oy, ox) and tap (ky, kx) read plane (ky*dh % sh, kx*dw % sw) at row
+// oy + ky*dh / sh and column ox + kx*dw / sw. Numbering the positions oy * wq + ox ("wide"
+// positions, wq >= ow columns a row), row k = (ci, ky, kx) of B is the run starting at
+// off[k] = ci * cs + phase * hq * wq + (ky*dh / sh) * wq + kx*dw / sw: no gather per KC
+// slice and block, the micro-kernel loads B's rows where they lie. The wq - ow wide columns
+// past each output row are computed too and dropped when the item's block is copied into y
+// (unless wq == ow: then the wide layout is y's and the tiles store into y). Padding is a
+// real zero, so each output is the same accumulator over the same k as the packed path's:
+// the same bits.
+struct Phases {
+  int64_t index[16] = {};
+  int64_t count = 0;
+};
+
+struct RowsB {
+  const float* data = nullptr;  // image 0, channel 0
+  int64_t image_stride = 0, channel_stride = 0;
+  int64_t hq = 0, wq = 0, positions = 0;  // a phase plane's rows and (wide) columns; wide positions per image
+  bool wide = false;                      // wq != ow
+  Phases py, px;                          // the phases kept along each axis
+  int64_t* off = nullptr;  // [k]: row k of group g's B at data + n*image_stride + g*cg*channel_stride + off[k]
+};
+
+// The layout of the phased copy (or of x itself, pointwise) in `rb`, its offsets in `off`
+// (room for s.k): everything but `data`; false for a stride past what Phases holds.
+// `image_floats`: the floats of one image's copy (0 for pointwise).
+bool rows_b_layout(const ConvShape& s, int64_t* off, RowsB& rb, int64_t& image_floats);
+// The floats past the last image's copy that the last tap's runs may read (zeros).
+int64_t rows_b_slack(const ConvShape& s);
+// The phased copy of channels [c0, c1) of the batch (n * C + c flattened) into dst, laid
+// out as rows_b_layout says (dst: channel c0's planes).
+void fill_phases(const ConvShape& s, const RowsB& rb, const float* x, int64_t c0, int64_t c1, float* dst);
+
 // A depthwise convolution: one input channel per group (groups == C > 1), so O = C * the
 // channel multiplier (MobileNet's and EfficientNet's 3x3 / 5x5 layers). Any kernel size,
 // stride, padding and dilation; runtime/conv_depthwise.cpp has the kernels, which conv.cpp's
