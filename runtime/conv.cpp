@@ -413,6 +413,12 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
     // whole output.
     if (kiln::rt::is_depthwise(*params)) return kiln::rt::depthwise_conv2d(x, w, bias, residual, y, *params, act);
     const int32_t own_act = epi ? KILN_ACT_NONE : act;
+    // Few output positions at batch 1 (ResNet-18's 28x28, 14x14 and 7x7 layers, K >= 256):
+    // the output channels on the vector side (runtime/conv_positions_avx512.cpp).
+    if constexpr (std::is_same_v<T, float>)
+      if (kiln::rt::positions_conv2d_shape(*params) &&
+          kiln::rt::positions_conv2d(x, w, bias, residual, y, *params, act, cache))
+        return;
     // A batch of small planes (ResNet's 14x14 and 7x7 layers): one implicit GEMM across the
     // images (runtime/conv_batched.cpp), ahead of Winograd, which transforms the weights on
     // every call and has few tiles per image there.

@@ -199,7 +199,8 @@ void pack_b(const Shape& s, const gemm::Kernel& kern, const float* x, int64_t n,
 
 }  // namespace
 
-// RowsB (conv_internal.h): the phased copy of the input, declared there for other kernels.
+// RowsB (conv_internal.h): the phased copy of the input, also read by the positions-broadcast
+// conv (runtime/conv_positions_avx512.cpp).
 // The phase planes RowsB keeps along one axis: index[r] for the residues r = tap * dil % stride
 // some tap has (-1 for the others), and their count.
 static bool phases_of(int64_t taps, int64_t dil, int64_t stride, Phases& ph) {

@@ -54,7 +54,7 @@ T* scratch(int64_t count) {
 }
 
 // The implicit GEMM's B read in place (gemm::TileRowsFn, runtime/conv_implicit.cpp) instead of
-// packed: for a unit-stride, unpadded 1x1
+// packed, also the positions-broadcast conv's input (runtime/conv_positions_avx512.cpp): for a unit-stride, unpadded 1x1
 // conv the rows of B are the input's channel planes themselves; otherwise the input is
 // copied once per call into a zero-padded, stride-phased layout in which every row of the
 // im2col matrix is one run of consecutive floats. Phase (py, px) of channel c holds the
@@ -159,6 +159,26 @@ bool implicit_gemm_shape(const KilnConv2dParams& p);
 bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
                           const KilnConv2dParams& p, int32_t act, void** cache = nullptr,
                           ImplicitB b = ImplicitB::best);
+
+// The positions-broadcast conv (runtime/conv_positions_avx512.cpp): the implicit GEMM with
+// its operands' roles swapped for few output positions per image: output channels on the
+// vector side of an AVX-512 register tile (48 or 32 of them), positions of one output row
+// broadcast (up to 7 or 14), the weights packed once with the channels contiguous (with
+// `cache`, a weight-cache slot, once per instance, as the implicit GEMM's A panels), the
+// input read in place from RowsB's phased copy, each output transposed into y with the
+// epilogue. Bitwise the im2col + GEMM path's result (the same KC slices, the same operations
+// per output), at any thread count.
+// positions_conv2d_shape: whether the entry point takes it (the AVX-512 GEMM kernel is
+// running, one group, batch 1, planes of at most kPositionsMaxSide a side, K at least
+// kPositionsMinK; KILN_CONV_POSITIONS=0 in the environment turns it off, for comparisons).
+// positions_conv2d computes y = act(conv + bias + residual) for any ungrouped shape (a
+// residual must not overlap y) and returns true, or false (nothing computed) when the AVX-512
+// kernel is not the one running, for groups, or a stride over 16.
+constexpr int64_t kPositionsMaxSide = 28;
+constexpr int64_t kPositionsMinK = 256;
+bool positions_conv2d_shape(const KilnConv2dParams& p);
+bool positions_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                      const KilnConv2dParams& p, int32_t act, void** cache = nullptr);
 
 // The f32 weight gradient of a dense (not depthwise) conv as one implicit GEMM over the
 // whole batch (runtime/conv_batched.cpp): the reduction over (image, position) pairs
