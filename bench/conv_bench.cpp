@@ -361,7 +361,6 @@ void bench_layer(const Layer& l, int64_t n, bool grads, std::mt19937& rng, Total
     auto [pos, impl] = time_pair(
         [&] { kiln::rt::positions_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE, &pos_slot); },
         [&] { kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE, &impl_slot); });
-    kiln_rt_gemm_cache_forget(&pos_slot, 1, 1);
     kiln_rt_gemm_cache_forget(&impl_slot, 1, 1);
     auto [pos_call, impl_call] = time_pair(
         [&] { kiln::rt::positions_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE); },
@@ -371,6 +370,14 @@ void bench_layer(const Layer& l, int64_t n, bool grads, std::mt19937& rng, Total
                 l.model, l.what, (long long)n, pos * 1e3, flops / pos / 1e9, impl * 1e3, flops / impl / 1e9, impl / pos,
                 pos_call * 1e3, impl_call * 1e3, impl_call / pos_call,
                 kiln::rt::positions_conv2d_shape(p) ? " (taken)" : "");
+    if (kiln::rt::batched_conv2d_shape(p)) {  // a batch of small planes: against the batched implicit GEMM
+      auto [pos_b, batched] = time_pair(
+          [&] { kiln::rt::positions_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE, &pos_slot); },
+          [&] { kiln::rt::batched_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE); });
+      std::printf("  %-11s %-10s %-3lld positions-broadcast %.3f ms, batched implicit gemm %.3f ms: batched/pos %.2f\n",
+                  l.model, l.what, (long long)n, pos_b * 1e3, batched * 1e3, batched / pos_b);
+    }
+    kiln_rt_gemm_cache_forget(&pos_slot, 1, 1);
   }
   if (!depthwise) {
     // The weights packed (or, for Winograd, transformed) once, as an inference graph's are

@@ -413,8 +413,9 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
     // whole output.
     if (kiln::rt::is_depthwise(*params)) return kiln::rt::depthwise_conv2d(x, w, bias, residual, y, *params, act);
     const int32_t own_act = epi ? KILN_ACT_NONE : act;
-    // Few output positions at batch 1 (ResNet-18's 28x28, 14x14 and 7x7 layers, K >= 256):
-    // the output channels on the vector side (runtime/conv_positions_avx512.cpp).
+    // Few output positions (ResNet-18's 28x28, 14x14 and 7x7 layers at batch 1, its 7x7 ones
+    // at any batch; K >= 256): the output channels on the vector side
+    // (runtime/conv_positions_avx512.cpp), ahead of the batched implicit GEMM.
     if constexpr (std::is_same_v<T, float>)
       if (kiln::rt::positions_conv2d_shape(*params) &&
           kiln::rt::positions_conv2d(x, w, bias, residual, y, *params, act, cache))

@@ -169,8 +169,10 @@ bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, con
 // epilogue. Bitwise the im2col + GEMM path's result (the same KC slices, the same operations
 // per output), at any thread count.
 // positions_conv2d_shape: whether the entry point takes it (the AVX-512 GEMM kernel is
-// running, one group, batch 1, planes of at most kPositionsMaxSide a side, K at least
-// kPositionsMinK; KILN_CONV_POSITIONS=0 in the environment turns it off, for comparisons).
+// running, one group, K at least kPositionsMinK, and at batch 1 planes of at most
+// kPositionsMaxSide a side, at any batch at most kBatchedMaxPositions positions, ahead of the
+// batched implicit GEMM; KILN_CONV_POSITIONS=0 in the environment turns it off, for
+// comparisons).
 // positions_conv2d computes y = act(conv + bias + residual) for any ungrouped shape (a
 // residual must not overlap y) and returns true, or false (nothing computed) when the AVX-512
 // kernel is not the one running, for groups, or a stride over 16.

@@ -53,8 +53,8 @@ bool positions_conv2d_shape(const KilnConv2dParams& p) {
   }();
   if (off || gemm::current_kernel() != &gemm::kAvx512) return false;
   if (p.groups != 1 || p.n < 1 || p.o < 2 || p.oh * p.ow < 2) return false;
-  return p.n == 1 && p.oh <= kPositionsMaxSide && p.ow <= kPositionsMaxSide &&
-         p.c * p.kh * p.kw >= kPositionsMinK;
+  if (p.c * p.kh * p.kw < kPositionsMinK) return false;
+  return (p.n == 1 && p.oh <= kPositionsMaxSide && p.ow <= kPositionsMaxSide) || p.oh * p.ow <= kBatchedMaxPositions;
 }
 
 }  // namespace kiln::rt

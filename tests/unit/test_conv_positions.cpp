@@ -177,6 +177,7 @@ TEST_CASE("positions-broadcast conv2d: the shapes the conv2d entry point gives i
   const KilnConv2dParams resnet = params_of({1, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1});
   const KilnConv2dParams grouped = params_of({1, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 1, 1, 2});
   const KilnConv2dParams batch = params_of({2, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1});
+  const KilnConv2dParams batch14 = params_of({2, 256, 14, 14, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1});
   const KilnConv2dParams plane28 = params_of({1, 128, 28, 28, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1});
   const KilnConv2dParams large = params_of({1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1});
   const KilnConv2dParams short_k = params_of({1, 128, 28, 28, 256, 1, 1, 2, 2, 0, 0, 1, 1, 1});  // K 128
@@ -184,7 +185,8 @@ TEST_CASE("positions-broadcast conv2d: the shapes the conv2d entry point gives i
     REQUIRE(kiln::rt::set_gemm_kernel(GemmKernel::avx512));
     CHECK(kiln::rt::positions_conv2d_shape(resnet));
     CHECK_FALSE(kiln::rt::positions_conv2d_shape(grouped));
-    CHECK_FALSE(kiln::rt::positions_conv2d_shape(batch));
+    CHECK(kiln::rt::positions_conv2d_shape(batch));  // ahead of the batched implicit GEMM
+    CHECK_FALSE(kiln::rt::positions_conv2d_shape(batch14));
     CHECK(kiln::rt::positions_conv2d_shape(plane28));
     CHECK_FALSE(kiln::rt::positions_conv2d_shape(large));
     CHECK_FALSE(kiln::rt::positions_conv2d_shape(short_k));
