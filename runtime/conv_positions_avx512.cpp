@@ -61,8 +61,9 @@ bool positions_conv2d_shape(const KilnConv2dParams& p) {
 
 #pragma GCC target("avx512f,fma")
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which its -Wuninitialized
-// reports at each inlined use (GCC bug 105593), a false positive.
+// (and -Wmaybe-uninitialized) reports at each inlined use (GCC bug 105593), a false positive.
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace kiln::rt {
 namespace {
@@ -150,36 +151,54 @@ constexpr int kMaxR3 = 7, kMaxR2 = 14;
 constexpr auto kTiles3 = tiles<3>(std::make_integer_sequence<int, kMaxR3>());
 constexpr auto kTiles2 = tiles<2>(std::make_integer_sequence<int, kMaxR2>());
 
-// The weights [O, K] as blocks of OB channels, [block][k][OB], zeros past O.
+// A 16 x 16 transpose: rows i < rows of src (at src + i * ld, their first `cols` floats read;
+// zeros elsewhere) become dst's rows j < cols (at dst + j * ldd, 16 floats each).
+void transpose16(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst, int64_t ldd) {
+  const __mmask16 cm = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
+  __m512 r[16], t[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_maskz_loadu_ps(cm, src + i * ld) : _mm512_setzero_ps();
+  // Pairs of rows interleaved, then pairs of pairs, then the 128-bit lanes: row j of the
+  // result holds element j of every row.
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 16; i += 8)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xDD);
+    }
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    if (j < cols) _mm512_storeu_ps(dst + j * ldd, _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88));
+    if (j + 8 < cols) _mm512_storeu_ps(dst + (j + 8) * ldd, _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD));
+  }
+}
+
+// The weights [O, K] as blocks of OB channels, [block][k][OB], zeros past O: 16 channels by
+// 16 k at a time through registers.
 int64_t packed_floats(int64_t o, int64_t k, int64_t ob) { return round_up(o, ob) * k; }
 void pack_weights(const float* w, int64_t o, int64_t k, int64_t ob, float* dst) {
   const int64_t blocks = (o + ob - 1) / ob;
-  // 16 channels' weights of one k a gather (the indices are 32-bit: scalar copies past that).
-  const bool gather = o * k < (int64_t{1} << 29);
   auto pack = [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       float* d = dst + b * k * ob;
-      if (gather) {
-        const __m512i idx = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(static_cast<int>(k)));
+      for (int64_t kk = 0; kk < k; kk += 16)  // the block's rows of dst written whole, in order
         for (int64_t v = 0; v < ob / 16; ++v) {
-          const int64_t o0 = b * ob + 16 * v, lanes = std::clamp<int64_t>(o - o0, 0, 16);
-          const __mmask16 m = lanes == 16 ? __mmask16(0xffff) : __mmask16((1u << lanes) - 1);
-          const float* src = w + std::min(o0, o - 1) * k;
-          for (int64_t kk = 0; kk < k; ++kk)
-            _mm512_store_ps(d + kk * ob + 16 * v, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, src + kk, 4));
+          const int64_t o0 = b * ob + 16 * v, rows = std::clamp<int64_t>(o - o0, 0, 16);
+          transpose16(w + std::min(o0, o - 1) * k + kk, k, rows, std::min<int64_t>(16, k - kk), d + kk * ob + 16 * v, ob);
         }
-        continue;
-      }
-      for (int64_t lane = 0; lane < ob; ++lane) {
-        const int64_t oc = b * ob + lane;
-        if (oc < o) {
-          const float* src = w + oc * k;
-          for (int64_t kk = 0; kk < k; ++kk) d[kk * ob + lane] = src[kk];
-        } else {
-          for (int64_t kk = 0; kk < k; ++kk) d[kk * ob + lane] = 0.0f;
-        }
-      }
     }
   };
   if (o * k >= (1 << 18) && !in_parallel_region())
