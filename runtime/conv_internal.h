@@ -168,19 +168,31 @@ bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, con
 // input read in place from RowsB's phased copy, each output transposed into y with the
 // epilogue. Bitwise the im2col + GEMM path's result (the same KC slices, the same operations
 // per output), at any thread count.
-// positions_conv2d_shape: whether the entry point takes it (the AVX-512 GEMM kernel is
+// positions_conv2d_shape: whether the entry point takes it (either of Kiln's GEMM kernels
 // running, one group, K at least kPositionsMinK, and at batch 1 planes of at most
 // kPositionsMaxSide a side, at any batch at most kBatchedMaxPositions positions, ahead of the
 // batched implicit GEMM; KILN_CONV_POSITIONS=0 in the environment turns it off, for
 // comparisons).
 // positions_conv2d computes y = act(conv + bias + residual) for any ungrouped shape (a
-// residual must not overlap y) and returns true, or false (nothing computed) when the AVX-512
-// kernel is not the one running, for groups, or a stride over 16.
+// residual must not overlap y) and returns true, or false (nothing computed) when neither
+// Kiln GEMM kernel is the one running (AVX-512: 48 or 32 channels a tile; AVX2: 24), for
+// groups, or a stride over 16.
 constexpr int64_t kPositionsMaxSide = 28;
 constexpr int64_t kPositionsMinK = 256;
 bool positions_conv2d_shape(const KilnConv2dParams& p);
 bool positions_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
                       const KilnConv2dParams& p, int32_t act, void** cache = nullptr);
+// Its weights packed as [block][k][ob] by `pack` into a weight-cache slot, or already there
+// (w's address and the shape unchanged); null when the slot holds another kernel's object or
+// the buffer cannot be allocated (the caller then packs for the call).
+const float* positions_cached_weights(void** cache, const float* w, int64_t o, int64_t k, int64_t ob,
+                                      void (*pack)(const float*, int64_t, int64_t, int64_t, float*));
+// Its two instruction sets (runtime/conv_positions_avx512.cpp, conv_positions_avx2.cpp),
+// each to be called only while the GEMM kernel of that set runs; positions_conv2d picks.
+bool positions_conv2d_avx512(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                             const KilnConv2dParams& p, int32_t act, void** cache);
+bool positions_conv2d_avx2(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                           const KilnConv2dParams& p, int32_t act, void** cache);
 
 // The f32 weight gradient of a dense (not depthwise) conv as one implicit GEMM over the
 // whole batch (runtime/conv_batched.cpp): the reduction over (image, position) pairs

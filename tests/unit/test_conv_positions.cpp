@@ -1,4 +1,5 @@
-// The positions-broadcast convolution (runtime/conv_positions_avx512.cpp): bit for bit the
+// The positions-broadcast convolution (runtime/conv_positions_avx512.cpp, _avx2.cpp), with
+// each of Kiln's GEMM kernels running (its AVX-512 and AVX2 tiles): bit for bit the
 // im2col + GEMM path over 7x7 planes (ResNet-18's layer, channel counts that are not
 // multiples of the 48- or 32-channel blocks), 14x14 and longer rows (cut into tiles), strided
 // and pointwise shapes, K in one or many KC slices, batch 1 and 2, with and without bias,
@@ -61,12 +62,13 @@ bool have_avx512() { return kiln::rt::gemm_kernel_supported(GemmKernel::avx512);
 }  // namespace
 
 TEST_CASE("positions-broadcast conv2d is bit for bit im2col + GEMM", "[runtime][conv][positions]") {
-  if (!have_avx512()) SKIP("this CPU has no AVX-512F: the positions-broadcast conv does not run");
+  if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels: the positions-broadcast conv does not run");
   KernelGuard guard;
-  REQUIRE(kiln::rt::set_gemm_kernel(GemmKernel::avx512));
   std::mt19937 rng(4096);
+  for (GemmKernel kern : kiln_kernels())
   for (const Case& k : cases()) {
-    INFO(describe(k));
+    REQUIRE(kiln::rt::set_gemm_kernel(kern));
+    INFO(kiln::rt::gemm_kernel_name(kern) << ": " << describe(k));
     check_bitwise_against_im2col(k, rng, {KILN_ACT_RELU, KILN_ACT_RELU6, KILN_ACT_SILU},
                                  [](const float* x, const float* w, const float* b, const float* r, float* y,
                                     const KilnConv2dParams& q, int32_t act) {
@@ -78,12 +80,13 @@ TEST_CASE("positions-broadcast conv2d is bit for bit im2col + GEMM", "[runtime][
 // Padding is a real zero (0 * inf is NaN where a window overlaps it); NaN and infinities
 // pass relu / relu6 as conv_epilogue says: the im2col path's bits.
 TEST_CASE("positions-broadcast conv2d keeps im2col's bits with infinities and NaNs", "[runtime][conv][positions]") {
-  if (!have_avx512()) SKIP("this CPU has no AVX-512F: the positions-broadcast conv does not run");
+  if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels: the positions-broadcast conv does not run");
   KernelGuard guard;
-  REQUIRE(kiln::rt::set_gemm_kernel(GemmKernel::avx512));
   std::mt19937 rng(10);
+  for (GemmKernel kern : kiln_kernels())
   for (const Case& k : {cases()[1], cases()[4], cases()[5]}) {
-    INFO(describe(k));
+    REQUIRE(kiln::rt::set_gemm_kernel(kern));
+    INFO(kiln::rt::gemm_kernel_name(kern) << ": " << describe(k));
     const KilnConv2dParams p = params_of(k);
     std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
     std::vector<float> w = random_vector(k.o * k.c * k.kh * k.kw, rng), b = random_vector(k.o, rng);
@@ -109,13 +112,14 @@ TEST_CASE("positions-broadcast conv2d keeps im2col's bits with infinities and Na
 // this kernel for ResNet-18's 7x7 layer at batch 1.
 TEST_CASE("positions-broadcast conv2d with cached weights is bit for bit the uncached path until forgotten",
           "[runtime][conv][positions][cache]") {
-  if (!have_avx512()) SKIP("this CPU has no AVX-512F: the positions-broadcast conv does not run");
+  if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels: the positions-broadcast conv does not run");
   KernelGuard guard;
-  REQUIRE(kiln::rt::set_gemm_kernel(GemmKernel::avx512));
   std::mt19937 rng(78);
   void* slot = nullptr;
+  for (GemmKernel kern : kiln_kernels())
   for (const Case& k : cases()) {
-    INFO(describe(k));
+    REQUIRE(kiln::rt::set_gemm_kernel(kern));
+    INFO(kiln::rt::gemm_kernel_name(kern) << ": " << describe(k));
     const KilnConv2dParams p = params_of(k);
     const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
     std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
@@ -146,6 +150,8 @@ TEST_CASE("positions-broadcast conv2d with cached weights is bit for bit the unc
     CHECK(same_bits(run(true, KILN_ACT_NONE, nullptr), after));  // ... until forgotten
   }
   // Through the entry points: the cached call, the uncached one and im2col + GEMM agree.
+  if (!have_avx512()) return;
+  REQUIRE(kiln::rt::set_gemm_kernel(GemmKernel::avx512));
   const Case k = cases()[0];
   const KilnConv2dParams p = params_of(k);
   REQUIRE(kiln::rt::positions_conv2d_shape(p));
@@ -191,20 +197,23 @@ TEST_CASE("positions-broadcast conv2d: the shapes the conv2d entry point gives i
     CHECK_FALSE(kiln::rt::positions_conv2d_shape(large));
     CHECK_FALSE(kiln::rt::positions_conv2d_shape(short_k));
   }
-  // Another GEMM kernel running: not taken, and the kernel itself declines, writing nothing.
-  for (GemmKernel kern : {GemmKernel::avx2, GemmKernel::openblas}) {
-    if (!kiln::rt::gemm_kernel_supported(kern)) continue;
-    REQUIRE(kiln::rt::set_gemm_kernel(kern));
-    CHECK_FALSE(kiln::rt::positions_conv2d_shape(resnet));
-    std::vector<float> x(512 * 49, 1.0f), w(512 * 512 * 9, 1.0f), y(512 * 49, 7.0f);
-    CHECK_FALSE(kiln::rt::positions_conv2d(x.data(), w.data(), nullptr, nullptr, y.data(), resnet, KILN_ACT_NONE));
-    CHECK(y == std::vector<float>(y.size(), 7.0f));
+  // The AVX2 kernel running: its tiles, for the same shapes.
+  if (kiln::rt::gemm_kernel_supported(GemmKernel::avx2)) {
+    REQUIRE(kiln::rt::set_gemm_kernel(GemmKernel::avx2));
+    CHECK(kiln::rt::positions_conv2d_shape(resnet));
+    CHECK_FALSE(kiln::rt::positions_conv2d_shape(short_k));
   }
+  // OpenBLAS computing the GEMMs: not taken, and the kernel itself declines, writing nothing.
+  REQUIRE(kiln::rt::set_gemm_kernel(GemmKernel::openblas));
+  CHECK_FALSE(kiln::rt::positions_conv2d_shape(resnet));
+  std::vector<float> x(512 * 49, 1.0f), w(512 * 512 * 9, 1.0f), y(512 * 49, 7.0f);
+  CHECK_FALSE(kiln::rt::positions_conv2d(x.data(), w.data(), nullptr, nullptr, y.data(), resnet, KILN_ACT_NONE));
+  CHECK(y == std::vector<float>(y.size(), 7.0f));
 }
 
 TEST_CASE("positions-broadcast conv2d gives the same bits at any KILN_NUM_THREADS",
           "[runtime][conv][positions][threads]") {
-  if (!have_avx512()) SKIP("this CPU has no AVX-512F: the positions-broadcast conv does not run");
+  if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels: the positions-broadcast conv does not run");
   check_same_hashes_at_any_thread_count("[.conv_positions_threads_child]");
 }
 
@@ -214,11 +223,12 @@ TEST_CASE("positions-broadcast conv2d gives the same bits at any KILN_NUM_THREAD
 TEST_CASE("positions-broadcast conv2d: child with KILN_NUM_THREADS", "[.conv_positions_threads_child]") {
   REQUIRE(std::getenv("KILN_NUM_THREADS") != nullptr);
   KernelGuard guard;
-  REQUIRE(kiln::rt::set_gemm_kernel(GemmKernel::avx512));
   uint64_t h = 1469598103934665603ull;
   std::mt19937 rng(32);
   void* slot = nullptr;
+  for (GemmKernel kern : kiln_kernels())
   for (const Case& k : cases()) {
+    REQUIRE(kiln::rt::set_gemm_kernel(kern));
     const KilnConv2dParams p = params_of(k);
     std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
     std::vector<float> w = random_vector(k.o * k.c * k.kh * k.kw, rng), b = random_vector(k.o, rng);
