@@ -358,13 +358,15 @@ void bench_layer(const Layer& l, int64_t n, bool grads, std::mt19937& rng, Total
     // call, whichever the entry point takes for the shape.
     void* pos_slot = nullptr;
     void* impl_slot = nullptr;
-    auto [pos, impl] = time_pair(
-        [&] { kiln::rt::positions_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE, &pos_slot); },
-        [&] { kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE, &impl_slot); });
+    auto positions = [&](void** slot) {
+      kiln::rt::positions_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE, slot);
+    };
+    auto implicit = [&](void** slot) {
+      kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE, slot);
+    };
+    auto [pos, impl] = time_pair([&] { positions(&pos_slot); }, [&] { implicit(&impl_slot); });
     kiln_rt_gemm_cache_forget(&impl_slot, 1, 1);
-    auto [pos_call, impl_call] = time_pair(
-        [&] { kiln::rt::positions_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE); },
-        [&] { kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE); });
+    auto [pos_call, impl_call] = time_pair([&] { positions(nullptr); }, [&] { implicit(nullptr); });
     std::printf("  %-11s %-10s %-3lld positions-broadcast %.3f ms (%.1f GFLOP/s), implicit gemm %.3f ms (%.1f): "
                 "impl/pos %.2f; per call: %.3f ms, %.3f ms: impl/pos %.2f%s\n",
                 l.model, l.what, (long long)n, pos * 1e3, flops / pos / 1e9, impl * 1e3, flops / impl / 1e9, impl / pos,
@@ -372,7 +374,7 @@ void bench_layer(const Layer& l, int64_t n, bool grads, std::mt19937& rng, Total
                 kiln::rt::positions_conv2d_shape(p) ? " (taken)" : "");
     if (kiln::rt::batched_conv2d_shape(p)) {  // a batch of small planes: against the batched implicit GEMM
       auto [pos_b, batched] = time_pair(
-          [&] { kiln::rt::positions_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE, &pos_slot); },
+          [&] { positions(&pos_slot); },
           [&] { kiln::rt::batched_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE); });
       std::printf("  %-11s %-10s %-3lld positions-broadcast %.3f ms, batched implicit gemm %.3f ms: batched/pos %.2f\n",
                   l.model, l.what, (long long)n, pos_b * 1e3, batched * 1e3, batched / pos_b);

@@ -54,10 +54,10 @@ T* scratch(int64_t count) {
 }
 
 // The implicit GEMM's B read in place (gemm::TileRowsFn, runtime/conv_implicit.cpp) instead of
-// packed, also the positions-broadcast conv's input (runtime/conv_positions_avx512.cpp): for a unit-stride, unpadded 1x1
-// conv the rows of B are the input's channel planes themselves; otherwise the input is
-// copied once per call into a zero-padded, stride-phased layout in which every row of the
-// im2col matrix is one run of consecutive floats. Phase (py, px) of channel c holds the
+// packed, also the positions-broadcast conv's input (runtime/conv_positions_avx512.cpp): for a
+// unit-stride, unpadded 1x1 conv the rows of B are the input's channel planes themselves;
+// otherwise the input is copied once per call into a zero-padded, stride-phased layout in
+// which every row of the im2col matrix is one run of consecutive floats. Phase (py, px) of channel c holds the
 // padded image's rows py, py + sh, ... and columns px, px + sw, ... as a [hq, wq] plane
 // (only the phases some kernel tap reads are kept; stride 1 has one), so that output
 // position (oy, ox) and tap (ky, kx) read plane (ky*dh % sh, kx*dw % sw) at row

@@ -62,48 +62,49 @@ bool have_avx512() { return kiln::rt::gemm_kernel_supported(GemmKernel::avx512);
 }  // namespace
 
 TEST_CASE("positions-broadcast conv2d is bit for bit im2col + GEMM", "[runtime][conv][positions]") {
-  if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels: the positions-broadcast conv does not run");
+  if (kiln_kernels().empty())
+    SKIP("this CPU runs neither of Kiln's GEMM kernels: the positions-broadcast conv does not run");
   KernelGuard guard;
   std::mt19937 rng(4096);
   for (GemmKernel kern : kiln_kernels())
-  for (const Case& k : cases()) {
-    REQUIRE(kiln::rt::set_gemm_kernel(kern));
-    INFO(kiln::rt::gemm_kernel_name(kern) << ": " << describe(k));
-    check_bitwise_against_im2col(k, rng, {KILN_ACT_RELU, KILN_ACT_RELU6, KILN_ACT_SILU},
-                                 [](const float* x, const float* w, const float* b, const float* r, float* y,
-                                    const KilnConv2dParams& q, int32_t act) {
-                                   return kiln::rt::positions_conv2d(x, w, b, r, y, q, act);
-                                 });
-  }
+    for (const Case& k : cases()) {
+      REQUIRE(kiln::rt::set_gemm_kernel(kern));
+      INFO(kiln::rt::gemm_kernel_name(kern) << ": " << describe(k));
+      check_bitwise_against_im2col(
+          k, rng, {KILN_ACT_RELU, KILN_ACT_RELU6, KILN_ACT_SILU},
+          [](const float* x, const float* w, const float* b, const float* r, float* y, const KilnConv2dParams& q,
+             int32_t act) { return kiln::rt::positions_conv2d(x, w, b, r, y, q, act); });
+    }
 }
 
 // Padding is a real zero (0 * inf is NaN where a window overlaps it); NaN and infinities
 // pass relu / relu6 as conv_epilogue says: the im2col path's bits.
 TEST_CASE("positions-broadcast conv2d keeps im2col's bits with infinities and NaNs", "[runtime][conv][positions]") {
-  if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels: the positions-broadcast conv does not run");
+  if (kiln_kernels().empty())
+    SKIP("this CPU runs neither of Kiln's GEMM kernels: the positions-broadcast conv does not run");
   KernelGuard guard;
   std::mt19937 rng(10);
   for (GemmKernel kern : kiln_kernels())
-  for (const Case& k : {cases()[1], cases()[4], cases()[5]}) {
-    REQUIRE(kiln::rt::set_gemm_kernel(kern));
-    INFO(kiln::rt::gemm_kernel_name(kern) << ": " << describe(k));
-    const KilnConv2dParams p = params_of(k);
-    std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
-    std::vector<float> w = random_vector(k.o * k.c * k.kh * k.kw, rng), b = random_vector(k.o, rng);
-    x[3] = std::numeric_limits<float>::infinity();
-    x[x.size() / 2] = std::numeric_limits<float>::quiet_NaN();
-    w[1] = -std::numeric_limits<float>::infinity();
-    const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
-    std::vector<float> conv(ysize);
-    kiln::rt::conv2d_im2col_f32(x.data(), w.data(), b.data(), conv.data(), p);
-    for (int32_t act : {KILN_ACT_NONE, KILN_ACT_RELU, KILN_ACT_RELU6}) {
-      INFO("act " << act);
-      std::vector<float> want = conv, got(ysize, 12345.0f);
-      kiln::rt::conv_epilogue(want.data(), nullptr, static_cast<int64_t>(ysize), act);
-      REQUIRE(kiln::rt::positions_conv2d(x.data(), w.data(), b.data(), nullptr, got.data(), p, act));
-      CHECK(same_bits(got, want));
+    for (const Case& k : {cases()[1], cases()[4], cases()[5]}) {
+      REQUIRE(kiln::rt::set_gemm_kernel(kern));
+      INFO(kiln::rt::gemm_kernel_name(kern) << ": " << describe(k));
+      const KilnConv2dParams p = params_of(k);
+      std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
+      std::vector<float> w = random_vector(k.o * k.c * k.kh * k.kw, rng), b = random_vector(k.o, rng);
+      x[3] = std::numeric_limits<float>::infinity();
+      x[x.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+      w[1] = -std::numeric_limits<float>::infinity();
+      const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
+      std::vector<float> conv(ysize);
+      kiln::rt::conv2d_im2col_f32(x.data(), w.data(), b.data(), conv.data(), p);
+      for (int32_t act : {KILN_ACT_NONE, KILN_ACT_RELU, KILN_ACT_RELU6}) {
+        INFO("act " << act);
+        std::vector<float> want = conv, got(ysize, 12345.0f);
+        kiln::rt::conv_epilogue(want.data(), nullptr, static_cast<int64_t>(ysize), act);
+        REQUIRE(kiln::rt::positions_conv2d(x.data(), w.data(), b.data(), nullptr, got.data(), p, act));
+        CHECK(same_bits(got, want));
+      }
     }
-  }
 }
 
 // The weights packed once into a cache slot: the uncached call's bits, from the first call
@@ -112,43 +113,44 @@ TEST_CASE("positions-broadcast conv2d keeps im2col's bits with infinities and Na
 // this kernel for ResNet-18's 7x7 layer at batch 1.
 TEST_CASE("positions-broadcast conv2d with cached weights is bit for bit the uncached path until forgotten",
           "[runtime][conv][positions][cache]") {
-  if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels: the positions-broadcast conv does not run");
+  if (kiln_kernels().empty())
+    SKIP("this CPU runs neither of Kiln's GEMM kernels: the positions-broadcast conv does not run");
   KernelGuard guard;
   std::mt19937 rng(78);
   void* slot = nullptr;
   for (GemmKernel kern : kiln_kernels())
-  for (const Case& k : cases()) {
-    REQUIRE(kiln::rt::set_gemm_kernel(kern));
-    INFO(kiln::rt::gemm_kernel_name(kern) << ": " << describe(k));
-    const KilnConv2dParams p = params_of(k);
-    const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
-    std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
-    std::vector<float> w = random_vector(k.o * k.c * k.kh * k.kw, rng), b = random_vector(k.o, rng);
-    const std::vector<float> w_new = random_vector(static_cast<int64_t>(w.size()), rng);
-    const std::vector<float> res = random_vector(static_cast<int64_t>(ysize), rng);
-    auto run = [&](bool cache, int32_t act, const float* r) {
-      std::vector<float> y(ysize, 12345.0f);
-      REQUIRE(kiln::rt::positions_conv2d(x.data(), w.data(), b.data(), r, y.data(), p, act, cache ? &slot : nullptr));
-      REQUIRE(kiln_rt_take_error() == nullptr);
-      return y;
-    };
-    kiln_rt_gemm_cache_forget(&slot, 1, 0);
-    for (int32_t act : {KILN_ACT_NONE, KILN_ACT_RELU})
-      for (const float* r : {static_cast<const float*>(nullptr), res.data()}) {
-        INFO("act " << act << " residual " << (r != nullptr));
-        const std::vector<float> want = run(false, act, r);
-        CHECK(same_bits(run(true, act, r), want));
-        CHECK(same_bits(run(true, act, r), want));
-      }
-    CHECK(slot != nullptr);
-    const std::vector<float> before = run(false, KILN_ACT_NONE, nullptr);
-    w = w_new;
-    CHECK(same_bits(run(true, KILN_ACT_NONE, nullptr), before));  // the old packing ...
-    kiln_rt_gemm_cache_forget(&slot, 1, 0);
-    const std::vector<float> after = run(false, KILN_ACT_NONE, nullptr);
-    CHECK_FALSE(same_bits(after, before));
-    CHECK(same_bits(run(true, KILN_ACT_NONE, nullptr), after));  // ... until forgotten
-  }
+    for (const Case& k : cases()) {
+      REQUIRE(kiln::rt::set_gemm_kernel(kern));
+      INFO(kiln::rt::gemm_kernel_name(kern) << ": " << describe(k));
+      const KilnConv2dParams p = params_of(k);
+      const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
+      std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
+      std::vector<float> w = random_vector(k.o * k.c * k.kh * k.kw, rng), b = random_vector(k.o, rng);
+      const std::vector<float> w_new = random_vector(static_cast<int64_t>(w.size()), rng);
+      const std::vector<float> res = random_vector(static_cast<int64_t>(ysize), rng);
+      auto run = [&](bool cache, int32_t act, const float* r) {
+        std::vector<float> y(ysize, 12345.0f);
+        REQUIRE(kiln::rt::positions_conv2d(x.data(), w.data(), b.data(), r, y.data(), p, act, cache ? &slot : nullptr));
+        REQUIRE(kiln_rt_take_error() == nullptr);
+        return y;
+      };
+      kiln_rt_gemm_cache_forget(&slot, 1, 0);
+      for (int32_t act : {KILN_ACT_NONE, KILN_ACT_RELU})
+        for (const float* r : {static_cast<const float*>(nullptr), res.data()}) {
+          INFO("act " << act << " residual " << (r != nullptr));
+          const std::vector<float> want = run(false, act, r);
+          CHECK(same_bits(run(true, act, r), want));
+          CHECK(same_bits(run(true, act, r), want));
+        }
+      CHECK(slot != nullptr);
+      const std::vector<float> before = run(false, KILN_ACT_NONE, nullptr);
+      w = w_new;
+      CHECK(same_bits(run(true, KILN_ACT_NONE, nullptr), before));  // the old packing ...
+      kiln_rt_gemm_cache_forget(&slot, 1, 0);
+      const std::vector<float> after = run(false, KILN_ACT_NONE, nullptr);
+      CHECK_FALSE(same_bits(after, before));
+      CHECK(same_bits(run(true, KILN_ACT_NONE, nullptr), after));  // ... until forgotten
+    }
   // Through the entry points: the cached call, the uncached one and im2col + GEMM agree.
   if (!have_avx512()) return;
   REQUIRE(kiln::rt::set_gemm_kernel(GemmKernel::avx512));
@@ -213,7 +215,8 @@ TEST_CASE("positions-broadcast conv2d: the shapes the conv2d entry point gives i
 
 TEST_CASE("positions-broadcast conv2d gives the same bits at any KILN_NUM_THREADS",
           "[runtime][conv][positions][threads]") {
-  if (kiln_kernels().empty()) SKIP("this CPU runs neither of Kiln's GEMM kernels: the positions-broadcast conv does not run");
+  if (kiln_kernels().empty())
+    SKIP("this CPU runs neither of Kiln's GEMM kernels: the positions-broadcast conv does not run");
   check_same_hashes_at_any_thread_count("[.conv_positions_threads_child]");
 }
 
@@ -227,26 +230,26 @@ TEST_CASE("positions-broadcast conv2d: child with KILN_NUM_THREADS", "[.conv_pos
   std::mt19937 rng(32);
   void* slot = nullptr;
   for (GemmKernel kern : kiln_kernels())
-  for (const Case& k : cases()) {
-    REQUIRE(kiln::rt::set_gemm_kernel(kern));
-    const KilnConv2dParams p = params_of(k);
-    std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
-    std::vector<float> w = random_vector(k.o * k.c * k.kh * k.kw, rng), b = random_vector(k.o, rng);
-    const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
-    std::vector<float> y(ysize), yc(ysize), yc2(ysize), want(ysize);
-    REQUIRE(kiln::rt::positions_conv2d(x.data(), w.data(), b.data(), nullptr, y.data(), p, KILN_ACT_RELU));
-    REQUIRE(kiln::rt::positions_conv2d(x.data(), w.data(), b.data(), nullptr, yc.data(), p, KILN_ACT_RELU, &slot));
-    REQUIRE(kiln::rt::positions_conv2d(x.data(), w.data(), b.data(), nullptr, yc2.data(), p, KILN_ACT_RELU, &slot));
-    REQUIRE(kiln_rt_take_error() == nullptr);
-    kiln_rt_gemm_cache_forget(&slot, 1, 0);
-    kiln::rt::conv2d_im2col_f32(x.data(), w.data(), b.data(), want.data(), p);
-    kiln::rt::conv_epilogue(want.data(), nullptr, static_cast<int64_t>(ysize), KILN_ACT_RELU);
-    REQUIRE(same_bits(y, want));
-    for (const std::vector<float>* v : {&y, &yc, &yc2}) {
-      const auto* bytes = reinterpret_cast<const unsigned char*>(v->data());
-      for (size_t i = 0; i < v->size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+    for (const Case& k : cases()) {
+      REQUIRE(kiln::rt::set_gemm_kernel(kern));
+      const KilnConv2dParams p = params_of(k);
+      std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
+      std::vector<float> w = random_vector(k.o * k.c * k.kh * k.kw, rng), b = random_vector(k.o, rng);
+      const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
+      std::vector<float> y(ysize), yc(ysize), yc2(ysize), want(ysize);
+      REQUIRE(kiln::rt::positions_conv2d(x.data(), w.data(), b.data(), nullptr, y.data(), p, KILN_ACT_RELU));
+      REQUIRE(kiln::rt::positions_conv2d(x.data(), w.data(), b.data(), nullptr, yc.data(), p, KILN_ACT_RELU, &slot));
+      REQUIRE(kiln::rt::positions_conv2d(x.data(), w.data(), b.data(), nullptr, yc2.data(), p, KILN_ACT_RELU, &slot));
+      REQUIRE(kiln_rt_take_error() == nullptr);
+      kiln_rt_gemm_cache_forget(&slot, 1, 0);
+      kiln::rt::conv2d_im2col_f32(x.data(), w.data(), b.data(), want.data(), p);
+      kiln::rt::conv_epilogue(want.data(), nullptr, static_cast<int64_t>(ysize), KILN_ACT_RELU);
+      REQUIRE(same_bits(y, want));
+      for (const std::vector<float>* v : {&y, &yc, &yc2}) {
+        const auto* bytes = reinterpret_cast<const unsigned char*>(v->data());
+        for (size_t i = 0; i < v->size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+      }
     }
-  }
   kiln_rt_gemm_cache_forget(&slot, 1, 1);
   std::cout << "hashes " << h << std::endl;
 }
