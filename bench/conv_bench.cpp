@@ -28,6 +28,11 @@
 // --cpu-time times by the process's CPU time instead of the wall clock: on a machine other
 // work shares, run it with KILN_NUM_THREADS=1 to compare kernels by the work they do.
 //
+// For the ungrouped layers with planes of at most 28x28, the positions-broadcast conv
+// (runtime/conv_positions_avx512.cpp, AVX-512 only) against the implicit GEMM, alternated,
+// with the weights prepared once and per call ("impl/pos" above 1: positions-broadcast is
+// faster; "(taken)": the entry point gives it the shape).
+//
 // For every dense layer the implicit GEMM reading B in place against gathering it into
 // packed panels ("packed/in place" above 1: in place is faster), and for every depthwise
 // one the channel blocks against one plane at a time ("planes/blocks"), each with the other
@@ -345,6 +350,36 @@ void bench_layer(const Layer& l, int64_t n, bool grads, std::mt19937& rng, Total
                 "packed/in place %.2f\n",
                 l.model, l.what, (long long)n, in_place * 1e3, flops / in_place / 1e9, packed * 1e3,
                 flops / packed / 1e9, packed / in_place);
+  }
+  if (!depthwise && l.groups == 1 && oh <= 28 &&
+      kiln::rt::positions_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE)) {
+    // The positions-broadcast conv (runtime/conv_positions_avx512.cpp) against the implicit
+    // GEMM, alternated, each with its weights prepared once (an inference graph's) and per
+    // call, whichever the entry point takes for the shape.
+    void* pos_slot = nullptr;
+    void* impl_slot = nullptr;
+    auto positions = [&](void** slot) {
+      kiln::rt::positions_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE, slot);
+    };
+    auto implicit = [&](void** slot) {
+      kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE, slot);
+    };
+    auto [pos, impl] = time_pair([&] { positions(&pos_slot); }, [&] { implicit(&impl_slot); });
+    kiln_rt_gemm_cache_forget(&impl_slot, 1, 1);
+    auto [pos_call, impl_call] = time_pair([&] { positions(nullptr); }, [&] { implicit(nullptr); });
+    std::printf("  %-11s %-10s %-3lld positions-broadcast %.3f ms (%.1f GFLOP/s), implicit gemm %.3f ms (%.1f): "
+                "impl/pos %.2f; per call: %.3f ms, %.3f ms: impl/pos %.2f%s\n",
+                l.model, l.what, (long long)n, pos * 1e3, flops / pos / 1e9, impl * 1e3, flops / impl / 1e9, impl / pos,
+                pos_call * 1e3, impl_call * 1e3, impl_call / pos_call,
+                kiln::rt::positions_conv2d_shape(p) ? " (taken)" : "");
+    if (kiln::rt::batched_conv2d_shape(p)) {  // a batch of small planes: against the batched implicit GEMM
+      auto [pos_b, batched] = time_pair(
+          [&] { positions(&pos_slot); },
+          [&] { kiln::rt::batched_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE); });
+      std::printf("  %-11s %-10s %-3lld positions-broadcast %.3f ms, batched implicit gemm %.3f ms: batched/pos %.2f\n",
+                  l.model, l.what, (long long)n, pos_b * 1e3, batched * 1e3, batched / pos_b);
+    }
+    kiln_rt_gemm_cache_forget(&pos_slot, 1, 1);
   }
   if (!depthwise) {
     // The weights packed (or, for Winograd, transformed) once, as an inference graph's are

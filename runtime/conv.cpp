@@ -413,6 +413,13 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
     // whole output.
     if (kiln::rt::is_depthwise(*params)) return kiln::rt::depthwise_conv2d(x, w, bias, residual, y, *params, act);
     const int32_t own_act = epi ? KILN_ACT_NONE : act;
+    // Few output positions (ResNet-18's 28x28, 14x14 and 7x7 layers at batch 1, its 7x7 ones
+    // at any batch; K >= 256): the output channels on the vector side
+    // (runtime/conv_positions_avx512.cpp), ahead of the batched implicit GEMM.
+    if constexpr (std::is_same_v<T, float>)
+      if (kiln::rt::positions_conv2d_shape(*params) &&
+          kiln::rt::positions_conv2d(x, w, bias, residual, y, *params, act, cache))
+        return;
     // A batch of small planes (ResNet's 14x14 and 7x7 layers): one implicit GEMM across the
     // images (runtime/conv_batched.cpp), ahead of Winograd, which transforms the weights on
     // every call and has few tiles per image there.

@@ -197,37 +197,13 @@ void pack_b(const Shape& s, const gemm::Kernel& kern, const float* x, int64_t n,
   }
 }
 
-// B read in place (gemm::TileRowsFn) instead of packed: for a unit-stride, unpadded 1x1
-// conv the rows of B are the input's channel planes themselves; otherwise the input is
-// copied once per call into a zero-padded, stride-phased layout in which every row of the
-// im2col matrix is one run of consecutive floats. Phase (py, px) of channel c holds the
-// padded image's rows py, py + sh, ... and columns px, px + sw, ... as a [hq, wq] plane
-// (only the phases some kernel tap reads are kept; stride 1 has one), so that output
-// position (oy, ox) and tap (ky, kx) read plane (ky*dh % sh, kx*dw % sw) at row
-// oy + ky*dh / sh and column ox + kx*dw / sw. Numbering the positions oy * wq + ox ("wide"
-// positions, wq >= ow columns a row), row k = (ci, ky, kx) of B is the run starting at
-// off[k] = ci * cs + phase * hq * wq + (ky*dh / sh) * wq + kx*dw / sw: no gather per KC
-// slice and block, the micro-kernel loads B's rows where they lie. The wq - ow wide columns
-// past each output row are computed too and dropped when the item's block is copied into y
-// (unless wq == ow: then the wide layout is y's and the tiles store into y). Padding is a
-// real zero, so each output is the same accumulator over the same k as the packed path's:
-// the same bits.
+}  // namespace
+
+// RowsB (conv_internal.h): the phased copy of the input, also read by the positions-broadcast
+// conv (runtime/conv_positions_avx512.cpp).
 // The phase planes RowsB keeps along one axis: index[r] for the residues r = tap * dil % stride
 // some tap has (-1 for the others), and their count.
-struct Phases {
-  int64_t index[16] = {};
-  int64_t count = 0;
-};
-
-struct RowsB {
-  const float* data = nullptr;  // image 0, channel 0
-  int64_t image_stride = 0, channel_stride = 0;
-  int64_t hq = 0, wq = 0, positions = 0;  // a phase plane's rows and (wide) columns; wide positions per image
-  bool wide = false;                      // wq != ow
-  Phases py, px;                          // the phases kept along each axis
-  int64_t* off = nullptr;  // [k]: row k of group g's B at data + n*image_stride + g*cg*channel_stride + off[k]
-};
-bool phases_of(int64_t taps, int64_t dil, int64_t stride, Phases& ph) {
+static bool phases_of(int64_t taps, int64_t dil, int64_t stride, Phases& ph) {
   if (stride > 16) return false;
   for (int64_t r = 0; r < stride; ++r) ph.index[r] = -1;
   for (int64_t t = 0; t < taps; ++t) {
@@ -311,6 +287,8 @@ void fill_phases(const Shape& s, const RowsB& rb, const float* x, int64_t c0, in
     }
   }
 }
+
+namespace {
 
 // Wide positions [j0, j1) (wq columns a row, the first ow of them outputs) as the run of y's
 // positions [lo, hi) they hold.

@@ -53,6 +53,46 @@ T* scratch(int64_t count) {
   return buffer.data();
 }
 
+// The implicit GEMM's B read in place (gemm::TileRowsFn, runtime/conv_implicit.cpp) instead of
+// packed, also the positions-broadcast conv's input (runtime/conv_positions_avx512.cpp): for a
+// unit-stride, unpadded 1x1 conv the rows of B are the input's channel planes themselves;
+// otherwise the input is copied once per call into a zero-padded, stride-phased layout in
+// which every row of the im2col matrix is one run of consecutive floats. Phase (py, px) of channel c holds the
+// padded image's rows py, py + sh, ... and columns px, px + sw, ... as a [hq, wq] plane
+// (only the phases some kernel tap reads are kept; stride 1 has one), so that output
+// position (oy, ox) and tap (ky, kx) read plane (ky*dh % sh, kx*dw % sw) at row
+// oy + ky*dh / sh and column ox + kx*dw / sw. Numbering the positions oy * wq + ox ("wide"
+// positions, wq >= ow columns a row), row k = (ci, ky, kx) of B is the run starting at
+// off[k] = ci * cs + phase * hq * wq + (ky*dh / sh) * wq + kx*dw / sw: no gather per KC
+// slice and block, the micro-kernel loads B's rows where they lie. The wq - ow wide columns
+// past each output row are computed too and dropped when the item's block is copied into y
+// (unless wq == ow: then the wide layout is y's and the tiles store into y). Padding is a
+// real zero, so each output is the same accumulator over the same k as the packed path's:
+// the same bits.
+struct Phases {
+  int64_t index[16] = {};
+  int64_t count = 0;
+};
+
+struct RowsB {
+  const float* data = nullptr;  // image 0, channel 0
+  int64_t image_stride = 0, channel_stride = 0;
+  int64_t hq = 0, wq = 0, positions = 0;  // a phase plane's rows and (wide) columns; wide positions per image
+  bool wide = false;                      // wq != ow
+  Phases py, px;                          // the phases kept along each axis
+  int64_t* off = nullptr;  // [k]: row k of group g's B at data + n*image_stride + g*cg*channel_stride + off[k]
+};
+
+// The layout of the phased copy (or of x itself, pointwise) in `rb`, its offsets in `off`
+// (room for s.k): everything but `data`; false for a stride past what Phases holds.
+// `image_floats`: the floats of one image's copy (0 for pointwise).
+bool rows_b_layout(const ConvShape& s, int64_t* off, RowsB& rb, int64_t& image_floats);
+// The floats past the last image's copy that the last tap's runs may read (zeros).
+int64_t rows_b_slack(const ConvShape& s);
+// The phased copy of channels [c0, c1) of the batch (n * C + c flattened) into dst, laid
+// out as rows_b_layout says (dst: channel c0's planes).
+void fill_phases(const ConvShape& s, const RowsB& rb, const float* x, int64_t c0, int64_t c1, float* dst);
+
 // A depthwise convolution: one input channel per group (groups == C > 1), so O = C * the
 // channel multiplier (MobileNet's and EfficientNet's 3x3 / 5x5 layers). Any kernel size,
 // stride, padding and dilation; runtime/conv_depthwise.cpp has the kernels, which conv.cpp's
@@ -119,6 +159,40 @@ bool implicit_gemm_shape(const KilnConv2dParams& p);
 bool implicit_gemm_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
                           const KilnConv2dParams& p, int32_t act, void** cache = nullptr,
                           ImplicitB b = ImplicitB::best);
+
+// The positions-broadcast conv (runtime/conv_positions_avx512.cpp): the implicit GEMM with
+// its operands' roles swapped for few output positions per image: output channels on the
+// vector side of an AVX-512 register tile (48 or 32 of them), positions of one output row
+// broadcast (up to 7 or 14), the weights packed once with the channels contiguous (with
+// `cache`, a weight-cache slot, once per instance, as the implicit GEMM's A panels), the
+// input read in place from RowsB's phased copy, each output transposed into y with the
+// epilogue. Bitwise the im2col + GEMM path's result (the same KC slices, the same operations
+// per output), at any thread count.
+// positions_conv2d_shape: whether the entry point takes it (either of Kiln's GEMM kernels
+// running, one group, K at least kPositionsMinK, and at batch 1 planes of at most
+// kPositionsMaxSide a side, at any batch at most kBatchedMaxPositions positions, ahead of the
+// batched implicit GEMM; KILN_CONV_POSITIONS=0 in the environment turns it off, for
+// comparisons).
+// positions_conv2d computes y = act(conv + bias + residual) for any ungrouped shape (a
+// residual must not overlap y) and returns true, or false (nothing computed) when neither
+// Kiln GEMM kernel is the one running (AVX-512: 48 or 32 channels a tile; AVX2: 24), for
+// groups, or a stride over 16.
+constexpr int64_t kPositionsMaxSide = 28;
+constexpr int64_t kPositionsMinK = 256;
+bool positions_conv2d_shape(const KilnConv2dParams& p);
+bool positions_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                      const KilnConv2dParams& p, int32_t act, void** cache = nullptr);
+// Its weights packed as [block][k][ob] by `pack` into a weight-cache slot, or already there
+// (w's address and the shape unchanged); null when the slot holds another kernel's object or
+// the buffer cannot be allocated (the caller then packs for the call).
+const float* positions_cached_weights(void** cache, const float* w, int64_t o, int64_t k, int64_t ob,
+                                      void (*pack)(const float*, int64_t, int64_t, int64_t, float*));
+// Its two instruction sets (runtime/conv_positions_avx512.cpp, conv_positions_avx2.cpp),
+// each to be called only while the GEMM kernel of that set runs; positions_conv2d picks.
+bool positions_conv2d_avx512(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                             const KilnConv2dParams& p, int32_t act, void** cache);
+bool positions_conv2d_avx2(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                           const KilnConv2dParams& p, int32_t act, void** cache);
 
 // The f32 weight gradient of a dense (not depthwise) conv as one implicit GEMM over the
 // whole batch (runtime/conv_batched.cpp): the reduction over (image, position) pairs
