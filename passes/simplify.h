@@ -7,7 +7,8 @@
 // except where noted for NaN payloads (two NaNs may trade places; a NaN stays a NaN).
 // None of them ever adds nodes overall: a pass replaces a node by at most one new node,
 // except simplify_algebra's pooled-gradient mask (below), which adds three while making
-// two dead and one (the max_pool2d) a duplicate of the forward pass's for cse.
+// two dead and one (the max_pool2d) a duplicate of the forward pass's for cse, and its
+// broadcast moved below an elementwise node (below), which adds one while making one dead.
 // Graph inputs, their order and state flags, and the outputs' names never change.
 #pragma once
 
@@ -75,6 +76,13 @@ Graph dce(const Graph& g, const PassOptions& options);
 //                                       mask is taken on the pooled cells (a quarter as
 //                                       many for 2x2) and every other cell is +0.0 either
 //                                       way.
+//   an elementwise node reading broadcast_to(v) (v of more than one element: a splat's
+//   broadcast stays) -> the node reading v, where its other operands still broadcast
+//   to the result's shape (NumPy broadcasting does the broadcast_to's work); else, when
+//   the others are single elements and the broadcast_to has no other reader, ->
+//   broadcast_to(the node over v), which the next reader absorbs in turn. Exact: each
+//   element is the op over the same operand elements either way. A batch norm's backward
+//   materialized its statistics' gradients (mean's gradient) at the activation's size.
 //   max, min over axes that all have size 1 (an empty axes list means every axis) ->
 //   reshape(x) (or x). Also sum over such axes for integer dtypes; NOT sum or mean of
 //   floats: the interpreter computes them as 0.0 + x, which maps -0.0 to +0.0.

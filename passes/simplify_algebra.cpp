@@ -34,7 +34,11 @@ class Simplifier {
 
   // The replacement of a node with operands `x` (in the new graph) and result type `rt`,
   // or nullopt to keep it.
-  std::optional<Replacement> rewrite(const Node& n, const std::vector<ValueId>& x, const TensorType& rt);
+  std::optional<Replacement> rewrite(const Node& n, const std::vector<ValueId>& x, const TensorType& rt) {
+    std::optional<Replacement> r = identity(n, x, rt);
+    if (!r && op_info(n.op).has(kElementwise)) r = implicit_broadcast(n, x, rt);
+    return r;
+  }
 
  private:
   const TensorType& type(ValueId v) const { return dst_.type(v); }
@@ -52,6 +56,11 @@ class Simplifier {
     if (type(v) == rt) return use(v);
     return make(Op::BroadcastTo, {v}, {{"shape", rt.shape}});
   }
+  // An elementwise node reading broadcast_to(v): v itself where the node's other operands
+  // still broadcast it to the result's shape; else, when every other operand has one element,
+  // broadcast_to(the node over v) (so the broadcast moves to a reader that absorbs it).
+  std::optional<Replacement> implicit_broadcast(const Node& n, const std::vector<ValueId>& x, const TensorType& rt);
+  std::optional<Replacement> identity(const Node& n, const std::vector<ValueId>& x, const TensorType& rt);
   // reshape / transpose of a splat -> the splat at the result's shape.
   std::optional<Replacement> reshaped_splat(ValueId v, const TensorType& rt);
   // select(gt(r, 0), max_pool2d_grad(r, dy), 0) -> max_pool2d_grad(r, select(gt(max_pool2d(r), 0), dy, 0)).
@@ -82,6 +91,41 @@ std::optional<Replacement> Simplifier::mask_pooled_gradient(const Node& n, const
   ValueId pooled = dst_.add_node(Op::MaxPool2d, {r}, attrs);
   ValueId masked = dst_.add_node(Op::Select, {dst_.add_node(Op::Gt, {pooled, zero}), dy, x[2]});
   return make(Op::MaxPool2dGrad, {r, masked}, attrs);
+}
+
+// Exact: an elementwise op computes each element from its operands' elements at the same
+// index, and a broadcast operand's element there is v's element it was copied from, whether
+// the copy is a broadcast_to node or the op's own broadcasting; so the op over v, broadcast
+// afterwards, has the same elements too. The graph then materializes no broadcast: a batch
+// norm's backward broadcast its statistics' gradients (the gradient of mean) to the whole
+// activation, read once by the next elementwise node.
+std::optional<Replacement> Simplifier::implicit_broadcast(const Node& n, const std::vector<ValueId>& x,
+                                                          const TensorType& rt) {
+  std::vector<ValueId> ops = x;
+  bool any = false;
+  for (ValueId& v : ops)
+    if (const Node* b = def(v, Op::BroadcastTo); b != nullptr && type(b->operands[0]).numel() != 1) {  // not a splat
+      v = b->operands[0];
+      any = true;
+    }
+  if (!any) return std::nullopt;
+  std::optional<Shape> shape = Shape{};
+  for (ValueId v : ops)
+    if (shape) shape = broadcast_shapes(*shape, type(v).shape);
+  if (!shape) return std::nullopt;
+  if (*shape == rt.shape) return make(n.op, ops, n.attrs);
+  // The broadcast moved below the node: only when the rest are single elements, so that the
+  // node over the smaller shape computes no more than before.
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (ops[i] == x[i] && type(x[i]).numel() != 1) return std::nullopt;
+    // And only where the broadcast dies with it: a broadcast_to read elsewhere stays, and
+    // a second one would be one more node.
+    if (ops[i] != x[i] && uses_.at(static_cast<size_t>(n.operands[i].id)) != 1) return std::nullopt;
+  }
+  if (static_cast<int64_t>(shape->size()) > rt.rank()) return std::nullopt;
+  const AttrMap attrs = n.attrs;
+  ValueId inner = dst_.add_node(n.op, ops, attrs);
+  return make(Op::BroadcastTo, {inner}, {{"shape", rt.shape}});
 }
 
 bool Simplifier::is_all(ValueId v, double want) const {
@@ -123,8 +167,8 @@ bool is_identity_perm(const std::vector<int64_t>& p) {
   return true;
 }
 
-std::optional<Replacement> Simplifier::rewrite(const Node& n, const std::vector<ValueId>& x,
-                                               const TensorType& rt) {
+std::optional<Replacement> Simplifier::identity(const Node& n, const std::vector<ValueId>& x,
+                                                const TensorType& rt) {
   const bool fp = is_float(rt.dtype);
   // The additive identity that is exact: x + (-0.0) == x for every float x.
   const double add_zero = fp ? -0.0 : 0.0;

@@ -150,6 +150,12 @@ class Lowerer {
     return i64_array(fields);
   }
   Value* blocked_sum(DType t, int64_t n, const std::function<Value*(Value*)>& elem);
+  // Where a row's elements lie (blocked_row_sums): row j's element k at j * row_stride +
+  // (k / inner) * outer_stride + (k % inner) * inner_stride.
+  struct RowRuns {
+    int64_t row_stride, inner, inner_stride, outer_stride;
+  };
+  void blocked_row_sums(DType t, int64_t rows, Value* j0, int64_t n, const RowRuns& runs, Value* x, Value* out, bool mean);
   void column_sums(DType t, int64_t k1, int64_t r, int64_t k2, Value* x, Value* out, bool mean, int64_t& cursor);
   void lower_reduce(const Node& n, const TensorType& xt, const TensorType& rt, Value* x, Value* out, int64_t& cursor);
   static void split_axis(const Node& n, const TensorType& xt, int64_t& outer, int64_t& len, int64_t& inner);

@@ -191,6 +191,38 @@ TEST_CASE("numerics: short trailing reductions of many rows are the interpreter'
   }
 }
 
+// A batch norm's statistics: [N, C, H, W] over N, H and W, read in place, which the CPU
+// backend sums 8 channels at a time (their blocks side by side) and the channels past the
+// last 8 one at a time: planes of whole blocks (8x8, 16x12), planes shorter than a block or
+// not a multiple of it (7x7, 5x13: blocks cross images), a strided inner run ([N, H, C]
+// over N and H is not this layout but [N, C, H] is, with H the inner run); NaN and
+// infinities; f32 and f64. The interpreter's bits.
+TEST_CASE("numerics: long channel sums of [N, C, H, W] are the interpreter's", "[numerics][sum]") {
+  for (const Shape& shape : {Shape{3, 19, 8, 8}, Shape{5, 16, 7, 7}, Shape{4, 8, 16, 12}, Shape{6, 11, 5, 13},
+                             Shape{9, 17, 100}}) {
+    CAPTURE(shape);
+    const Ints axes = shape.size() == 4 ? Ints{0, 2, 3} : Ints{0, 2};
+    for (DType dt : {DType::f32, DType::f64}) {
+      CAPTURE(dtype_name(dt));
+      Graph g("channels");
+      ValueId x = g.add_input("x", {dt, shape});
+      for (Op op : {Op::Sum, Op::Mean})
+        g.add_output(std::string(op_info(op).spelling), g.add_node(op, {x}, {{"axes", axes}}));
+      for (bool special : {false, true}) {
+        CAPTURE(special);
+        Tensor in = uniform(shape, -100.0f, 100.0f, 13).cast(dt);
+        if (special) {
+          in.set(5, std::numeric_limits<double>::quiet_NaN());
+          in.set(in.numel() - 3, std::numeric_limits<double>::infinity());
+          in.set(in.numel() / 2, -std::numeric_limits<double>::infinity());
+        }
+        Runs r = run_all(g, {{"x", in}});
+        for (const char* name : {"sum", "mean"}) check_bitwise(r, name);
+      }
+    }
+  }
+}
+
 TEST_CASE("numerics: softmax and cross-entropy over long axes", "[numerics][sum]") {
   // Softmax / log_softmax over 2^20 classes, and a cross-entropy averaged over 2^20 rows
   // and one over 2^20 classes: the denominators and means are long sums.
@@ -254,6 +286,13 @@ bool sums_match_interpreter() {
   TensorMap want = interpret(g, in);
   TensorMap got = compile(g)->evaluate(in);
   bool same = true;
+  for (const auto& [name, v] : want) same = same && got.at(name) == v;
+  // A batch norm's statistics, 8 channels at a time over the pool.
+  Shape bn{16, 40, 28, 28};
+  Graph s = sums_graph(bn, {{0, 2, 3}}, /*means=*/true);
+  TensorMap bn_in{{"x", uniform(bn, -1.0f, 1.0f, 12)}};
+  want = interpret(s, bn_in);
+  got = compile(s)->evaluate(bn_in);
   for (const auto& [name, v] : want) same = same && got.at(name) == v;
   return same;
 }

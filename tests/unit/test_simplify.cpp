@@ -357,6 +357,46 @@ TEST_CASE("simplify_algebra: shape ops", "[simplify][algebra]") {
   CHECK(output_node(g, "k2").op == Op::Cast);
 }
 
+TEST_CASE("simplify_algebra: elementwise nodes read a broadcast's source", "[simplify][algebra]") {
+  // mean's gradient in a batch norm's backward: broadcast, scaled, then added to a full-size
+  // value. The scale moves above the broadcast and the add reads the [C,1,1] value itself;
+  // a splat's broadcast and a broadcast read twice stay.
+  Graph g = run(simplify_algebra, R"(graph @f(%x: f32[2,3,4,4], %v: f32[3,1,1], %c: f32[]) {
+  %b = broadcast_to(%v) {shape=[2, 3, 4, 4]} : f32[2,3,4,4]
+  %s = mul(%b, %c) : f32[2,3,4,4]
+  %a = add(%x, %s) : f32[2,3,4,4]
+  %b2 = broadcast_to(%v) {shape=[2, 3, 4, 4]} : f32[2,3,4,4]
+  %n = neg(%b2) : f32[2,3,4,4]
+  %k = broadcast_to(%c) {shape=[2, 3, 4, 4]} : f32[2,3,4,4]
+  %m = mul(%x, %k) : f32[2,3,4,4]
+  %w = sub(%b2, %c) : f32[2,3,4,4]
+  return a = %a, n = %n, m = %m, w = %w
+})");
+  const Node& a = output_node(g, "a");
+  CHECK(a.op == Op::Add);
+  const Node* s = g.defining_node(a.operands[1]);
+  REQUIRE(s != nullptr);
+  CHECK(s->op == Op::Mul);
+  CHECK(s->operands[0] == g.find("v"));
+  CHECK(g.type(a.operands[1]).shape == Shape{3, 1, 1});
+  CHECK(output_node(g, "n").op == Op::Neg);  // %b2 has two readers
+  CHECK(g.defining_node(output_node(g, "n").operands[0])->op == Op::BroadcastTo);
+  CHECK(g.defining_node(output_node(g, "m").operands[1])->op == Op::BroadcastTo);  // a splat
+  // Bit for bit the interpreter's.
+  Graph src = parse(R"(graph @f(%x: f32[2,3,4,4], %v: f32[3,1,1], %c: f32[]) {
+  %b = broadcast_to(%v) {shape=[2, 3, 4, 4]} : f32[2,3,4,4]
+  %s = mul(%b, %c) : f32[2,3,4,4]
+  %a = add(%x, %s) : f32[2,3,4,4]
+  return a = %a
+})");
+  Graph out = simplify(src, {});
+  CHECK(count(out, Op::BroadcastTo) == 0);
+  TensorMap in{{"x", Tensor(DType::f32, {2, 3, 4, 4})}, {"v", Tensor(DType::f32, {3, 1, 1})}, {"c", Tensor::scalar(DType::f32, 0.3)}};
+  for (int64_t i = 0; i < 96; ++i) in.at("x").set(i, 0.1 * static_cast<double>(i) - 3.0);
+  for (int64_t i = 0; i < 3; ++i) in.at("v").set(i, 1.7 * static_cast<double>(i) - 1.1);
+  CHECK(interpret(out, in).at("a") == interpret(src, in).at("a"));
+}
+
 TEST_CASE("simplify_algebra: reductions over size-1 axes", "[simplify][algebra]") {
   const std::string text = R"(graph @f(%x: f32[2,1,3], %o: f32[1,1], %i: i32[2,1]) {
   %a = max(%x) {axes=[1]} : f32[2,3]
