@@ -38,11 +38,13 @@
 // one the channel blocks against one plane at a time ("planes/blocks"), each with the other
 // choice forced (the entry point picks by the shape).
 //
+// --pools: max pooling's separable pass against the windowed one on the models' pool shapes.
+//
 // --only MODEL (mobilenet, resnet18, grouped) and --only-batch N (1 or 16) run a part of --models.
 // --layer C,H,O,K[,STRIDE[,PAD[,GROUPS]]] runs the same figures for one layer (a square
 // H x H input, a K x K kernel) at --batch N.
 //
-//   conv_bench [--batch N] [--min-time SECONDS] [--cpu-time] [--models [--grads] [--only M] [--only-batch N]]
+//   conv_bench [--batch N] [--min-time SECONDS] [--cpu-time] [--pools] [--models [--grads] [--only M] [--only-batch N]]
 //              [--layer C,H,O,K[,S[,P[,G]]] [--grads]]
 #include <algorithm>
 #include <chrono>
@@ -61,6 +63,7 @@
 #include "runtime/blas.h"
 #include "runtime/conv_internal.h"
 #include "runtime/kernels.h"
+#include "runtime/pool_internal.h"
 
 namespace {
 
@@ -249,6 +252,43 @@ std::pair<double, double> time_pair(F&& f, G&& g) {
     best_g = std::min(best_g, (now_s() - t0) / reps_g);
   }
   return {best_f, best_g};
+}
+
+// --pools: max pooling on the models' pool shapes at batch 1, the separable f32 pass
+// (kiln_rt_max_pool2d_f32) against the windowed pass it replaced
+// (kiln::rt::max_pool2d_windowed_f32), timed alternately, and against memcpy of the bytes
+// read and written ("mem/new": the fraction of memory speed reached).
+void bench_pool_pairs() {
+  struct Pool {
+    const char* what;
+    int64_t c, h, k, s, p, oh;
+  };
+  const Pool pools[] = {
+      {"ResNet-18 3x3/2 pad 1", 64, 112, 3, 2, 1, 56},
+      {"SqueezeNet 3x3/2", 96, 111, 3, 2, 0, 55},
+      {"SqueezeNet 3x3/2", 256, 27, 3, 2, 0, 13},
+      {"2x2/2", 64, 112, 2, 2, 0, 56},
+      {"3x3/1 pad 1", 192, 28, 3, 1, 1, 28},
+      {"2x2/1", 64, 56, 2, 1, 0, 55},
+  };
+  std::mt19937 rng(3);
+  std::printf("%-24s %-16s %9s %9s %8s %8s\n", "max_pool2d", "x", "new us", "old us", "old/new", "mem/new");
+  for (const Pool& q : pools) {
+    const KilnPool2dParams p{1, q.c, q.h, q.h, q.oh, q.oh, q.k, q.k, q.s, q.s, q.p, q.p};
+    std::vector<float> x = random_vector(static_cast<size_t>(q.c * q.h * q.h), rng);
+    std::vector<float> y(static_cast<size_t>(q.c * q.oh * q.oh)), y_old(y.size()), copy(x.size());
+    auto [fresh, old] = time_pair([&] { kiln_rt_max_pool2d_f32(x.data(), y.data(), &p); },
+                                  [&] { kiln::rt::max_pool2d_windowed_f32(x.data(), y_old.data(), &p); });
+    const double mem = time_it([&] {
+      std::memcpy(copy.data(), x.data(), x.size() * sizeof(float));
+      std::memcpy(copy.data(), y.data(), y.size() * sizeof(float));
+    });
+    const bool same = std::memcmp(y.data(), y_old.data(), y.size() * sizeof(float)) == 0;
+    char shape[48];
+    std::snprintf(shape, sizeof shape, "[1,%lld,%lld,%lld]", (long long)q.c, (long long)q.h, (long long)q.h);
+    std::printf("%-24s %-16s %9.1f %9.1f %8.2f %8.2f%s\n", q.what, shape, fresh * 1e6, old * 1e6, old / fresh,
+                mem / fresh, same ? "" : "  DIFFERENT BITS");
+  }
 }
 
 // One layer of a model: input [n, c, h, w], weights [o, c/groups, k, k], "same"-style padding.
@@ -468,7 +508,7 @@ void bench_models(bool grads, std::mt19937& rng) {
 int main(int argc, char** argv) {
   std::optional<Layer> layer;  // --layer
   int64_t batch = 256;
-  bool models = false, grads = false;
+  bool models = false, grads = false, pools = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--batch" && i + 1 < argc) {
@@ -479,6 +519,8 @@ int main(int argc, char** argv) {
       models = true;
     } else if (a == "--grads") {
       grads = true;
+    } else if (a == "--pools") {
+      pools = true;
     } else if (a == "--cpu-time") {
       g_cpu_time = true;
     } else if (a == "--only" && i + 1 < argc) {
@@ -499,7 +541,8 @@ int main(int argc, char** argv) {
       }
       layer = l;
     } else {
-      std::fprintf(stderr, "usage: conv_bench [--batch N] [--min-time SECONDS] [--cpu-time] [--models [--grads] "
+      std::fprintf(stderr, "usage: conv_bench [--batch N] [--min-time SECONDS] [--cpu-time] [--pools] "
+                           "[--models [--grads] "
                            "[--only mobilenet|resnet18|grouped] [--only-batch 1|16]] [--layer C,H,O,K[,S[,P[,G]]] "
                            "[--grads]]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
@@ -511,6 +554,10 @@ int main(int argc, char** argv) {
   }
   std::mt19937 rng(1);
   std::printf("threads %d, %s\n", kiln_rt_num_threads(), kiln_rt_blas_config());
+  if (pools) {
+    bench_pool_pairs();
+    return 0;
+  }
   if (models) {
     bench_models(grads, rng);
     return 0;
