@@ -548,33 +548,15 @@ void run(const Shape& s, const gemm::Kernel& kern, const float* x, const float* 
 
 // A conv weight-cache slot's object (kiln_rt_conv2d_cached_f32): the weights packed by
 // pack_all_a for one kernel, with what they were packed from.
-struct PackedConvWeights final : WeightCache {
-  const float* src = nullptr;  // null: nothing packed (or forgotten)
+struct PackedConvWeights final : PackedFloats {
   const gemm::Kernel* kernel = nullptr;
   int64_t groups = 0, og = 0, k = 0;
-  float* data = nullptr;
-  int64_t floats = 0;  // data's capacity
 
-  ~PackedConvWeights() override { std::free(data); }
-  void forget(bool release) override {
-    src = nullptr;
-    if (!release) return;
-    std::free(data);
-    data = nullptr;
-    floats = 0;
-  }
   // w packed for `kern` and shape s, packed now unless it is what this holds; null when
   // the buffer cannot be allocated.
   const float* get(const Shape& s, const gemm::Kernel& kern, const float* w) {
     if (src == w && kernel == &kern && groups == s.groups && og == s.og && k == s.k) return data;
-    forget(false);
-    const int64_t need = packed_a_floats(s, kern);
-    if (floats < need) {
-      forget(true);
-      data = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(round_up(need * 4, 64))));
-      if (!data) return nullptr;
-      floats = need;
-    }
+    if (!reserve(packed_a_floats(s, kern))) return nullptr;
     pack_all_a(s, kern, w, data);
     src = w, kernel = &kern, groups = s.groups, og = s.og, k = s.k;
     return data;

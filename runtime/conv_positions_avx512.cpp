@@ -65,20 +65,8 @@ namespace {
 // A conv weight-cache slot's object: the weights packed as [block][k][ob] (the same layout
 // for either instruction set's blocks of ob channels), with what they were packed from.
 // Built for the baseline: both instruction sets' drivers use it.
-struct PositionsWeights final : WeightCache {
-  const float* src = nullptr;  // null: nothing packed (or forgotten)
+struct PositionsWeights final : PackedFloats {
   int64_t o = 0, k = 0, ob = 0;
-  float* data = nullptr;
-  int64_t floats = 0;  // data's capacity
-
-  ~PositionsWeights() override { std::free(data); }
-  void forget(bool release) override {
-    src = nullptr;
-    if (!release) return;
-    std::free(data);
-    data = nullptr;
-    floats = 0;
-  }
 };
 
 }  // namespace
@@ -92,14 +80,7 @@ const float* positions_cached_weights(void** cache, const float* w, int64_t o, i
   auto* c = dynamic_cast<PositionsWeights*>(held);
   if (!c) return nullptr;
   if (c->src == w && c->o == o && c->k == k && c->ob == ob) return c->data;
-  c->forget(false);
-  const int64_t need = (o + ob - 1) / ob * ob * k;
-  if (c->floats < need) {
-    c->forget(true);
-    c->data = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((need * 4 + 63) / 64 * 64)));
-    if (!c->data) return nullptr;
-    c->floats = need;
-  }
+  if (!c->reserve((o + ob - 1) / ob * ob * k)) return nullptr;
   pack(w, o, k, ob, c->data);
   c->src = w, c->o = o, c->k = k, c->ob = ob;
   return c->data;
@@ -120,6 +101,7 @@ bool positions_conv2d(const float* x, const float* w, const float* bias, const f
 // (and -Wmaybe-uninitialized) reports at each inlined use (GCC bug 105593), a false positive.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "runtime/transpose_avx512.h"  // after the pragmas: built for AVX-512
 
 namespace kiln::rt {
 namespace {
@@ -187,35 +169,13 @@ constexpr auto kTiles2 = tiles<2>(std::make_integer_sequence<int, kMaxR2>());
 // zeros elsewhere) become dst's rows j < cols (at dst + j * ldd, 16 floats each).
 void transpose16(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst, int64_t ldd) {
   const __mmask16 cm = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
-  __m512 r[16], t[16];
+  __m512 r[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_maskz_loadu_ps(cm, src + i * ld) : _mm512_setzero_ps();
-  // Pairs of rows interleaved, then pairs of pairs, then the 128-bit lanes: row j of the
-  // result holds element j of every row.
-#pragma GCC unroll 8
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
-    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
-    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-#pragma GCC unroll 2
-  for (int i = 0; i < 16; i += 8)
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
-      t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xDD);
-    }
-#pragma GCC unroll 8
-  for (int j = 0; j < 8; ++j) {
-    if (j < cols) _mm512_storeu_ps(dst + j * ldd, _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88));
-    if (j + 8 < cols) _mm512_storeu_ps(dst + (j + 8) * ldd, _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD));
-  }
+  transpose16x16(r);
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j)
+    if (j < cols) _mm512_storeu_ps(dst + j * ldd, r[j]);
 }
 
 struct Avx512 {

@@ -18,6 +18,7 @@
 // GCC 12's AVX-512 shuffle intrinsics start from _mm512_undefined_ps(), which its
 // -Wuninitialized reports at each inlined use (GCC bug 105593), a false positive.
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#include "runtime/transpose_avx512.h"  // after the pragmas: built for AVX-512
 
 namespace {
 
@@ -114,34 +115,13 @@ struct Avx512 {
   static constexpr int64_t kTransposeBlock = 16;
   static void transpose_block(const float* src, int64_t ld, int64_t rows, float* dst, int64_t ldd,
                               int64_t store_lanes) {
-    __m512 r[16], t[16];
+    __m512 r[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(src + i * ld) : _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (int i = 0; i < 16; i += 2) {
-      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 16; i += 4) {
-      r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
-      r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
-      r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-      r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-    }
-#pragma GCC unroll 2
-    for (int i = 0; i < 16; i += 8)
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
-        t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
-        t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xDD);
-      }
+    kiln::rt::transpose16x16(r);
     const __mmask16 m = store_lanes >= 16 ? __mmask16(0xffff) : __mmask16((1u << store_lanes) - 1);
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-      _mm512_mask_storeu_ps(dst + j * ldd, m, _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88));
-      _mm512_mask_storeu_ps(dst + (j + 8) * ldd, m, _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD));
-    }
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) _mm512_mask_storeu_ps(dst + j * ldd, m, r[j]);
   }
 
   static void tile(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta,

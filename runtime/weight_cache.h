@@ -5,6 +5,9 @@
 // what it was made from, to tell whether it still applies. Private to the runtime.
 #pragma once
 
+#include <cstdint>
+#include <cstdlib>
+
 namespace kiln::rt {
 
 struct WeightCache {
@@ -15,6 +18,33 @@ struct WeightCache {
   // Forgets what it holds (the next call packs again from the weight's current contents);
   // release: frees its buffers too.
   virtual void forget(bool release) = 0;
+};
+
+// An object holding one 64-byte-aligned buffer of packed floats and the weight they were
+// packed from (the implicit GEMM's and the positions-broadcast conv's packed weights).
+struct PackedFloats : WeightCache {
+  const float* src = nullptr;  // null: nothing packed (or forgotten)
+  float* data = nullptr;
+  int64_t floats = 0;  // data's capacity
+
+  ~PackedFloats() override { std::free(data); }
+  void forget(bool release) override {
+    src = nullptr;
+    if (!release) return;
+    std::free(data);
+    data = nullptr;
+    floats = 0;
+  }
+  // Forgets what it holds and makes room for `need` floats; false when they cannot be allocated.
+  bool reserve(int64_t need) {
+    forget(false);
+    if (floats >= need) return true;
+    forget(true);
+    data = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((need * 4 + 63) / 64 * 64)));
+    if (!data) return false;
+    floats = need;
+    return true;
+  }
 };
 
 }  // namespace kiln::rt
