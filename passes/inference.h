@@ -41,8 +41,9 @@ bool depends_on_weights_only(const Graph& g, ValueId v, std::vector<int8_t>& mem
 // The weight preparation of an inference graph: the nodes that compute something from
 // state (and constants) alone with at least one op that is not a shape op, and the shape
 // ops of state other than reshapes (views) that something other than a matmul reads (a
-// matmul folds a transpose into its GEMM; a fused GEMM epilogue or a conv would copy it on
-// every run), move into `prep`, a
+// matmul folds a transpose into its GEMM, and fuse_matmul_epilogue puts a transpose only its
+// matmul reads inside the fused node; a conv, or a fused node reading it from outside, would
+// copy it on every run), move into `prep`, a
 // graph whose inputs are the state inputs they read (plain inputs there) and whose outputs
 // are the values the rest of the graph reads; `main` is the graph with each of those
 // values replaced by a new state input of the same name (appended after g's inputs, in

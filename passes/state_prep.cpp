@@ -38,8 +38,9 @@ StatePrep split_state_prep(const Graph& g) {
     hoist[i] = ar;
   }
   // A transpose (or slice, broadcast) of state is left to the kernels only where a matmul
-  // reads it, which folds a transpose into its GEMM; any other reader (a fused GEMM
-  // epilogue, a conv) would copy it on every run, so it is prepared once instead.
+  // reads it, which folds a transpose into its GEMM; any other reader (a conv, a fused node
+  // reading it from outside: fuse_matmul_epilogue takes into the GEMM's region a transpose
+  // only its matmul reads) would copy it on every run, so it is prepared once instead.
   std::vector<std::vector<size_t>> readers(nv);
   for (size_t i = 0; i < g.nodes().size(); ++i)
     for (ValueId v : g.nodes()[i].operands) readers[static_cast<size_t>(v.id)].push_back(i);
