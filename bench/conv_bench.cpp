@@ -376,6 +376,27 @@ void bench_layer(const Layer& l, int64_t n, bool grads, std::mt19937& rng, Total
                                          DepthwisePath::planes); });
     std::printf("  %-11s %-10s %-3lld depthwise + relu6, channel blocks %.3f ms, planes %.3f ms: planes/blocks %.2f\n",
                 l.model, l.what, (long long)n, blocks * 1e3, planes * 1e3, planes / blocks);
+    if (kiln::rt::depthwise_rows_shape(p)) {
+      // By output rows straight from x into y (runtime/conv_rows_avx512.cpp) against
+      // the per-plane path.
+      auto [rows, planes2] = time_pair(
+          [&] { kiln::rt::depthwise_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_RELU6,
+                                           DepthwisePath::rows); },
+          [&] { kiln::rt::depthwise_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_RELU6,
+                                           DepthwisePath::planes); });
+      std::printf("  %-11s %-10s %-3lld depthwise + relu6, rows %.3f ms, planes %.3f ms: planes/rows %.2f%s\n",
+                  l.model, l.what, (long long)n, rows * 1e3, planes2 * 1e3, planes2 / rows,
+                  kiln::rt::depthwise_blocks_shape(p) ? "" : " (rows taken)");
+    }
+  }
+  if (kiln::rt::implicit_gemm_shape(p) && kiln::rt::dense_rows_shape(p) && !depthwise) {
+    // Few input channels: by output rows straight from x (runtime/conv_rows_avx512.cpp)
+    // against the implicit GEMM it replaces (the same bits).
+    auto [rows, implicit] = time_pair(
+        [&] { kiln::rt::dense_rows_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_RELU); },
+        [&] { kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_RELU); });
+    std::printf("  %-11s %-10s %-3lld dense rows %.3f ms, implicit gemm %.3f ms: impl/rows %.2f\n", l.model, l.what,
+                (long long)n, rows * 1e3, implicit * 1e3, implicit / rows);
   }
   if (kiln::rt::implicit_gemm_shape(p) && !depthwise) {
     // The implicit GEMM's B read in place from a padded copy of x against gathered into

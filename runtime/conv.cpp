@@ -442,6 +442,13 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
     bool implicit_first = false;
     if constexpr (std::is_same_v<T, float>) implicit_first = s.k >= kImplicitMinK && kiln::rt::implicit_gemm_shape(*params);
     if (direct_ok(s) && !implicit_first) return direct_all(s, x, w, bias, y, act, residual);
+    // Few input channels (the stems of image models): by output rows straight from x
+    // (runtime/conv_rows_avx512.cpp), the implicit GEMM's bits.
+    if constexpr (std::is_same_v<T, float>)
+      if (kiln::rt::implicit_gemm_shape(*params) && kiln::rt::dense_rows_shape(*params)) {
+        kiln::rt::dense_rows_conv2d(x, w, bias, residual, y, *params, act);
+        return;
+      }
     if constexpr (std::is_same_v<T, float>)
       if (kiln::rt::implicit_gemm_shape(*params) &&
           kiln::rt::implicit_gemm_conv2d(x, w, bias, residual, y, *params, act, cache))

@@ -29,6 +29,10 @@
 //              at the end. Padding is read as real zeros: 0 * dy is NaN for an infinite dy,
 //              as in the interpreter.
 //
+// On a CPU with AVX-512 the forward pass of most MobileNet / EfficientNet shapes goes by
+// output rows instead, straight from x into y (runtime/conv_rows_avx512.cpp; the same
+// bits); the per-plane pass and the channel blocks below take the rest.
+//
 // Parallelism: forward and grad_input over (image, channel) pairs, grad_weight over
 // channels, on the runtime's pool. Every output element is computed by one fixed sequence of
 // operations decided by the shape, so results are bitwise the same for any thread count.
@@ -447,16 +451,20 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
 
 // Whether the channel blocks take a forward pass: f32, one output channel per input
 // channel, whole blocks of channels, planes of at most kBlockMaxPositions outputs, or of
-// kBlockMaxBatchPositions with more than one image. (bench/conv_bench --layer, channel
-// blocks against planes: 7x7 1.3-2x at batch 1 and 16; 14x14 1.2-1.5x at batch 1 but
-// 0.84x at batch 16, whose planes come from memory: the per-plane pass reads one
+// kBlockMaxBatchPositions with more than one image; where the rows (runtime/
+// conv_rows_avx512.cpp) run, only up to kBlockMaxRowsPositions. (bench/conv_bench
+// --layer, channel blocks against planes: 7x7 1.3-2x at batch 1 and 16; 14x14 1.2-1.5x at
+// batch 1 but 0.84x at batch 16, whose planes come from memory: the per-plane pass reads one
 // contiguous plane at a time, the blocks 16 short rows, and prefetching the next block's
-// input did not help; 28x28 0.8-1.15x.)
+// input did not help; 28x28 0.8-1.15x. Inside MobileNetV2 at batch 1, kiln run --profile:
+// the rows took 0.55-0.65x the blocks' time on its 14x14 layers, the blocks 0.75x the rows'
+// on its 7x7 ones, where a row fills 7 of 16 lanes.)
 constexpr int64_t kBlockMaxPositions = 14 * 14;
 constexpr int64_t kBlockMaxBatchPositions = 7 * 7;
-bool blocks_apply(const DwShape& s) {
-  return s.mult == 1 && s.c % kBlock == 0 &&
-         s.oh * s.ow <= (s.n == 1 ? kBlockMaxPositions : kBlockMaxBatchPositions);
+constexpr int64_t kBlockMaxRowsPositions = 7 * 7;
+bool blocks_apply(const DwShape& s, bool rows) {
+  const int64_t most = rows ? kBlockMaxRowsPositions : s.n == 1 ? kBlockMaxPositions : kBlockMaxBatchPositions;
+  return s.mult == 1 && s.c % kBlock == 0 && s.oh * s.ow <= most;
 }
 
 // grad_input: adds dy's rows [OH, OW] of one output channel, times its weights, into the
@@ -563,7 +571,13 @@ void forward(const T* x, const T* w, const T* bias, const T* residual, T* y, con
              int32_t act, DepthwisePath path = DepthwisePath::best) {
   const DwShape s(p);
   if constexpr (std::is_same_v<T, float>) {
-    if (path != DepthwisePath::planes && blocks_apply(s)) {
+    const bool rows = depthwise_rows_shape(p);
+    if (rows && (path == DepthwisePath::rows || (path == DepthwisePath::best && !blocks_apply(s, true)))) {
+      depthwise_rows_conv2d(x, w, bias, residual, y, p, act);
+      return;
+    }
+    if ((path == DepthwisePath::best && blocks_apply(s, rows)) ||
+        (path == DepthwisePath::channel_blocks && blocks_apply(s, false))) {
       const BlockShape b(s);
       for_items(s.n * s.c / kBlock, [&](int64_t begin, int64_t end) {
         forward_blocks_f32(s, x, w, bias, residual, y, act, begin, end, scratch<float>(b.floats(s)));
@@ -656,6 +670,10 @@ void grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams& p) {
 }
 
 }  // namespace
+
+bool depthwise_blocks_shape(const KilnConv2dParams& p) {
+  return is_depthwise(p) && blocks_apply(DwShape(p), depthwise_rows_shape(p));
+}
 
 void depthwise_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
                       const KilnConv2dParams& p, int32_t act, DepthwisePath path) {

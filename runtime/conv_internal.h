@@ -103,14 +103,38 @@ inline bool is_depthwise(const KilnConv2dParams& p) { return p.groups == p.c && 
 // residual may be null) applied to each output plane as it is made. The residual must not
 // overlap y.
 // `path` forces the f32 forward kernel, for tests and bench/conv_bench: one channel plane
-// per item, or blocks of 16 channels in a vector's lanes (MobileNet's small planes; only
+// per item, blocks of 16 channels in a vector's lanes (MobileNet's small planes; only
 // for one output channel per input channel and whole blocks of channels: otherwise the
-// planes); `best` picks by the shape. Both give the same bits.
-enum class DepthwisePath { best, planes, channel_blocks };
+// planes), or output rows (depthwise_rows_conv2d below; where it does not apply, the
+// planes); `best` picks by the shape. All give the same bits.
+enum class DepthwisePath { best, planes, channel_blocks, rows };
 void depthwise_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
                       const KilnConv2dParams& p, int32_t act, DepthwisePath path = DepthwisePath::best);
 void depthwise_conv2d(const double* x, const double* w, const double* bias, const double* residual, double* y,
                       const KilnConv2dParams& p, int32_t act);
+// The f32 forward by output rows, straight from x into y with masked AVX-512 loads
+// (runtime/conv_rows_avx512.cpp), on a CPU with AVX-512, stride 1 or 2, undilated,
+// kernels up to kRowsMaxK a side, outputs up to 16 * kRowsMaxChunks a row; the *_shape
+// functions say whether a shape qualifies.
+// depthwise_rows_conv2d: one output channel per input channel; the same bits as the other
+// depthwise paths.
+// dense_rows_conv2d: one group, at most kDenseRowsMaxC input channels and K = C * KH * KW
+// at most kDenseRowsMaxK (the 3x3 stems of image models); the implicit GEMM's bits.
+constexpr int64_t kRowsMaxK = 7;
+constexpr int64_t kRowsMaxChunks = 64;
+constexpr int64_t kDenseRowsMaxC = 4;
+constexpr int64_t kDenseRowsMaxK = 64;
+constexpr int64_t kDenseRows = 4;  // output rows a work item
+bool depthwise_rows_shape(const KilnConv2dParams& p);
+void depthwise_rows_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                           const KilnConv2dParams& p, int32_t act);
+bool dense_rows_shape(const KilnConv2dParams& p);
+void dense_rows_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                       const KilnConv2dParams& p, int32_t act);
+// Whether the f32 forward takes the channel blocks for this shape (ahead of the rows).
+bool depthwise_blocks_shape(const KilnConv2dParams& p);
+void depthwise_rows_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                           const KilnConv2dParams& p, int32_t act);
 void depthwise_grad_input(const float* dy, const float* w, float* dx, const KilnConv2dParams& p);
 void depthwise_grad_input(const double* dy, const double* w, double* dx, const KilnConv2dParams& p);
 void depthwise_grad_weight(const float* x, const float* dy, float* dw, const KilnConv2dParams& p);

@@ -1,6 +1,8 @@
 // The depthwise forward pass in channel blocks (runtime/conv_depthwise.cpp: 16 channels in
-// the lanes of a vector, for small planes) against the pass over one channel plane at a
-// time, bit for bit: strides, padding (windows entirely in it too), dilation, 3x3 and 5x5
+// the lanes of a vector, for small planes) and by output rows (runtime/
+// conv_rows_avx512.cpp: masked loads straight from x, on a CPU with AVX-512; the
+// planes where it declines) against the pass over one channel plane at a time, bit for
+// bit: strides, padding (windows entirely in it too), dilation, 3x3 and 5x5
 // and non-square kernels, batch 1 and 3, bias or none, each epilogue with and without a
 // residual, infinities and NaNs; shapes the blocks decline; and the same
 // bits at any KILN_NUM_THREADS (NaNs: both NaN, see same_bits).
@@ -37,6 +39,15 @@ const std::vector<ConvCase>& cases() {
       {2, 16, 8, 8, 16, 2, 2, 3, 3, 0, 0, 1, 1, 16},        // stride > kernel: cells no window reads
       {1, 32, 14, 14, 32, 3, 3, 1, 1, 1, 1, 1, 1, 32},      // the largest plane the blocks take
       {1, 16, 6, 5, 16, 1, 1, 1, 1, 0, 0, 1, 1, 16},        // 1x1, rows shorter than 4 positions' step
+      // The rows' shapes: rows of several 16-output chunks and a partial last one, four
+      // chunks a step and the rest, stride 2's two loads, 5x5 and 7x7, asymmetric padding
+      // wider than the kernel reaches, one channel.
+      {1, 16, 37, 83, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16},
+      {2, 3, 57, 57, 3, 3, 3, 2, 2, 1, 1, 1, 1, 3},
+      {1, 5, 30, 131, 5, 5, 5, 2, 2, 2, 2, 1, 1, 5},
+      {1, 4, 20, 40, 4, 7, 7, 1, 1, 3, 3, 1, 1, 4},
+      {1, 2, 6, 17, 2, 3, 2, 1, 1, 4, 0, 1, 1, 2},
+      {1, 2, 11, 33, 2, 1, 3, 2, 2, 0, 3, 1, 1, 2},
   };
   return all;
 }
@@ -77,7 +88,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
-TEST_CASE("depthwise conv2d in channel blocks is bit for bit the per-plane pass", "[runtime][conv][depthwise]") {
+TEST_CASE("depthwise conv2d in channel blocks and by rows is bit for bit the per-plane pass", "[runtime][conv][depthwise]") {
   std::mt19937 rng(616);
   for (const ConvCase& k : cases()) {
     INFO(describe(k));
@@ -98,6 +109,7 @@ TEST_CASE("depthwise conv2d in channel blocks is bit for bit the per-plane pass"
                             << (r != nullptr));
             const std::vector<float> want = run(k, x, w, bias, r, act, DepthwisePath::planes);
             CHECK(same_bits(run(k, x, w, bias, r, act, DepthwisePath::channel_blocks), want));
+            CHECK(same_bits(run(k, x, w, bias, r, act, DepthwisePath::rows), want));
             CHECK(same_bits(run(k, x, w, bias, r, act, DepthwisePath::best), want));
           }
     }
@@ -119,7 +131,25 @@ TEST_CASE("depthwise conv2d: channel blocks asked for on a shape they decline gi
   }
 }
 
-TEST_CASE("depthwise conv2d in channel blocks gives the same bits at any KILN_NUM_THREADS",
+TEST_CASE("depthwise conv2d: rows asked for on a shape they decline give the per-plane bits", "[runtime][conv][depthwise]") {
+  std::mt19937 rng(5);
+  // A channel multiplier (2), a dilation, stride 3, unequal strides, a 9x9 kernel: the
+  // per-plane pass, whatever is asked for.
+  for (const ConvCase& k : {ConvCase{1, 16, 20, 20, 32, 3, 3, 1, 1, 1, 1, 1, 1, 16},
+                            ConvCase{1, 4, 20, 20, 4, 3, 3, 1, 1, 2, 2, 2, 2, 4},
+                            ConvCase{1, 4, 20, 20, 4, 3, 3, 3, 3, 1, 1, 1, 1, 4},
+                            ConvCase{1, 4, 20, 20, 4, 3, 3, 1, 2, 1, 1, 1, 1, 4},
+                            ConvCase{1, 4, 20, 20, 4, 9, 9, 1, 1, 4, 4, 1, 1, 4}}) {
+    INFO(describe(k));
+    CHECK_FALSE(kiln::rt::depthwise_rows_shape(params_of(k)));
+    const std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
+    const std::vector<float> w = random_vector(k.o * k.kh * k.kw, rng);
+    CHECK(same_bits(run(k, x, w, nullptr, nullptr, KILN_ACT_RELU6, DepthwisePath::rows),
+                    run(k, x, w, nullptr, nullptr, KILN_ACT_RELU6, DepthwisePath::planes)));
+  }
+}
+
+TEST_CASE("depthwise conv2d in channel blocks and by rows gives the same bits at any KILN_NUM_THREADS",
           "[runtime][conv][depthwise][threads]") {
   check_same_hashes_at_any_thread_count("[.depthwise_blocks_threads_child]");
 }
@@ -131,7 +161,9 @@ TEST_CASE("depthwise conv2d in channel blocks: child with KILN_NUM_THREADS", "[.
   for (const ConvCase& k : cases()) {
     const std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
     const std::vector<float> w = random_vector(k.o * k.kh * k.kw, rng), b = random_vector(k.o, rng);
-    const std::vector<float> y = run(k, x, w, b.data(), nullptr, KILN_ACT_RELU6, DepthwisePath::channel_blocks);
+    std::vector<float> y = run(k, x, w, b.data(), nullptr, KILN_ACT_RELU6, DepthwisePath::channel_blocks);
+    const std::vector<float> rows = run(k, x, w, b.data(), nullptr, KILN_ACT_RELU6, DepthwisePath::rows);
+    y.insert(y.end(), rows.begin(), rows.end());
     const auto* bytes = reinterpret_cast<const unsigned char*>(y.data());
     for (size_t i = 0; i < y.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
   }
