@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -59,5 +60,28 @@ void check_bitwise_against_im2col(const ConvCase& k, std::mt19937& rng, std::ini
         INFO("bias " << bias << " act " << act << " residual " << residual);
         CHECK(std::memcmp(e.data(), got.data(), e.size() * sizeof(float)) == 0);
       }
+  }
+}
+
+// `conv` against im2col + GEMM, bit for bit, with an infinity and a NaN in x and an infinite
+// weight (one group): padding is a real zero (0 * inf is NaN where a window overlaps it),
+// and NaN and the infinities pass no activation, relu and relu6 as conv_epilogue says.
+template <typename Conv>
+void check_special_values_against_im2col(const ConvCase& k, std::mt19937& rng, Conv conv) {
+  const KilnConv2dParams p = params_of(k);
+  std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
+  std::vector<float> w = random_vector(k.o * (k.c / k.groups) * k.kh * k.kw, rng), b = random_vector(k.o, rng);
+  x[3] = std::numeric_limits<float>::infinity();
+  x[x.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+  w[1] = -std::numeric_limits<float>::infinity();
+  const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
+  std::vector<float> im2col(ysize);
+  kiln::rt::conv2d_im2col_f32(x.data(), w.data(), b.data(), im2col.data(), p);
+  for (int32_t act : {KILN_ACT_NONE, KILN_ACT_RELU, KILN_ACT_RELU6}) {
+    INFO("act " << act);
+    std::vector<float> want = im2col, got(ysize, 12345.0f);
+    kiln::rt::conv_epilogue(want.data(), nullptr, static_cast<int64_t>(ysize), act);
+    REQUIRE(conv(x.data(), w.data(), b.data(), nullptr, got.data(), p, act));
+    CHECK(std::memcmp(got.data(), want.data(), ysize * sizeof(float)) == 0);
   }
 }

@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <catch2/catch_test_macros.hpp>
+#include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "subprocess.h"
 
@@ -35,4 +37,13 @@ inline void check_same_hashes_at_any_thread_count(const std::string& tag) {
     if (reference.empty()) reference = hashes;
     CHECK(hashes == reference);
   }
+}
+
+// FNV-1a over the bytes of v, continuing from h (start from kFnvStart): what the hidden
+// cases above print.
+inline constexpr uint64_t kFnvStart = 1469598103934665603ull;
+inline uint64_t fnv1a(uint64_t h, const std::vector<float>& v) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
+  for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  return h;
 }

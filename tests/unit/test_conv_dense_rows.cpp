@@ -84,22 +84,7 @@ TEST_CASE("dense conv2d by rows keeps im2col's bits with infinities and NaNs", "
     REQUIRE(kiln::rt::set_gemm_kernel(kern));
     for (const ConvCase& k : {cases()[0], cases()[3], cases()[4]}) {
       INFO(describe(kern, k));
-      const KilnConv2dParams p = params_of(k);
-      std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
-      std::vector<float> w = random_vector(k.o * k.c * k.kh * k.kw, rng), b = random_vector(k.o, rng);
-      x[3] = std::numeric_limits<float>::infinity();
-      x[x.size() / 2] = std::numeric_limits<float>::quiet_NaN();
-      w[0] = -std::numeric_limits<float>::infinity();
-      const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
-      std::vector<float> conv(ysize);
-      kiln::rt::conv2d_im2col_f32(x.data(), w.data(), b.data(), conv.data(), p);
-      for (int32_t act : {KILN_ACT_NONE, KILN_ACT_RELU, KILN_ACT_RELU6}) {
-        INFO("act " << act);
-        std::vector<float> want = conv, got(ysize, 12345.0f);
-        kiln::rt::conv_epilogue(want.data(), nullptr, static_cast<int64_t>(ysize), act);
-        kiln::rt::dense_rows_conv2d(x.data(), w.data(), b.data(), nullptr, got.data(), p, act);
-        CHECK(std::memcmp(got.data(), want.data(), ysize * sizeof(float)) == 0);
-      }
+      check_special_values_against_im2col(k, rng, dense_rows);
     }
   }
 }
@@ -145,7 +130,7 @@ TEST_CASE("dense conv2d by rows gives the same bits at any KILN_NUM_THREADS", "[
 
 TEST_CASE("dense conv2d by rows: child with KILN_NUM_THREADS", "[.dense_rows_threads_child]") {
   REQUIRE(std::getenv("KILN_NUM_THREADS") != nullptr);
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = kFnvStart;
   std::mt19937 rng(71);
   for (const ConvCase& k : cases()) {
     const KilnConv2dParams p = params_of(k);
@@ -153,8 +138,7 @@ TEST_CASE("dense conv2d by rows: child with KILN_NUM_THREADS", "[.dense_rows_thr
     const std::vector<float> w = random_vector(k.o * k.c * k.kh * k.kw, rng), b = random_vector(k.o, rng);
     std::vector<float> y(static_cast<size_t>(p.n * p.o * p.oh * p.ow));
     kiln::rt::dense_rows_conv2d(x.data(), w.data(), b.data(), nullptr, y.data(), p, KILN_ACT_RELU);
-    const auto* bytes = reinterpret_cast<const unsigned char*>(y.data());
-    for (size_t i = 0; i < y.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+    h = fnv1a(h, y);
   }
   std::cout << "hashes " << h << std::endl;
 }

@@ -88,22 +88,11 @@ TEST_CASE("positions-broadcast conv2d keeps im2col's bits with infinities and Na
     for (const Case& k : {cases()[1], cases()[4], cases()[5]}) {
       REQUIRE(kiln::rt::set_gemm_kernel(kern));
       INFO(kiln::rt::gemm_kernel_name(kern) << ": " << describe(k));
-      const KilnConv2dParams p = params_of(k);
-      std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
-      std::vector<float> w = random_vector(k.o * k.c * k.kh * k.kw, rng), b = random_vector(k.o, rng);
-      x[3] = std::numeric_limits<float>::infinity();
-      x[x.size() / 2] = std::numeric_limits<float>::quiet_NaN();
-      w[1] = -std::numeric_limits<float>::infinity();
-      const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
-      std::vector<float> conv(ysize);
-      kiln::rt::conv2d_im2col_f32(x.data(), w.data(), b.data(), conv.data(), p);
-      for (int32_t act : {KILN_ACT_NONE, KILN_ACT_RELU, KILN_ACT_RELU6}) {
-        INFO("act " << act);
-        std::vector<float> want = conv, got(ysize, 12345.0f);
-        kiln::rt::conv_epilogue(want.data(), nullptr, static_cast<int64_t>(ysize), act);
-        REQUIRE(kiln::rt::positions_conv2d(x.data(), w.data(), b.data(), nullptr, got.data(), p, act));
-        CHECK(same_bits(got, want));
-      }
+      check_special_values_against_im2col(k, rng,
+                                          [](const float* x, const float* w, const float* b, const float* r, float* y,
+                                             const KilnConv2dParams& q, int32_t act) {
+                                            return kiln::rt::positions_conv2d(x, w, b, r, y, q, act);
+                                          });
     }
 }
 
