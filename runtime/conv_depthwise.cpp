@@ -451,20 +451,18 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
 
 // Whether the channel blocks take a forward pass: f32, one output channel per input
 // channel, whole blocks of channels, planes of at most kBlockMaxPositions outputs, or of
-// kBlockMaxBatchPositions with more than one image; where the rows (runtime/
-// conv_rows_avx512.cpp) run, only up to kBlockMaxRowsPositions. (bench/conv_bench
-// --layer, channel blocks against planes: 7x7 1.3-2x at batch 1 and 16; 14x14 1.2-1.5x at
-// batch 1 but 0.84x at batch 16, whose planes come from memory: the per-plane pass reads one
-// contiguous plane at a time, the blocks 16 short rows, and prefetching the next block's
-// input did not help; 28x28 0.8-1.15x. Inside MobileNetV2 at batch 1, kiln run --profile:
-// the rows took 0.55-0.65x the blocks' time on its 14x14 layers, the blocks 0.75x the rows'
-// on its 7x7 ones, where a row fills 7 of 16 lanes.)
+// kBlockMaxBatchPositions with more than one image; never where the rows (runtime/
+// conv_rows_avx512.cpp) run. (bench/conv_bench --layer, channel blocks against planes: 7x7
+// 1.3-2x at batch 1 and 16; 14x14 1.2-1.5x at batch 1 but 0.84x at batch 16, whose planes
+// come from memory: the per-plane pass reads one contiguous plane at a time, the blocks 16
+// short rows, and prefetching the next block's input did not help; 28x28 0.8-1.15x. The
+// rows against the blocks, 2 threads: 7x7 3x3 2.2x at batch 1 and 16, 7x7 5x5 1.4-1.6x,
+// 14x14 1.4-2x.)
 constexpr int64_t kBlockMaxPositions = 14 * 14;
 constexpr int64_t kBlockMaxBatchPositions = 7 * 7;
-constexpr int64_t kBlockMaxRowsPositions = 7 * 7;
 bool blocks_apply(const DwShape& s, bool rows) {
-  const int64_t most = rows ? kBlockMaxRowsPositions : s.n == 1 ? kBlockMaxPositions : kBlockMaxBatchPositions;
-  return s.mult == 1 && s.c % kBlock == 0 && s.oh * s.ow <= most;
+  const int64_t most = s.n == 1 ? kBlockMaxPositions : kBlockMaxBatchPositions;
+  return !rows && s.mult == 1 && s.c % kBlock == 0 && s.oh * s.ow <= most;
 }
 
 // grad_input: adds dy's rows [OH, OW] of one output channel, times its weights, into the
@@ -572,7 +570,7 @@ void forward(const T* x, const T* w, const T* bias, const T* residual, T* y, con
   const DwShape s(p);
   if constexpr (std::is_same_v<T, float>) {
     const bool rows = depthwise_rows_shape(p);
-    if (rows && (path == DepthwisePath::rows || (path == DepthwisePath::best && !blocks_apply(s, true)))) {
+    if (rows && (path == DepthwisePath::rows || path == DepthwisePath::best)) {
       depthwise_rows_conv2d(x, w, bias, residual, y, p, act);
       return;
     }

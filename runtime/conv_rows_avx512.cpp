@@ -14,7 +14,9 @@
 // plane's outputs into a second buffer and copies its rows into y: on MobileNetV2's 112x112
 // and 56x56 layers the two copies took about half the kernel's time (perf, one thread), and
 // both are traffic on planes that are already too large for L1. Here four chunks a step
-// (four accumulators, independent FMA chains). Bits: each output is the bias, then one FMA
+// (four accumulators, independent FMA chains); small planes of "same" convs (14x14, 7x7)
+// flat instead, 16 consecutive positions a vector across rows, a mask per vector and tap.
+// Bits: each output is the bias, then one FMA
 // per tap in row-major tap order: the same operations as the per-plane path and the
 // channel blocks, so the same result whichever path a shape takes and for any thread count
 // (items are whole planes).
@@ -264,6 +266,87 @@ void dense_rows(const RowsShape& rs, int64_t c, const float* x, const float* wp,
   }
 }
 
+// Depthwise, small "same" planes (stride 1, OH == H and OW == W: MobileNet's and
+// EfficientNet's 14x14 and 7x7 layers): a row of 7 or 14 outputs fills a vector poorly,
+// so the plane's positions are taken flat, 16 consecutive ones a vector whatever rows they
+// span: output position q reads input position q + (ky - PH) * W + (kx - PW), one masked load
+// a tap and vector, the mask (per vector and tap, computed once a call) keeping the lanes
+// whose input cell is inside the plane.
+constexpr int64_t kFlatMaxVectors = 16;  // planes of at most 256 positions
+constexpr int64_t kFlatMaxTaps = 25;
+
+struct FlatShape {
+  int64_t plane, vectors, taps;
+  int64_t off[kFlatMaxTaps];
+  uint16_t mask[kFlatMaxVectors * kFlatMaxTaps];  // [vector][tap]
+  uint16_t store[kFlatMaxVectors];
+  explicit FlatShape(const KilnConv2dParams& p) : plane(p.h * p.w), vectors((p.h * p.w + 15) / 16), taps(p.kh * p.kw) {
+    for (int64_t ky = 0; ky < p.kh; ++ky)
+      for (int64_t kx = 0; kx < p.kw; ++kx) off[ky * p.kw + kx] = (ky - p.pad_h) * p.w + kx - p.pad_w;
+    for (int64_t v = 0; v < vectors; ++v) {
+      store[v] = 0;
+      for (int64_t t = 0; t < taps; ++t) mask[v * taps + t] = 0;
+      for (int64_t l = 0; l < 16; ++l) {
+        const int64_t q = v * 16 + l, oy = q / p.w, ox = q % p.w;
+        if (q >= plane) break;
+        store[v] = static_cast<uint16_t>(store[v] | 1u << l);
+        for (int64_t ky = 0; ky < p.kh; ++ky)
+          for (int64_t kx = 0; kx < p.kw; ++kx) {
+            const int64_t iy = oy + ky - p.pad_h, ix = ox + kx - p.pad_w;
+            if (iy >= 0 && iy < p.h && ix >= 0 && ix < p.w)
+              mask[v * taps + ky * p.kw + kx] = static_cast<uint16_t>(mask[v * taps + ky * p.kw + kx] | 1u << l);
+          }
+      }
+    }
+  }
+};
+
+// Vectors [v0, v0 + G) of one plane.
+template <int T, int G>
+[[gnu::always_inline]] inline void flat_step(const FlatShape& fs, const float* x, const float* w, float bias, float* y,
+                                             int64_t v0, int32_t act) {
+  const int64_t taps = T ? T : fs.taps;
+  __m512 a[G];
+  for (int g = 0; g < G; ++g) a[g] = _mm512_set1_ps(bias);
+  for (int64_t t = 0; t < taps; ++t) {
+    const __m512 wv = _mm512_set1_ps(w[t]);
+    for (int g = 0; g < G; ++g) {
+      const int64_t v = v0 + g;
+      const __m512 xv = _mm512_maskz_loadu_ps(fs.mask[v * taps + t], x + v * 16 + fs.off[t]);
+      a[g] = _mm512_fmadd_ps(wv, xv, a[g]);
+    }
+  }
+  for (int g = 0; g < G; ++g) _mm512_mask_storeu_ps(y + (v0 + g) * 16, fs.store[v0 + g], activate(a[g], act));
+}
+
+template <int T>
+void flat_planes(const FlatShape& fs, const float* x, const float* w, const float* bias, const float* residual,
+                 float* y, int32_t act, int64_t c, int64_t begin, int64_t end) {
+  const int32_t own_act = residual == nullptr && (act == KILN_ACT_RELU || act == KILN_ACT_RELU6) ? act : KILN_ACT_NONE;
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t ch = item % c;
+    const float* xc = x + item * fs.plane;
+    const float* wc = w + ch * fs.taps;
+    const float b = bias ? bias[ch] : 0.0f;
+    float* yc = y + item * fs.plane;
+    int64_t v0 = 0;
+    for (; v0 + 4 <= fs.vectors; v0 += 4) flat_step<T, 4>(fs, xc, wc, b, yc, v0, own_act);
+    switch (fs.vectors - v0) {
+      case 3: flat_step<T, 3>(fs, xc, wc, b, yc, v0, own_act); break;
+      case 2: flat_step<T, 2>(fs, xc, wc, b, yc, v0, own_act); break;
+      case 1: flat_step<T, 1>(fs, xc, wc, b, yc, v0, own_act); break;
+      default: break;
+    }
+    if (own_act != act || residual != nullptr)
+      conv_epilogue(yc, residual ? residual + item * fs.plane : nullptr, fs.plane, act);
+  }
+}
+
+bool flat_applies(const KilnConv2dParams& p) {
+  return p.stride_h == 1 && p.oh == p.h && p.ow == p.w && p.h * p.w <= 16 * kFlatMaxVectors &&
+         p.kh * p.kw <= kFlatMaxTaps;
+}
+
 }  // namespace
 
 void dense_rows_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
@@ -305,6 +388,25 @@ void dense_rows_conv2d(const float* x, const float* w, const float* bias, const 
 
 void depthwise_rows_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
                            const KilnConv2dParams& p, int32_t act) {
+  const int64_t items = p.n * p.c;
+  auto run = [&](auto&& body) {
+    if (items > 1 && kiln_rt_num_threads() > 1 && !in_parallel_region())
+      parallel_for(items, 1, body);
+    else
+      body(int64_t{0}, items);
+  };
+  if (flat_applies(p)) {
+    const FlatShape fs(p);
+    run([&](int64_t begin, int64_t end) {
+      if (fs.taps == 9)
+        flat_planes<9>(fs, x, w, bias, residual, y, act, p.c, begin, end);
+      else if (fs.taps == 25)
+        flat_planes<25>(fs, x, w, bias, residual, y, act, p.c, begin, end);
+      else
+        flat_planes<0>(fs, x, w, bias, residual, y, act, p.c, begin, end);
+    });
+    return;
+  }
   const RowsShape rs(p);
   auto body = [&](int64_t begin, int64_t end) {
     if (rs.s == 1)
@@ -312,11 +414,7 @@ void depthwise_rows_conv2d(const float* x, const float* w, const float* bias, co
     else
       planes_for<2>(rs, x, w, bias, residual, y, act, p.c, begin, end);
   };
-  const int64_t items = p.n * p.c;
-  if (items > 1 && kiln_rt_num_threads() > 1 && !in_parallel_region())
-    parallel_for(items, 1, body);
-  else
-    body(int64_t{0}, items);
+  run(body);
 }
 
 }  // namespace kiln::rt

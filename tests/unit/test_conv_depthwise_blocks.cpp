@@ -48,6 +48,10 @@ const std::vector<ConvCase>& cases() {
       {1, 4, 20, 40, 4, 7, 7, 1, 1, 3, 3, 1, 1, 4},
       {1, 2, 6, 17, 2, 3, 2, 1, 1, 4, 0, 1, 1, 2},
       {1, 2, 11, 33, 2, 1, 3, 2, 2, 0, 3, 1, 1, 2},
+      // The rows' flat small planes ("same" stride 1, at most 256 positions): the largest,
+      // at batch 3; a 3x5 kernel, 120 positions (8 vectors, the last partial).
+      {3, 16, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16},
+      {1, 5, 10, 12, 5, 3, 5, 1, 1, 1, 2, 1, 1, 5},
   };
   return all;
 }
