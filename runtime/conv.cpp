@@ -413,6 +413,14 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
     // whole output.
     if (kiln::rt::is_depthwise(*params)) return kiln::rt::depthwise_conv2d(x, w, bias, residual, y, *params, act);
     const int32_t own_act = epi ? KILN_ACT_NONE : act;
+    // One image of a large conv with its weights kept transformed (an inference graph's):
+    // Winograd first (conv_internal.h: winograd_image_shape).
+    if constexpr (std::is_same_v<T, float>)
+      if (cache && kiln::rt::winograd_image_shape(*params) &&
+          kiln::rt::winograd_conv2d(x, w, bias, y, *params, own_act, cache)) {
+        if (epi) kiln::rt::conv_epilogue(y, residual, s.n * s.o * s.p, act);
+        return;
+      }
     // Few output positions (ResNet-18's 28x28, 14x14 and 7x7 layers at batch 1, its 7x7 ones
     // at any batch; K >= 256): the output channels on the vector side
     // (runtime/conv_positions_avx512.cpp), ahead of the batched implicit GEMM.

@@ -161,6 +161,17 @@ constexpr int64_t kWinogradMinChannels = 32;
 constexpr int64_t kWinogradMinTiles = 40;
 constexpr int64_t kWinogradMinImages = 2;
 bool winograd_shape(const KilnConv2dParams& p);
+// A single image whose weights are transformed once into a weight-cache slot (an inference
+// graph's, kiln_rt_conv2d_cached_f32): Winograd ahead of the positions-broadcast conv and
+// the implicit GEMM for at least kWinogradImageMinChannels channels in and out on planes of
+// at least kWinogradImageMinPositions outputs. Measured with cached weights at batch 1, 2
+// threads, against the implicit GEMM and the positions-broadcast conv (each with its weights
+// cached): VGG-11's 256 -> 256 on 56x56 1.24-1.36x the implicit GEMM, 256 -> 512 on 28x28
+// 1.18x the positions conv, 512 -> 512 on 28x28 1.24x; but 512 on 14x14 only 1.06x, 128 ->
+// 256 on 56x56 0.96-1.06x, and fewer channels or 7x7 planes lose (0.6-0.95x).
+constexpr int64_t kWinogradImageMinChannels = 256;
+constexpr int64_t kWinogradImageMinPositions = 28 * 28;
+bool winograd_image_shape(const KilnConv2dParams& p);
 bool winograd_conv2d(const float* x, const float* w, const float* bias, float* y, const KilnConv2dParams& p,
                      int32_t act, void** cache = nullptr);
 bool winograd_conv2d(const double* x, const double* w, const double* bias, double* y, const KilnConv2dParams& p,

@@ -251,6 +251,12 @@ bool winograd_shape(const KilnConv2dParams& p) {
          p.n * ((p.oh + 1) / 2) * ((p.ow + 1) / 2) >= kWinogradMinTiles;
 }
 
+bool winograd_image_shape(const KilnConv2dParams& p) {
+  return p.kh == 3 && p.kw == 3 && p.stride_h == 1 && p.stride_w == 1 && p.dil_h == 1 && p.dil_w == 1 &&
+         p.groups == 1 && p.n == 1 && p.c >= kWinogradImageMinChannels && p.o >= kWinogradImageMinChannels &&
+         p.oh * p.ow >= kWinogradImageMinPositions;
+}
+
 template <typename T>
 bool winograd_conv2d_t(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams& p, int32_t act) {
   if (!all_finite(w, p.o * p.c * 9) || !all_finite(x, p.n * p.c * p.h * p.w)) return false;

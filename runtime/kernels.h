@@ -65,7 +65,9 @@ void kiln_rt_conv2d_epi_f64(const double* x, const double* w, const double* bias
 // at *cache (created on the first call, null before) and again only when w's address, the
 // shape or the GEMM kernel differ from what it holds; the owner of the slot must forget it
 // (runtime/blas.h's kiln_rt_gemm_cache_forget) whenever w's contents may have changed. The
-// same bits as kiln_rt_conv2d_epi_f32 for the same arguments.
+// same bits as kiln_rt_conv2d_epi_f32 for the same arguments, except for one image of a
+// large 3x3 conv (runtime/conv_internal.h: winograd_image_shape), which with its weights
+// transformed once takes Winograd F(2x2, 3x3) and its rounding.
 void kiln_rt_conv2d_cached_f32(void** cache, const float* x, const float* w, const float* bias, const float* residual,
                                float* y, const KilnConv2dParams* p, int32_t act);
 // dx = conv2d_grad_input(dy, w): dx is overwritten (not accumulated)
