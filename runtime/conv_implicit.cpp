@@ -569,13 +569,15 @@ struct PackedConvWeights final : PackedFloats {
 // 6, ran 0.94-0.96x packed; ResNet-18's 7x7, 14x14 and 28x28 layers, at most 8% more, and
 // its stem 1.06-1.35x in place; pointwise convs read x itself: 1.04-1.21x).
 //
-// A pointwise conv reads x itself, which only pays at batch 1, where x was just written by
-// the kernel before and is in cache: of a batch, each image's channel rows come from memory
-// as that many strided streams, where packing reads them one after another (MobileNetV2's
-// 1x1 layers at batch 16 ran 0.57-0.8x in place on 112x112 and 56x56 planes, SqueezeNet's
-// 64 -> 16 squeeze on 55x55 0.5x; at batch 1 they ran 1.04-1.24x).
+// A pointwise conv reads x itself. At batch 1 x was just written by the kernel before and
+// is in cache (in place 1.04-1.24x packed); of a batch, each image's channel rows come from
+// memory as that many strided streams, which took 0.57-0.8x packing's time (MobileNetV2's
+// 1x1 layers at batch 16 on 112x112 and 56x56 planes; SqueezeNet's 64 -> 16 squeeze on
+// 55x55 0.5x) until the tiles prefetched B (gemm_internal.h: kRowsPrefetchFloats): now
+// 1.0-1.15x on planes of 28x28 and more, 0.84x on 14x14 (conv_bench --layer, batch 16).
+constexpr int64_t kPointwiseInPlaceMinPositions = 28 * 28;
 bool rows_b_wins(const Shape& s, int64_t nr) {
-  if (s.pointwise) return s.n == 1;
+  if (s.pointwise) return s.n == 1 || s.p >= kPointwiseInPlaceMinPositions;
   const int64_t wq = s.ow + (s.kw - 1) * s.dw / s.sw;
   const int64_t wide = (s.oh * wq + nr - 1) / nr, real = (s.p + nr - 1) / nr;
   return wide * 10 <= real * 11;

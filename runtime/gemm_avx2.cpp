@@ -66,9 +66,11 @@ struct Avx2 {
         b += NR;
       } else if constexpr (Tail) {
         const float* bp = b + boff[p];
+        _mm_prefetch(reinterpret_cast<const char*>(bp + kiln::rt::gemm::kRowsPrefetchFloats), _MM_HINT_T1);
         b0 = _mm256_maskload_ps(bp, m0), b1 = _mm256_maskload_ps(bp + 8, m1);
       } else {
         const float* bp = b + boff[p];
+        _mm_prefetch(reinterpret_cast<const char*>(bp + kiln::rt::gemm::kRowsPrefetchFloats), _MM_HINT_T1);
         b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
       }
 #pragma GCC unroll 6

@@ -47,6 +47,8 @@ void tile_rv(int64_t kc, const float* a, const float* b, const int64_t* boff, fl
     __m512 bv[V];
     if constexpr (Rows) {
       const float* bp = b + boff[p];
+      _mm_prefetch(reinterpret_cast<const char*>(bp + kiln::rt::gemm::kRowsPrefetchFloats), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(bp + kiln::rt::gemm::kRowsPrefetchFloats + 16), _MM_HINT_T1);
 #pragma GCC unroll 2
       for (int v = 0; v < V; ++v)
         bv[v] = Tail && v + 1 == V ? _mm512_maskz_loadu_ps(mask[v], bp + 16 * v) : _mm512_loadu_ps(bp + 16 * v);
