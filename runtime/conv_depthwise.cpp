@@ -240,7 +240,7 @@ template <typename T>
   T* out = q + s.plane + slack<T>(s) + kLanes<T>;
   const int64_t o = s.c * s.mult;
   // relu and relu6 (without a residual) are applied in `out`; anything else on y's plane.
-  const int32_t own_act = residual == nullptr && (act == KILN_ACT_RELU || act == KILN_ACT_RELU6) ? act : KILN_ACT_NONE;
+  const int32_t own_act = register_act(residual != nullptr, act);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t n = item / s.c, ch = item % s.c;
     pad_plane(s, x + item * s.h * s.w, q, slack<T>(s));
@@ -460,9 +460,9 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
 // 14x14 1.4-2x.)
 constexpr int64_t kBlockMaxPositions = 14 * 14;
 constexpr int64_t kBlockMaxBatchPositions = 7 * 7;
-bool blocks_apply(const DwShape& s, bool rows) {
-  const int64_t most = s.n == 1 ? kBlockMaxPositions : kBlockMaxBatchPositions;
-  return !rows && s.mult == 1 && s.c % kBlock == 0 && s.oh * s.ow <= most;
+bool blocks_apply(const DwShape& s) {
+  return s.mult == 1 && s.c % kBlock == 0 &&
+         s.oh * s.ow <= (s.n == 1 ? kBlockMaxPositions : kBlockMaxBatchPositions);
 }
 
 // grad_input: adds dy's rows [OH, OW] of one output channel, times its weights, into the
@@ -555,15 +555,6 @@ int64_t* tap_offsets(const DwShape& s) {
   return off;
 }
 
-// Runs body(begin, end) over [0, items) on the pool (inline when called from a parallel loop).
-template <typename F>
-void for_items(int64_t items, F&& body) {
-  if (items > 1 && kiln_rt_num_threads() > 1 && !in_parallel_region())
-    parallel_for(items, 1, body);
-  else
-    body(int64_t{0}, items);
-}
-
 template <typename T>
 void forward(const T* x, const T* w, const T* bias, const T* residual, T* y, const KilnConv2dParams& p,
              int32_t act, DepthwisePath path = DepthwisePath::best) {
@@ -574,8 +565,7 @@ void forward(const T* x, const T* w, const T* bias, const T* residual, T* y, con
       depthwise_rows_conv2d(x, w, bias, residual, y, p, act);
       return;
     }
-    if ((path == DepthwisePath::best && blocks_apply(s, rows)) ||
-        (path == DepthwisePath::channel_blocks && blocks_apply(s, false))) {
+    if ((path == DepthwisePath::channel_blocks || (path == DepthwisePath::best && !rows)) && blocks_apply(s)) {
       const BlockShape b(s);
       for_items(s.n * s.c / kBlock, [&](int64_t begin, int64_t end) {
         forward_blocks_f32(s, x, w, bias, residual, y, act, begin, end, scratch<float>(b.floats(s)));
@@ -670,7 +660,7 @@ void grad_weight(const T* x, const T* dy, T* dw, const KilnConv2dParams& p) {
 }  // namespace
 
 bool depthwise_blocks_shape(const KilnConv2dParams& p) {
-  return is_depthwise(p) && blocks_apply(DwShape(p), depthwise_rows_shape(p));
+  return is_depthwise(p) && !depthwise_rows_shape(p) && blocks_apply(DwShape(p));
 }
 
 void depthwise_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/kernels.h"
+#include "runtime/thread_pool.h"
 
 namespace kiln::rt {
 
@@ -43,6 +44,16 @@ inline Span inside(int64_t size, int64_t out, int64_t stride, int64_t off) {
   lo = std::min(lo, out);
   hi = std::clamp(hi, lo, out);
   return {lo, hi, off};
+}
+
+// Runs body(begin, end) over [0, items) on the pool, or inline for one item, one thread or a
+// call from inside a parallel loop.
+template <typename F>
+void for_items(int64_t items, F&& body) {
+  if (items > 1 && kiln_rt_num_threads() > 1 && !in_parallel_region())
+    parallel_for(items, 1, body);
+  else
+    body(int64_t{0}, items);
 }
 
 // A per-thread buffer of at least `count` elements, kept between calls.
@@ -124,17 +135,15 @@ constexpr int64_t kRowsMaxK = 7;
 constexpr int64_t kRowsMaxChunks = 64;
 constexpr int64_t kDenseRowsMaxC = 4;
 constexpr int64_t kDenseRowsMaxK = 64;
-constexpr int64_t kDenseRows = 4;  // output rows a work item
 bool depthwise_rows_shape(const KilnConv2dParams& p);
 void depthwise_rows_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
                            const KilnConv2dParams& p, int32_t act);
 bool dense_rows_shape(const KilnConv2dParams& p);
 void dense_rows_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
                        const KilnConv2dParams& p, int32_t act);
-// Whether the f32 forward takes the channel blocks for this shape (ahead of the rows).
+// Whether the f32 forward takes the channel blocks for this shape (never where the rows
+// apply).
 bool depthwise_blocks_shape(const KilnConv2dParams& p);
-void depthwise_rows_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
-                           const KilnConv2dParams& p, int32_t act);
 void depthwise_grad_input(const float* dy, const float* w, float* dx, const KilnConv2dParams& p);
 void depthwise_grad_input(const double* dy, const double* w, double* dx, const KilnConv2dParams& p);
 void depthwise_grad_weight(const float* x, const float* dy, float* dw, const KilnConv2dParams& p);

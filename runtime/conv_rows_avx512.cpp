@@ -42,7 +42,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "runtime/conv_epilogue.h"
 #include "runtime/conv_internal.h"
@@ -170,7 +169,7 @@ void planes(const RowsShape& rs, const float* x, const float* w, const float* bi
             int32_t act, int64_t c, int64_t begin, int64_t end) {
   const int64_t in_plane = rs.h * rs.w, out_plane = rs.oh * rs.ow, taps = rs.kh * rs.kw;
   // relu and relu6 (without a residual) in registers; anything else on the stored plane.
-  const int32_t own_act = residual == nullptr && (act == KILN_ACT_RELU || act == KILN_ACT_RELU6) ? act : KILN_ACT_NONE;
+  const int32_t own_act = register_act(residual != nullptr, act);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t ch = item % c;
     const float* xc = x + item * in_plane;
@@ -205,7 +204,8 @@ void planes_for(const RowsShape& rs, const float* x, const float* w, const float
 
 // Dense: output channels [o0, o0 + 8) (wp: their packed weights [k][8]) of chunks [c0, c0
 // + G) of output row oy of one image (x: its [C][H][W]; y: its [O][OH][OW]).
-constexpr int64_t kDenseJ = 8;  // output channels a step
+constexpr int64_t kDenseJ = 8;     // output channels a step
+constexpr int64_t kDenseRows = 4;  // output rows a work item
 // The accumulators are named variables, not an array: GCC kept an array of them in
 // registers but also stored every one to the stack on every tap (perf: 1.4x the time).
 #define KILN_J8(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
@@ -322,7 +322,7 @@ template <int T, int G>
 template <int T>
 void flat_planes(const FlatShape& fs, const float* x, const float* w, const float* bias, const float* residual,
                  float* y, int32_t act, int64_t c, int64_t begin, int64_t end) {
-  const int32_t own_act = residual == nullptr && (act == KILN_ACT_RELU || act == KILN_ACT_RELU6) ? act : KILN_ACT_NONE;
+  const int32_t own_act = register_act(residual != nullptr, act);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t ch = item % c;
     const float* xc = x + item * fs.plane;
@@ -353,12 +353,13 @@ void dense_rows_conv2d(const float* x, const float* w, const float* bias, const 
                        const KilnConv2dParams& p, int32_t act) {
   const RowsShape rs(p);
   const int64_t k = p.c * p.kh * p.kw, blocks = (p.o + kDenseJ - 1) / kDenseJ;
-  // The weights [O][k] as [block][k][8], zeros past O.
-  std::vector<float> wp(static_cast<size_t>(blocks * k * kDenseJ), 0.0f);
+  // The weights [O][k] as [block][k][8], zeros past O, in the calling thread's buffer.
+  float* wp = scratch<float>(blocks * k * kDenseJ);
+  std::fill_n(wp, blocks * k * kDenseJ, 0.0f);
   for (int64_t oc = 0; oc < p.o; ++oc)
     for (int64_t i = 0; i < k; ++i) wp[((oc / kDenseJ) * k + i) * kDenseJ + oc % kDenseJ] = w[oc * k + i];
   // relu and relu6 (without a residual) in registers; anything else on the finished rows.
-  const int32_t own_act = residual == nullptr && (act == KILN_ACT_RELU || act == KILN_ACT_RELU6) ? act : KILN_ACT_NONE;
+  const int32_t own_act = register_act(residual != nullptr, act);
   // Items: (image, channel block, kDenseRows output rows), rows fastest.
   const int64_t row_parts = (p.oh + kDenseRows - 1) / kDenseRows, items = p.n * blocks * row_parts;
   const int64_t in_image = p.c * p.h * p.w, out_image = p.o * p.oh * p.ow;
@@ -368,7 +369,7 @@ void dense_rows_conv2d(const float* x, const float* w, const float* bias, const 
       const int64_t r0 = part * kDenseRows, r1 = std::min(p.oh, r0 + kDenseRows);
       const float* xn = x + n * in_image;
       float* yn = y + n * out_image;
-      const float* wb = wp.data() + b * k * kDenseJ;
+      const float* wb = wp + b * k * kDenseJ;
       if (rs.s == 1)
         dense_rows<1>(rs, p.c, xn, wb, bias, yn, b * kDenseJ, p.o, r0, r1, own_act);
       else
@@ -380,24 +381,15 @@ void dense_rows_conv2d(const float* x, const float* w, const float* bias, const 
         }
     }
   };
-  if (items > 1 && kiln_rt_num_threads() > 1 && !in_parallel_region())
-    parallel_for(items, 1, body);
-  else
-    body(int64_t{0}, items);
+  for_items(items, body);
 }
 
 void depthwise_rows_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
                            const KilnConv2dParams& p, int32_t act) {
   const int64_t items = p.n * p.c;
-  auto run = [&](auto&& body) {
-    if (items > 1 && kiln_rt_num_threads() > 1 && !in_parallel_region())
-      parallel_for(items, 1, body);
-    else
-      body(int64_t{0}, items);
-  };
   if (flat_applies(p)) {
     const FlatShape fs(p);
-    run([&](int64_t begin, int64_t end) {
+    for_items(items, [&](int64_t begin, int64_t end) {
       if (fs.taps == 9)
         flat_planes<9>(fs, x, w, bias, residual, y, act, p.c, begin, end);
       else if (fs.taps == 25)
@@ -408,13 +400,12 @@ void depthwise_rows_conv2d(const float* x, const float* w, const float* bias, co
     return;
   }
   const RowsShape rs(p);
-  auto body = [&](int64_t begin, int64_t end) {
+  for_items(items, [&](int64_t begin, int64_t end) {
     if (rs.s == 1)
       planes_for<1>(rs, x, w, bias, residual, y, act, p.c, begin, end);
     else
       planes_for<2>(rs, x, w, bias, residual, y, act, p.c, begin, end);
-  };
-  run(body);
+  });
 }
 
 }  // namespace kiln::rt

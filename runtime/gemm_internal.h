@@ -86,6 +86,9 @@ using TileFn = void (*)(int64_t kc, const float* a, const float* b, float* c, in
 // [0, mv), added to alpha * acc (one rounding, as a pass adding it after would), then `act`
 // (KILN_ACT_NONE, KILN_ACT_RELU or KILN_ACT_RELU6, conv_epilogue's formulas: NaN passes,
 // -0 becomes +0), saving the passes over C that would do them.
+using TileRowsFn = void (*)(int64_t kc, const float* a, const float* b, const int64_t* boff, float* c, int64_t ldc,
+                            float alpha, float beta, int64_t mv, int64_t nv, const float* bias, int32_t act);
+
 // The in-place tiles prefetch into L2, at each step of k, the lines of B's row
 // kRowsPrefetchFloats floats past the ones they load: a later tile (columns further along)
 // reads them. A pointwise conv's B rows are the image's channel planes, as many strided
@@ -95,8 +98,6 @@ using TileFn = void (*)(int64_t kc, const float* a, const float* b, float* c, in
 // 1.6 ms), the 3x3 layers' phased copies unchanged. (Distances of 64 and 256 floats did no
 // better; 512 worse.)
 constexpr int64_t kRowsPrefetchFloats = 128;
-using TileRowsFn = void (*)(int64_t kc, const float* a, const float* b, const int64_t* boff, float* c, int64_t ldc,
-                            float alpha, float beta, int64_t mv, int64_t nv, const float* bias, int32_t act);
 
 // The packing of gemm_blocked.inc, for such drivers: pack_a(g, i0, mc, p0, kc, dst) packs
 // op(A)[i0 : i0+mc, p0 : p0+kc] into MR-tall micro-panels ([panel][kc][MR], zeros past
