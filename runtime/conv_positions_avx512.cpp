@@ -118,7 +118,7 @@ namespace {
 // otherwise wait for it at the FMAs' pace.
 template <int V, int R>
 void tile(int64_t kc, const float* w, const float* x, const int64_t* off, float* c, bool first, const char* pf,
-          int64_t npf) {
+          int64_t npf, Next next) {
   constexpr int64_t OB = 16 * V;
   __m512 acc[R][V];
 #pragma GCC unroll 14
@@ -138,9 +138,19 @@ void tile(int64_t kc, const float* w, const float* x, const int64_t* off, float*
       for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(wv[v], xv, acc[r][v]);
     }
   };
+  const int64_t nrows = next.x ? std::min(kc, next.rows) : 0;
   int64_t k = 0;
+  for (; k < npf && k < nrows; ++k) {
+    _mm_prefetch(pf + 64 * k, _MM_HINT_T1);
+    prefetch_row(next, k);
+    step(k);
+  }
   for (; k < npf; ++k) {
     _mm_prefetch(pf + 64 * k, _MM_HINT_T1);
+    step(k);
+  }
+  for (; k < nrows; ++k) {
+    prefetch_row(next, k);
     step(k);
   }
   for (; k < kc; ++k) step(k);
