@@ -86,6 +86,11 @@ void kiln_rt_avg_pool2d_f64(const double* x, double* y, const KilnPool2dParams* 
 void kiln_rt_avg_pool2d_grad_f32(const float* dy, float* dx, const KilnPool2dParams* p, int32_t count_include_pad);
 void kiln_rt_avg_pool2d_grad_f64(const double* dy, double* dx, const KilnPool2dParams* p, int32_t count_include_pad);
 
+// out[r] = the float sum (mean != 0: the mean) of row r of x ([rows, n], contiguous) in
+// Kiln's summation order (docs/ir.md): bitwise the interpreter's sum / mean over the rows.
+// Rows run in parallel, each computed alone, so any thread count gives the same bits.
+void kiln_rt_row_sums_f32(const float* x, float* out, int64_t rows, int64_t n, int32_t mean);
+
 // top_k (ir/ops.def): x as [outer, d, inner] around the axis; out [outer, k, inner] gets, per
 // (outer, inner) row, the positions of its k largest (largest != 0) or smallest elements,
 // best first, equal ones in increasing position, NaN as larger than every number. Rows run

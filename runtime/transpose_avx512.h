@@ -1,6 +1,7 @@
 // A 16 x 16 float transpose in AVX-512 registers, for the translation units built for
 // AVX-512F (the GEMM's packing, runtime/gemm_avx512.cpp; the positions-broadcast conv's
-// weight packing, runtime/conv_positions_avx512.cpp): include it from nowhere else.
+// weight packing, runtime/conv_positions_avx512.cpp; the row sums' block transposes,
+// runtime/row_sums.cpp, in its AVX-512 section): include it from nowhere else.
 #pragma once
 
 #include <immintrin.h>

@@ -674,6 +674,7 @@ void Lowerer::lower_reduce(const Node& n, const TensorType& xt, const TensorType
   // rows of a contiguous [m, count].
   std::function<Value*(Value*)> row_base = [&](Value* j) { return B_.CreateMul(j, c64(count)); };
   std::function<Value*(Value*)> row_offset = [](Value* k) { return k; };
+  bool contiguous_rows = true;  // row_base and row_offset as above
   if (blocked && !trailing) {
     // Each output's elements must be added in blocks of its own reduced index. Viewed as
     // [K1, R, K2] (the kept dims outside the innermost kept run, the reduced dims, that
@@ -722,6 +723,7 @@ void Lowerer::lower_reduce(const Node& n, const TensorType& xt, const TensorType
         for_range(c64(groups * kReduceRows), c64(m), [&](Value* j) { blocked_row_sums(t, 1, j, count, runs, x, out, mean); });
         return;
       }
+      contiguous_rows = false;
       row_base = [&, kept_stride](Value* j) { return B_.CreateMul(j, c64(kept_stride)); };
       row_offset = [&, inner, outer_stride, inner_stride](Value* k) {
         Value* hi = B_.CreateMul(B_.CreateUDiv(k, c64(inner)), c64(outer_stride));
@@ -791,6 +793,13 @@ void Lowerer::lower_reduce(const Node& n, const TensorType& xt, const TensorType
     });
     // The last m % kReduceRows rows one at a time.
     for_range(c64(groups * kReduceRows), c64(m), reduce_row);
+    return;
+  }
+  if (trailing && blocked && contiguous_rows && t == DType::f32) {
+    // Contiguous f32 rows of several blocks (a global average pool's planes): the runtime's
+    // row sums (runtime/row_sums.cpp), which add sixteen blocks at once in vector lanes.
+    B_.CreateCall(runtime(RtFn::kiln_rt_row_sums_f32),
+                  {x, out, c64(m), c64(count), B_.getInt32(n.op == Op::Mean ? 1 : 0)});
     return;
   }
   if (trailing) {

@@ -1,0 +1,109 @@
+// kiln_rt_row_sums_f32 (runtime/row_sums.cpp): the sums and means of contiguous rows, bit
+// for bit the interpreter's sum / mean over the last axis (Kiln's summation order), for row
+// lengths around the block size and its multiples (one block, a partial last block, fewer
+// and more than sixteen blocks a row, so the vector lanes take blocks of several rows),
+// with values whose order of addition shows (magnitudes 1e-8 .. 1e8), NaNs, infinities and
+// signed zeros; and the same bits at any KILN_NUM_THREADS. The generated code's use of it
+// (a mean over an image's planes) is compared with the interpreter by the op-table tests.
+#include <catch2/catch_test_macros.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/interp.h"
+#include "runtime/kernels.h"
+#include "self_exe.h"
+
+namespace {
+
+using namespace kiln;
+
+// Rows of n values spread over 16 orders of magnitude and both signs: any other order of
+// the adds rounds differently.
+std::vector<float> values(int64_t rows, int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mant(-1, 1), expo(-8, 8);
+  std::vector<float> v(static_cast<size_t>(rows * n));
+  for (float& x : v) x = mant(rng) * std::pow(10.0f, expo(rng));
+  return v;
+}
+
+// The interpreter's sum or mean of each row.
+std::vector<float> reference(const std::vector<float>& v, int64_t rows, int64_t n, bool mean) {
+  Tensor x(DType::f32, {rows, n});
+  std::memcpy(x.data<float>(), v.data(), v.size() * sizeof(float));
+  const Op op = mean ? Op::Mean : Op::Sum;
+  AttrMap attrs = complete_attrs(op, {{"axes", std::vector<int64_t>{1}}});
+  Tensor r = eval_op(op, {&x}, attrs, infer_type(op, {x.type()}, attrs));
+  return {r.data<float>(), r.data<float>() + rows};
+}
+
+std::vector<float> row_sums(const std::vector<float>& v, int64_t rows, int64_t n, bool mean) {
+  std::vector<float> out(static_cast<size_t>(rows), std::numeric_limits<float>::quiet_NaN());
+  kiln_rt_row_sums_f32(v.data(), out.data(), rows, n, mean ? 1 : 0);
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct Case {
+  int64_t rows, n;
+};
+const Case kCases[] = {{5, 1},    {3, 63},   {3, 64},    {7, 65},   {17, 128},  {4, 130},   {9, 196},
+                       {40, 784}, {2, 1024}, {3, 1025},  {5, 1087}, {6, 3136},  {33, 3136}, {2, 12544},
+                       {1, 1088}, {1, 64 * 17 + 5}, {150, 196}};
+
+}  // namespace
+
+TEST_CASE("row sums and means equal the interpreter's bit for bit", "[runtime][reduce]") {
+  uint32_t seed = 1;
+  for (const Case& c : kCases)
+    for (bool mean : {false, true}) {
+      CAPTURE(c.rows, c.n, mean);
+      const std::vector<float> v = values(c.rows, c.n, seed++);
+      CHECK(same_bits(row_sums(v, c.rows, c.n, mean), reference(v, c.rows, c.n, mean)));
+    }
+}
+
+TEST_CASE("row sums: NaN, infinities and signed zeros as the interpreter has them", "[runtime][reduce]") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const int64_t rows = 20, n = 1000;
+  std::vector<float> v = values(rows, n, 99);
+  v[3] = nan;                        // row 0: a NaN
+  v[1 * n + 700] = inf;              // row 1: +inf
+  v[2 * n + 5] = inf;                // row 2: +inf and -inf: NaN
+  v[2 * n + 900] = -inf;
+  v[3 * n + 64] = -nan;              // row 3: a NaN of the other sign
+  for (int64_t k = 0; k < n; ++k) v[static_cast<size_t>(4 * n + k)] = -0.0f;  // row 4: -0 throughout (the sum starts from +0)
+  v[5 * n + 999] = 3e38f;            // row 5: overflow to inf
+  v[5 * n + 998] = 3e38f;
+  for (bool mean : {false, true}) {
+    CAPTURE(mean);
+    const std::vector<float> got = row_sums(v, rows, n, mean), want = reference(v, rows, n, mean);
+    CHECK(same_bits(got, want));
+    CHECK(std::isnan(got[0]));
+    CHECK(got[1] == inf);
+    CHECK(std::isnan(got[2]));
+    CHECK((got[4] == 0.0f && !std::signbit(got[4])));
+  }
+}
+
+TEST_CASE("row sums give the same bits at any KILN_NUM_THREADS", "[runtime][reduce][threads]") {
+  check_same_hashes_at_any_thread_count("[.row_sums_threads_child]");
+}
+
+TEST_CASE("row sums: child with KILN_NUM_THREADS", "[.row_sums_threads_child]") {
+  REQUIRE(std::getenv("KILN_NUM_THREADS") != nullptr);
+  uint64_t h = kFnvStart;
+  for (const Case& c : kCases) h = fnv1a(h, row_sums(values(c.rows, c.n, 7), c.rows, c.n, true));
+  std::cout << "hashes " << h << "\n";
+}
