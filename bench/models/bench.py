@@ -22,7 +22,10 @@ bench/train_step_bench for Kiln and as an eager step for PyTorch. Memory and tim
 first result: each system in its own process at batch 1 (Kiln: `kiln run MODEL`; ONNX
 Runtime: Python, import, session creation and one run; PyTorch: Python, import, the model
 built, its state_dict loaded and one run), peak RSS from GNU time (/usr/bin/time). The
-ratio column is Kiln's speed over the best peer's (above 1: Kiln is faster).
+ratio column is Kiln's speed over the best peer's (above 1: Kiln is faster); the last one is
+the median over the rounds of ONNX Runtime's best over Kiln's best measured back to back in
+the round, which a machine whose speed drifts between rounds (this one's does, 1.5-2x within
+minutes) moves less than the ratio of the two bests.
 """
 import argparse
 import datetime
@@ -31,6 +34,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -351,6 +355,7 @@ def main():
         weights_pt = os.path.join(tmp, f"{name}.pt")  # for the PyTorch child of the memory figures
         torch.save(model.state_dict(), weights_pt)
         figures = {b: {"kiln": None, "onnxruntime": None, "pytorch": None} for b in batches}
+        paired = {b: [] for b in batches}  # per round: ORT's best over Kiln's best, measured back to back
         for r in range(rounds):
             for b in batches:
                 path = os.path.join(a.models_dir, info["files"][str(b)])
@@ -360,8 +365,10 @@ def main():
                     feed = {info["input"]: inputs[b].numpy()}
                     if r == 0:
                         sessions[b].run(None, feed)
-                    figures[b]["onnxruntime"] = merge_best(figures[b]["onnxruntime"],
-                                                           best_of(lambda: sessions[b].run(None, feed), reps))
+                    o = best_of(lambda: sessions[b].run(None, feed), reps)
+                    figures[b]["onnxruntime"] = merge_best(figures[b]["onnxruntime"], o)
+                    if k.get("best_ms"):
+                        paired[b].append(o / k["best_ms"])
                 with torch.no_grad():
                     if r == 0:
                         model(inputs[b])
@@ -376,6 +383,9 @@ def main():
                    "kiln_compile_s": k.get("compile_s"), "kiln_load_s": k.get("load_s"),
                    "kiln_first_ms": k.get("first_ms"), "kiln_error": k.get("error")}
             row["ratio"] = ratio(kiln_ms, [row["onnxruntime_ms"], row["pytorch_ms"]])
+            # Robust to a machine whose speed drifts between rounds: the median over rounds of
+            # the ratio of figures taken back to back.
+            row["ort_ratio_paired"] = statistics.median(paired[b]) if paired[b] else None
             result["inference"][f"{name}/{b}"] = row
             print(f"bench.py: {name} b{b}: kiln {fmt_ms(kiln_ms)} ms, ort {fmt_ms(row['onnxruntime_ms'])} ms, "
                   f"pytorch {fmt_ms(row['pytorch_ms'])} ms" + (f" (kiln: {k['error'][:200]})" if "error" in k else ""),
@@ -464,8 +474,9 @@ def write_json(result, path):
 def report(result, names, batches, zoo):
     inf = result["inference"]
     print()
-    print("| model | batch | Kiln ms | ONNX Runtime ms | PyTorch eager ms | Kiln vs best peer |")
-    print("|---|---|---|---|---|---|")
+    print("| model | batch | Kiln ms | ONNX Runtime ms | PyTorch eager ms | Kiln vs best peer | "
+          "Kiln vs ORT, median of rounds |")
+    print("|---|---|---|---|---|---|---|")
     for name in names:
         for b in batches:
             row = inf.get(f"{name}/{b}")
@@ -473,8 +484,10 @@ def report(result, names, batches, zoo):
                 continue
             kiln_cell = fmt_ms(row["kiln_ms"]) if row["kiln_ms"] is not None else "fails"
             rt = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "n/a"
+            pr = row.get("ort_ratio_paired")
+            pr = f"{pr:.2f}x" if pr is not None else "n/a"
             print(f"| {zoo.MODELS[name][0]} | {b} | {kiln_cell} | {fmt_ms(row['onnxruntime_ms'])} | "
-                  f"{fmt_ms(row['pytorch_ms'])} | {rt} |")
+                  f"{fmt_ms(row['pytorch_ms'])} | {rt} | {pr} |")
     if result["training"]:
         print()
         print("| training step (SGD momentum, cross-entropy) | batch | Kiln ms | PyTorch eager ms | Kiln vs PyTorch |")
