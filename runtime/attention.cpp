@@ -2,7 +2,6 @@
 #include "runtime/attention.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -13,33 +12,11 @@
 #include "numerics/math.h"
 #include "runtime/blas.h"
 #include "runtime/gemm.h"
+#include "runtime/summation.h"
 #include "runtime/thread_pool.h"
 #include "runtime/vec_internal.h"
 
 namespace {
-
-// The float sum of x[0..n) in Kiln's summation order (docs/ir.md, "Summation order"):
-// blocks of 64 added left to right from +0, the block sums added pairwise, a run of blocks
-// split at the largest power of two below its length. The same bits as the compiled
-// softmax's denominator.
-constexpr int64_t kSumBlock = 64;
-
-template <typename T>
-T blocks_sum(const T* x, int64_t n, int64_t lo, int64_t hi) {
-  if (hi - lo > 1) {
-    auto half = static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(hi - lo - 1)));
-    T left = blocks_sum(x, n, lo, lo + half);
-    return left + blocks_sum(x, n, lo + half, hi);
-  }
-  T s = 0;
-  for (int64_t k = lo * kSumBlock, end = std::min(n, k + kSumBlock); k < end; ++k) s += x[k];
-  return s;
-}
-
-template <typename T>
-T summation_order_sum(const T* x, int64_t n) {
-  return blocks_sum(x, n, 0, std::max<int64_t>(1, (n + kSumBlock - 1) / kSumBlock));
-}
 
 void gemm(int32_t ta, int32_t tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
           int64_t ldb, float* c, int64_t ldc) {
@@ -253,7 +230,7 @@ void attention_rows(const T* q, const T* k, const T* v, const T* mask, T* o, con
     // exponentials, denominator and quotients.
     T mx = scale_mask_max(x, sk, mul, div, scale, m, p.mask_stride[3]);
     exp_shifted(x, sk, mx);
-    normalize(x, sk, summation_order_sum(x, sk), nan_to_zero);
+    normalize(x, sk, kiln::rt::summation_order_sum(x, sk), nan_to_zero);
   }
   auto make_v = [&] { return v_operand(v, p, batch, vbuf); };
   const kiln::rt::PackedB* pv = have ? &packed->v : nullptr;

@@ -12,47 +12,12 @@
 // sums, and everything after them, are the same bits. The blocks left over (fewer than
 // sixteen, and each row's partial last block) are added the scalar way.
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <vector>
 
 #include "runtime/kernels.h"
+#include "runtime/summation.h"
 #include "runtime/thread_pool.h"
-
-namespace {
-
-constexpr int64_t kSumBlock = 64;  // ir/interp.h's
-
-// The pairwise sum of the block sums b[0, nb): a binary counter, as the generated code
-// runs it (codegen/cpu/op_kernels.cpp, blocked_sum): slot[l] holds the sum of the last 2^l
-// blocks while bit l of the finished count is set; finishing block i adds the ctz(i + 1)
-// lowest slots into it, leftmost first; at the end the slots of nb's set bits are combined
-// from the smallest.
-float pairwise(const float* b, int64_t nb) {
-  float slot[64];
-  for (int64_t i = 0; i < nb; ++i) {
-    float cur = b[i];
-    const int carries = std::countr_zero(static_cast<uint64_t>(i + 1));
-    for (int l = 0; l < carries; ++l) cur = slot[l] + cur;
-    slot[carries] = cur;
-  }
-  float sum = 0.0f;
-  bool any = false;
-  for (int l = 0; l < 64; ++l)
-    if ((static_cast<uint64_t>(nb) >> l) & 1) {
-      sum = any ? slot[l] + sum : slot[l];
-      any = true;
-    }
-  return sum;
-}
-
-float block_sum(const float* x, int64_t n) {
-  float s = 0.0f;
-  for (int64_t k = 0; k < n; ++k) s += x[k];
-  return s;
-}
-
-}  // namespace
 
 #if defined(__x86_64__)
 #pragma GCC push_options
@@ -66,6 +31,8 @@ float block_sum(const float* x, int64_t n) {
 #include "runtime/transpose_avx512.h"  // after the pragmas: built for AVX-512
 
 namespace {
+
+using kiln::rt::kSumBlock;
 
 // The sums of the 16 blocks of 64 floats at starts[0..16), into sums[0..16): lane i adds
 // block i's elements left to right from +0.
@@ -88,6 +55,9 @@ void sixteen_blocks(const float* const* starts, float* sums) {
 #endif
 
 namespace {
+
+using kiln::rt::block_sum;
+using kiln::rt::kSumBlock;
 
 // Rows [r0, r1) of x ([rows, n], n > kSumBlock) into out, `blocks` a buffer of the full
 // blocks' sums of those rows (row-major).
@@ -119,7 +89,7 @@ void rows_range(const float* x, int64_t n, int64_t r0, int64_t r1, float* out, b
   for (int64_t r = r0; r < r1; ++r) {
     float* b = blocks.data() + (r - r0) * nb;
     if (full < nb) b[full] = block_sum(x + r * n + full * kSumBlock, n - full * kSumBlock);
-    const float s = pairwise(b, nb);
+    const float s = kiln::rt::pairwise_blocks<float>([b](int64_t i) { return b[i]; }, 0, nb);
     out[r] = mean ? s / static_cast<float>(n) : s;
   }
 }
