@@ -64,6 +64,13 @@ struct Checker {
       last.push_back(read ? std::max(first.back(), reader_list[reader_begin[id + 1] - 1]) : first.back());
     }
     for (const GraphOutput& o : g.outputs()) last[o.value.id] = end_of_graph;
+    // A transpose folded into its GEMM readers keeps its source live until the last of them.
+    const std::vector<bool> folded = gemm_folded_transposes(g);
+    for (int32_t i = 0; i < end_of_graph; ++i)
+      if (folded[i]) {
+        const ValueId src = g.nodes()[i].operands[0];
+        last[src.id] = std::max(last[src.id], last[g.nodes()[i].result().id]);
+      }
   }
 
   // May node `n` write `result` over `operand`? Restated from memory_plan.h: same shape and

@@ -15,6 +15,7 @@
 
 #include "ir/calling.h"
 #include "ir/printer.h"
+#include "passes/kernel_plan.h"
 
 namespace kiln {
 
@@ -57,6 +58,14 @@ Analysis analyze(const Graph& g) {
   for (int32_t i = 0; i < num_nodes; ++i)
     for (ValueId v : g.nodes()[i].operands) a.values[v.id].end = i;  // nodes in order: the max
   for (const GraphOutput& o : g.outputs()) a.values[o.value.id].end = num_nodes;
+  // A transpose the GEMMs read through keeps its source live until its last reader. (Its
+  // readers are matmuls, so no folded transpose's result is another one's source.)
+  const std::vector<bool> folded = gemm_folded_transposes(g);
+  for (int32_t i = 0; i < num_nodes; ++i)
+    if (folded[i]) {
+      ValuePlan& src = a.values[g.nodes()[i].operands[0].id];
+      src.end = std::max(src.end, a.values[g.nodes()[i].result().id].end);
+    }
 
   // State outputs X.next into X's own buffer, where legal.
   std::vector<bool> state_taken(g.values().size(), false);
@@ -105,6 +114,29 @@ Analysis analyze(const Graph& g) {
   }
   return a;
 }
+
+}  // namespace
+
+std::vector<bool> gemm_folded_transposes(const Graph& g) {
+  const size_t num_nodes = g.nodes().size();
+  std::vector<int32_t> uses(g.values().size(), 0), gemm_uses(g.values().size(), 0);
+  for (const Node& n : g.nodes())
+    for (ValueId v : n.operands) {
+      ++uses[v.id];
+      if (n.op == Op::Matmul) ++gemm_uses[v.id];
+    }
+  for (const GraphOutput& o : g.outputs()) ++uses[o.value.id];
+  std::vector<bool> folded(num_nodes, false);
+  for (size_t i = 0; i < num_nodes; ++i) {
+    const Node& n = g.nodes()[i];
+    if (n.op != Op::Transpose || !is_last_two_swap(attr_ints(n.attrs, "perm"))) continue;
+    const ValueId r = n.result();
+    folded[i] = uses[r.id] > 0 && uses[r.id] == gemm_uses[r.id];
+  }
+  return folded;
+}
+
+namespace {
 
 int64_t peak_of(const std::vector<Buffer>& buffers, size_t num_nodes) {
   std::vector<int64_t> delta(num_nodes + 2, 0);

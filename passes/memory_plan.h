@@ -34,6 +34,11 @@
 //    operand too (any shapes, same bytes): a view, which codegen does not copy. Values
 //    sharing storage this way form one Buffer.
 //    The same rule decides whether X.next's node may read X when X.next is in X's buffer.
+//  - A transpose of the last two axes whose every reader is a matmul (gemm_folded_transposes
+//    below) is folded by the kernel plan into those GEMMs' transpose flags: they read its
+//    source. So the source's interval also covers the transpose's readers (its end is at
+//    least theirs), and the scheduler emits such a transpose just before its first reader.
+//    The transpose's own result keeps its interval and buffer (unused when folded).
 // check_memory_plan (passes/check_memory_plan.h) checks a plan against these rules.
 #pragma once
 
@@ -90,6 +95,11 @@ struct MemoryPlan {
 
 // Plans memory for `g` in its node order. Deterministic.
 MemoryPlan plan_memory(const Graph& g, const PassOptions& options);
+
+// Per node of `g`: whether it is a transpose of the last two axes read only by matmuls (as
+// either operand) and not a graph output, which the kernel plan folds into the GEMMs'
+// transpose flags (kernel_plan.h: KernelPlanOptions::fold_transposes). Linear in the graph.
+std::vector<bool> gemm_folded_transposes(const Graph& g);
 
 // The peak live bytes plan_memory would report for `g` (liveness, in-place and state
 // decisions, no placement): cheap enough for schedule() to compare node orders with.

@@ -41,11 +41,22 @@ std::vector<int32_t> greedy_order(const Graph& g, TieBreak tie) {
     if (x.valid() && in_arena[o.value.id]) next_of[o.value.id] = x;
   }
 
+  // A transpose the GEMMs will read through (memory_plan.h: gemm_folded_transposes) is no
+  // step of its own: its readers read its source, and it is emitted just before the first of
+  // them. Scheduled as a node, it ran as soon as its source was made (its result costs what
+  // it frees), and the GEMMs long after could not read the source, whose buffer was reused.
+  const std::vector<bool> folded = gemm_folded_transposes(g);
+  auto through = [&](ValueId v) {
+    const int32_t p = producer(v);
+    return p >= 0 && folded[p] ? nodes[p].operands[0] : v;
+  };
   std::vector<std::vector<ValueId>> operands(num_nodes);  // distinct, in operand order
   std::vector<std::vector<int32_t>> readers(num_values);   // distinct reading nodes
   std::vector<int32_t> readers_left(num_values, 0), pending(num_nodes, 0);
   for (int32_t i = 0; i < num_nodes; ++i) {
-    for (ValueId v : nodes[i].operands) {
+    if (folded[i]) continue;
+    for (ValueId operand : nodes[i].operands) {
+      const ValueId v = through(operand);
       if (std::find(operands[i].begin(), operands[i].end(), v) != operands[i].end()) continue;
       operands[i].push_back(v);
       readers[v.id].push_back(i);
@@ -113,13 +124,15 @@ std::vector<int32_t> greedy_order(const Graph& g, TieBreak tie) {
     ready.insert(key[i]);
   };
   for (int32_t i = 0; i < num_nodes; ++i)
-    if (!is_constant(i) && pending[i] == 0) make_ready(i);
+    if (!is_constant(i) && !folded[i] && pending[i] == 0) make_ready(i);
 
   while (!ready.empty()) {
     const int32_t i = std::get<3>(*ready.begin());
     ready.erase(ready.begin());
     for (ValueId v : operands[i])
       if (int32_t p = producer(v); p >= 0 && is_constant(p) && !emitted[p]) emit(p);
+    for (ValueId v : nodes[i].operands)
+      if (int32_t p = producer(v); p >= 0 && folded[p] && !emitted[p]) emit(p);
     emit(i);
     for (ValueId v : operands[i]) {
       // A value's last reader frees it (once per value, so this scan is linear overall);

@@ -8,6 +8,7 @@
 #include <optional>
 #include <cstdio>
 #include <ctime>
+#include <fstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "frontend/losses.h"
 #include "frontend/onnx_import.h"
 #include "ir/npy.h"
+#include "ir/printer.h"
 #include "ir/timing.h"
 #include "passes/train_step.h"
 
@@ -23,7 +25,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: train_step_bench MODEL.onnx --input X.npy --labels Y.npy [--optimizer sgd|adam] [--reps N]\n"
-    "                        [--timings] [--profile] [--cpu-time]\n"
+    "                        [--timings] [--profile] [--cpu-time] [--dump-ir FILE]\n"
     "\n"
     "Imports MODEL.onnx for training (OnnxImportOptions::training) at the batch of X.npy, adds\n"
     "softmax cross-entropy on its logits (kiln::with_classifier_loss: labels Y.npy, i32 [N]),\n"
@@ -36,7 +38,9 @@ constexpr const char* kUsage =
     "  --profile  the compiled step's per-kernel profile over the timed steps on stdout\n"
     "  --cpu-time time the steps by the process's CPU time (all its threads) instead of the wall\n"
     "             clock: on a machine other work shares, run with KILN_NUM_THREADS=1 to compare\n"
-    "             builds by the work a step does\n";
+    "             builds by the work a step does\n"
+    "  --dump-ir FILE  write the compiled step's graph (after the passes: what the kernels\n"
+    "             in the profile are) to FILE as .kir text\n";
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -49,7 +53,7 @@ double cpu_seconds() {
 }
 
 int run(const std::string& model, const std::string& x_file, const std::string& y_file, const std::string& optimizer,
-        int reps, bool timings, bool profile, bool cpu_time) {
+        int reps, bool timings, bool profile, bool cpu_time, const std::string& dump_ir) {
   kiln::set_phase_timing(timings);
   const kiln::Tensor x = kiln::read_npy(x_file);
   const kiln::Tensor y = kiln::read_npy(y_file);
@@ -74,6 +78,11 @@ int run(const std::string& model, const std::string& x_file, const std::string& 
   compile_options.profile = profile;
   auto exe = kiln::compile(step.graph, compile_options);
   phase.reset();
+  if (!dump_ir.empty()) {
+    std::ofstream f(dump_ir);
+    f << kiln::print(exe->compiled_graph());
+    if (!f.flush()) throw kiln::Error("cannot write '" + dump_ir + "'");
+  }
   const double compile_s = seconds_since(t);
   exe->set_state(m.state);
   exe->set_state(step.initial_state());
@@ -103,7 +112,7 @@ int run(const std::string& model, const std::string& x_file, const std::string& 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model, x_file, y_file, optimizer = "sgd";
+  std::string model, x_file, y_file, optimizer = "sgd", dump_ir;
   int reps = 5;
   bool timings = false, profile = false, cpu_time = false;
   try {
@@ -126,6 +135,8 @@ int main(int argc, char** argv) {
         timings = true;
       } else if (a == "--profile") {
         profile = true;
+      } else if (a == "--dump-ir" && has_value) {
+        dump_ir = argv[++i];
       } else if (a == "--cpu-time") {
         cpu_time = true;
       } else if (a == "--reps" && has_value) {
@@ -141,7 +152,7 @@ int main(int argc, char** argv) {
     }
     if (model.empty() || x_file.empty() || y_file.empty())
       throw kiln::Error("needs MODEL.onnx, --input X.npy and --labels Y.npy (see --help)");
-    return run(model, x_file, y_file, optimizer, reps, timings, profile, cpu_time);
+    return run(model, x_file, y_file, optimizer, reps, timings, profile, cpu_time, dump_ir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_step_bench: error: %s\n", e.what());
     return 1;

@@ -78,3 +78,30 @@ TEST_CASE("a loss reached through any result of a fused node is an error, not a 
                     Catch::Matchers::ContainsSubstring("fused graphs cannot be differentiated: differentiate "
                                                        "(grad / train-step) before fusing"));
 }
+
+TEST_CASE("a matrix under a batched matmul gets its gradient from one GEMM, with no batch sum", "[autodiff]") {
+  // x [2, 3, 5, 4] . w [4, 6]: dw = reshape(x, [30, 4])^T . reshape(dy, [30, 6]), not six
+  // [4, 6] products written out and summed by a second pass.
+  Tracer t("proj");
+  Sym x = t.input("x", {DType::f32, {2, 3, 5, 4}});
+  Sym w = t.input("w", {DType::f32, {4, 6}});
+  t.output("loss", sum(matmul(x, w)));
+  Graph m = t.finish();
+  GradResult r = grad(m, "loss", {"w"});
+  const Graph& g = r.graph;
+  size_t matmuls = 0;
+  for (size_t i = m.nodes().size(); i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    CAPTURE(i, op_name(n.op), n.note);
+    CHECK(n.op != Op::Sum);  // (the loss's own sum is forward)
+    if (n.op != Op::Matmul) continue;
+    ++matmuls;
+    CHECK(g.type(n.result()).shape == Shape{4, 6});
+    const Node* lhs = g.defining_node(n.operands[0]);
+    REQUIRE(lhs);
+    CHECK(lhs->op == Op::Transpose);
+    CHECK(g.type(lhs->operands[0]).shape == Shape{30, 4});
+    CHECK(g.type(n.operands[1]).shape == Shape{30, 6});
+  }
+  CHECK(matmuls == 1);
+}

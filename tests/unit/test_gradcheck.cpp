@@ -545,6 +545,8 @@ OpCases cases_for(Op op) {
           {"matmul [1,4]x[4,1]", [](B& b) { return matmul(b.wrt("a", {1, 4}), b.wrt("b", {4, 1})); }},
           {"matmul [2,3,4]x[4,5]",
            [](B& b) { return matmul(b.wrt("a", {2, 3, 4}), b.wrt("b", {4, 5})); }},
+          {"matmul [2,2,3,4]x[4,5]",  // the weight's gradient as one GEMM over the flattened batch
+           [](B& b) { return matmul(b.wrt("a", {2, 2, 3, 4}), b.wrt("b", {4, 5})); }},
           {"matmul [3,4]x[2,4,5]",
            [](B& b) { return matmul(b.wrt("a", {3, 4}), b.wrt("b", {2, 4, 5})); }},
           {"matmul [5,3,4]x[5,4,2]",

@@ -9,7 +9,9 @@
 
 #include "ir/error.h"
 #include "passes/kernel_plan.h"
+#include "passes/check_memory_plan.h"
 #include "passes/memory_plan.h"
+#include "passes/schedule.h"
 
 using namespace kiln;
 using Catch::Matchers::ContainsSubstring;
@@ -228,4 +230,42 @@ TEST_CASE("kernel plan: the checker rejects corrupted plans, naming the kernel",
   // A GEMM reading the wrong operand.
   CHECK_THAT(corrupt([&](KernelPlan& b) { b.kernels[0].b = bg.inputs()[0].value; }),
              ContainsSubstring("k0 (gemm): reads %x for operand %w"));
+}
+
+TEST_CASE("kernel plan: a transposed activation read by a GEMM much later still folds", "[kernel_plan]") {
+  // A backward pass's dW = h^T . dy: h^T is ready as soon as h is, the GEMM runs at the end.
+  // The scheduler emits the transpose just before the GEMM and the memory plan keeps h live
+  // until then, so the GEMM reads h through its flag and nothing is copied.
+  Graph g("late");
+  ValueId x = g.add_input("x", f32({8, 16})), w = g.add_input("w", f32({16, 4}));
+  ValueId h = g.add_node(Op::Exp, {x});
+  ValueId ht = g.add_node(Op::Transpose, {h}, kSwap);
+  ValueId a = g.add_node(Op::Tanh, {h});
+  ValueId b = g.add_node(Op::Neg, {a});
+  ValueId c = g.add_node(Op::Mul, {b, b});
+  ValueId dy = g.add_node(Op::Matmul, {c, w});       // [8, 4]
+  g.add_output("dw", g.add_node(Op::Matmul, {ht, dy}));  // [16, 4]
+  CHECK(gemm_folded_transposes(g) == std::vector<bool>{false, true, false, false, false, false, false});
+
+  Graph s = schedule(g, PassOptions{});
+  REQUIRE(s.nodes().size() == 7);
+  CHECK(s.nodes()[5].op == Op::Transpose);  // just before its GEMM
+  CHECK(s.nodes()[6].op == Op::Matmul);
+  Planned pl = plan(s);
+  check_memory_plan(s, pl.mp);
+  const ValueId src = s.nodes()[5].operands[0];
+  CHECK(pl.mp.at(src).end >= 6);
+  CHECK(pl.kp.at(s.nodes()[5].result()).kind == Storage::Elided);
+  const Kernel& last = pl.kp.kernels.back();
+  CHECK(last.kind == KernelKind::Gemm);
+  CHECK(last.trans_a);
+  CHECK(last.a == src);
+
+  // Read by anything but a matmul, a transpose is an ordinary node.
+  Graph o("other");
+  ValueId y = o.add_input("y", f32({8, 16}));
+  ValueId yt = o.add_node(Op::Transpose, {y}, kSwap);
+  o.add_output("m", o.add_node(Op::Matmul, {yt, y}));
+  o.add_output("e", o.add_node(Op::Exp, {yt}));
+  CHECK(gemm_folded_transposes(o) == std::vector<bool>{false, false, false});
 }
