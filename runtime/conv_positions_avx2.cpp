@@ -52,22 +52,7 @@ void tile(int64_t kc, const float* w, const float* x, const int64_t* off, float*
       for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(wv[v], xv, acc[r][v]);
     }
   };
-  const int64_t nrows = next.x ? std::min(kc, next.rows) : 0;
-  int64_t k = 0;
-  for (; k < npf && k < nrows; ++k) {
-    _mm_prefetch(pf + 64 * k, _MM_HINT_T1);
-    prefetch_row(next, k);
-    step(k);
-  }
-  for (; k < npf; ++k) {
-    _mm_prefetch(pf + 64 * k, _MM_HINT_T1);
-    step(k);
-  }
-  for (; k < nrows; ++k) {
-    prefetch_row(next, k);
-    step(k);
-  }
-  for (; k < kc; ++k) step(k);
+  steps_with_prefetch(kc, pf, npf, next, step);
   const __m256 one = _mm256_set1_ps(1.0f);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
