@@ -557,9 +557,16 @@ void Executable::bind_inputs(const std::vector<const Tensor*>& given, std::strin
   bound_generation_ = bound ? bound->generation() : 0;
 }
 
-Tensor Executable::download(ValueId v) const {
+Tensor Executable::download(size_t i) {
+  const ValueId v = compiled_graph().outputs()[i].value;
   const TensorType& type = compiled_graph().type(v);
-  Tensor t(type.dtype, type.shape);
+  if (kept_.size() != compiled_graph().outputs().size()) kept_.resize(compiled_graph().outputs().size());
+  Tensor& t = kept_[i];
+  // shares_storage(): the caller still holds the last call's tensor (or a copy of it). Only
+  // copies of kept_[i] could raise its count again, so 1 now stays 1 while this runs. (A
+  // default tensor's type is f32[], a scalar output's too: its bytes tell it apart.)
+  if (t.type() != type || t.nbytes() != static_cast<size_t>(byte_size(type)) || t.shares_storage())
+    t = Tensor(type.dtype, type.shape);
   device()->download(t.raw(), instance().output_data(v, buffers_), byte_size(type));
   return t;
 }
@@ -586,7 +593,7 @@ void Executable::run_impl(const TensorMap& inputs, TensorMap* outputs) {
   // Outputs first (an old state value may be one), then the updates whose source is an
   // input or state buffer (staged: another update may overwrite it), then the rest.
   if (outputs)
-    for (size_t i : returned_outputs_) outputs->emplace(g.outputs()[i].name, download(g.outputs()[i].value));
+    for (size_t i : returned_outputs_) outputs->emplace(g.outputs()[i].name, download(i));
   Device& dev = *device();
   std::vector<void*> staged;
   for (const Update& u : updates_) {
@@ -629,7 +636,7 @@ TensorMap Executable::evaluate(const TensorMap& inputs_and_state) {
     instance().call(buffers_);
     if (options_.profile) ++prof_runs_;
     TensorMap out;
-    for (const GraphOutput& o : g.outputs()) out.emplace(o.name, download(o.value));
+    for (size_t i = 0; i < g.outputs().size(); ++i) out.emplace(g.outputs()[i].name, download(i));
     store_ = held;
     return out;
   } catch (...) {

@@ -344,6 +344,7 @@ int run_run(const Run& a) {
     if (a.repeat) {  // the steady state: the first run (page faults, pool start-up) not counted
       exe->reset_profile();
       for (int i = 0; i < *a.repeat; ++i) {
+        outputs.clear();  // done with them, as a caller in a loop is: the run reuses their storage
         auto t = std::chrono::steady_clock::now();
         outputs = once();
         runs.push_back(seconds_since(t));

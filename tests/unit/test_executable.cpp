@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <utility>
 
 #include "codegen/cpu/compile.h"
 #include "codegen/executable.h"
@@ -168,6 +169,54 @@ TEST_CASE("executable: same inputs and thread count give bitwise-identical resul
     for (const auto& [k, v] : ra) CHECK(v == rb.at(k));
   }
   for (const auto& [k, v] : a->state()) CHECK(v == b->state(k));
+}
+
+TEST_CASE("executable: an output nobody holds any more is reused, one still held is never touched",
+          "[cpu][executable]") {
+  Graph g("g");
+  ValueId x = g.add_input("x", {DType::f32, {64, 256}});
+  g.add_output("y", g.add_node(Op::Mul, {x, g.add_constant(Tensor::scalar(DType::f32, 2.0))}));
+  auto exe = compile(g);
+  auto input = [](float v) { return TensorMap{{"x", Tensor::from(DType::f32, {64, 256}, std::vector<float>(64 * 256, v))}}; };
+  auto data = [](const TensorMap& m) { return std::as_const(m.at("y")).data<float>(); };
+
+  TensorMap first = exe->run(input(1));
+  const float* p1 = data(first);
+  TensorMap second = exe->run(input(2));  // `first` still held: a new tensor
+  const float* p2 = data(second);
+  CHECK(p2 != p1);
+  CHECK(first.at("y").get(17) == 2.0);
+  CHECK(second.at("y").get(17) == 4.0);
+
+  second.clear();  // dropped: the next call writes into its storage
+  TensorMap third = exe->run(input(3));
+  CHECK(data(third) == p2);
+  CHECK(third.at("y").get(17) == 6.0);
+  CHECK(first.at("y").get(17) == 2.0);
+
+  // A copy the caller keeps and writes to is its own (copy on write), the kept one untouched.
+  Tensor mine = third.at("y");
+  third.clear();
+  mine.data<float>()[0] = 42.0f;  // shared with the executable: copied first
+  CHECK(std::as_const(mine).data<float>() != p2);
+  TensorMap fourth = exe->run(input(4));
+  CHECK(data(fourth) == p2);
+  CHECK(fourth.at("y").get(0) == 8.0);
+  CHECK(mine.get(0) == 42.0);
+  CHECK(mine.get(1) == 6.0);
+
+  // A copy still held (not written) keeps the storage from being reused.
+  Tensor held = fourth.at("y");
+  fourth.clear();
+  TensorMap fifth = exe->run(input(5));
+  CHECK(data(fifth) != p2);
+  CHECK(held.get(3) == 8.0);
+  CHECK(fifth.at("y").get(3) == 10.0);
+
+  // evaluate() reuses the same way.
+  fifth.clear();
+  const float* p5 = data(exe->evaluate(input(6)));  // the temporary map is gone at once
+  CHECK(data(exe->evaluate(input(7))) == p5);
 }
 
 TEST_CASE("executable: profile report", "[cpu][executable][profile]") {
