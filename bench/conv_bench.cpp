@@ -460,6 +460,38 @@ void bench_layer(const Layer& l, int64_t n, bool grads, std::mt19937& rng, Total
                 l.model, l.what, (long long)n, in_place * 1e3, flops / in_place / 1e9, packed * 1e3,
                 flops / packed / 1e9, packed / in_place);
   }
+  if (!depthwise && kiln::rt::blocked_conv2d_shape(p)) {
+    // The blocked direct conv (runtime/conv_blocked_avx512.cpp) against the implicit GEMM and,
+    // where they apply, Winograd and the positions-broadcast conv, alternated, each with its
+    // weights prepared once (an inference graph's).
+    void* blk_slot = nullptr;
+    void* other_slot = nullptr;
+    auto blocked = [&] {
+      kiln::rt::blocked_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_RELU, &blk_slot);
+    };
+    auto [blk, impl] = time_pair(blocked, [&] {
+      kiln::rt::implicit_gemm_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_RELU, &other_slot);
+    });
+    kiln_rt_gemm_cache_forget(&other_slot, 1, 1);
+    std::printf("  %-11s %-10s %-3lld blocked direct %.3f ms (%.1f GFLOP/s), implicit gemm %.3f ms: impl/blocked %.2f",
+                l.model, l.what, (long long)n, blk * 1e3, flops / blk / 1e9, impl * 1e3, impl / blk);
+    if (kiln::rt::winograd_shape(p) || kiln::rt::winograd_image_shape(p)) {
+      auto [blk_w, wino] = time_pair(blocked, [&] {
+        kiln::rt::winograd_conv2d(x.data(), w.data(), bias.data(), y.data(), p, KILN_ACT_RELU, &other_slot);
+      });
+      kiln_rt_gemm_cache_forget(&other_slot, 1, 1);
+      std::printf("; winograd %.3f ms: wino/blocked %.2f", wino * 1e3, wino / blk_w);
+    }
+    if (kiln::rt::positions_conv2d_shape(p)) {
+      auto [blk_p, pos] = time_pair(blocked, [&] {
+        kiln::rt::positions_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_RELU, &other_slot);
+      });
+      kiln_rt_gemm_cache_forget(&other_slot, 1, 1);
+      std::printf("; positions-broadcast %.3f ms: pos/blocked %.2f", pos * 1e3, pos / blk_p);
+    }
+    std::printf("\n");
+    kiln_rt_gemm_cache_forget(&blk_slot, 1, 1);
+  }
   if (!depthwise && l.groups == 1 && oh <= 28 &&
       kiln::rt::positions_conv2d(x.data(), w.data(), bias.data(), nullptr, y.data(), p, KILN_ACT_NONE)) {
     // The positions-broadcast conv (runtime/conv_positions_avx512.cpp) against the implicit

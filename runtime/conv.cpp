@@ -399,6 +399,30 @@ std::optional<KilnConv2dParams> transposed_conv(const ConvShape& s) {
                           .pad_w = s.kw - 1 - s.pw, .dil_h = 1, .dil_w = 1, .groups = 1};
 }
 
+// Whether the forward f32 conv takes the blocked direct kernel (conv_internal.h:
+// blocked_conv2d) ahead of the others: a kernel larger than 1x1 where it applies, except
+// where Winograd does fewer operations than it saves (at least 256 channels in and out on
+// planes of 28x28 or more, or 512 channels in) and 512-channel convs on planes under 64
+// positions (the positions-broadcast and batched convs). Measured with bench/conv_bench
+// --layer against what the entry point took before, 2 threads, batch 16 / 1, time ratio:
+// ResNet-18's 3x3 layers 0.71-0.87 / 0.76-0.91 (its 512-channel 7x7 one 1.08 / 1.01), VGG-11's
+// 64 -> 128 on 112x112 and 128 -> 256 on 56x56 0.79-0.93 / 0.88-0.90 (its 256- and
+// 512-channel ones, Winograd's, 1.11-1.39), SqueezeNet's 3x3 expands 0.86-1.05 / 0.73-0.82;
+// 1x1 convs 1.35-1.98 (the implicit GEMM reads their input in place); ResNet's 7x7 stem (3
+// channels in) 0.85 / 0.80.
+bool blocked_first(const KilnConv2dParams& p) {
+  if (p.kh * p.kw <= 1 || !kiln::rt::blocked_conv2d_shape(p)) return false;
+  // Fewer than 16 input channels (an image's 3): only with a long reduction, ResNet's 7x7
+  // stem (0.80-0.85x the implicit GEMM at batch 1 and 16); the 3x3 stems stay with the
+  // dense rows (the blocked conv took 1.2-1.8x their time).
+  if (p.c < 16 && p.c * p.kh * p.kw <= kiln::rt::kDenseRowsMaxK) return false;
+  const int64_t positions = p.oh * p.ow;
+  if (p.c >= 512 && (positions < 64 || kiln::rt::winograd_shape(p) || kiln::rt::winograd_image_shape(p))) return false;
+  if (p.c >= 256 && p.o >= 256 && positions >= 28 * 28 && (kiln::rt::winograd_shape(p) || kiln::rt::winograd_image_shape(p)))
+    return false;
+  return true;
+}
+
 // `special`: the kernel for the shape (depthwise, direct); without it, im2col + GEMM.
 // `cache`: a weight-cache slot for the kernels that keep their packed weights (runtime/
 // weight_cache.h), or null.
@@ -421,6 +445,10 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
         if (epi) kiln::rt::conv_epilogue(y, residual, s.n * s.o * s.p, act);
         return;
       }
+    // The blocked direct conv (runtime/conv_blocked_avx512.cpp) for the spatial convs it wins
+    // on (blocked_first), ahead of every other dense kernel.
+    if constexpr (std::is_same_v<T, float>)
+      if (blocked_first(*params) && kiln::rt::blocked_conv2d(x, w, bias, residual, y, *params, act, cache)) return;
     // Few output positions (ResNet-18's 28x28, 14x14 and 7x7 layers at batch 1, its 7x7 ones
     // at any batch; K >= 256): the output channels on the vector side
     // (runtime/conv_positions_avx512.cpp), ahead of the batched implicit GEMM.

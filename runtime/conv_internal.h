@@ -238,6 +238,23 @@ bool positions_conv2d_avx512(const float* x, const float* w, const float* bias, 
 bool positions_conv2d_avx2(const float* x, const float* w, const float* bias, const float* residual, float* y,
                            const KilnConv2dParams& p, int32_t act, void** cache);
 
+// The blocked direct conv (runtime/conv_blocked_avx512.cpp): the input reordered per image
+// into blocks of 16 channels (NCHW16c, padded), up to 64 output channels (four zmm) by up
+// to 14 positions of an output row accumulated in registers, one weight vector per output
+// block and one broadcast input value per position a step, the weights packed once (with
+// `cache`, a weight-cache slot, once per instance), the row transposed back into y's
+// planes with the epilogue. Not the im2col + GEMM path's bits (its own fixed order:
+// input block, tap, channel), the same bits at any thread count.
+// blocked_conv2d_shape: whether it applies (the AVX-512 GEMM kernel running, one group,
+// input channels a multiple of 16 or fewer than 16 (one block of all of them: a stem's 3),
+// output channels a multiple of 16, undilated, padding below the kernel's size).
+// blocked_conv2d computes y = act(conv + bias + residual) (a residual must not overlap y)
+// and returns true, or false (nothing computed) where it does not apply or its buffers
+// cannot be allocated.
+bool blocked_conv2d_shape(const KilnConv2dParams& p);
+bool blocked_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                    const KilnConv2dParams& p, int32_t act, void** cache = nullptr);
+
 // The f32 weight gradient of a dense (not depthwise) conv as one implicit GEMM over the
 // whole batch (runtime/conv_batched.cpp): the reduction over (image, position) pairs
 // cut into KC-deep slices across images, dY and the im2col rows packed straight into the

@@ -119,9 +119,9 @@ TEST_CASE("batched implicit-GEMM conv2d: what kiln_rt_conv2d takes it for, and w
   CHECK_FALSE(kiln::rt::batched_conv2d_shape(params_of({2, 64, 14, 14, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1})));
   CHECK_FALSE(kiln::rt::batched_conv2d_shape(params_of({2, 8, 3, 3, 4, 3, 3, 1, 1, 0, 0, 1, 1, 1})));
   CHECK_FALSE(kiln::rt::batched_conv2d_shape(params_of({2, 8, 5, 5, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4})));
-  // ResNet-18's 7x7 layer, cut down (K 1152: beyond the direct path's): kiln_rt_conv2d
-  // (with relu, ahead of Winograd) takes it.
-  const Case k{4, 128, 7, 7, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1};
+  // ResNet-18's 7x7 layer, cut down (K 1224: beyond the direct path's; 136 channels, not the
+  // blocked conv's blocks of 16): kiln_rt_conv2d (with relu, ahead of Winograd) takes it.
+  const Case k{4, 136, 7, 7, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1};
   const KilnConv2dParams p = params_of(k);
   REQUIRE(kiln::rt::batched_conv2d_shape(p));
   REQUIRE(kiln::rt::winograd_shape(p));
