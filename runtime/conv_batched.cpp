@@ -47,19 +47,8 @@ constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * t
 // im2col rows, [3] the forward conv's block of C, [4] the forward conv's packed weights (the
 // calling thread's).
 float* buffer(int slot, int64_t floats) {
-  struct Aligned {
-    float* p = nullptr;
-    int64_t size = 0;
-    ~Aligned() { std::free(p); }
-  };
-  thread_local Aligned buffers[5];
-  Aligned& b = buffers[slot];
-  if (b.size < floats) {
-    std::free(b.p);
-    b.p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(round_up(floats * 4, 64))));
-    b.size = b.p ? floats : 0;
-  }
-  return b.p;
+  thread_local AlignedFloats buffers[5];
+  return buffers[slot].get(floats);
 }
 
 // Row kk = (ci, ky, kx) of image n's (group g's) im2col matrix over positions [pa, pb), into

@@ -64,10 +64,9 @@ struct Geometry {
   int64_t taps;            // kh * kw
   int64_t image_floats;    // one blocked image
   explicit Geometry(const KilnConv2dParams& p)
-      : cs(std::min(p.c, kBlock)), cb(p.c / std::min(p.c, kBlock)), ob(p.o / kBlock),
-        groups((p.o / kBlock + kGroup - 1) / kGroup),
+      : cs(std::min(p.c, kBlock)), cb(p.c / cs), ob(p.o / kBlock), groups((ob + kGroup - 1) / kGroup),
         hp((p.oh - 1) * p.stride_h + p.kh), wp((p.ow - 1) * p.stride_w + p.kw), taps(p.kh * p.kw),
-        image_floats(p.c * ((p.oh - 1) * p.stride_h + p.kh) * ((p.ow - 1) * p.stride_w + p.kw)) {}
+        image_floats(p.c * hp * wp) {}
   int64_t blocks_of(int64_t q) const { return std::min(kGroup, ob - q * kGroup); }
 };
 
@@ -257,21 +256,8 @@ void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* ima
 // A per-thread buffer of at least `floats` floats, 64-byte aligned, kept between calls
 // (slot 0: the blocked image, 1: the row accumulators).
 float* buffer(int slot, int64_t floats) {
-  struct Buffers {
-    float* data[2] = {nullptr, nullptr};
-    int64_t size[2] = {0, 0};
-    ~Buffers() {
-      std::free(data[0]);
-      std::free(data[1]);
-    }
-  };
-  thread_local Buffers b;
-  if (b.size[slot] < floats) {
-    std::free(b.data[slot]);
-    b.data[slot] = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((floats * 4 + 63) / 64 * 64)));
-    b.size[slot] = b.data[slot] ? floats : 0;
-  }
-  return b.data[slot];
+  thread_local AlignedFloats buffers[2];
+  return buffers[slot].get(floats);
 }
 
 }  // namespace

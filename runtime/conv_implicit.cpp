@@ -48,25 +48,11 @@ using Shape = ConvShape;
 
 constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-// A 64-byte aligned float buffer.
-struct Aligned {
-  float* p = nullptr;
-  int64_t size = 0;
-  ~Aligned() { std::free(p); }
-  float* get(int64_t floats) {
-    if (size < floats) {
-      std::free(p);
-      p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(round_up(floats * 4, 64))));
-      size = p ? floats : 0;
-    }
-    return p;
-  }
-};
 // Per thread: [0] the packed B block, [1] a slice of A packed for one item, [2] the calling
 // thread's packed A of the whole call, [3] the calling thread's phased copy of the input
 // (RowsB), [4] an item's block of C in the wide layout.
 float* buffer(int slot, int64_t floats) {
-  thread_local Aligned buffers[5];
+  thread_local AlignedFloats buffers[5];
   return buffers[slot].get(floats);
 }
 

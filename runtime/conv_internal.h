@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "runtime/kernels.h"
@@ -63,6 +64,26 @@ T* scratch(int64_t count) {
   if (buffer.size() < static_cast<size_t>(count)) buffer.resize(static_cast<size_t>(count));
   return buffer.data();
 }
+
+// A 64-byte aligned float buffer that grows to the largest size asked of it and is kept
+// (a thread_local array of them gives each kernel its per-thread buffers, one per slot).
+struct AlignedFloats {
+  float* p = nullptr;
+  int64_t size = 0;
+  AlignedFloats() = default;
+  AlignedFloats(const AlignedFloats&) = delete;
+  AlignedFloats& operator=(const AlignedFloats&) = delete;
+  ~AlignedFloats() { std::free(p); }
+  // At least `floats` floats, or nullptr when they cannot be allocated.
+  float* get(int64_t floats) {
+    if (size < floats) {
+      std::free(p);
+      p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((floats * 4 + 63) / 64 * 64)));
+      size = p ? floats : 0;
+    }
+    return p;
+  }
+};
 
 // The implicit GEMM's B read in place (gemm::TileRowsFn, runtime/conv_implicit.cpp) instead of
 // packed, also the positions-broadcast conv's input (runtime/conv_positions_avx512.cpp): for a

@@ -167,25 +167,27 @@ TEST_CASE("blocked direct conv2d: what kiln_rt_conv2d takes it for, and what it 
   KernelGuard guard;
   if (!blocked_runs()) SKIP("this CPU does not run Kiln's AVX-512 GEMM kernel");
   std::mt19937 rng(9);
-  // ResNet-18's 64-channel 3x3 layer, cut down: the entry point takes the blocked conv.
+  // The entry point's result for a shape, bit for bit the blocked conv's.
+  auto entry_takes_blocked = [&](const ConvCase& k, int32_t act) {
+    const KilnConv2dParams p = params_of(k);
+    const std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
+    const std::vector<float> w = random_vector(k.o * k.c * k.kh * k.kw, rng), b = random_vector(k.o, rng);
+    const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
+    std::vector<float> want(ysize), got(ysize);
+    REQUIRE(kiln::rt::blocked_conv2d(x.data(), w.data(), b.data(), nullptr, want.data(), p, act));
+    kiln_rt_conv2d_act_f32(x.data(), w.data(), b.data(), got.data(), &p, act);
+    return std::memcmp(want.data(), got.data(), ysize * sizeof(float)) == 0;
+  };
+  // ResNet-18's 64-channel 3x3 layer, cut down: the entry point takes the blocked conv; its
+  // 7x7 stem (3 channels in), cut down, too.
+  CHECK(entry_takes_blocked({2, 64, 14, 14, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1}, KILN_ACT_RELU));
+  CHECK(entry_takes_blocked({2, 3, 32, 32, 64, 7, 7, 2, 2, 3, 3, 1, 1, 1}, KILN_ACT_NONE));
+  // The inputs the rest of the case uses: a 14x14 batch of 64 channels.
   const ConvCase k{2, 64, 14, 14, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1};
   const KilnConv2dParams p = params_of(k);
   const std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng), w = random_vector(k.o * k.c * 9, rng);
   const std::vector<float> b = random_vector(k.o, rng);
   const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
-  std::vector<float> want(ysize), got(ysize);
-  REQUIRE(kiln::rt::blocked_conv2d(x.data(), w.data(), b.data(), nullptr, want.data(), p, KILN_ACT_RELU));
-  kiln_rt_conv2d_act_f32(x.data(), w.data(), b.data(), got.data(), &p, KILN_ACT_RELU);
-  CHECK(std::memcmp(want.data(), got.data(), ysize * sizeof(float)) == 0);
-  // ResNet-18's 7x7 stem (3 channels in), cut down: taken too.
-  const ConvCase st{2, 3, 32, 32, 64, 7, 7, 2, 2, 3, 3, 1, 1, 1};
-  const KilnConv2dParams ps = params_of(st);
-  const size_t ssize = static_cast<size_t>(ps.n * ps.o * ps.oh * ps.ow);
-  const std::vector<float> xs = random_vector(st.n * st.c * st.h * st.w, rng), ws = random_vector(st.o * st.c * 49, rng);
-  std::vector<float> want_s(ssize), got_s(ssize);
-  REQUIRE(kiln::rt::blocked_conv2d(xs.data(), ws.data(), b.data(), nullptr, want_s.data(), ps, KILN_ACT_NONE));
-  kiln_rt_conv2d_f32(xs.data(), ws.data(), b.data(), got_s.data(), &ps);
-  CHECK(std::memcmp(want_s.data(), got_s.data(), ssize * sizeof(float)) == 0);
   // A 1x1 conv (the implicit GEMM reads its input in place): not taken, im2col's bits.
   const ConvCase pw{2, 64, 14, 14, 64, 1, 1, 1, 1, 0, 0, 1, 1, 1};
   const KilnConv2dParams q = params_of(pw);
