@@ -770,6 +770,55 @@ void guarded(const char* name, F&& f) {
   }
 }
 
+// NCHW16c (kernels.h) to NCHW and back, for n * c / 16 blocks of `plane` positions.
+void from_nchwc(const float* src, float* dst, int64_t blocks, int64_t plane) {
+  kiln::rt::parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t i = 0; i < plane; ++i)
+        for (int64_t l = 0; l < 16; ++l) dst[(b * 16 + l) * plane + i] = src[(b * plane + i) * 16 + l];
+  });
+}
+void to_nchwc(const float* src, float* dst, int64_t blocks, int64_t plane) {
+  kiln::rt::parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t i = 0; i < plane; ++i)
+        for (int64_t l = 0; l < 16; ++l) dst[(b * plane + i) * 16 + l] = src[(b * 16 + l) * plane + i];
+  });
+}
+
+// kiln_rt_conv2d_nchwc_f32: the blocked direct conv reads and writes the layouts itself;
+// any other shape (or a machine without AVX-512) gets its x, residual and y reordered
+// around the NCHW conv.
+void conv2d_nchwc(void** cache, const float* x, const float* w, const float* bias, const float* residual, float* y,
+                  const KilnConv2dParams& p, int32_t act, int32_t layout) {
+  const bool bx = (layout & KILN_LAYOUT_X_NCHW16C) != 0, by = (layout & KILN_LAYOUT_Y_NCHW16C) != 0;
+  if (!bx && !by) return conv2d_epi(x, w, bias, residual, y, &p, act, cache);
+  const int64_t count = p.n * p.o * p.oh * p.ow;
+  const float* r = residual;
+  if (r && r < y + count && y < r + count && (r != y || act == KILN_ACT_SILU)) {
+    thread_local std::vector<float> copy;
+    copy.assign(r, r + count);
+    r = copy.data();
+  }
+  if (kiln_rt_conv2d_nchwc_preferred(&p) && kiln::rt::blocked_conv2d(x, w, bias, r, y, p, act, cache, layout)) return;
+  std::vector<float> xs, rs, ys;
+  if (bx) {
+    xs.resize(static_cast<size_t>(p.n * p.c * p.h * p.w));
+    from_nchwc(x, xs.data(), p.n * p.c / 16, p.h * p.w);
+    x = xs.data();
+  }
+  if (by) {
+    if (r) {
+      rs.resize(static_cast<size_t>(count));
+      from_nchwc(r, rs.data(), p.n * p.o / 16, p.oh * p.ow);
+      r = rs.data();
+    }
+    ys.resize(static_cast<size_t>(count));
+  }
+  conv2d_epi(x, w, bias, r, by ? ys.data() : y, &p, act, cache);
+  if (by) to_nchwc(ys.data(), y, p.n * p.o / 16, p.oh * p.ow);
+}
+
 }  // namespace
 
 namespace kiln::rt {
@@ -811,6 +860,21 @@ void kiln_rt_conv2d_epi_f64(const double* x, const double* w, const double* bias
 void kiln_rt_conv2d_cached_f32(void** cache, const float* x, const float* w, const float* bias, const float* residual,
                                float* y, const KilnConv2dParams* p, int32_t act) {
   guarded("conv2d: out of memory", [&] { conv2d_epi(x, w, bias, residual, y, p, act, cache); });
+}
+void kiln_rt_conv2d_nchwc_f32(void** cache, const float* x, const float* w, const float* bias, const float* residual,
+                              float* y, const KilnConv2dParams* p, int32_t act, int32_t layout) {
+  guarded("conv2d: out of memory", [&] { conv2d_nchwc(cache, x, w, bias, residual, y, *p, act, layout); });
+}
+// The blocked direct conv where the entry point takes it (blocked_first), and for 1x1
+// convs, which in NCHW take the implicit GEMM (reading x in place): between blocked
+// tensors the direct conv took about their time (ResNet-18's downsample convs at batch 1,
+// 0.9-1.0x), and keeping them blocked keeps the values they share with the 3x3 convs
+// blocked (ResNet-18 at batch 1: 0.95x the time with them, 0.96x without). Not the
+// 512-channel convs on planes under 64 positions: at batch 1 the blocked conv took 1.3x
+// the positions-broadcast kernel's time on ResNet-18's 7x7 layers, layout or not.
+int32_t kiln_rt_conv2d_nchwc_preferred(const KilnConv2dParams* p) {
+  if (blocked_first(*p)) return 1;
+  return p->kh * p->kw == 1 && p->c % 16 == 0 && kiln::rt::blocked_conv2d_shape(*p);
 }
 void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams* p) {
   guarded("conv2d_grad_input: out of memory", [&] { conv2d_grad_input(dy, w, dx, p); });

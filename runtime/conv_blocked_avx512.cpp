@@ -98,8 +98,10 @@ struct PackedBlockedWeights final : PackedFloats {
 // Image n of x into dst as the padded, blocked image: padded row r is input row r - pad_h,
 // padded column s input column s - pad_w (zeros outside), channel c at [c / cs][r][s][c % cs].
 // cs channels x 16 columns at a time, transposed in registers.
+// With `blocked` x is NCHW16c already (cs = 16; block b of image n at the same offset as
+// its first channel's plane in NCHW): each row a copy into the padded row.
 void reorder_image(const KilnConv2dParams& p, const Geometry& geo, const float* x, int64_t n, int64_t b0, int64_t b1,
-                   float* dst) {
+                   float* dst, bool blocked) {
   const int64_t hp = geo.hp, wp = geo.wp, plane = p.h * p.w, cs = geo.cs;
   const __mmask16 lanes = cs == 16 ? __mmask16(0xffff) : __mmask16((1u << cs) - 1);
   const int64_t col_lo = std::min(p.pad_w, wp), col_hi = std::clamp(p.pad_w + p.w, col_lo, wp);
@@ -115,8 +117,12 @@ void reorder_image(const KilnConv2dParams& p, const Geometry& geo, const float* 
       }
       std::memset(drow, 0, static_cast<size_t>(col_lo * cs) * sizeof(float));
       std::memset(drow + col_hi * cs, 0, static_cast<size_t>((wp - col_hi) * cs) * sizeof(float));
-      const float* srow = src + i * p.w;
       const int64_t cols = col_hi - col_lo;  // input columns 0 .. cols - 1 land in the padded row
+      if (blocked) {
+        std::memcpy(drow + col_lo * cs, src + i * p.w * cs, static_cast<size_t>(cols * cs) * sizeof(float));
+        continue;
+      }
+      const float* srow = src + i * p.w;
       for (int64_t j = 0; j < cols; j += 16) {
         const int64_t m = std::min<int64_t>(16, cols - j);
         const __mmask16 mask = m == 16 ? __mmask16(0xffff) : __mmask16((1u << m) - 1);
@@ -202,7 +208,7 @@ constexpr int tile_width(int64_t nf) { return nf == 4 ? kTileWidth<4> : nf == 3 
 // every input block, then transposed into y's planes, the epilogue applied there.
 void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* image, const float* packed,
                 const float* bias, const float* residual, float* y, int32_t act, int64_t n, int64_t q, int64_t oy,
-                float* acc) {
+                float* acc, bool blocked_y) {
   const int64_t nf = geo.blocks_of(q), width = nf * kBlock, ow = p.ow, tw = tile_width(nf);
   const int64_t cs = geo.cs, step = p.stride_w * cs, row = geo.wp * cs, ld = ow * kBlock;
   const float* group = packed + q * kGroup * kBlock * p.c * geo.taps;
@@ -219,11 +225,31 @@ void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* ima
   }
   // [nf][ow][16] -> channel planes: 16 positions x 16 channels at a time, the residual and
   // relu / relu6 applied in registers as they are stored (conv_epilogue's formulas), silu
-  // by conv_epilogue after.
+  // by conv_epilogue after. Or, for a y in NCHW16c, each block's row stored as it is.
   const int64_t plane = p.oh * p.ow;
   const bool in_regs = act == KILN_ACT_NONE || act == KILN_ACT_RELU || act == KILN_ACT_RELU6;
   const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
+  const auto finish = [&](__m512 r, const float* res, __mmask16 mask) {
+    if (in_regs) {
+      if (res) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask, res));
+      if (act == KILN_ACT_RELU || act == KILN_ACT_RELU6)  // r > 0 or NaN: r, else +0
+        r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, zero, _CMP_NLE_UQ), r);
+      if (act == KILN_ACT_RELU6)  // r < 6 or NaN: r, else 6
+        r = _mm512_mask_mov_ps(six, _mm512_cmp_ps_mask(r, six, _CMP_NGE_UQ), r);
+    }
+    return r;
+  };
   for (int64_t f = 0; f < nf; ++f) {
+    if (blocked_y) {
+      const int64_t at = (n * p.o + q * kGroup * kBlock + f * kBlock) * plane + oy * ow * kBlock;  // the block's row
+      float* yrow = y + at;
+      const float* rrow = residual ? residual + at : nullptr;
+      for (int64_t x0 = 0; x0 < ow; ++x0)
+        _mm512_storeu_ps(yrow + x0 * kBlock, finish(_mm512_loadu_ps(acc + f * ld + x0 * kBlock),
+                                                    rrow ? rrow + x0 * kBlock : nullptr, 0xffff));
+      if (!in_regs) conv_epilogue(yrow, rrow, ow * kBlock, act);
+      continue;
+    }
     const int64_t at = (n * p.o + q * kGroup * kBlock + f * kBlock) * plane + oy * ow;  // channel c0's row
     float* yrow = y + at;
     const float* rrow = residual ? residual + at : nullptr;
@@ -235,17 +261,8 @@ void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* ima
       for (int i = 0; i < 16; ++i) v[i] = i < m ? _mm512_loadu_ps(acc + f * ld + (x0 + i) * kBlock) : zero;
       transpose16x16(v);
 #pragma GCC unroll 16
-      for (int c = 0; c < 16; ++c) {
-        __m512 r = v[c];
-        if (in_regs) {
-          if (rrow) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask, rrow + c * plane + x0));
-          if (act == KILN_ACT_RELU || act == KILN_ACT_RELU6)  // r > 0 or NaN: r, else +0
-            r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, zero, _CMP_NLE_UQ), r);
-          if (act == KILN_ACT_RELU6)  // r < 6 or NaN: r, else 6
-            r = _mm512_mask_mov_ps(six, _mm512_cmp_ps_mask(r, six, _CMP_NGE_UQ), r);
-        }
-        _mm512_mask_storeu_ps(yrow + c * plane + x0, mask, r);
-      }
+      for (int c = 0; c < 16; ++c)
+        _mm512_mask_storeu_ps(yrow + c * plane + x0, mask, finish(v[c], rrow ? rrow + c * plane + x0 : nullptr, mask));
     }
     if (!in_regs)
       for (int64_t c = 0; c < kBlock; ++c)
@@ -270,8 +287,9 @@ bool blocked_conv2d_shape(const KilnConv2dParams& p) {
 }
 
 bool blocked_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
-                    const KilnConv2dParams& p, int32_t act, void** cache) {
-  if (!blocked_conv2d_shape(p)) return false;
+                    const KilnConv2dParams& p, int32_t act, void** cache, int32_t layout) {
+  const bool blocked_x = (layout & KILN_LAYOUT_X_NCHW16C) != 0, blocked_y = (layout & KILN_LAYOUT_Y_NCHW16C) != 0;
+  if (!blocked_conv2d_shape(p) || (blocked_x && p.c % kBlock != 0)) return false;
   if (p.n == 0) return true;
   const Geometry geo(p);
   // The packed weights: the cache slot's, or packed for this call.
@@ -302,9 +320,9 @@ bool blocked_conv2d(const float* x, const float* w, const float* bias, const flo
         return;
       }
       for (int64_t n = begin; n < end; ++n) {
-        reorder_image(p, geo, x, n, 0, geo.cb, image);
+        reorder_image(p, geo, x, n, 0, geo.cb, image, blocked_x);
         for (int64_t q = 0; q < geo.groups; ++q)
-          for (int64_t oy = 0; oy < p.oh; ++oy) output_row(p, geo, image, packed, bias, residual, y, act, n, q, oy, acc);
+          for (int64_t oy = 0; oy < p.oh; ++oy) output_row(p, geo, image, packed, bias, residual, y, act, n, q, oy, acc, blocked_y);
       }
     });
   } else {
@@ -314,7 +332,8 @@ bool blocked_conv2d(const float* x, const float* w, const float* bias, const flo
     if (!all) return false;
     for_items(p.n * geo.cb, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i)
-        reorder_image(p, geo, x, i / geo.cb, i % geo.cb, i % geo.cb + 1, all + i / geo.cb * geo.image_floats);
+        reorder_image(p, geo, x, i / geo.cb, i % geo.cb, i % geo.cb + 1, all + i / geo.cb * geo.image_floats,
+                      blocked_x);
     });
     for_items(p.n * geo.groups * p.oh, [&](int64_t begin, int64_t end) {
       float* acc = buffer(1, acc_floats);
@@ -324,7 +343,7 @@ bool blocked_conv2d(const float* x, const float* w, const float* bias, const flo
       }
       for (int64_t i = begin; i < end; ++i) {
         const int64_t n = i / (geo.groups * p.oh), q = i / p.oh % geo.groups, oy = i % p.oh;
-        output_row(p, geo, all + n * geo.image_floats, packed, bias, residual, y, act, n, q, oy, acc);
+        output_row(p, geo, all + n * geo.image_floats, packed, bias, residual, y, act, n, q, oy, acc, blocked_y);
       }
     });
   }

@@ -269,12 +269,15 @@ bool positions_conv2d_avx2(const float* x, const float* w, const float* bias, co
 // blocked_conv2d_shape: whether it applies (the AVX-512 GEMM kernel running, one group,
 // input channels a multiple of 16 or fewer than 16 (one block of all of them: a stem's 3),
 // output channels a multiple of 16, undilated, padding below the kernel's size).
-// blocked_conv2d computes y = act(conv + bias + residual) (a residual must not overlap y)
-// and returns true, or false (nothing computed) where it does not apply or its buffers
-// cannot be allocated.
+// blocked_conv2d computes y = act(conv + bias + residual) (a residual must not overlap y,
+// except that it may be y itself where act is not silu) and returns true, or false (nothing computed) where it
+// does not apply or its buffers cannot be allocated. `layout` (KILN_LAYOUT_*, kernels.h)
+// says which of x and y (with the residual) are NCHW16c instead of NCHW: an x in blocks
+// needs channels a multiple of 16 (else false), which saves the reorder's transposes; a y
+// in blocks is stored as the tile rows are, without the transposes back.
 bool blocked_conv2d_shape(const KilnConv2dParams& p);
 bool blocked_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
-                    const KilnConv2dParams& p, int32_t act, void** cache = nullptr);
+                    const KilnConv2dParams& p, int32_t act, void** cache = nullptr, int32_t layout = 0);
 
 // The f32 weight gradient of a dense (not depthwise) conv as one implicit GEMM over the
 // whole batch (runtime/conv_batched.cpp): the reduction over (image, position) pairs

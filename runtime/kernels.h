@@ -70,6 +70,25 @@ void kiln_rt_conv2d_epi_f64(const double* x, const double* w, const double* bias
 // transformed once takes Winograd F(2x2, 3x3) and its rounding.
 void kiln_rt_conv2d_cached_f32(void** cache, const float* x, const float* w, const float* bias, const float* residual,
                                float* y, const KilnConv2dParams* p, int32_t act);
+// The blocked activation layout NCHW16c: a tensor of logical shape [N, C, H, W] (C a
+// multiple of 16) stored as [N][C / 16][H][W][16], channel c of position (h, w) at
+// ((n * C/16 + c / 16) * H * W + h * W + w) * 16 + c % 16: the same size as NCHW, the same
+// bytes for the channel concatenation of such tensors, and for the direct conv no
+// transposes in or out. The CPU backend keeps the activations between convs in it
+// (codegen/cpu/layout.cpp). The layout argument of the _nchwc kernels says which of their
+// tensors are in it:
+enum { KILN_LAYOUT_X_NCHW16C = 1, KILN_LAYOUT_Y_NCHW16C = 2 };
+// kiln_rt_conv2d_cached_f32 (cache may be null: the weights packed for the call) with x
+// in NCHW16c under KILN_LAYOUT_X_NCHW16C and y and the residual under
+// KILN_LAYOUT_Y_NCHW16C. By the blocked direct conv where it applies (the bits of
+// kiln_rt_conv2d_nchwc_preferred's shapes do not depend on the layout), otherwise the
+// tensors are reordered around kiln_rt_conv2d_cached_f32 (any shape, any CPU).
+void kiln_rt_conv2d_nchwc_f32(void** cache, const float* x, const float* w, const float* bias, const float* residual,
+                              float* y, const KilnConv2dParams* p, int32_t act, int32_t layout);
+// Whether a conv of these sizes runs the blocked direct conv on this machine, so that its
+// input and output are best kept in NCHW16c (1) or not (0). Not called by generated code:
+// the CPU backend asks it while compiling.
+int32_t kiln_rt_conv2d_nchwc_preferred(const KilnConv2dParams* p);
 // dx = conv2d_grad_input(dy, w): dx is overwritten (not accumulated)
 void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams* p);
 void kiln_rt_conv2d_grad_input_f64(const double* dy, const double* w, double* dx, const KilnConv2dParams* p);
@@ -79,6 +98,9 @@ void kiln_rt_conv2d_grad_weight_f64(const double* x, const double* dy, double* d
 
 void kiln_rt_max_pool2d_f32(const float* x, float* y, const KilnPool2dParams* p);
 void kiln_rt_max_pool2d_f64(const double* x, double* y, const KilnPool2dParams* p);
+// kiln_rt_max_pool2d_f32 (the same bits) with x in NCHW16c under KILN_LAYOUT_X_NCHW16C and
+// y under KILN_LAYOUT_Y_NCHW16C (which needs x's too); c a multiple of 16 when either is.
+void kiln_rt_max_pool2d_nchwc_f32(const float* x, float* y, const KilnPool2dParams* p, int32_t layout);
 void kiln_rt_max_pool2d_grad_f32(const float* x, const float* dy, float* dx, const KilnPool2dParams* p);
 void kiln_rt_max_pool2d_grad_f64(const double* x, const double* dy, double* dx, const KilnPool2dParams* p);
 void kiln_rt_avg_pool2d_f32(const float* x, float* y, const KilnPool2dParams* p, int32_t count_include_pad);

@@ -551,6 +551,49 @@ void avg_pool2d_grad(const T* dy, T* dx, const KilnPool2dParams* params, bool in
   });
 }
 
+// max_pool2d over an x in NCHW16c: the 16 channels of a block at one position are one run,
+// so each output position's window is walked once for all 16 (the cells in row-major
+// order, padding skipped, each lane by the interpreter's rule: the same bits as the
+// planes' kernels). The window's real cells are rows [y0, y1) x columns [x0, x1) of the
+// block `xb` (w positions a row); `best` receives the 16 maxima.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void max_window16(
+    const float* xb, int64_t w, int64_t y0, int64_t y1, int64_t x0, int64_t x1, float* best) {
+  float b[16];
+  for (int l = 0; l < 16; ++l) b[l] = -std::numeric_limits<float>::infinity();
+  for (int64_t iy = y0; iy < y1; ++iy)
+    for (int64_t ix = x0; ix < x1; ++ix) {
+      const float* v = xb + (iy * w + ix) * 16;
+      for (int l = 0; l < 16; ++l) b[l] = replaces(b[l], v[l]) ? v[l] : b[l];
+    }
+  for (int l = 0; l < 16; ++l) best[l] = b[l];
+}
+
+void max_pool2d_nchwc(const float* x, float* y, const KilnPool2dParams& p, int32_t layout) {
+  const PoolShape s(p);
+  const bool blocked_y = (layout & KILN_LAYOUT_Y_NCHW16C) != 0;
+  const int64_t blocks = s.c / 16, plane = s.h * s.w, oplane = s.oh * s.ow;
+  constexpr int64_t kMinWork = 1 << 14;  // window cells per chunk, as for_each_plane
+  const int64_t per_row = std::max<int64_t>(1, s.ow * s.kh * s.kw * 16);
+  kiln::rt::parallel_for(s.n * blocks * s.oh, kMinWork / per_row + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t nb = i / s.oh, oy = i % s.oh;  // nb = n * blocks + block
+      const float* xb = x + nb * plane * 16;
+      const int64_t iy = oy * s.sh - s.ph, y0 = std::max<int64_t>(iy, 0), y1 = std::min(iy + s.kh, s.h);
+      for (int64_t ox = 0; ox < s.ow; ++ox) {
+        const int64_t ix = ox * s.sw - s.pw, x0 = std::max<int64_t>(ix, 0), x1 = std::min(ix + s.kw, s.w);
+        if (blocked_y) {
+          max_window16(xb, s.w, y0, y1, x0, x1, y + (nb * oplane + oy * s.ow + ox) * 16);
+          continue;
+        }
+        float best[16];
+        max_window16(xb, s.w, y0, y1, x0, x1, best);
+        float* out = y + nb * 16 * oplane + oy * s.ow + ox;  // channel nb * 16's plane (n * c = nb * 16)
+        for (int l = 0; l < 16; ++l) out[l * oplane] = best[l];
+      }
+    }
+  });
+}
+
 }  // namespace
 
 namespace kiln::rt {
@@ -560,6 +603,10 @@ void max_pool2d_windowed_f32(const float* x, float* y, const KilnPool2dParams* p
 extern "C" {
 
 void kiln_rt_max_pool2d_f32(const float* x, float* y, const KilnPool2dParams* p) { max_pool2d(x, y, p); }
+void kiln_rt_max_pool2d_nchwc_f32(const float* x, float* y, const KilnPool2dParams* p, int32_t layout) {
+  if (layout & KILN_LAYOUT_X_NCHW16C) return max_pool2d_nchwc(x, y, *p, layout);
+  max_pool2d(x, y, p);
+}
 void kiln_rt_max_pool2d_f64(const double* x, double* y, const KilnPool2dParams* p) { max_pool2d(x, y, p); }
 void kiln_rt_max_pool2d_grad_f32(const float* x, const float* dy, float* dx, const KilnPool2dParams* p) {
   max_pool2d_grad(x, dy, dx, p);

@@ -51,6 +51,7 @@ std::unique_ptr<llvm::Module> Lowerer::run() {
     else if (vp.kind == BufferKind::StateInPlace)
       ptr[v] = input_ptr.at(static_cast<size_t>(g_.value(vp.state).input));
   }
+  if (options_.nchwc) nchwc_ = nchwc_values(g_);
   int64_t cursor = 0;
   lower_level(g_, kp_, ptr, /*top=*/true, cursor);
   B_.CreateRetVoid();
@@ -199,6 +200,7 @@ std::unique_ptr<llvm::Module> lower_graph(const Graph& g, const MemoryPlan& plan
                                           llvm::LLVMContext& ctx, LoweringInfo& info, const LowerOptions& options) {
   LowerOptions o = options;
   if (codegen_baseline()) o.parallel = false;
+  if (const char* e = std::getenv("KILN_NCHWC"); e && std::string_view(e) == "0") o.nchwc = false;
   Lowerer l(g, plan, kernels, ctx, info, o);
   return l.run();
 }

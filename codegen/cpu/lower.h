@@ -56,6 +56,10 @@ struct LowerOptions {
   bool gemm_cache = false;
   // The environment variable KILN_CODEGEN_BASELINE=1 turns this off in every lower_graph
   // call (to measure what it buys; prepare() turns the plan's GEMM epilogue off with it).
+  // Keep the activations between the kernels that take it in NCHW16c (layout.h); the
+  // environment variable KILN_NCHWC=0 turns it off in every lower_graph call (to measure
+  // what it buys).
+  bool nchwc = true;
 };
 
 // Loops doing at least this many element-operations (elements x ops per element) run on

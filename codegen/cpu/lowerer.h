@@ -23,12 +23,14 @@
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 
+#include "codegen/cpu/layout.h"
 #include "codegen/cpu/lower.h"
 #include "ir/graph.h"
 #include "ir/strides.h"
 #include "passes/kernel_plan.h"
 #include "passes/memory_plan.h"
 #include "runtime/abi.h"
+#include "runtime/kernels.h"
 
 namespace kiln::cpu::detail {
 
@@ -41,6 +43,7 @@ using llvm::Value;
 inline constexpr int64_t kMaxConstantBytes = int64_t{1} << 30;
 
 using Stream = StridedView;  // per dim of the iteration shape (elements; 0 = broadcast)
+
 
 class Lowerer {
  public:
@@ -138,7 +141,15 @@ class Lowerer {
   void lower_node(const Graph& g, const Kernel& kernel, std::vector<Value*>& ptr, int64_t& cursor);
   void copy_strided(DType t, const Shape& shape, Value* dst, Stream ds, Value* src, Stream ss);
   Value* conv_params(const Node& n, const Shape& x, const Shape& w, const Shape& y);
-  bool lower_conv_epilogue(const Node& n, const std::vector<Value*>& ptr);
+  bool lower_conv_epilogue(const Graph& g, const Node& n, const std::vector<Value*>& ptr);
+  // The layout argument (KILN_LAYOUT_*) of a kernel of `g` reading x and writing y: 0 but
+  // at the top level, where nchwc_ (nchwc_values) says.
+  int32_t layout_of(const Graph& g, ValueId x, ValueId y) const {
+    if (&g != &g_ || nchwc_.empty()) return 0;
+    return (nchwc_[static_cast<size_t>(x.id)] ? KILN_LAYOUT_X_NCHW16C : 0) |
+           (nchwc_[static_cast<size_t>(y.id)] ? KILN_LAYOUT_Y_NCHW16C : 0);
+  }
+  std::vector<bool> nchwc_;
   // ---- attention.cpp: a fuse_attention body as one runtime call (false: not one) -----
   bool lower_attention(const Node& n, const std::vector<Value*>& ptr);
   Value* pool_params(const Node& n, const Shape& x, const Shape& y);

@@ -91,6 +91,12 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
       Value* null = llvm::ConstantPointerNull::get(llvm::PointerType::get(C_, 0));
       Value* bias = n.operands.size() > 2 ? in(2) : null;
       Value* params = conv_params(n, it(0).shape, it(1).shape, rt.shape);
+      if (int32_t layout = layout_of(g, n.operands[0], n.result()); layout != 0) {
+        B_.CreateCall(runtime(RtFn::kiln_rt_conv2d_nchwc_f32),
+                      {cacheable_weight(n.operands[1]) ? weight_cache_slot() : null, in(0), in(1), bias, null, out,
+                       params, B_.getInt32(KILN_ACT_NONE), B_.getInt32(layout)});
+        return;
+      }
       if (rt.dtype == DType::f32 && cacheable_weight(n.operands[1])) {
         B_.CreateCall(runtime(RtFn::kiln_rt_conv2d_cached_f32),
                       {weight_cache_slot(), in(0), in(1), bias, null, out, params, B_.getInt32(KILN_ACT_NONE)});
@@ -113,6 +119,11 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
       return;
     }
     case Op::MaxPool2d: {
+      if (int32_t layout = layout_of(g, n.operands[0], n.result()); layout != 0) {
+        B_.CreateCall(runtime(RtFn::kiln_rt_max_pool2d_nchwc_f32),
+                      {in(0), out, pool_params(n, it(0).shape, rt.shape), B_.getInt32(layout)});
+        return;
+      }
       RtFn f = rt.dtype == DType::f32 ? RtFn::kiln_rt_max_pool2d_f32 : RtFn::kiln_rt_max_pool2d_f64;
       B_.CreateCall(runtime(f), {in(0), out, pool_params(n, it(0).shape, rt.shape)});
       return;
@@ -169,7 +180,7 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
     }
     case Op::Constant: internal_error("codegen", "cpu codegen: a constant planned as a kernel");
     case Op::Fused: {
-      if (lower_conv_epilogue(n, ptr) || lower_attention(n, ptr)) return;
+      if (lower_conv_epilogue(g, n, ptr) || lower_attention(n, ptr)) return;
       std::vector<Value*> body_ptr(n.body->values().size(), nullptr);
       for (size_t j = 0; j < n.operands.size(); ++j) body_ptr[n.body->inputs()[j].value.id] = in(j);
       std::vector<Value*> outs;
@@ -350,83 +361,40 @@ void Lowerer::lower_dropout(const Node& n, const TensorType& x, const std::vecto
   });
 }
 
-// A fused conv2d with its epilogue (fuse_conv_epilogue's body: the conv, then optionally
-// the add of a full-size residual, then optionally relu, relu6 or silu, nothing else) as
-// one call of the runtime's conv2d_act (relu alone) or conv2d_epi, which apply it to each
-// block of output while it is in cache instead of in a second pass over the whole result.
-// False for any other body (the general path: the conv, then a loop over its result).
-bool Lowerer::lower_conv_epilogue(const Node& n, const std::vector<Value*>& ptr) {
+// A fused conv2d with its epilogue (match_conv_epilogue) as one call of the runtime's
+// conv2d_act (relu alone) or conv2d_epi, which apply it to each block of output while it
+// is in cache instead of in a second pass over the whole result; conv2d_nchwc where the
+// layout assignment (layout.cpp) keeps x or y in NCHW16c. False for any other body (the
+// general path: the conv, then a loop over its result).
+bool Lowerer::lower_conv_epilogue(const Graph& g, const Node& n, const std::vector<Value*>& ptr) {
+  std::optional<ConvEpilogue> m = match_conv_epilogue(n);
+  if (!m) return false;
   const Graph& body = *n.body;
-  if (n.results.size() != 1 || body.outputs().size() != 1) return false;
-  const auto constant_is = [&](ValueId v, double want) {
-    const Node* c = body.defining_node(v);
-    if (c == nullptr || c->op != Op::Constant) return false;
-    const Tensor& t = attr_tensor(c->attrs, "value");
-    return (t.is_splat() || t.numel() == 1) && t.get(0) == want && !std::signbit(t.get(0));
-  };
-  const auto input_ptr = [&](ValueId v) -> Value* {
-    int32_t k = body.value(v).input;
-    return k < 0 ? nullptr : ptr[n.operands.at(static_cast<size_t>(k)).id];
-  };
-  std::vector<const Node*> ops;  // the body's nodes but its constants
-  for (const Node& b : body.nodes())
-    if (b.op != Op::Constant) ops.push_back(&b);
-  if (ops.empty() || ops[0]->op != Op::Conv2d) return false;
-  const Node& conv = *ops[0];
+  const Node& conv = *m->conv;
   const TensorType& yt = body.type(conv.result());
-  ValueId cur = conv.result();
-  size_t k = 1;
-  Value* residual = nullptr;
-  if (k < ops.size() && ops[k]->op == Op::Add) {
-    const Node& add = *ops[k];
-    ValueId other = add.operands[0] == cur ? add.operands[1] : add.operands[0];
-    if ((add.operands[0] != cur && add.operands[1] != cur) || body.type(other) != yt ||
-        (residual = input_ptr(other)) == nullptr)
-      return false;
-    cur = add.result();
-    ++k;
-  }
-  int32_t act = KILN_ACT_NONE;
-  if (k + 1 == ops.size() && ops[k]->op == Op::Relu && ops[k]->operands[0] == cur) {
-    act = KILN_ACT_RELU;
-    cur = ops[k++]->result();
-  } else if (k + 2 == ops.size() && ops[k]->op == Op::Maximum && ops[k]->operands[0] == cur &&
-             constant_is(ops[k]->operands[1], 0.0) && ops[k + 1]->op == Op::Minimum &&
-             ops[k + 1]->operands[0] == ops[k]->result() && constant_is(ops[k + 1]->operands[1], 6.0)) {
-    act = KILN_ACT_RELU6;
-    cur = ops[k + 1]->result();
-    k += 2;
-  } else if (k + 2 == ops.size() && ops[k]->op == Op::Sigmoid && ops[k]->operands[0] == cur &&
-             ops[k + 1]->op == Op::Mul &&
-             ((ops[k + 1]->operands[0] == cur && ops[k + 1]->operands[1] == ops[k]->result()) ||
-              (ops[k + 1]->operands[1] == cur && ops[k + 1]->operands[0] == ops[k]->result()))) {
-    act = KILN_ACT_SILU;
-    cur = ops[k + 1]->result();
-    k += 2;
-  }
-  if (k != ops.size() || body.outputs()[0].value != cur || (act == KILN_ACT_NONE && residual == nullptr)) return false;
   std::vector<Value*> in;
-  for (ValueId v : conv.operands) {
-    Value* p = input_ptr(v);
-    if (p == nullptr) return false;  // a constant weight: the general path
-    in.push_back(p);
-  }
+  for (ValueId v : m->operands) in.push_back(ptr[v.id]);
   Value* null = llvm::ConstantPointerNull::get(llvm::PointerType::get(C_, 0));
   Value* bias = in.size() > 2 ? in[2] : null;
+  Value* residual = m->residual.valid() ? ptr[m->residual.id] : null;
   Value* params = conv_params(conv, body.type(conv.operands[0]).shape, body.type(conv.operands[1]).shape, yt.shape);
   const bool f32 = yt.dtype == DType::f32;
-  // The weight, as the top level (or the enclosing body) sees it.
-  const ValueId outer_w = n.operands.at(static_cast<size_t>(body.value(conv.operands[1]).input));
-  if (f32 && cacheable_weight(outer_w)) {
-    B_.CreateCall(runtime(RtFn::kiln_rt_conv2d_cached_f32), {weight_cache_slot(), in[0], in[1], bias,
-                                                             residual ? residual : null, ptr[n.results[0].id], params,
-                                                             B_.getInt32(act)});
-  } else if (residual == nullptr && act == KILN_ACT_RELU) {
+  const int32_t act = m->act;
+  const ValueId outer_w = m->operands[1];  // the weight, as the top level (or the enclosing body) sees it
+  const int32_t layout = layout_of(g, m->operands[0], n.result());
+  if (layout != 0) {
+    B_.CreateCall(runtime(RtFn::kiln_rt_conv2d_nchwc_f32),
+                  {cacheable_weight(outer_w) ? weight_cache_slot() : null, in[0], in[1], bias, residual,
+                   ptr[n.results[0].id], params, B_.getInt32(act), B_.getInt32(layout)});
+  } else if (f32 && cacheable_weight(outer_w)) {
+    B_.CreateCall(runtime(RtFn::kiln_rt_conv2d_cached_f32),
+                  {weight_cache_slot(), in[0], in[1], bias, residual, ptr[n.results[0].id], params, B_.getInt32(act)});
+  } else if (!m->residual.valid() && act == KILN_ACT_RELU) {
     B_.CreateCall(runtime(f32 ? RtFn::kiln_rt_conv2d_act_f32 : RtFn::kiln_rt_conv2d_act_f64),
                   {in[0], in[1], bias, ptr[n.results[0].id], params, B_.getInt32(act)});
   } else {
     B_.CreateCall(runtime(f32 ? RtFn::kiln_rt_conv2d_epi_f32 : RtFn::kiln_rt_conv2d_epi_f64),
-                  {in[0], in[1], bias, residual ? residual : null, ptr[n.results[0].id], params, B_.getInt32(act)});
+                  {in[0], in[1], bias, residual, ptr[n.results[0].id], params, B_.getInt32(act)});
   }
   return true;
 }
@@ -436,13 +404,7 @@ void Lowerer::copy_strided(DType t, const Shape& shape, Value* dst, Stream ds, V
 }
 
 Value* Lowerer::conv_params(const Node& n, const Shape& x, const Shape& w, const Shape& y) {
-  const auto& s = attr_ints(n.attrs, "stride");
-  const auto& p = attr_ints(n.attrs, "padding");
-  const auto& d = attr_ints(n.attrs, "dilation");
-  return params_array(KilnConv2dParams{.n = x[0], .c = x[1], .h = x[2], .w = x[3], .o = w[0], .kh = w[2],
-                                       .kw = w[3], .oh = y[2], .ow = y[3], .stride_h = s[0], .stride_w = s[1],
-                                       .pad_h = p[0], .pad_w = p[1], .dil_h = d[0], .dil_w = d[1],
-                                       .groups = attr_int(n.attrs, "groups")});
+  return params_array(conv_sizes(n, x, w, y));
 }
 
 Value* Lowerer::pool_params(const Node& n, const Shape& x, const Shape& y) {

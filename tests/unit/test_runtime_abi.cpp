@@ -6,11 +6,13 @@
 
 #include <set>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "codegen/executable.h"
 #include "ir/parser.h"
 #include "runtime/abi.h"
+#include "runtime/kernels.h"
 
 using namespace kiln;
 using Catch::Matchers::ContainsSubstring;
@@ -94,12 +96,26 @@ TEST_CASE("runtime ABI: generated code declares each runtime function as abi.def
                         o);
     ir += code->emit("llvm");
   }
+  // The NCHW16c kernels: a conv -> pool -> conv chain, kept blocked between the ends where
+  // the blocked direct conv runs (an AVX-512 machine; elsewhere nothing calls them).
+  ir += compile(parse(R"(graph @b(%x: f32[1,16,8,8], state %w: f32[16,16,3,3]) {
+  %c = conv2d(%x, %w) {padding=[1, 1]} : f32[1,16,8,8]
+  %p = max_pool2d(%c) {kernel=[3, 3], stride=[2, 2], padding=[1, 1]} : f32[1,16,4,4]
+  %y = conv2d(%p, %w) {padding=[1, 1]} : f32[1,16,4,4]
+  return y = %y
+}
+)"),
+                o)
+            ->emit("llvm");
+  const KilnConv2dParams chain{1, 16, 8, 8, 16, 3, 3, 8, 8, 1, 1, 1, 1, 1, 1, 1};
+  const bool nchwc = kiln_rt_conv2d_nchwc_preferred(&chain) != 0;
   using namespace rt::abi;
   std::set<std::string> names;
   size_t lines = 0;
-#define KILN_RT(name, ret, ...)                                              \
-  CHECK_THAT(ir, ContainsSubstring(Declaration<ret(__VA_ARGS__)>::of(#name))); \
-  names.insert(#name);                                                       \
+#define KILN_RT(name, ret, ...)                                                  \
+  if (nchwc || std::string_view(#name).find("nchwc") == std::string_view::npos) \
+    CHECK_THAT(ir, ContainsSubstring(Declaration<ret(__VA_ARGS__)>::of(#name)));  \
+  names.insert(#name);                                                           \
   ++lines;
 #include "runtime/abi.def"
 #undef KILN_RT

@@ -1,0 +1,226 @@
+// The NCHW16c activation layout (runtime/kernels.h, codegen/cpu/layout.h): the runtime's
+// conv and max-pool kernels give the same bits whichever of their tensors are blocked
+// (the blocked direct conv reading and writing the layout itself, any other conv through
+// reorders), and the CPU backend keeps a chain of convs, pools and channel concats blocked
+// between its ends, NCHW wherever another kernel or the caller reads, and computes what
+// the interpreter does.
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "codegen/cpu/layout.h"
+#include "codegen/executable.h"
+#include "conv_cases.h"
+#include "gemm_kernels.h"
+#include "ir/interp.h"
+#include "ir/ops.h"
+#include "passes/pipeline.h"
+#include "runtime/blas.h"
+#include "runtime/kernels.h"
+
+using namespace kiln;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+// NCHW <-> NCHW16c of n images of c channels (a multiple of 16) of `plane` positions.
+std::vector<float> blocked(const std::vector<float>& v, int64_t n, int64_t c, int64_t plane) {
+  std::vector<float> out(v.size());
+  for (int64_t i = 0; i < n * c; ++i)
+    for (int64_t s = 0; s < plane; ++s)
+      out[static_cast<size_t>(((i / 16) * plane + s) * 16 + i % 16)] = v[static_cast<size_t>(i * plane + s)];
+  return out;
+}
+std::vector<float> unblocked(const std::vector<float>& v, int64_t n, int64_t c, int64_t plane) {
+  std::vector<float> out(v.size());
+  for (int64_t i = 0; i < n * c; ++i)
+    for (int64_t s = 0; s < plane; ++s)
+      out[static_cast<size_t>(i * plane + s)] = v[static_cast<size_t>(((i / 16) * plane + s) * 16 + i % 16)];
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+Tensor random_tensor(Shape shape, std::mt19937& rng) {
+  Tensor t(DType::f32, std::move(shape));
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, u(rng));
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("conv2d_nchwc: x, y and the residual in NCHW16c give the NCHW conv's bits, on every path",
+          "[runtime][conv][nchwc]") {
+  KernelGuard guard;
+  // Where the AVX-512 GEMM kernel runs, the blocked direct conv reads and writes the layout;
+  // elsewhere (and for the shapes it does not take) the tensors are reordered around the
+  // NCHW conv. Both are checked here, on this machine's path.
+  if (kiln::rt::gemm_kernel_supported(kiln::rt::GemmKernel::avx512))
+    kiln::rt::set_gemm_kernel(kiln::rt::GemmKernel::avx512);
+  std::mt19937 rng(16);
+  const std::vector<ConvCase> cases = {
+      {2, 32, 10, 10, 48, 3, 3, 1, 1, 1, 1, 1, 1, 1},  // a 3x3 conv (the blocked conv's)
+      {1, 32, 9, 9, 64, 1, 1, 2, 2, 0, 0, 1, 1, 1},    // a 1x1 stride-2 downsample
+      {3, 16, 7, 11, 32, 1, 1, 1, 1, 0, 0, 1, 1, 1},   // a 1x1 conv over a batch of 3
+      {1, 32, 8, 8, 32, 3, 3, 1, 1, 2, 2, 2, 2, 1},    // dilated: reordered around the NCHW conv
+      {2, 32, 6, 6, 32, 3, 3, 1, 1, 1, 1, 1, 1, 2},    // grouped: likewise
+  };
+  for (const ConvCase& k : cases) {
+    const KilnConv2dParams p = params_of(k);
+    INFO("n " << k.n << " c " << k.c << " o " << k.o << " k " << k.kh << " s " << k.sh << " d " << k.dh << " g "
+              << k.groups << " preferred " << kiln_rt_conv2d_nchwc_preferred(&p));
+    const int64_t plane = p.h * p.w, oplane = p.oh * p.ow, ysize = p.n * p.o * oplane;
+    const std::vector<float> x = random_vector(p.n * p.c * plane, rng);
+    const std::vector<float> w = random_vector(p.o * (p.c / p.groups) * p.kh * p.kw, rng);
+    const std::vector<float> b = random_vector(p.o, rng), res = random_vector(ysize, rng);
+    const std::vector<float> xb = blocked(x, p.n, p.c, plane), resb = blocked(res, p.n, p.o, oplane);
+    for (int32_t act : {KILN_ACT_NONE, KILN_ACT_RELU, KILN_ACT_RELU6, KILN_ACT_SILU})
+      for (int residual : {0, 1, 2}) {  // none, apart, in y's own buffer
+        INFO("act " << act << " residual " << residual);
+        // The NCHW result: the blocked conv's where the layout takes it, else the entry point's.
+        std::vector<float> want(static_cast<size_t>(ysize));
+        const float* rp = residual ? res.data() : nullptr;
+        if (kiln_rt_conv2d_nchwc_preferred(&p))
+          REQUIRE(kiln::rt::blocked_conv2d(x.data(), w.data(), b.data(), rp, want.data(), p, act));
+        else
+          kiln_rt_conv2d_epi_f32(x.data(), w.data(), b.data(), rp, want.data(), &p, act);
+        for (int32_t layout : {1, 2, 3}) {  // KILN_LAYOUT_X_NCHW16C, _Y_, both
+          INFO("layout " << layout);
+          const bool by = layout & KILN_LAYOUT_Y_NCHW16C;
+          const std::vector<float>& r = by ? resb : res;
+          std::vector<float> y = residual == 2 ? r : std::vector<float>(static_cast<size_t>(ysize), 12345.0f);
+          void* cache = nullptr;
+          kiln_rt_conv2d_nchwc_f32(&cache, layout & KILN_LAYOUT_X_NCHW16C ? xb.data() : x.data(), w.data(), b.data(),
+                                   residual == 2 ? y.data() : residual ? r.data() : nullptr, y.data(), &p, act,
+                                   layout);
+          REQUIRE(kiln_rt_take_error() == nullptr);
+          kiln_rt_gemm_cache_forget(&cache, 1, 1);
+          CHECK(same_bits(by ? unblocked(y, p.n, p.o, oplane) : y, want));
+        }
+      }
+  }
+}
+
+TEST_CASE("max_pool2d_nchwc: the NCHW pool's bits from NCHW16c, NaN, infinities and padding included",
+          "[runtime][pool][nchwc]") {
+  std::mt19937 rng(3);
+  struct PoolCase {
+    int64_t n, c, h, w, kh, kw, sh, sw, ph, pw;
+  };
+  for (const PoolCase& k : {PoolCase{1, 16, 12, 12, 3, 3, 2, 2, 1, 1}, PoolCase{2, 32, 8, 9, 2, 2, 2, 2, 0, 0},
+                            PoolCase{1, 16, 7, 7, 3, 3, 1, 1, 1, 1}, PoolCase{2, 16, 9, 5, 3, 2, 2, 1, 0, 1}}) {
+    const KilnPool2dParams p{k.n, k.c, k.h, k.w, (k.h + 2 * k.ph - k.kh) / k.sh + 1, (k.w + 2 * k.pw - k.kw) / k.sw + 1,
+                             k.kh, k.kw, k.sh, k.sw, k.ph, k.pw};
+    INFO(k.n << "x" << k.c << "x" << k.h << "x" << k.w << " window " << k.kh << "x" << k.kw << " stride " << k.sh);
+    const int64_t plane = p.h * p.w, oplane = p.oh * p.ow;
+    std::vector<float> x = random_vector(p.n * p.c * plane, rng);
+    // Ties, -inf everywhere in some windows, NaN (two payloads: the first of a window wins).
+    for (size_t i = 0; i < x.size(); i += 7) x[i] = 0.5f;
+    for (size_t i = 0; i < 40 && i < x.size(); ++i) x[i] = -std::numeric_limits<float>::infinity();
+    x[x.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+    x[x.size() / 2 + 1] = -std::numeric_limits<float>::quiet_NaN();
+    x[x.size() / 3] = std::numeric_limits<float>::infinity();
+    std::vector<float> want(static_cast<size_t>(p.n * p.c * oplane)), y(want.size()), yb(want.size());
+    kiln_rt_max_pool2d_f32(x.data(), want.data(), &p);
+    const std::vector<float> xb = blocked(x, p.n, p.c, plane);
+    kiln_rt_max_pool2d_nchwc_f32(xb.data(), y.data(), &p, KILN_LAYOUT_X_NCHW16C);
+    CHECK(same_bits(y, want));
+    kiln_rt_max_pool2d_nchwc_f32(xb.data(), yb.data(), &p, KILN_LAYOUT_X_NCHW16C | KILN_LAYOUT_Y_NCHW16C);
+    CHECK(same_bits(unblocked(yb, p.n, p.c, oplane), want));
+  }
+}
+
+namespace {
+
+// A cut-down image model: a 7x7 stem (3 channels in), a max pool, a residual block with a
+// 1x1 downsample, a concat of two 3x3 branches (16 and 32 channels), then a global mean;
+// the block's first conv's result also read by a sigmoid (an elementwise loop: NCHW).
+Graph small_net() {
+  Graph g("net");
+  auto conv = [&](ValueId x, int64_t c, int64_t o, int64_t k, int64_t stride, const std::string& name) {
+    ValueId w = g.add_input(name + ".w", TensorType{DType::f32, {o, c, k, k}}, true);
+    ValueId b = g.add_input(name + ".b", TensorType{DType::f32, {o}}, true);
+    return g.add_node(Op::Conv2d, {x, w, b},
+                      {{"stride", Shape{stride, stride}}, {"padding", Shape{k / 2, k / 2}}});
+  };
+  ValueId x = g.add_input("x", TensorType{DType::f32, {2, 3, 32, 32}});
+  ValueId stem = g.add_node(Op::Relu, {conv(x, 3, 16, 7, 2, "stem")});
+  ValueId pool = g.add_node(Op::MaxPool2d, {stem}, {{"kernel", Shape{3, 3}}, {"stride", Shape{2, 2}},
+                                                    {"padding", Shape{1, 1}}});
+  ValueId a = g.add_node(Op::Relu, {conv(pool, 16, 32, 3, 2, "a")});
+  ValueId down = conv(pool, 16, 32, 1, 2, "down");
+  ValueId blk = g.add_node(Op::Relu, {g.add_node(Op::Add, {conv(a, 32, 32, 3, 1, "b"), down})});
+  ValueId l = g.add_node(Op::Relu, {conv(blk, 32, 16, 3, 1, "l")});
+  ValueId r = g.add_node(Op::Relu, {conv(blk, 32, 32, 3, 1, "r")});
+  ValueId cat = g.add_node(Op::Concat, {l, r}, {{"axis", int64_t{1}}});
+  ValueId top = g.add_node(Op::Relu, {conv(cat, 48, 32, 3, 1, "top")});
+  g.add_output("mean", g.add_node(Op::Mean, {top}, {{"axes", std::vector<int64_t>{2, 3}}}));
+  g.add_output("gate", g.add_node(Op::Sigmoid, {a}));
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("the CPU code keeps chains of convs, pools and concats in NCHW16c and computes the interpreter's results",
+          "[codegen][nchwc]") {
+  std::mt19937 rng(12);
+  const Graph g = small_net();
+  TensorMap state;
+  for (const GraphInput& in : g.inputs())
+    if (in.is_state) state[g.value(in.value).name] = random_tensor(g.type(in.value).shape, rng);
+  // Which values the layout keeps blocked, on the graph the CPU backend lowers.
+  PipelineOptions options;
+  options.pass_options.inference = true;
+  const Graph planned = run_pipeline(g, options).graph;
+  const std::vector<bool> nchwc = cpu::detail::nchwc_values(planned);
+  KilnConv2dParams p3{2, 32, 8, 8, 32, 3, 3, 8, 8, 1, 1, 1, 1, 1, 1, 1};
+  if (kiln_rt_conv2d_nchwc_preferred(&p3)) {
+    // Blocked: the stem's result (the pool reads it), the pool's, the block's, the concat's
+    // operands and result. NCHW: the outputs, the sigmoid's operand, the mean's.
+    int blocked_count = 0;
+    for (bool b : nchwc) blocked_count += b;
+    CHECK(blocked_count >= 6);
+    for (const GraphOutput& o : planned.outputs()) CHECK_FALSE(nchwc[static_cast<size_t>(o.value.id)]);
+    for (const Node& n : planned.nodes()) {
+      CAPTURE(op_name(n.op));
+      if (n.op == Op::MaxPool2d) {
+        CHECK(nchwc[static_cast<size_t>(n.operands[0].id)]);
+        CHECK(nchwc[static_cast<size_t>(n.result().id)]);
+      }
+      if (n.op == Op::Concat || n.op == Op::Mean || n.op == Op::Sigmoid ||
+          (n.op == Op::Fused && n.body->nodes().back().op == Op::Sigmoid))
+        for (ValueId v : n.operands) CHECK(nchwc[static_cast<size_t>(v.id)] == (n.op == Op::Concat));
+      if (n.op == Op::Concat) CHECK(nchwc[static_cast<size_t>(n.result().id)]);
+    }
+  }
+  auto exe = compile(g);
+  if (kiln_rt_conv2d_nchwc_preferred(&p3)) {
+    const std::string llvm = exe->emit("llvm");
+    CHECK_THAT(llvm, ContainsSubstring("kiln_rt_conv2d_nchwc_f32"));
+    CHECK_THAT(llvm, ContainsSubstring("kiln_rt_max_pool2d_nchwc_f32"));
+  }
+  exe->set_state(state);
+  for (int trial = 0; trial < 2; ++trial) {
+    TensorMap in{{"x", random_tensor({2, 3, 32, 32}, rng)}};
+    TensorMap got = exe->run(in);
+    in.insert(state.begin(), state.end());
+    TensorMap want = interpret(g, in);
+    for (const char* name : {"mean", "gate"}) {
+      CAPTURE(name);
+      const Tensor& a = got.at(name);
+      const Tensor& b = want.at(name);
+      REQUIRE(a.shape() == b.shape());
+      int64_t bad = 0;
+      for (int64_t i = 0; i < b.numel(); ++i) bad += !(std::abs(a.get(i) - b.get(i)) <= 1e-4 + 1e-4 * std::abs(b.get(i)));
+      CHECK(bad == 0);
+    }
+  }
+}
