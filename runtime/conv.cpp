@@ -865,16 +865,18 @@ void kiln_rt_conv2d_nchwc_f32(void** cache, const float* x, const float* w, cons
                               float* y, const KilnConv2dParams* p, int32_t act, int32_t layout) {
   guarded("conv2d: out of memory", [&] { conv2d_nchwc(cache, x, w, bias, residual, y, *p, act, layout); });
 }
-// The blocked direct conv where the entry point takes it (blocked_first), and for 1x1
-// convs, which in NCHW take the implicit GEMM (reading x in place): between blocked
-// tensors the direct conv took about their time (ResNet-18's downsample convs at batch 1,
-// 0.9-1.0x), and keeping them blocked keeps the values they share with the 3x3 convs
-// blocked (ResNet-18 at batch 1: 0.95x the time with them, 0.96x without). Not the
-// 512-channel convs on planes under 64 positions: at batch 1 the blocked conv took 1.3x
-// the positions-broadcast kernel's time on ResNet-18's 7x7 layers, layout or not.
+// The blocked direct conv where the entry point takes it (blocked_first), and for strided
+// 1x1 convs (ResNet's downsamples), which in NCHW take the implicit GEMM or the
+// positions-broadcast conv: between blocked tensors the direct conv took 0.72-0.99x their
+// time at batch 1 (0.82-1.10x at 16), and keeping them blocked keeps the values they share
+// with the 3x3 convs blocked. Not the stride-1 1x1 convs: 1.0-1.75x the NCHW kernels' time
+// (MobileNetV2's, EfficientNet's, SqueezeNet's; those models ran 1.2-1.3x slower with them
+// blocked). Not the 512-channel convs on planes under 64 positions: at batch 1 the blocked
+// conv took 1.3x the positions-broadcast kernel's time on ResNet-18's 7x7 layers.
 int32_t kiln_rt_conv2d_nchwc_preferred(const KilnConv2dParams* p) {
   if (blocked_first(*p)) return 1;
-  return p->kh * p->kw == 1 && p->c % 16 == 0 && kiln::rt::blocked_conv2d_shape(*p);
+  return p->kh * p->kw == 1 && (p->stride_h > 1 || p->stride_w > 1) && p->c % 16 == 0 &&
+         kiln::rt::blocked_conv2d_shape(*p);
 }
 void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams* p) {
   guarded("conv2d_grad_input: out of memory", [&] { conv2d_grad_input(dy, w, dx, p); });

@@ -109,6 +109,25 @@ TEST_CASE("conv2d_nchwc: x, y and the residual in NCHW16c give the NCHW conv's b
   }
 }
 
+TEST_CASE("conv2d_nchwc_preferred: the spatial and strided 1x1 convs the blocked conv runs, not stride-1 1x1 ones",
+          "[runtime][conv][nchwc]") {
+  KernelGuard guard;
+  if (!kiln::rt::gemm_kernel_supported(kiln::rt::GemmKernel::avx512) ||
+      !kiln::rt::set_gemm_kernel(kiln::rt::GemmKernel::avx512))
+    SKIP("this CPU does not run Kiln's AVX-512 GEMM kernel (nothing is preferred blocked)");
+  const auto preferred = [](const ConvCase& k) {
+    const KilnConv2dParams p = params_of(k);
+    return kiln_rt_conv2d_nchwc_preferred(&p) != 0;
+  };
+  CHECK(preferred({1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1}));     // ResNet-18's 3x3 layer
+  CHECK(preferred({1, 3, 224, 224, 64, 7, 7, 2, 2, 3, 3, 1, 1, 1}));    // its stem (its y blocked)
+  CHECK(preferred({1, 64, 56, 56, 128, 1, 1, 2, 2, 0, 0, 1, 1, 1}));    // its downsample
+  CHECK_FALSE(preferred({1, 96, 14, 14, 576, 1, 1, 1, 1, 0, 0, 1, 1, 1}));  // MobileNetV2's expand
+  CHECK_FALSE(preferred({1, 576, 14, 14, 96, 1, 1, 1, 1, 0, 0, 1, 1, 1}));  // and projection
+  CHECK_FALSE(preferred({1, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1}));   // 512 channels on 7x7
+  CHECK_FALSE(preferred({1, 32, 8, 8, 32, 3, 3, 1, 1, 1, 1, 1, 1, 2}));     // grouped
+}
+
 TEST_CASE("max_pool2d_nchwc: the NCHW pool's bits from NCHW16c, NaN, infinities and padding included",
           "[runtime][pool][nchwc]") {
   std::mt19937 rng(3);
