@@ -582,7 +582,8 @@ int run_command_line(int argc, char** argv) {
              "after the outputs (before --profile's table), print how long each phase up to the first result "
              "took, as lines 'time: PHASE  MS ms' (nested phases indented): load (an ONNX model's parse, weights, "
              "check, import, batch check, shape check), inputs, compile (pipeline, plans, codegen: lower, "
-             "optimize, machine code), first run (state, call), or interpret with --interp; with --repeat N "
+             "object cache, then optimize and machine code unless the object cache had the code, link), first "
+             "run (state, call), or interpret with --interp; with --repeat N "
              "also 'time: N runs: best B ms, median M ms, mean A ms' of the N runs after it, each timed alone "
              "(end to end: Executable::evaluate, inputs in, outputs out)");
   p.add_count(run_cmd, "--repeat", run.repeat,

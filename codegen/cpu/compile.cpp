@@ -6,13 +6,17 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
 
 #include <sys/mman.h>
 
+#include <llvm/Bitcode/BitcodeWriter.h>
+#include <llvm/Config/llvm-config.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
@@ -24,7 +28,9 @@
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/TargetParser/SubtargetFeature.h>
 
+#include "codegen/backend.h"
 #include "codegen/cpu/module.h"
+#include "codegen/disk_cache.h"
 #include "ir/calling.h"
 #include "ir/error.h"
 #include "ir/printer.h"
@@ -301,6 +307,78 @@ llvm::orc::JITTargetMachineBuilder jit_target(const llvm::TargetMachine& tm) {
   return jtmb;
 }
 
+// The disk cache of object code (codegen/disk_cache.h): entries cpu-<hash>.o in the cache
+// directory, keyed by the LLVM version, the target and the module's bitcode as lowered
+// (before LLVM's optimizer, the compile's slow part: ~0.1-0.25 s of a small model's first
+// result). The key is the code itself, large constants referred to by symbol (no address of
+// this process in it), so a hit is the object this compile would emit, whatever the graph's
+// weights; past kMaxObjects entries or kMaxObjectBytes in all, the oldest go. KILN_CACHE=0
+// turns it off.
+constexpr std::string_view kObjectMagic = "kiln-cpu-object 1\n";
+constexpr size_t kMaxObjects = 512;
+constexpr uintmax_t kMaxObjectBytes = uintmax_t{256} << 20;
+
+std::string object_cache_directory() {
+  const char* e = std::getenv("KILN_CACHE");
+  if (e && std::string_view(e) == "0") return "";
+  {
+    std::lock_guard<std::mutex> lock(hidden_mutex);
+    if (!hidden_symbols.empty()) return "";  // a test's link error: never cached
+  }
+  return cache_directory();
+}
+
+// Drops the oldest cpu-*.o entries of `dir` beyond kMaxObjects or kMaxObjectBytes.
+void prune_objects(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  struct Entry {
+    fs::file_time_type time;
+    uintmax_t bytes;
+    fs::path path;
+  };
+  std::vector<Entry> objects;
+  uintmax_t total = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with("cpu-") || !name.ends_with(".o")) continue;
+    const uintmax_t bytes = e.file_size(ec);
+    objects.push_back({e.last_write_time(ec), ec ? 0 : bytes, e.path()});
+    total += objects.back().bytes;
+  }
+  std::sort(objects.begin(), objects.end(), [](const Entry& a, const Entry& b) { return a.time < b.time; });
+  for (size_t i = 0, left = objects.size(); i < objects.size() && (left > kMaxObjects || total > kMaxObjectBytes);
+       ++i, --left) {
+    fs::remove(objects[i].path, ec);
+    total -= objects[i].bytes;
+  }
+}
+
+// The object code of the lowered module `em`: from the disk cache, or optimized and
+// emitted (then stored there).
+std::string object_code(detail::EmittedModule& em, llvm::TargetMachine& tm, const CompileOptions& options,
+                        const std::string& target_key) {
+  const std::string dir = object_cache_directory();
+  std::string key, path;
+  if (!dir.empty()) {
+    PhaseTimer timer("object cache");
+    key = "kiln cpu object\nllvm " LLVM_VERSION_STRING "\ntarget " + target_key + "\nbitcode\n";
+    llvm::raw_string_ostream os(key);
+    llvm::WriteBitcodeToFile(*em.module, os);
+    os.flush();
+    path = dir + "/cpu-" + hash_hex(key) + ".o";
+    if (std::optional<std::string> hit = read_cache_entry(path, kObjectMagic, key)) return std::move(*hit);
+  }
+  detail::optimize_module(em, tm, options);
+  std::string object;
+  {
+    PhaseTimer timer("machine code");
+    object = detail::object_file(*em.module, tm);
+  }
+  if (!dir.empty() && write_cache_entry(path, kObjectMagic, key, object)) prune_objects(dir);
+  return object;
+}
+
 std::shared_ptr<const Program> build(std::shared_ptr<const Prepared> prep, const CompileOptions& options) {
   auto code = std::make_shared<CpuProgram>();
   code->prep = prep;
@@ -312,17 +390,19 @@ std::shared_ptr<const Program> build(std::shared_ptr<const Prepared> prep, const
                        "' uses features the host CPU lacks (" + missing + "); it cannot run here";
   // The program keeps `prep`: large constants are read from its graph, not copied.
   detail::EmittedModule em = detail::emit_module(*prep, options, *tm, "kiln_entry", /*constants_by_address=*/true,
-                                                 /*gemm_cache=*/true);
-  PhaseTimer timer("machine code");
+                                                 /*gemm_cache=*/true, /*optimized=*/false);
   for (const std::string& s : em.info.runtime_symbols) {
     bool known = false;
     for (const auto& e : runtime_symbol_table()) known = known || s == e.first;
     KILN_CHECK(known, "cpu codegen: runtime symbol " + s + " is not registered");
   }
+  const std::string object = object_code(em, *tm, options, target_key_of(detail::target_spec(options, detail::RunsOn::Host)));
+  PhaseTimer timer("link");
   auto reported = std::make_shared<std::string>();
-  code->jit = make_jit(jit_target(*tm), {}, reported);
-  check(code->jit->addIRModule(llvm::orc::ThreadSafeModule(std::move(em.module), std::move(em.context))),
-        "adding the module");
+  std::vector<std::pair<const char*, void*>> constants;
+  for (const auto& [name, addr] : em.info.addressed_constants) constants.emplace_back(name.c_str(), const_cast<void*>(addr));
+  code->jit = make_jit(jit_target(*tm), constants, reported);
+  check(code->jit->addObjectFile(llvm::MemoryBuffer::getMemBufferCopy(object, "kiln_entry")), "adding the object");
   code->entry = reinterpret_cast<EntryFn>(lookup_symbol(*code->jit, "kiln_entry", *reported));
   code->arena_bytes = em.arena_bytes;
   code->gemm_cache_slots = em.info.gemm_cache_slots;

@@ -77,10 +77,16 @@ Value* Lowerer::splat(const Graph& g, ValueId v) {
 Value* Lowerer::global_constant(const Node& n) {
   const Tensor& value = attr_tensor(n.attrs, "value");
   int64_t bytes = value.numel() * static_cast<int64_t>(dtype_size(value.dtype()));
-  if (options_.constants_by_address && !value.is_splat() && bytes >= kAddressedConstantBytes)
-    return llvm::ConstantExpr::getIntToPtr(
-        llvm::ConstantInt::get(i64_, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(value.raw()))),
-        ptr_);
+  if (options_.constants_by_address && !value.is_splat() && bytes >= kAddressedConstantBytes) {
+    auto [it, added] = addressed_.try_emplace(value.raw(), nullptr);
+    if (added) {
+      const std::string name = "kiln_const." + std::to_string(info_.addressed_constants.size());
+      it->second = new llvm::GlobalVariable(*M_, i8_, /*isConstant=*/true, llvm::GlobalValue::ExternalLinkage,
+                                            nullptr, name);
+      info_.addressed_constants.emplace_back(name, value.raw());
+    }
+    return it->second;
+  }
   if (constant_bytes_ + bytes > kMaxConstantBytes)
     throw Error("cpu codegen: the constants of @" + g_.name() + " need more than " +
                 std::to_string(kMaxConstantBytes >> 20) + " MiB in the compiled code (the one that crossed it is " +

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ir/graph.h"
@@ -26,6 +27,10 @@ struct LoweringInfo {
   int64_t kernel_functions = 0;  // distinct kernel functions (share_kernels: fewer than calls)
   // LowerOptions::gemm_cache: the number of cache slots the code uses (0: it reads none).
   int64_t gemm_cache_slots = 0;
+  // LowerOptions::constants_by_address: the external symbols the module reads large
+  // constants through and the tensors' addresses the JIT defines them as (so the module,
+  // and its object code, hold no address of this process).
+  std::vector<std::pair<std::string, const void*>> addressed_constants;
 };
 
 struct LowerOptions {
@@ -45,7 +50,8 @@ struct LowerOptions {
   // The JIT's: a constant of at least kAddressedConstantBytes (not a splat) is read where
   // its tensor is, in the graph being lowered (which the JIT'ed program keeps alive: the
   // Prepared graph), instead of being copied into the module, its object code and the JIT's
-  // memory. An AOT object embeds every constant.
+  // memory, through an external symbol (LoweringInfo::addressed_constants). An AOT object
+  // embeds every constant.
   bool constants_by_address = false;
   // The JIT's: in a graph without state updates, an f32 GEMM whose B is a state input or a
   // constant (a weight, the same between calls) calls kiln_rt_sgemm_cached_b, which packs

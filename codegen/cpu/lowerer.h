@@ -197,6 +197,8 @@ class Lowerer {
   // Globals of equal contents are one global (constants and runtime parameter arrays), so
   // that kernels equal but for them are one function: by initializer (data_global).
   std::map<llvm::Constant*, llvm::GlobalVariable*> globals_;
+  // LowerOptions::constants_by_address: the symbol of each addressed tensor's data.
+  std::map<const void*, llvm::GlobalVariable*> addressed_;
   // LowerOptions::gemm_cache: the table of cache slots (loaded in the entry), the slots
   // used so far, and per value of the graph being lowered (the top level or a fused body)
   // whether it is a weight: a state input or a constant of the top level, or a body input

@@ -160,8 +160,13 @@ std::unique_ptr<llvm::TargetMachine> target_machine(const TargetSpec& spec) {
   return tm;
 }
 
+void optimize_module(EmittedModule& em, llvm::TargetMachine& tm, const CompileOptions& options) {
+  PhaseTimer timer("optimize");
+  optimize(*em.module, tm, std::clamp(options.opt_level, 0, 3));
+}
+
 EmittedModule emit_module(const Prepared& prepared, const CompileOptions& options, llvm::TargetMachine& tm,
-                          const std::string& entry_name, bool constants_by_address, bool gemm_cache) {
+                          const std::string& entry_name, bool constants_by_address, bool gemm_cache, bool optimized) {
   EmittedModule em;
   em.context = std::make_unique<llvm::LLVMContext>();
   LowerOptions lower_options;
@@ -185,8 +190,8 @@ EmittedModule emit_module(const Prepared& prepared, const CompileOptions& option
     llvm::raw_string_ostream os(msg);
     if (llvm::verifyModule(m, &os)) throw Error("cpu codegen: invalid module (internal error): " + msg);
   }
-  timer.emplace("optimize");
-  optimize(m, tm, std::clamp(options.opt_level, 0, 3));
+  timer.reset();
+  if (optimized) optimize_module(em, tm, options);
   em.arena_bytes = std::max<int64_t>(align_up(em.info.arena_bytes, 64) + em.info.scratch_bytes, 1);
   return em;
 }

@@ -54,8 +54,11 @@ struct EmittedModule {
 // With `constants_by_address` (the JIT's), large constants are read from `prepared`'s graph
 // (LowerOptions::constants_by_address): the module must not outlive `prepared`. With
 // `gemm_cache` (the JIT's) weights are packed once per instance (LowerOptions::gemm_cache).
+// Without `optimized` the module is as lowered (verified); optimize_module optimizes it.
 EmittedModule emit_module(const Prepared& prepared, const CompileOptions& options, llvm::TargetMachine& tm,
-                          const std::string& entry_name, bool constants_by_address = false, bool gemm_cache = false);
+                          const std::string& entry_name, bool constants_by_address = false, bool gemm_cache = false,
+                          bool optimized = true);
+void optimize_module(EmittedModule& em, llvm::TargetMachine& tm, const CompileOptions& options);
 
 // The features of runtime/cpu_features.def (bit, LLVM name) that an AOT object records.
 inline constexpr std::pair<int, std::string_view> kCpuFeatureNames[] = {

@@ -321,13 +321,30 @@ TEST_CASE("kiln run --time prints the phases up to the first result", "[cli][onn
   Tensor x(DType::f32, {1, 16});
   write_npy(dir / "x.npy", x);
   const std::string log = dir / "log";
+  // The object cache in the test's folder: the first run compiles (optimize, machine code),
+  // the second loads what the first stored.
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const std::string saved = xdg ? xdg : "";
+  ::setenv("XDG_CACHE_HOME", dir.path.c_str(), 1);
+  const char* cache = std::getenv("KILN_CACHE");
+  const std::string cache_saved = cache ? cache : "";
+  ::unsetenv("KILN_CACHE");
   kiln_peak_rss({"run", model, "--input", "x=" + dir / "x.npy", "--time"}, log);
   const std::string out = testing::slurp(log);
   for (const char* phase : {"time: first result", "time:   load", "time:     parse", "time:     weights",
                             "time:     import", "time:   compile", "time:     codegen", "time:       lower",
-                            "time:       optimize", "time:       machine code", "time:   first run"})
+                            "time:       object cache", "time:       optimize", "time:       machine code",
+                            "time:       link", "time:   first run"})
     CHECK_THAT(out, ContainsSubstring(phase));
   CHECK_THAT(out, ContainsSubstring("y = f32[1,8]"));
+  kiln_peak_rss({"run", model, "--input", "x=" + dir / "x.npy", "--time"}, log);
+  const std::string again = testing::slurp(log);
+  CHECK_THAT(again, ContainsSubstring("time:       object cache"));
+  CHECK_THAT(again, !ContainsSubstring("time:       optimize"));
+  CHECK_THAT(again, ContainsSubstring("y = f32[1,8]"));
+  if (xdg) ::setenv("XDG_CACHE_HOME", saved.c_str(), 1);
+  else ::unsetenv("XDG_CACHE_HOME");
+  if (cache) ::setenv("KILN_CACHE", cache_saved.c_str(), 1);
   // Without the flag, nothing of it.
   kiln_peak_rss({"run", model, "--input", "x=" + dir / "x.npy"}, log);
   CHECK_THAT(testing::slurp(log), !ContainsSubstring("time:"));
