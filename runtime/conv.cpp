@@ -794,13 +794,20 @@ void conv2d_nchwc(void** cache, const float* x, const float* w, const float* bia
   const bool bx = (layout & KILN_LAYOUT_X_NCHW16C) != 0, by = (layout & KILN_LAYOUT_Y_NCHW16C) != 0;
   if (!bx && !by) return conv2d_epi(x, w, bias, residual, y, &p, act, cache);
   const int64_t count = p.n * p.o * p.oh * p.ow;
-  const float* r = residual;
-  if (r && r < y + count && y < r + count && (r != y || act == KILN_ACT_SILU)) {
-    thread_local std::vector<float> copy;
-    copy.assign(r, r + count);
-    r = copy.data();
+  if (kiln_rt_conv2d_nchwc_preferred(&p)) {
+    // The blocked conv reads each residual element right before writing y's (not for silu,
+    // which conv_epilogue applies after the store): only another overlap needs a copy.
+    const float* r = residual;
+    if (r && r < y + count && y < r + count && (r != y || act == KILN_ACT_SILU)) {
+      thread_local std::vector<float> copy;
+      copy.assign(r, r + count);
+      r = copy.data();
+    }
+    if (kiln::rt::blocked_conv2d(x, w, bias, r, y, p, act, cache, layout)) return;
   }
-  if (kiln_rt_conv2d_nchwc_preferred(&p) && kiln::rt::blocked_conv2d(x, w, bias, r, y, p, act, cache, layout)) return;
+  // Reordered around the NCHW conv: the residual is read (reordered, or by conv2d_epi,
+  // which copies one that overlaps y) before y is written.
+  const float* r = residual;
   std::vector<float> xs, rs, ys;
   if (bx) {
     xs.resize(static_cast<size_t>(p.n * p.c * p.h * p.w));

@@ -19,7 +19,6 @@
 #include <llvm/Config/llvm-config.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
-#include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Module.h>
@@ -383,7 +382,8 @@ std::shared_ptr<const Program> build(std::shared_ptr<const Prepared> prep, const
   auto code = std::make_shared<CpuProgram>();
   code->prep = prep;
   code->options = options;
-  std::unique_ptr<llvm::TargetMachine> tm = detail::target_machine(detail::target_spec(options, detail::RunsOn::Host));
+  const detail::TargetSpec spec = detail::target_spec(options, detail::RunsOn::Host);
+  std::unique_ptr<llvm::TargetMachine> tm = detail::target_machine(spec);
   std::string missing = detail::missing_host_features(*tm);
   if (!missing.empty())
     code->cannot_run = "cpu codegen: code compiled for cpu '" + tm->getTargetCPU().str() +
@@ -396,7 +396,7 @@ std::shared_ptr<const Program> build(std::shared_ptr<const Prepared> prep, const
     for (const auto& e : runtime_symbol_table()) known = known || s == e.first;
     KILN_CHECK(known, "cpu codegen: runtime symbol " + s + " is not registered");
   }
-  const std::string object = object_code(em, *tm, options, target_key_of(detail::target_spec(options, detail::RunsOn::Host)));
+  const std::string object = object_code(em, *tm, options, target_key_of(spec));
   PhaseTimer timer("link");
   auto reported = std::make_shared<std::string>();
   std::vector<std::pair<const char*, void*>> constants;

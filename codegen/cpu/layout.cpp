@@ -65,7 +65,6 @@ std::optional<ConvEpilogue> match_conv_epilogue(const Node& n) {
   return m;
 }
 
-
 KilnConv2dParams conv_sizes(const Node& n, const Shape& x, const Shape& w, const Shape& y) {
   const auto& s = attr_ints(n.attrs, "stride");
   const auto& p = attr_ints(n.attrs, "padding");
@@ -100,8 +99,7 @@ struct Ties {
 //   - concat along the channels: all its operands and its result in one layout (the bytes
 //     of NCHW16c tensors concatenated are those of the result's NCHW16c);
 //   - any other kernel, a graph input or output: NCHW.
-// Linear in the graph: one walk, then a fixed point over the pools that unblock a group
-// (each pass ends or unblocks a group, so at most as many passes as pools).
+// Linear in the graph: one walk to collect the ties, then one visit of each group.
 std::vector<bool> nchwc_values(const Graph& g) {
   const size_t nv = g.values().size();
   std::vector<bool> ok(nv, false), produced(nv, false);
@@ -152,22 +150,30 @@ std::vector<bool> nchwc_values(const Graph& g) {
   for (const GraphOutput& o : g.outputs()) forbid(o.value);
   for (size_t v = 0; v < nv; ++v)
     if (!produced[v]) ok[v] = false;
-  // A group is blocked when all of its values can be; a pool's y only after a blocked x.
-  std::vector<bool> group(nv, true);
-  for (bool changed = true; changed;) {
-    changed = false;
-    std::fill(group.begin(), group.end(), true);
-    for (size_t v = 0; v < nv; ++v)
-      if (!ok[v]) group[static_cast<size_t>(ties.find(static_cast<int32_t>(v)))] = false;
-    for (const auto& [x, y] : pools)
-      if (!group[static_cast<size_t>(ties.find(x.id))] && ok[static_cast<size_t>(y.id)]) {
-        ok[static_cast<size_t>(y.id)] = false;
-        changed = true;
-      }
+  // A group is blocked when all of its values can be, and a pool's y only after a blocked x:
+  // a group found NCHW makes the y of each pool reading it NCHW, and so its group, each group
+  // visited once (a worklist over the groups' roots).
+  const auto root = [&](ValueId v) { return static_cast<size_t>(ties.find(v.id)); };
+  std::vector<std::vector<ValueId>> pools_of(nv);  // by the root of x's group: the pools' y
+  for (const auto& [x, y] : pools) pools_of[root(x)].push_back(y);
+  std::vector<bool> nchw(nv, false);  // by root
+  std::vector<size_t> work;
+  const auto unblock = [&](size_t r) {
+    if (!nchw[r]) {
+      nchw[r] = true;
+      work.push_back(r);
+    }
+  };
+  for (size_t v = 0; v < nv; ++v)
+    if (!ok[v]) unblock(root(ValueId{static_cast<int32_t>(v)}));
+  while (!work.empty()) {
+    const size_t r = work.back();
+    work.pop_back();
+    for (ValueId y : pools_of[r]) unblock(root(y));
   }
   std::vector<bool> blocked(nv, false);
   bool any = false;
-  for (size_t v = 0; v < nv; ++v) any |= blocked[v] = group[static_cast<size_t>(ties.find(static_cast<int32_t>(v)))];
+  for (size_t v = 0; v < nv; ++v) any |= blocked[v] = !nchw[root(ValueId{static_cast<int32_t>(v)})];
   if (!any) return {};
   return blocked;
 }

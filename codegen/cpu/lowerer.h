@@ -44,7 +44,6 @@ inline constexpr int64_t kMaxConstantBytes = int64_t{1} << 30;
 
 using Stream = StridedView;  // per dim of the iteration shape (elements; 0 = broadcast)
 
-
 class Lowerer {
  public:
   Lowerer(const Graph& g, const MemoryPlan& plan, const KernelPlan& kp, llvm::LLVMContext& ctx, LoweringInfo& info,
