@@ -22,11 +22,21 @@
 #include "runtime/thread_pool.h"
 #include "runtime/weight_cache.h"
 
+// OpenBLAS's own: stops its worker threads (exported by its builds, not declared in cblas.h).
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
+
 namespace kiln::rt {
 
 void init_blas_threading() {
   static const bool once = [] {
     openblas_set_num_threads(1);
+    // OpenBLAS's pthreads build starts its worker threads as it loads, and they spin on
+    // sched_yield for about 0.1 s before they sleep: with as many cores as the pool has
+    // threads, that spin takes a core from Kiln's first compile and runs (a 16->64 3x3 conv
+    // at batch 16 in a fresh `kiln run --profile --repeat 10`: 1.37x its time with them).
+    // Single-threaded, OpenBLAS never uses them again: stop them. (Its OpenMP and serial
+    // builds have no such threads; a later call asking for more threads restarts them.)
+    if (blas_thread_shutdown_ && openblas_get_parallel() == 1) blas_thread_shutdown_();
     return true;
   }();
   (void)once;

@@ -100,15 +100,16 @@ struct PackedBlockedWeights final : PackedFloats {
 // cs channels x 16 columns at a time, transposed in registers.
 // With `blocked` x is NCHW16c already (cs = 16; block b of image n at the same offset as
 // its first channel's plane in NCHW): each row a copy into the padded row.
+// Only padded rows [r0, r1) of blocks [b0, b1) are written (one thread's part of the work).
 void reorder_image(const KilnConv2dParams& p, const Geometry& geo, const float* x, int64_t n, int64_t b0, int64_t b1,
-                   float* dst, bool blocked) {
+                   int64_t r0, int64_t r1, float* dst, bool blocked) {
   const int64_t hp = geo.hp, wp = geo.wp, plane = p.h * p.w, cs = geo.cs;
   const __mmask16 lanes = cs == 16 ? __mmask16(0xffff) : __mmask16((1u << cs) - 1);
   const int64_t col_lo = std::min(p.pad_w, wp), col_hi = std::clamp(p.pad_w + p.w, col_lo, wp);
   for (int64_t b = b0; b < b1; ++b) {
     float* db = dst + b * hp * wp * cs;
     const float* src = x + (n * p.c + b * cs) * plane;
-    for (int64_t r = 0; r < hp; ++r) {
+    for (int64_t r = r0; r < r1; ++r) {
       float* drow = db + r * wp * cs;
       const int64_t i = r - p.pad_h;
       if (i < 0 || i >= p.h) {
@@ -320,20 +321,25 @@ bool blocked_conv2d(const float* x, const float* w, const float* bias, const flo
         return;
       }
       for (int64_t n = begin; n < end; ++n) {
-        reorder_image(p, geo, x, n, 0, geo.cb, image, blocked_x);
+        reorder_image(p, geo, x, n, 0, geo.cb, 0, geo.hp, image, blocked_x);
         for (int64_t q = 0; q < geo.groups; ++q)
           for (int64_t oy = 0; oy < p.oh; ++oy) output_row(p, geo, image, packed, bias, residual, y, act, n, q, oy, acc, blocked_y);
       }
     });
   } else {
     // Fewer images than threads (batch 1): the batch reordered first (into the calling
-    // thread's buffer, which the pool's threads read), then rows over the pool.
+    // thread's buffer, which the pool's threads read) in bands of padded rows over the pool
+    // (a stem's image is one block, which alone would leave one thread doing it all), then
+    // output rows over the pool.
     float* all = buffer(0, p.n * geo.image_floats);
     if (!all) return false;
-    for_items(p.n * geo.cb, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i)
-        reorder_image(p, geo, x, i / geo.cb, i % geo.cb, i % geo.cb + 1, all + i / geo.cb * geo.image_floats,
-                      blocked_x);
+    constexpr int64_t kBand = 8;
+    const int64_t bands = (geo.hp + kBand - 1) / kBand;
+    for_items(p.n * geo.cb * bands, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t n = i / (geo.cb * bands), b = i / bands % geo.cb, r = i % bands * kBand;
+        reorder_image(p, geo, x, n, b, b + 1, r, std::min(r + kBand, geo.hp), all + n * geo.image_floats, blocked_x);
+      }
     });
     for_items(p.n * geo.groups * p.oh, [&](int64_t begin, int64_t end) {
       float* acc = buffer(1, acc_floats);

@@ -31,6 +31,7 @@
 #include "passes/check_memory_plan.h"
 #include "passes/memory_plan.h"
 #include "passes/pipeline.h"
+#include "runtime/kernels.h"
 #include "passes/rebatch.h"
 #include "passes/train_step.h"
 #include "runtime/blas.h"
@@ -739,6 +740,10 @@ int check_stdout(int status) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The runtime's pool first: starting it switches OpenBLAS to one thread and stops the
+  // worker threads OpenBLAS started as it loaded, which would otherwise spin through the
+  // import and the compile (runtime/blas.cpp, init_blas_threading).
+  (void)kiln_rt_num_threads();
   try {
     return check_stdout(run_command_line(argc, argv));
   } catch (const kiln::Error& e) {

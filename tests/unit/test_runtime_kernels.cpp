@@ -33,6 +33,9 @@
 #include "runtime/conv_internal.h"
 #include "runtime/kernels.h"
 
+// OpenBLAS's: nonzero while its thread server runs (exported by its builds, not in cblas.h).
+extern "C" int blas_server_avail __attribute__((weak));
+
 using namespace kiln;
 
 namespace {
@@ -900,8 +903,11 @@ TEST_CASE("runtime: a chunked reduction gives the same bits every run", "[runtim
 TEST_CASE("runtime: the pool has KILN_NUM_THREADS threads", "[runtime][threads]") {
   CHECK(kiln_rt_num_threads() == expected_threads());
   CHECK(runs_concurrently(kiln_rt_num_threads()));
-  // OpenBLAS is kept to one thread so that it never competes with the pool.
+  // OpenBLAS is kept to one thread so that it never competes with the pool, and the
+  // worker threads its pthreads build started as it loaded are stopped (they would spin
+  // for a while otherwise): its thread server is down.
   CHECK(openblas_get_num_threads() == 1);
+  if (openblas_get_parallel() == 1 && &blas_server_avail) CHECK(blas_server_avail == 0);
 
   // The environment is read once per process, so other counts are checked in a child.
   const std::string exe = self_exe();
