@@ -876,14 +876,21 @@ void kiln_rt_conv2d_nchwc_f32(void** cache, const float* x, const float* w, cons
 // 1x1 convs (ResNet's downsamples), which in NCHW take the implicit GEMM or the
 // positions-broadcast conv: between blocked tensors the direct conv took 0.72-0.99x their
 // time at batch 1 (0.82-1.10x at 16), and keeping them blocked keeps the values they share
-// with the 3x3 convs blocked. Not the stride-1 1x1 convs: 1.0-1.75x the NCHW kernels' time
-// (MobileNetV2's, EfficientNet's, SqueezeNet's; those models ran 1.2-1.3x slower with them
+// with the 3x3 convs blocked. An image's stem (fewer than 16 channels) with a short
+// reduction, which the entry point leaves to the dense rows: writing y blocked (for a
+// blocked pool after it) it took 0.84x their time at batch 1, 1.12x at 16, and the blocked
+// pool ~0.7x the NCHW one's. Stride-1 1x1 convs only from an x blocked already (2): the
+// blocked conv reads such an x in place (no padding: nothing to reorder) and took 0.70-1.10x
+// the NCHW kernels' time (SqueezeNet's and MobileNetV2's shapes); from an NCHW x, which it
+// must transpose, 1.0-1.75x (MobileNetV2 and EfficientNet-B0 ran 1.2-1.3x slower with those
 // blocked). Not the 512-channel convs on planes under 64 positions: at batch 1 the blocked
 // conv took 1.3x the positions-broadcast kernel's time on ResNet-18's 7x7 layers.
 int32_t kiln_rt_conv2d_nchwc_preferred(const KilnConv2dParams* p) {
   if (blocked_first(*p)) return 1;
-  return p->kh * p->kw == 1 && (p->stride_h > 1 || p->stride_w > 1) && p->c % 16 == 0 &&
-         kiln::rt::blocked_conv2d_shape(*p);
+  if (!kiln::rt::blocked_conv2d_shape(*p)) return 0;
+  if (p->c < 16 && p->kh * p->kw > 1) return 1;
+  if (p->kh * p->kw != 1 || p->c % 16 != 0) return 0;
+  return p->stride_h > 1 || p->stride_w > 1 ? 1 : 2;
 }
 void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams* p) {
   guarded("conv2d_grad_input: out of memory", [&] { conv2d_grad_input(dy, w, dx, p); });

@@ -56,17 +56,22 @@ namespace {
 constexpr int64_t kBlock = 16;  // channels per block: one zmm
 constexpr int64_t kGroup = 4;   // output blocks a tile holds at most (64 channels)
 
-// The geometry of one call: the padded, blocked image [cb][hp][wp][cs] each tile reads.
+// The geometry of one call: the padded, blocked image [cb][hp][wp][cs] each tile reads. An
+// x in NCHW16c without padding is that image already, with its own rows and columns
+// (in_place: the tiles read x, nothing is reordered; a 1x1 conv's input, a strided one's too).
 struct Geometry {
   int64_t cs;              // channels per input block: 16, or all of them when fewer (a stem's 3)
   int64_t cb, ob, groups;  // input blocks, output blocks, groups of up to kGroup output blocks
   int64_t hp, wp;          // the padded image's rows and columns: every tap of every output inside
   int64_t taps;            // kh * kw
   int64_t image_floats;    // one blocked image
-  explicit Geometry(const KilnConv2dParams& p)
+  bool in_place;           // the tiles read x itself: rows of p.w columns, blocks of p.h rows
+  int64_t rows, cols;      // the rows and columns of a block of the image the tiles read
+  Geometry(const KilnConv2dParams& p, bool blocked_x)
       : cs(std::min(p.c, kBlock)), cb(p.c / cs), ob(p.o / kBlock), groups((ob + kGroup - 1) / kGroup),
         hp((p.oh - 1) * p.stride_h + p.kh), wp((p.ow - 1) * p.stride_w + p.kw), taps(p.kh * p.kw),
-        image_floats(p.c * hp * wp) {}
+        image_floats(p.c * hp * wp), in_place(blocked_x && p.pad_h == 0 && p.pad_w == 0 && hp <= p.h && wp <= p.w),
+        rows(in_place ? p.h : hp), cols(in_place ? p.w : wp) {}
   int64_t blocks_of(int64_t q) const { return std::min(kGroup, ob - q * kGroup); }
 };
 
@@ -211,12 +216,12 @@ void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* ima
                 const float* bias, const float* residual, float* y, int32_t act, int64_t n, int64_t q, int64_t oy,
                 float* acc, bool blocked_y) {
   const int64_t nf = geo.blocks_of(q), width = nf * kBlock, ow = p.ow, tw = tile_width(nf);
-  const int64_t cs = geo.cs, step = p.stride_w * cs, row = geo.wp * cs, ld = ow * kBlock;
+  const int64_t cs = geo.cs, step = p.stride_w * cs, row = geo.cols * cs, ld = ow * kBlock;
   const float* group = packed + q * kGroup * kBlock * p.c * geo.taps;
   const float* init = bias ? bias + q * kGroup * kBlock : nullptr;
   const auto& fns = kTiles[cs == kBlock ? 0 : cs == 3 ? 1 : 2][static_cast<size_t>(nf - 1)];
   for (int64_t b = 0; b < geo.cb; ++b) {
-    const float* xb = image + (b * geo.hp + oy * p.stride_h) * row;
+    const float* xb = image + (b * geo.rows + oy * p.stride_h) * row;
     const float* wb = group + b * geo.taps * cs * width;
     for (int64_t ox = 0; ox < ow; ox += tw) {
       const int64_t t = std::min(tw, ow - ox);
@@ -292,7 +297,7 @@ bool blocked_conv2d(const float* x, const float* w, const float* bias, const flo
   const bool blocked_x = (layout & KILN_LAYOUT_X_NCHW16C) != 0, blocked_y = (layout & KILN_LAYOUT_Y_NCHW16C) != 0;
   if (!blocked_conv2d_shape(p) || (blocked_x && p.c % kBlock != 0)) return false;
   if (p.n == 0) return true;
-  const Geometry geo(p);
+  const Geometry geo(p, blocked_x);
   // The packed weights: the cache slot's, or packed for this call.
   const float* packed = nullptr;
   if (cache) {
@@ -314,14 +319,15 @@ bool blocked_conv2d(const float* x, const float* w, const float* bias, const flo
     // Images over the pool: each thread reorders the image it works on into a buffer of its
     // own, which stays in its L2 while its rows read it.
     for_items(p.n, [&](int64_t begin, int64_t end) {
-      float* image = buffer(0, geo.image_floats);
+      float* buf = geo.in_place ? nullptr : buffer(0, geo.image_floats);
       float* acc = buffer(1, acc_floats);
-      if (!image || !acc) {
+      if ((!geo.in_place && !buf) || !acc) {
         failed.store(true);
         return;
       }
       for (int64_t n = begin; n < end; ++n) {
-        reorder_image(p, geo, x, n, 0, geo.cb, 0, geo.hp, image, blocked_x);
+        const float* image = geo.in_place ? x + n * p.c * p.h * p.w : buf;
+        if (!geo.in_place) reorder_image(p, geo, x, n, 0, geo.cb, 0, geo.hp, buf, blocked_x);
         for (int64_t q = 0; q < geo.groups; ++q)
           for (int64_t oy = 0; oy < p.oh; ++oy) output_row(p, geo, image, packed, bias, residual, y, act, n, q, oy, acc, blocked_y);
       }
@@ -331,16 +337,19 @@ bool blocked_conv2d(const float* x, const float* w, const float* bias, const flo
     // thread's buffer, which the pool's threads read) in bands of padded rows over the pool
     // (a stem's image is one block, which alone would leave one thread doing it all), then
     // output rows over the pool.
-    float* all = buffer(0, p.n * geo.image_floats);
-    if (!all) return false;
+    float* all = geo.in_place ? nullptr : buffer(0, p.n * geo.image_floats);
+    if (!geo.in_place && !all) return false;
+    const int64_t image_floats = geo.in_place ? p.c * p.h * p.w : geo.image_floats;
     constexpr int64_t kBand = 8;
     const int64_t bands = (geo.hp + kBand - 1) / kBand;
-    for_items(p.n * geo.cb * bands, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t n = i / (geo.cb * bands), b = i / bands % geo.cb, r = i % bands * kBand;
-        reorder_image(p, geo, x, n, b, b + 1, r, std::min(r + kBand, geo.hp), all + n * geo.image_floats, blocked_x);
-      }
-    });
+    if (!geo.in_place)
+      for_items(p.n * geo.cb * bands, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const int64_t n = i / (geo.cb * bands), b = i / bands % geo.cb, r = i % bands * kBand;
+          reorder_image(p, geo, x, n, b, b + 1, r, std::min(r + kBand, geo.hp), all + n * image_floats, blocked_x);
+        }
+      });
+    const float* images = geo.in_place ? x : all;
     for_items(p.n * geo.groups * p.oh, [&](int64_t begin, int64_t end) {
       float* acc = buffer(1, acc_floats);
       if (!acc) {
@@ -349,7 +358,7 @@ bool blocked_conv2d(const float* x, const float* w, const float* bias, const flo
       }
       for (int64_t i = begin; i < end; ++i) {
         const int64_t n = i / (geo.groups * p.oh), q = i / p.oh % geo.groups, oy = i % p.oh;
-        output_row(p, geo, all + n * geo.image_floats, packed, bias, residual, y, act, n, q, oy, acc, blocked_y);
+        output_row(p, geo, images + n * image_floats, packed, bias, residual, y, act, n, q, oy, acc, blocked_y);
       }
     });
   }

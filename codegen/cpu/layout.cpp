@@ -94,7 +94,8 @@ struct Ties {
 // it, the values it is tied to likewise:
 //   - a conv (alone or with its fused epilogue) that runs the blocked direct conv here
 //     (kiln_rt_conv2d_nchwc_preferred) reads its x in either layout and writes y in either,
-//     its residual in y's;
+//     its residual in y's; one that gains only when x is blocked already (a stride-1 1x1
+//     conv, which then reads x in place) writes y blocked only from a blocked x;
 //   - max_pool2d reads x in either layout and writes y blocked only from a blocked x;
 //   - concat along the channels: all its operands and its result in one layout (the bytes
 //     of NCHW16c tensors concatenated are those of the result's NCHW16c);
@@ -108,7 +109,7 @@ std::vector<bool> nchwc_values(const Graph& g) {
     ok[v] = t.dtype == DType::f32 && t.rank() == 4 && t.shape[1] > 0 && t.shape[1] % 16 == 0;
   }
   Ties ties(nv);
-  std::vector<std::pair<ValueId, ValueId>> pools;  // (x, y)
+  std::vector<std::pair<ValueId, ValueId>> follows;  // (x, y): y blocked only from a blocked x
   const auto forbid = [&](ValueId v) {
     if (v.valid()) ok[static_cast<size_t>(v.id)] = false;
   };
@@ -125,16 +126,17 @@ std::vector<bool> nchwc_values(const Graph& g) {
       const Node& conv = *m->conv;
       const KilnConv2dParams p = conv_sizes(conv, body.type(conv.operands[0]).shape,
                                             body.type(conv.operands[1]).shape, body.type(conv.result()).shape);
-      if (kiln_rt_conv2d_nchwc_preferred(&p)) {
+      if (const int32_t preferred = kiln_rt_conv2d_nchwc_preferred(&p)) {
         for (ValueId v : n.operands)
           if (v != m->operands[0] && v != m->residual) forbid(v);
         if (m->residual.valid()) ties.unite(m->residual, y);
+        if (preferred == 2) follows.emplace_back(m->operands[0], y);
         produced[static_cast<size_t>(y.id)] = true;
         continue;
       }
     }
     if (n.op == Op::MaxPool2d && f32) {
-      pools.emplace_back(n.operands[0], y);
+      follows.emplace_back(n.operands[0], y);
       produced[static_cast<size_t>(y.id)] = true;
       continue;
     }
@@ -150,12 +152,12 @@ std::vector<bool> nchwc_values(const Graph& g) {
   for (const GraphOutput& o : g.outputs()) forbid(o.value);
   for (size_t v = 0; v < nv; ++v)
     if (!produced[v]) ok[v] = false;
-  // A group is blocked when all of its values can be, and a pool's y only after a blocked x:
-  // a group found NCHW makes the y of each pool reading it NCHW, and so its group, each group
-  // visited once (a worklist over the groups' roots).
+  // A group is blocked when all of its values can be, and the y of a pool (or of a conv that
+  // follows its x) only after a blocked x: a group found NCHW makes the y of each such
+  // reader NCHW, and so its group, each group visited once (a worklist over the groups' roots).
   const auto root = [&](ValueId v) { return static_cast<size_t>(ties.find(v.id)); };
-  std::vector<std::vector<ValueId>> pools_of(nv);  // by the root of x's group: the pools' y
-  for (const auto& [x, y] : pools) pools_of[root(x)].push_back(y);
+  std::vector<std::vector<ValueId>> follows_of(nv);  // by the root of x's group: the readers' y
+  for (const auto& [x, y] : follows) follows_of[root(x)].push_back(y);
   std::vector<bool> nchw(nv, false);  // by root
   std::vector<size_t> work;
   const auto unblock = [&](size_t r) {
@@ -169,7 +171,7 @@ std::vector<bool> nchwc_values(const Graph& g) {
   while (!work.empty()) {
     const size_t r = work.back();
     work.pop_back();
-    for (ValueId y : pools_of[r]) unblock(root(y));
+    for (ValueId y : follows_of[r]) unblock(root(y));
   }
   std::vector<bool> blocked(nv, false);
   bool any = false;

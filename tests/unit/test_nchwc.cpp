@@ -70,6 +70,8 @@ TEST_CASE("conv2d_nchwc: x, y and the residual in NCHW16c give the NCHW conv's b
       {2, 32, 10, 10, 48, 3, 3, 1, 1, 1, 1, 1, 1, 1},  // a 3x3 conv (the blocked conv's)
       {1, 32, 9, 9, 64, 1, 1, 2, 2, 0, 0, 1, 1, 1},    // a 1x1 stride-2 downsample
       {3, 16, 7, 11, 32, 1, 1, 1, 1, 0, 0, 1, 1, 1},   // a 1x1 conv over a batch of 3
+      {2, 16, 10, 11, 32, 3, 3, 2, 2, 0, 0, 1, 1, 1},  // unpadded, strided: a blocked x read in place,
+                                                       // its last row and column never read
       {1, 32, 8, 8, 32, 3, 3, 1, 1, 2, 2, 2, 2, 1},    // dilated: reordered around the NCHW conv
       {2, 32, 6, 6, 32, 3, 3, 1, 1, 1, 1, 1, 1, 2},    // grouped: likewise
   };
@@ -109,7 +111,8 @@ TEST_CASE("conv2d_nchwc: x, y and the residual in NCHW16c give the NCHW conv's b
   }
 }
 
-TEST_CASE("conv2d_nchwc_preferred: the spatial and strided 1x1 convs the blocked conv runs, not stride-1 1x1 ones",
+TEST_CASE("conv2d_nchwc_preferred: the spatial and strided 1x1 convs the blocked conv runs, stride-1 1x1 ones after a "
+          "blocked x",
           "[runtime][conv][nchwc]") {
   KernelGuard guard;
   if (!kiln::rt::gemm_kernel_supported(kiln::rt::GemmKernel::avx512) ||
@@ -117,15 +120,18 @@ TEST_CASE("conv2d_nchwc_preferred: the spatial and strided 1x1 convs the blocked
     SKIP("this CPU does not run Kiln's AVX-512 GEMM kernel (nothing is preferred blocked)");
   const auto preferred = [](const ConvCase& k) {
     const KilnConv2dParams p = params_of(k);
-    return kiln_rt_conv2d_nchwc_preferred(&p) != 0;
+    return kiln_rt_conv2d_nchwc_preferred(&p);
   };
-  CHECK(preferred({1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1}));     // ResNet-18's 3x3 layer
-  CHECK(preferred({1, 3, 224, 224, 64, 7, 7, 2, 2, 3, 3, 1, 1, 1}));    // its stem (its y blocked)
-  CHECK(preferred({1, 64, 56, 56, 128, 1, 1, 2, 2, 0, 0, 1, 1, 1}));    // its downsample
-  CHECK_FALSE(preferred({1, 96, 14, 14, 576, 1, 1, 1, 1, 0, 0, 1, 1, 1}));  // MobileNetV2's expand
-  CHECK_FALSE(preferred({1, 576, 14, 14, 96, 1, 1, 1, 1, 0, 0, 1, 1, 1}));  // and projection
-  CHECK_FALSE(preferred({1, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1}));   // 512 channels on 7x7
-  CHECK_FALSE(preferred({1, 32, 8, 8, 32, 3, 3, 1, 1, 1, 1, 1, 1, 2}));     // grouped
+  CHECK(preferred({1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1}) == 1);     // ResNet-18's 3x3 layer
+  CHECK(preferred({1, 3, 224, 224, 64, 7, 7, 2, 2, 3, 3, 1, 1, 1}) == 1);    // its stem (its y blocked)
+  CHECK(preferred({1, 64, 56, 56, 128, 1, 1, 2, 2, 0, 0, 1, 1, 1}) == 1);    // its downsample
+  CHECK(preferred({16, 3, 224, 224, 64, 3, 3, 2, 2, 0, 0, 1, 1, 1}) == 1);   // SqueezeNet's 3x3 stem
+  CHECK(preferred({1, 96, 14, 14, 576, 1, 1, 1, 1, 0, 0, 1, 1, 1}) == 2);    // MobileNetV2's expand
+  CHECK(preferred({1, 576, 14, 14, 96, 1, 1, 1, 1, 0, 0, 1, 1, 1}) == 2);    // and projection
+  CHECK(preferred({1, 128, 55, 55, 16, 1, 1, 1, 1, 0, 0, 1, 1, 1}) == 2);    // SqueezeNet's squeeze
+  CHECK(preferred({1, 24, 28, 28, 144, 1, 1, 1, 1, 0, 0, 1, 1, 1}) == 0);    // 24 channels: no blocks
+  CHECK(preferred({1, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1}) == 0);     // 512 channels on 7x7
+  CHECK(preferred({1, 32, 8, 8, 32, 3, 3, 1, 1, 1, 1, 1, 1, 2}) == 0);       // grouped
 }
 
 TEST_CASE("max_pool2d_nchwc: the NCHW pool's bits from NCHW16c, NaN, infinities and padding included",
@@ -160,8 +166,10 @@ TEST_CASE("max_pool2d_nchwc: the NCHW pool's bits from NCHW16c, NaN, infinities 
 namespace {
 
 // A cut-down image model: a 7x7 stem (3 channels in), a max pool, a residual block with a
-// 1x1 downsample, a concat of two 3x3 branches (16 and 32 channels), then a global mean;
-// the block's first conv's result also read by a sigmoid (an elementwise loop: NCHW).
+// 1x1 downsample, a concat of two 3x3 branches (16 and 32 channels), a stride-1 1x1 conv
+// (which follows its blocked x), a 3x3 conv, then a global mean; the block's first conv's
+// result also read by a sigmoid (an elementwise loop: NCHW), whose result a stride-1 1x1
+// conv reads (so its y stays NCHW, though a 3x3 conv reads it) before a second mean.
 Graph small_net() {
   Graph g("net");
   auto conv = [&](ValueId x, int64_t c, int64_t o, int64_t k, int64_t stride, const std::string& name) {
@@ -180,9 +188,12 @@ Graph small_net() {
   ValueId l = g.add_node(Op::Relu, {conv(blk, 32, 16, 3, 1, "l")});
   ValueId r = g.add_node(Op::Relu, {conv(blk, 32, 32, 3, 1, "r")});
   ValueId cat = g.add_node(Op::Concat, {l, r}, {{"axis", int64_t{1}}});
-  ValueId top = g.add_node(Op::Relu, {conv(cat, 48, 32, 3, 1, "top")});
+  ValueId pw = g.add_node(Op::Relu, {conv(cat, 48, 32, 1, 1, "pw")});
+  ValueId top = g.add_node(Op::Relu, {conv(pw, 32, 32, 3, 1, "top")});
   g.add_output("mean", g.add_node(Op::Mean, {top}, {{"axes", std::vector<int64_t>{2, 3}}}));
-  g.add_output("gate", g.add_node(Op::Sigmoid, {a}));
+  ValueId gate = g.add_node(Op::Relu, {conv(g.add_node(Op::Sigmoid, {a}), 32, 16, 1, 1, "gate")});
+  ValueId after = g.add_node(Op::Relu, {conv(gate, 16, 16, 3, 1, "after")});
+  g.add_output("gate", g.add_node(Op::Mean, {after}, {{"axes", std::vector<int64_t>{2, 3}}}));
   return g;
 }
 
@@ -204,7 +215,7 @@ TEST_CASE("the CPU code keeps chains of convs, pools and concats in NCHW16c and 
   if (kiln_rt_conv2d_nchwc_preferred(&p3)) {
     // Blocked: the stem's result (the pool reads it), the pool's, the block's, the concat's
     // operands and result. NCHW: the outputs, the sigmoid's operand, the mean's.
-    int blocked_count = 0;
+    int blocked_count = 0, pointwise = 0;
     for (bool b : nchwc) blocked_count += b;
     CHECK(blocked_count >= 6);
     for (const GraphOutput& o : planned.outputs()) CHECK_FALSE(nchwc[static_cast<size_t>(o.value.id)]);
@@ -218,7 +229,17 @@ TEST_CASE("the CPU code keeps chains of convs, pools and concats in NCHW16c and 
           (n.op == Op::Fused && n.body->nodes().back().op == Op::Sigmoid))
         for (ValueId v : n.operands) CHECK(nchwc[static_cast<size_t>(v.id)] == (n.op == Op::Concat));
       if (n.op == Op::Concat) CHECK(nchwc[static_cast<size_t>(n.result().id)]);
+      // The stride-1 1x1 convs: the one after the concat writes NCHW16c, the one after the
+      // sigmoid NCHW.
+      const std::optional<cpu::detail::ConvEpilogue> m = cpu::detail::match_conv_epilogue(n);
+      if (m && n.body->type(m->conv->operands[1]).shape[2] == 1) {
+        const int64_t in_channels = n.body->type(m->conv->operands[1]).shape[1];
+        CAPTURE(in_channels);
+        CHECK(nchwc[static_cast<size_t>(n.result().id)] == (in_channels == 48));
+        ++pointwise;
+      }
     }
+    CHECK(pointwise == 2);
   }
   auto exe = compile(g);
   if (kiln_rt_conv2d_nchwc_preferred(&p3)) {
