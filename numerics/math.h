@@ -85,13 +85,16 @@ KILN_MATH_INLINE T exp(T x) {
 }
 
 // sigmoid(x) = 1 / (1 + e) for x >= 0 and e / (1 + e) below, e = exp(-|x|): neither
-// overflows, and one exp serves both sides. NaN gives x itself, so SiLU's x * sigmoid(x)
-// multiplies two equal NaNs and its bits do not depend on the order a compiler puts the
-// product's operands in.
+// overflows, and one exp serves both sides. The numerator is chosen before the one
+// division (a vector loop would otherwise compute both quotients: division is the slowest
+// step here, SiLU after a conv took 1.5x the time with two). NaN gives x itself, so SiLU's
+// x * sigmoid(x) multiplies two equal NaNs and its bits do not depend on the order a
+// compiler puts the product's operands in.
 template <typename T>
 KILN_MATH_INLINE T sigmoid(T x) {
   T e = math::exp(-std::fabs(x));
-  return x >= T(0) ? T(1) / (T(1) + e) : x < T(0) ? e / (T(1) + e) : x;
+  T q = (x >= T(0) ? T(1) : e) / (T(1) + e);
+  return x != x ? x : q;
 }
 inline float sigmoid_f32(float x) { return sigmoid<float>(x); }
 

@@ -68,15 +68,15 @@ Value* Lowerer::exp(Value* a) {
   return B_.CreateFMul(B_.CreateFMul(e, pow2(n1)), pow2(n2));
 }
 
-// numerics/math.h's sigmoid: one exp, of -|x|; NaN gives x.
+// numerics/math.h's sigmoid: one exp, of -|x|, one division; NaN gives x.
 Value* Lowerer::sigmoid(Value* a) {
   llvm::Type* t = a->getType();
   Value* one = llvm::ConstantFP::get(t, 1.0);
   Value* e = exp(B_.CreateFNeg(intrinsic(llvm::Intrinsic::fabs, a)));
   Value* d = B_.CreateFAdd(one, e);
   Value* zero = llvm::ConstantFP::get(t, 0.0);
-  return B_.CreateSelect(B_.CreateFCmpOGE(a, zero), B_.CreateFDiv(one, d),
-                         B_.CreateSelect(B_.CreateFCmpOLT(a, zero), B_.CreateFDiv(e, d), a));
+  Value* q = B_.CreateFDiv(B_.CreateSelect(B_.CreateFCmpOGE(a, zero), one, e), d);
+  return B_.CreateSelect(B_.CreateFCmpUNO(a, a), a, q);
 }
 
 Value* Lowerer::cast_scalar(Value* x, DType from, DType to) {
