@@ -5,6 +5,8 @@
 #include <cblas.h>
 
 #include <catch2/catch_test_macros.hpp>
+
+#include <bit>
 #include <catch2/matchers/catch_matchers_string.hpp>
 #include <algorithm>
 #include <cfloat>
@@ -216,6 +218,32 @@ TEST_CASE("gemm: a cached B gives sgemm's bits and is packed once until forgotte
     CHECK(fnv(moved.run_cached(&slot)) == fnv(moved.run_kiln()));
   }
   kiln_rt_gemm_cache_forget(&slot, 1, 1);
+}
+
+// A matrix-vector product's outputs, whichever rows a call computes together (the AVX-512
+// kernel takes four at a time): each output equals the same product computed alone.
+TEST_CASE("gemm: a matrix-vector product's outputs do not depend on which rows a call computes with them",
+          "[gemm]") {
+  KernelGuard guard;
+  for (GemmKernel kern : kiln_kernels()) {
+    REQUIRE(kiln::rt::set_gemm_kernel(kern));
+    CAPTURE(kiln::rt::gemm_kernel_name(kern));
+    for (int64_t k : {63, 64, 300}) {
+      const int64_t n = 203;  // rows of B stored [N, K]: 50 groups of four and a tail of three
+      std::mt19937 rng(static_cast<uint32_t>(k));
+      std::uniform_real_distribution<float> u(-1, 1);
+      std::vector<float> x(static_cast<size_t>(k)), b(static_cast<size_t>(n * k)), all(static_cast<size_t>(n));
+      for (float& v : x) v = u(rng);
+      for (float& v : b) v = u(rng);
+      kiln_rt_sgemm(0, 1, 1, n, k, 1.0f, x.data(), k, b.data(), k, 0.0f, all.data(), n);  // y = x B^T
+      for (int64_t j = 0; j < n; ++j) {
+        float one = 0.0f;
+        kiln_rt_sgemm(0, 1, 1, 1, k, 1.0f, x.data(), k, b.data() + j * k, k, 0.0f, &one, 1);
+        CAPTURE(k, j);
+        REQUIRE(std::bit_cast<uint32_t>(one) == std::bit_cast<uint32_t>(all[static_cast<size_t>(j)]));
+      }
+    }
+  }
 }
 
 // Shapes whose C is cut into pieces over the pool, each with ragged edges.
