@@ -2,8 +2,9 @@
 // threading policy (runtime/blas.cpp). Not part of the C interface that generated code sees.
 //
 // Threading policy: all parallelism in a Kiln process comes from the runtime's one pool.
-// OpenBLAS is switched to a single thread the first time the runtime touches the pool or
-// a GEMM, so its own threads never compete with ours; kiln_rt_sgemm/dgemm instead cut a
+// OpenBLAS is switched to a single thread, and the worker threads it started as it loaded
+// are stopped, the first time the runtime touches the pool or a GEMM (the kiln command does
+// it first thing), so its own threads never compete with ours; kiln_rt_sgemm/dgemm instead cut a
 // large GEMM into a grid of blocks fixed by its shape, run over the pool, or one after
 // another when called from inside a parallel_for chunk (nested parallelism always runs
 // inline). Every parallel reduction is partitioned by the shape, never by the thread
