@@ -10,7 +10,9 @@
 // (one from each block) transposed in registers give, in vector k, element k of every block,
 // which the lanes add in order. Each lane does exactly the scalar chain's adds, so the block
 // sums, and everything after them, are the same bits. The blocks left over (fewer than
-// sixteen, and each row's partial last block) are added the scalar way.
+// sixteen, and each row's partial last block) are added the scalar way. Rows of at most one block (a
+// global pool over a 7x7 plane: 49 floats) go sixteen rows a step the same way, lane i
+// adding row i (they were one scalar chain a row: 2-3x the time).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -26,6 +28,7 @@
 // reports at each inlined use (GCC bug 105593), a false positive.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "runtime/transpose_avx512.h"  // after the pragmas: built for AVX-512
@@ -45,6 +48,23 @@ void sixteen_blocks(const float* const* starts, float* sums) {
     kiln::rt::transpose16x16(r);
 #pragma GCC unroll 16
     for (int k = 0; k < 16; ++k) acc = _mm512_add_ps(acc, r[k]);
+  }
+  _mm512_storeu_ps(sums, acc);
+}
+
+// The sums of 16 rows of n <= kSumBlock floats (row i at x + i * n), each one block: lane i
+// adds row i's elements left to right from +0, sixteen columns a transpose (masked loads
+// for the last, which read nothing past the rows).
+void sixteen_short_rows(const float* x, int64_t n, float* sums) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t c0 = 0; c0 < n; c0 += 16) {
+    const int64_t m = std::min<int64_t>(16, n - c0);
+    const __mmask16 mask = m == 16 ? __mmask16(0xffff) : __mmask16((1u << m) - 1);
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_maskz_loadu_ps(mask, x + i * n + c0);
+    kiln::rt::transpose16x16(r);
+    for (int64_t k = 0; k < m; ++k) acc = _mm512_add_ps(acc, r[k]);
   }
   _mm512_storeu_ps(sums, acc);
 }
@@ -99,10 +119,26 @@ void rows_range(const float* x, int64_t n, int64_t r0, int64_t r1, float* out, b
 extern "C" void kiln_rt_row_sums_f32(const float* x, float* out, int64_t rows, int64_t n, int32_t mean) {
   if (rows <= 0) return;
   if (n <= kSumBlock) {  // one block (or none): left to right from +0
-    for (int64_t r = 0; r < rows; ++r) {
-      const float s = block_sum(x + r * n, n);
-      out[r] = mean ? s / static_cast<float>(n) : s;
-    }
+    // Global pools over 7x7 planes (49 floats a row): sixteen rows a step, one per lane,
+    // runs of rows over the pool (each row's result its own: any cut, the same bits).
+    auto run = [&](int64_t r0, int64_t r1) {
+      int64_t r = r0;
+#if defined(__x86_64__)
+      static const bool avx512 = __builtin_cpu_supports("avx512f");
+      if (avx512 && n > 0)
+        for (; r + 16 <= r1; r += 16) {
+          float sums[16];
+          sixteen_short_rows(x + r * n, n, sums);
+          for (int i = 0; i < 16; ++i) out[r + i] = mean ? sums[i] / static_cast<float>(n) : sums[i];
+        }
+#endif
+      for (; r < r1; ++r) {
+        const float s = block_sum(x + r * n, n);
+        out[r] = mean ? s / static_cast<float>(n) : s;
+      }
+    };
+    const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 15) / std::max<int64_t>(n, 1));
+    kiln::rt::parallel_for(rows, grain, run);
     return;
   }
   // Runs of rows over the pool, each at least 2^15 elements; each row's result depends on

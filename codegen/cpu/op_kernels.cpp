@@ -728,6 +728,15 @@ void Lowerer::lower_reduce(const Node& n, const TensorType& xt, const TensorType
     for_loop(count, [&](Value* k) { B_.CreateStore(combine(B_.CreateLoad(ty(t), slot), elem(k)), slot); });
     store(t, finish(B_.CreateLoad(ty(t), slot)), out, j);
   };
+  if (trailing && !blocked && contiguous_rows && t == DType::f32 && (n.op == Op::Sum || n.op == Op::Mean) &&
+      m >= 16 && count > 1) {
+    // Contiguous f32 rows of one block (a global average pool's 7x7 planes: 49 elements
+    // each): the runtime's row sums, sixteen rows a step in vector lanes, each still added
+    // left to right from +0 (2-3x faster than the rows' scalar chains below).
+    B_.CreateCall(runtime(RtFn::kiln_rt_row_sums_f32),
+                  {x, out, c64(m), c64(count), B_.getInt32(n.op == Op::Mean ? 1 : 0)});
+    return;
+  }
   if (trailing && !blocked && m >= 2 * kReduceRows && count > 1) {
     // Short rows (a global average pool's 7x7 planes: 49 elements each), kReduceRows at a
     // time: each row still reduced in order by one chain, but the rows' chains advance

@@ -60,7 +60,10 @@ struct Case {
 };
 const Case kCases[] = {{5, 1},    {3, 63},   {3, 64},    {7, 65},   {17, 128},  {4, 130},   {9, 196},
                        {40, 784}, {2, 1024}, {3, 1025},  {5, 1087}, {6, 3136},  {33, 3136}, {2, 12544},
-                       {1, 1088}, {1, 64 * 17 + 5}, {150, 196}};
+                       {1, 1088}, {1, 64 * 17 + 5}, {150, 196},
+                       // Short rows sixteen at a time (global pools over 7x7 planes), with a
+                       // remainder of rows and of columns.
+                       {16, 49},  {33, 49},  {40, 17},   {1152, 49}, {18, 64},  {35, 16}};
 
 }  // namespace
 
@@ -94,6 +97,28 @@ TEST_CASE("row sums: NaN, infinities and signed zeros as the interpreter has the
     CHECK(got[1] == inf);
     CHECK(std::isnan(got[2]));
     CHECK((got[4] == 0.0f && !std::signbit(got[4])));
+  }
+}
+
+TEST_CASE("row sums of short rows: NaN, infinities and signed zeros as the interpreter has them",
+          "[runtime][reduce]") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const int64_t rows = 35, n = 49;  // two steps of sixteen rows, then three alone
+  std::vector<float> v = values(rows, n, 98);
+  v[3] = nan;                                                                   // row 0: a NaN
+  v[1 * n + 48] = inf;                                                          // row 1: +inf, last column
+  v[2 * n + 5] = inf, v[2 * n + 40] = -inf;                                     // row 2: NaN
+  for (int64_t k = 0; k < n; ++k) v[static_cast<size_t>(4 * n + k)] = -0.0f;  // row 4: +0
+  v[33 * n + 7] = nan;                                                          // a row past the steps
+  for (bool mean : {false, true}) {
+    CAPTURE(mean);
+    const std::vector<float> got = row_sums(v, rows, n, mean), want = reference(v, rows, n, mean);
+    CHECK(same_bits(got, want));
+    CHECK(std::isnan(got[0]));
+    CHECK(got[1] == inf);
+    CHECK(std::isnan(got[2]));
+    CHECK((got[4] == 0.0f && !std::signbit(got[4])));
+    CHECK(std::isnan(got[33]));
   }
 }
 
