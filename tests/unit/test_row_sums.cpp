@@ -77,48 +77,32 @@ TEST_CASE("row sums and means equal the interpreter's bit for bit", "[runtime][r
     }
 }
 
+// Long rows (blocks sixteen at a time) and short ones (rows sixteen at a time, then the
+// rows past the last step alone).
 TEST_CASE("row sums: NaN, infinities and signed zeros as the interpreter has them", "[runtime][reduce]") {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const int64_t rows = 20, n = 1000;
-  std::vector<float> v = values(rows, n, 99);
-  v[3] = nan;                        // row 0: a NaN
-  v[1 * n + 700] = inf;              // row 1: +inf
-  v[2 * n + 5] = inf;                // row 2: +inf and -inf: NaN
-  v[2 * n + 900] = -inf;
-  v[3 * n + 64] = -nan;              // row 3: a NaN of the other sign
-  for (int64_t k = 0; k < n; ++k) v[static_cast<size_t>(4 * n + k)] = -0.0f;  // row 4: -0 throughout (the sum starts from +0)
-  v[5 * n + 999] = 3e38f;            // row 5: overflow to inf
-  v[5 * n + 998] = 3e38f;
-  for (bool mean : {false, true}) {
-    CAPTURE(mean);
-    const std::vector<float> got = row_sums(v, rows, n, mean), want = reference(v, rows, n, mean);
-    CHECK(same_bits(got, want));
-    CHECK(std::isnan(got[0]));
-    CHECK(got[1] == inf);
-    CHECK(std::isnan(got[2]));
-    CHECK((got[4] == 0.0f && !std::signbit(got[4])));
-  }
-}
-
-TEST_CASE("row sums of short rows: NaN, infinities and signed zeros as the interpreter has them",
-          "[runtime][reduce]") {
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const int64_t rows = 35, n = 49;  // two steps of sixteen rows, then three alone
-  std::vector<float> v = values(rows, n, 98);
-  v[3] = nan;                                                                   // row 0: a NaN
-  v[1 * n + 48] = inf;                                                          // row 1: +inf, last column
-  v[2 * n + 5] = inf, v[2 * n + 40] = -inf;                                     // row 2: NaN
-  for (int64_t k = 0; k < n; ++k) v[static_cast<size_t>(4 * n + k)] = -0.0f;  // row 4: +0
-  v[33 * n + 7] = nan;                                                          // a row past the steps
-  for (bool mean : {false, true}) {
-    CAPTURE(mean);
-    const std::vector<float> got = row_sums(v, rows, n, mean), want = reference(v, rows, n, mean);
-    CHECK(same_bits(got, want));
-    CHECK(std::isnan(got[0]));
-    CHECK(got[1] == inf);
-    CHECK(std::isnan(got[2]));
-    CHECK((got[4] == 0.0f && !std::signbit(got[4])));
-    CHECK(std::isnan(got[33]));
+  for (const Case& c : {Case{20, 1000}, Case{35, 49}}) {
+    const int64_t rows = c.rows, n = c.n;
+    CAPTURE(rows, n);
+    std::vector<float> v = values(rows, n, 99);
+    auto at = [&](int64_t r, int64_t k) -> float& { return v[static_cast<size_t>(r * n + k)]; };
+    at(0, 3) = nan;                                  // row 0: a NaN
+    at(1, n - 1) = inf;                              // row 1: +inf, in the last column
+    at(2, 5) = inf, at(2, n * 9 / 10) = -inf;        // row 2: +inf and -inf: NaN
+    at(3, std::min<int64_t>(64, n - 1)) = -nan;      // row 3: a NaN of the other sign
+    for (int64_t k = 0; k < n; ++k) at(4, k) = -0.0f;  // row 4: -0 throughout (the sum starts from +0)
+    at(5, n - 1) = 3e38f, at(5, n - 2) = 3e38f;     // row 5: overflow to inf
+    at(rows - 2, 7) = nan;                           // a row past the last step of sixteen
+    for (bool mean : {false, true}) {
+      CAPTURE(mean);
+      const std::vector<float> got = row_sums(v, rows, n, mean), want = reference(v, rows, n, mean);
+      CHECK(same_bits(got, want));
+      CHECK(std::isnan(got[0]));
+      CHECK(got[1] == inf);
+      CHECK(std::isnan(got[2]));
+      CHECK((got[4] == 0.0f && !std::signbit(got[4])));
+      CHECK(std::isnan(got[static_cast<size_t>(rows - 2)]));
+    }
   }
 }
 
