@@ -64,14 +64,14 @@ struct Geometry {
   int64_t cb, ob, groups;  // input blocks, output blocks, groups of up to kGroup output blocks
   int64_t hp, wp;          // the padded image's rows and columns: every tap of every output inside
   int64_t taps;            // kh * kw
-  int64_t image_floats;    // one blocked image
   bool in_place;           // the tiles read x itself: rows of p.w columns, blocks of p.h rows
   int64_t rows, cols;      // the rows and columns of a block of the image the tiles read
+  int64_t image_floats;    // one image as the tiles read it (x's, or the padded buffer's)
   Geometry(const KilnConv2dParams& p, bool blocked_x)
       : cs(std::min(p.c, kBlock)), cb(p.c / cs), ob(p.o / kBlock), groups((ob + kGroup - 1) / kGroup),
         hp((p.oh - 1) * p.stride_h + p.kh), wp((p.ow - 1) * p.stride_w + p.kw), taps(p.kh * p.kw),
-        image_floats(p.c * hp * wp), in_place(blocked_x && p.pad_h == 0 && p.pad_w == 0 && hp <= p.h && wp <= p.w),
-        rows(in_place ? p.h : hp), cols(in_place ? p.w : wp) {}
+        in_place(blocked_x && p.pad_h == 0 && p.pad_w == 0 && hp <= p.h && wp <= p.w), rows(in_place ? p.h : hp),
+        cols(in_place ? p.w : wp), image_floats(p.c * rows * cols) {}
   int64_t blocks_of(int64_t q) const { return std::min(kGroup, ob - q * kGroup); }
 };
 
@@ -326,7 +326,7 @@ bool blocked_conv2d(const float* x, const float* w, const float* bias, const flo
         return;
       }
       for (int64_t n = begin; n < end; ++n) {
-        const float* image = geo.in_place ? x + n * p.c * p.h * p.w : buf;
+        const float* image = geo.in_place ? x + n * geo.image_floats : buf;
         if (!geo.in_place) reorder_image(p, geo, x, n, 0, geo.cb, 0, geo.hp, buf, blocked_x);
         for (int64_t q = 0; q < geo.groups; ++q)
           for (int64_t oy = 0; oy < p.oh; ++oy) output_row(p, geo, image, packed, bias, residual, y, act, n, q, oy, acc, blocked_y);
@@ -339,14 +339,13 @@ bool blocked_conv2d(const float* x, const float* w, const float* bias, const flo
     // output rows over the pool.
     float* all = geo.in_place ? nullptr : buffer(0, p.n * geo.image_floats);
     if (!geo.in_place && !all) return false;
-    const int64_t image_floats = geo.in_place ? p.c * p.h * p.w : geo.image_floats;
     constexpr int64_t kBand = 8;
     const int64_t bands = (geo.hp + kBand - 1) / kBand;
     if (!geo.in_place)
       for_items(p.n * geo.cb * bands, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
           const int64_t n = i / (geo.cb * bands), b = i / bands % geo.cb, r = i % bands * kBand;
-          reorder_image(p, geo, x, n, b, b + 1, r, std::min(r + kBand, geo.hp), all + n * image_floats, blocked_x);
+          reorder_image(p, geo, x, n, b, b + 1, r, std::min(r + kBand, geo.hp), all + n * geo.image_floats, blocked_x);
         }
       });
     const float* images = geo.in_place ? x : all;
@@ -358,7 +357,7 @@ bool blocked_conv2d(const float* x, const float* w, const float* bias, const flo
       }
       for (int64_t i = begin; i < end; ++i) {
         const int64_t n = i / (geo.groups * p.oh), q = i / p.oh % geo.groups, oy = i % p.oh;
-        output_row(p, geo, images + n * image_floats, packed, bias, residual, y, act, n, q, oy, acc, blocked_y);
+        output_row(p, geo, images + n * geo.image_floats, packed, bias, residual, y, act, n, q, oy, acc, blocked_y);
       }
     });
   }
