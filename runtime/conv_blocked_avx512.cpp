@@ -1,6 +1,7 @@
-// The blocked direct convolution (conv_internal.h: blocked_conv2d): the input reordered into
-// channel blocks of 16 (NCHW16c: a position's 16 channels of a block in one zmm-sized run;
-// an input of fewer channels, a stem's 3, is one block of them all),
+// The blocked direct convolution (conv_internal.h: blocked_conv2d): the input in channel
+// blocks of 16 (NCHW16c: a position's 16 channels of a block in one zmm-sized run; an input
+// of fewer channels, a stem's 3, is one block of them all), reordered into a padded buffer
+// from NCHW, read in place when it is NCHW16c already (the taps in the padding skipped),
 // the output computed 16 channels a vector, up to four vectors (64 output channels) by up
 // to fourteen positions of one output row in registers, each step of the reduction one
 // weight vector per output block and one broadcast input value per position:
@@ -32,6 +33,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -56,45 +58,56 @@ namespace {
 constexpr int64_t kBlock = 16;  // channels per block: one zmm
 constexpr int64_t kGroup = 4;   // output blocks a tile holds at most (64 channels)
 
-// The geometry of one call: the padded, blocked image [cb][hp][wp][cs] each tile reads. An
-// x in NCHW16c without padding is that image already, with its own rows and columns
-// (in_place: the tiles read x, nothing is reordered; a 1x1 conv's input, a strided one's too).
+// The geometry of one call: the blocked image [cb][rows][cols][cs] the tiles read. An x in
+// NCHW16c is read in place (in_place: nothing reordered), with x's own rows and columns: a
+// tap in the padding is skipped (its product, 0 * w, adds nothing where w is finite: with a
+// non-finite weight the padded copy below runs instead, where that product makes the NaN
+// the interpreter has). Else x is reordered into a padded, blocked buffer of hp x wp, every
+// tap of every output inside it.
 struct Geometry {
   int64_t cs;              // channels per input block: 16, or all of them when fewer (a stem's 3)
   int64_t cb, ob, groups;  // input blocks, output blocks, groups of up to kGroup output blocks
-  int64_t hp, wp;          // the padded image's rows and columns: every tap of every output inside
+  int64_t hp, wp;          // the padded buffer's rows and columns
   int64_t taps;            // kh * kw
   bool in_place;           // the tiles read x itself: rows of p.w columns, blocks of p.h rows
   int64_t rows, cols;      // the rows and columns of a block of the image the tiles read
+  int64_t pad_h, pad_w;    // the padding that image lacks: x's own in place, none in the buffer
   int64_t image_floats;    // one image as the tiles read it (x's, or the padded buffer's)
-  Geometry(const KilnConv2dParams& p, bool blocked_x)
+  Geometry(const KilnConv2dParams& p, bool read_x)
       : cs(std::min(p.c, kBlock)), cb(p.c / cs), ob(p.o / kBlock), groups((ob + kGroup - 1) / kGroup),
         hp((p.oh - 1) * p.stride_h + p.kh), wp((p.ow - 1) * p.stride_w + p.kw), taps(p.kh * p.kw),
-        in_place(blocked_x && p.pad_h == 0 && p.pad_w == 0 && hp <= p.h && wp <= p.w), rows(in_place ? p.h : hp),
-        cols(in_place ? p.w : wp), image_floats(p.c * rows * cols) {}
+        in_place(read_x), rows(in_place ? p.h : hp), cols(in_place ? p.w : wp), pad_h(in_place ? p.pad_h : 0),
+        pad_w(in_place ? p.pad_w : 0), image_floats(p.c * rows * cols) {}
   int64_t blocks_of(int64_t q) const { return std::min(kGroup, ob - q * kGroup); }
 };
 
 // The weights [O, C, KH, KW] as, for each group q of output blocks (nf = blocks_of(q) of
 // them), [cb][ky][kx][ic < cs][nf * 16]: group q at q * 64 * C * taps.
 int64_t packed_floats(const KilnConv2dParams& p) { return p.o * p.c * p.kh * p.kw; }
-void pack_weights(const KilnConv2dParams& p, const Geometry& geo, const float* w, float* dst) {
+// Returns whether every weight is finite.
+bool pack_weights(const KilnConv2dParams& p, const Geometry& geo, const float* w, float* dst) {
   const int64_t taps = geo.taps;
+  bool finite = true;
   for (int64_t o = 0; o < p.o; ++o) {
     const int64_t q = o / (kGroup * kBlock), width = geo.blocks_of(q) * kBlock, lane = o % (kGroup * kBlock);
     float* group = dst + q * kGroup * kBlock * p.c * taps;
     for (int64_t c = 0; c < p.c; ++c)
-      for (int64_t t = 0; t < taps; ++t)
-        group[(((c / geo.cs) * taps + t) * geo.cs + c % geo.cs) * width + lane] = w[(o * p.c + c) * taps + t];
+      for (int64_t t = 0; t < taps; ++t) {
+        const float v = w[(o * p.c + c) * taps + t];
+        finite = finite && std::isfinite(v);
+        group[(((c / geo.cs) * taps + t) * geo.cs + c % geo.cs) * width + lane] = v;
+      }
   }
+  return finite;
 }
 
 struct PackedBlockedWeights final : PackedFloats {
   int64_t o = 0, c = 0, kh = 0, kw = 0;
+  bool finite = false;  // every weight finite
   const float* get(const KilnConv2dParams& p, const Geometry& geo, const float* w) {
     if (src == w && o == p.o && c == p.c && kh == p.kh && kw == p.kw) return data;
     if (!reserve(packed_floats(p))) return nullptr;
-    pack_weights(p, geo, w, data);
+    finite = pack_weights(p, geo, w, data);
     src = w, o = p.o, c = p.c, kh = p.kh, kw = p.kw;
     return data;
   }
@@ -143,14 +156,15 @@ void reorder_image(const KilnConv2dParams& p, const Geometry& geo, const float* 
 }
 
 // One tile: NF output blocks x T positions of one output row, one input block of CS
-// channels (0: cs of them, known at run time). x: the block's padded image at the tile's
-// first position's top-left tap; step: floats between the tile's positions (stride * cs);
-// row: floats between padded rows. w: the group's weights of this input block
-// ([taps][cs][NF * 16]). acc: the row buffer at the tile ([NF][ow][16], block stride `ld`),
-// read unless `first` (then started from init, the bias, or +0).
+// channels (0: cs of them, known at run time), over kh x kx_count taps. x: the block's image
+// at the tile's first position's first tap; step: floats between the tile's positions
+// (stride * cs); row: floats between the image's rows. w: the group's weights of this input
+// block ([taps][cs][NF * 16], kw taps a kernel row) at the first tap. acc: the row buffer at
+// the tile ([NF][ow][16], block stride `ld`), read unless `first` (then started from init,
+// the bias, or +0).
 template <int NF, int T, int CS>
-void tile(const float* x, int64_t step, int64_t row, int64_t kh, int64_t kw, int64_t cs, const float* w, float* acc_row,
-          int64_t ld, const float* init, bool first) {
+void tile(const float* x, int64_t step, int64_t row, int64_t kh, int64_t kw, int64_t kx_count, int64_t cs,
+          const float* w, float* acc_row, int64_t ld, const float* init, bool first) {
   const int64_t channels = CS ? CS : cs;
   __m512 acc[NF][T];
 #pragma GCC unroll 4
@@ -160,7 +174,7 @@ void tile(const float* x, int64_t step, int64_t row, int64_t kh, int64_t kw, int
     for (int j = 0; j < T; ++j) acc[f][j] = first ? b : _mm512_loadu_ps(acc_row + f * ld + 16 * j);
   }
   for (int64_t ky = 0; ky < kh; ++ky)
-    for (int64_t kx = 0; kx < kw; ++kx) {
+    for (int64_t kx = 0; kx < kx_count; ++kx) {
       const float* xp = x + ky * row + kx * channels;
       const float* wp = w + (ky * kw + kx) * channels * NF * kBlock;
 #pragma GCC unroll 4
@@ -187,8 +201,8 @@ void tile(const float* x, int64_t step, int64_t row, int64_t kh, int64_t kw, int
 template <int NF>
 constexpr int kTileWidth = NF == 4 ? 7 : NF == 3 ? 9 : 14;
 
-using TileFn = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, float*, int64_t,
-                        const float*, bool);
+using TileFn = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, float*,
+                        int64_t, const float*, bool);
 template <int NF, int CS, int... T>
 constexpr std::array<TileFn, sizeof...(T)> tiles_of(std::integer_sequence<int, T...>) {
   return {{&tile<NF, T + 1, CS>...}};
@@ -220,14 +234,30 @@ void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* ima
   const float* group = packed + q * kGroup * kBlock * p.c * geo.taps;
   const float* init = bias ? bias + q * kGroup * kBlock : nullptr;
   const auto& fns = kTiles[cs == kBlock ? 0 : cs == 3 ? 1 : 2][static_cast<size_t>(nf - 1)];
+  // The kernel rows inside the image, [ky0, ky0 + kh), and the positions all of whose
+  // columns are inside, [lo, hi): the others one at a time, over the columns inside.
+  const int64_t iy = oy * p.stride_h - geo.pad_h, ky0 = std::max<int64_t>(0, -iy);
+  const int64_t kh = std::max<int64_t>(0, std::min(p.kh, geo.rows - iy) - ky0);
+  const int64_t lo = std::min(ow, (geo.pad_w + p.stride_w - 1) / p.stride_w);
+  const int64_t last = geo.cols + geo.pad_w - p.kw;  // the last position's first column, padded
+  const int64_t hi = last < 0 ? lo : std::clamp(last / p.stride_w + 1, lo, ow);
+  const int64_t first_row = std::clamp<int64_t>(iy + ky0, 0, geo.rows - 1);
   for (int64_t b = 0; b < geo.cb; ++b) {
-    const float* xb = image + (b * geo.rows + oy * p.stride_h) * row;
-    const float* wb = group + b * geo.taps * cs * width;
-    for (int64_t ox = 0; ox < ow; ox += tw) {
-      const int64_t t = std::min(tw, ow - ox);
-      fns[static_cast<size_t>(t - 1)](xb + ox * step, step, row, p.kh, p.kw, cs, wb, acc + ox * kBlock, ld, init,
-                                      b == 0);
+    const float* xb = image + (b * geo.rows + first_row) * row;
+    const float* wb = group + (b * geo.taps + ky0 * p.kw) * cs * width;
+    for (int64_t ox = lo; ox < hi; ox += tw) {
+      const int64_t t = std::min(tw, hi - ox);
+      fns[static_cast<size_t>(t - 1)](xb + (ox * p.stride_w - geo.pad_w) * cs, step, row, kh, p.kw, p.kw, cs, wb,
+                                      acc + ox * kBlock, ld, init, b == 0);
     }
+    const auto edge = [&](int64_t ox) {
+      const int64_t ix = ox * p.stride_w - geo.pad_w, kx0 = std::max<int64_t>(0, -ix);
+      const int64_t count = std::max<int64_t>(0, std::min(p.kw, geo.cols - ix) - kx0);
+      fns[0](count ? xb + (ix + kx0) * cs : xb, step, row, kh, p.kw, count, cs, wb + kx0 * cs * width,
+             acc + ox * kBlock, ld, init, b == 0);
+    };
+    for (int64_t ox = 0; ox < lo; ++ox) edge(ox);
+    for (int64_t ox = hi; ox < ow; ++ox) edge(ox);
   }
   // [nf][ow][16] -> channel planes: 16 positions x 16 channels at a time, the residual and
   // relu / relu6 applied in registers as they are stored (conv_epilogue's formulas), silu
@@ -297,21 +327,28 @@ bool blocked_conv2d(const float* x, const float* w, const float* bias, const flo
   const bool blocked_x = (layout & KILN_LAYOUT_X_NCHW16C) != 0, blocked_y = (layout & KILN_LAYOUT_Y_NCHW16C) != 0;
   if (!blocked_conv2d_shape(p) || (blocked_x && p.c % kBlock != 0)) return false;
   if (p.n == 0) return true;
-  const Geometry geo(p, blocked_x);
   // The packed weights: the cache slot's, or packed for this call.
+  const Geometry packing(p, false);
   const float* packed = nullptr;
+  bool finite = false;
   if (cache) {
     auto* held = static_cast<WeightCache*>(*cache);
     if (!held) *cache = held = new (std::nothrow) PackedBlockedWeights;
-    if (auto* c = dynamic_cast<PackedBlockedWeights*>(held)) packed = c->get(p, geo, w);
+    if (auto* c = dynamic_cast<PackedBlockedWeights*>(held)) {
+      packed = c->get(p, packing, w);
+      finite = c->finite;
+    }
   }
   std::unique_ptr<float, decltype(&std::free)> own(nullptr, &std::free);
   if (!packed) {
     own.reset(static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((packed_floats(p) * 4 + 63) / 64 * 64))));
     if (!own) return false;
-    pack_weights(p, geo, w, own.get());
+    finite = pack_weights(p, packing, w, own.get());
     packed = own.get();
   }
+  // A blocked x is read in place, its padding skipped, unless a weight is not finite and
+  // there is padding (whose products are NaN then).
+  const Geometry geo(p, blocked_x && (finite || (p.pad_h == 0 && p.pad_w == 0)));
   const int64_t threads = in_parallel_region() ? 1 : std::max<int64_t>(1, kiln_rt_num_threads());
   const int64_t acc_floats = kGroup * kBlock * p.ow;
   std::atomic<bool> failed{false};

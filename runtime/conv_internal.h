@@ -260,7 +260,8 @@ bool positions_conv2d_avx2(const float* x, const float* w, const float* bias, co
                            const KilnConv2dParams& p, int32_t act, void** cache);
 
 // The blocked direct conv (runtime/conv_blocked_avx512.cpp): the input reordered per image
-// into blocks of 16 channels (NCHW16c, padded), up to 64 output channels (four zmm) by up
+// into blocks of 16 channels (NCHW16c, padded; an x in NCHW16c read in place, the padding's
+// taps skipped, unless a weight is not finite), up to 64 output channels (four zmm) by up
 // to 14 positions of an output row accumulated in registers, one weight vector per output
 // block and one broadcast input value per position a step, the weights packed once (with
 // `cache`, a weight-cache slot, once per instance), the row transposed back into y's

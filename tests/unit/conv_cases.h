@@ -1,5 +1,6 @@
 // A convolution's shape as the runtime's kernel tests write it, its KilnConv2dParams, and
-// uniform [-1, 1) data (tests/unit/test_conv_implicit.cpp, test_conv_batched.cpp).
+// uniform [-1, 1) data, NCHW16c reorders (tests/unit/test_conv_implicit.cpp,
+// test_conv_batched.cpp, test_conv_blocked.cpp, test_nchwc.cpp).
 #pragma once
 
 #include <catch2/catch_test_macros.hpp>
@@ -31,6 +32,22 @@ inline std::vector<float> random_vector(int64_t n, std::mt19937& rng) {
   std::vector<float> v(static_cast<size_t>(n));
   for (float& x : v) x = u(rng);
   return v;
+}
+
+// NCHW <-> NCHW16c of n images of c channels (a multiple of 16) of `plane` positions.
+inline std::vector<float> blocked(const std::vector<float>& v, int64_t n, int64_t c, int64_t plane) {
+  std::vector<float> out(v.size());
+  for (int64_t i = 0; i < n * c; ++i)
+    for (int64_t s = 0; s < plane; ++s)
+      out[static_cast<size_t>(((i / 16) * plane + s) * 16 + i % 16)] = v[static_cast<size_t>(i * plane + s)];
+  return out;
+}
+inline std::vector<float> unblocked(const std::vector<float>& v, int64_t n, int64_t c, int64_t plane) {
+  std::vector<float> out(v.size());
+  for (int64_t i = 0; i < n * c; ++i)
+    for (int64_t s = 0; s < plane; ++s)
+      out[static_cast<size_t>(i * plane + s)] = v[static_cast<size_t>(((i / 16) * plane + s) * 16 + i % 16)];
+  return out;
 }
 
 // `conv(x, w, bias, residual, y, params, act)` (a runtime conv kernel taking the shape: it

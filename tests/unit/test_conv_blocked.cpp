@@ -3,6 +3,7 @@
 // their own order, not im2col + GEMM's), the same bits whichever way the work is cut, the
 // special values where im2col + GEMM has them, and what kiln_rt_conv2d takes it for.
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 
 #include <cmath>
 #include <cstring>
@@ -66,30 +67,33 @@ double act_of(double v, int32_t act) {
 // (each image in turn), where a direct call with several threads cuts a batch by images
 // and one image by output rows.
 bool blocked_one_thread(const float* x, const float* w, const float* b, const float* res, float* y,
-                        const KilnConv2dParams& p, int32_t act) {
+                        const KilnConv2dParams& p, int32_t act, int32_t layout = 0) {
   bool ok = false;
   kiln::rt::parallel_for(2, 1, [&](int64_t begin, int64_t) {
-    if (begin == 0) ok = kiln::rt::blocked_conv2d(x, w, b, res, y, p, act);
+    if (begin == 0) ok = kiln::rt::blocked_conv2d(x, w, b, res, y, p, act, nullptr, layout);
   });
   return ok;
 }
 
 }  // namespace
 
-TEST_CASE("blocked direct conv2d matches the f64 conv within its rounding, the same bits however the work is cut",
+TEST_CASE("blocked direct conv2d matches the f64 conv within its rounding, the same bits however the work is cut "
+          "and from an NCHW16c x",
           "[runtime][conv][blocked]") {
   KernelGuard guard;
   if (!blocked_runs()) SKIP("this CPU does not run Kiln's AVX-512 GEMM kernel");
   std::mt19937 rng(2024);
   // Channels 16-80 (one to four output blocks a group, and a second group), kernels 3x3 to
   // 7x7 and rectangular, strides 1-3, every padding below the kernel, rows that end in a
-  // partial tile, batch 1 and 3.
+  // partial tile, batch 1 and 3; planes smaller than the kernel (every position reads the
+  // padding on both sides).
   const std::vector<ConvCase> cases = {
       {1, 16, 9, 13, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1},  {3, 32, 8, 8, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1},
       {1, 16, 11, 10, 48, 3, 3, 2, 2, 1, 1, 1, 1, 1}, {3, 16, 12, 15, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1},
       {1, 32, 10, 17, 80, 3, 3, 1, 1, 2, 2, 1, 1, 1}, {2, 48, 9, 9, 128, 5, 5, 1, 1, 2, 2, 1, 1, 1},
       {1, 16, 15, 15, 32, 7, 7, 2, 2, 3, 3, 1, 1, 1}, {3, 16, 7, 11, 16, 3, 1, 1, 1, 1, 0, 1, 1, 1},
       {1, 32, 6, 20, 64, 1, 3, 3, 3, 0, 2, 1, 1, 1},  {1, 16, 30, 30, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1},
+      {1, 16, 2, 3, 32, 5, 5, 1, 1, 2, 2, 1, 1, 1},   {2, 16, 5, 4, 16, 3, 3, 3, 3, 2, 2, 1, 1, 1},
       // Fewer than 16 channels in, one block of all of them: an image's 3 (unrolled) and 5.
       {2, 3, 23, 21, 64, 7, 7, 2, 2, 3, 3, 1, 1, 1},  {1, 5, 12, 12, 32, 5, 5, 1, 1, 2, 2, 1, 1, 1},
   };
@@ -102,6 +106,7 @@ TEST_CASE("blocked direct conv2d matches the f64 conv within its rounding, the s
     const std::vector<float> x = random_vector(k.n * k.c * k.h * k.w, rng);
     const std::vector<float> w = random_vector(k.o * k.c * k.kh * k.kw, rng);
     const std::vector<float> b = random_vector(k.o, rng), res = random_vector(static_cast<int64_t>(ysize), rng);
+    const std::vector<float> xb = k.c % 16 == 0 ? blocked(x, k.n, k.c, k.h * k.w) : std::vector<float>{};
     const double terms = static_cast<double>(k.c * k.kh * k.kw + 1);
     for (bool bias : {false, true}) {
       const Reference ref = reference(p, x, w, bias ? b.data() : nullptr);
@@ -129,6 +134,18 @@ TEST_CASE("blocked direct conv2d matches the f64 conv within its rounding, the s
           // call: the same bits.
           REQUIRE(blocked_one_thread(x.data(), w.data(), bp, rp, cut.data(), p, act));
           CHECK(std::memcmp(got.data(), cut.data(), ysize * sizeof(float)) == 0);
+          if (k.c % 16 != 0) continue;
+          // x in NCHW16c, read in place with the padding's taps skipped (their products, 0 * w,
+          // add nothing for finite weights): the same bits, however the work is cut.
+          const int64_t oplane = p.oh * p.ow;
+          const std::vector<float> rb = blocked(res, p.n, p.o, oplane);
+          for (bool one_thread : {false, true}) {
+            std::vector<float> yb(ysize, 12345.0f);
+            const float* rbp = residual ? rb.data() : nullptr;
+            REQUIRE((one_thread ? blocked_one_thread(xb.data(), w.data(), bp, rbp, yb.data(), p, act, 3)
+                                : kiln::rt::blocked_conv2d(xb.data(), w.data(), bp, rbp, yb.data(), p, act, nullptr, 3)));
+            CHECK(std::memcmp(unblocked(yb, p.n, p.o, oplane).data(), got.data(), ysize * sizeof(float)) == 0);
+          }
         }
     }
   }
@@ -148,7 +165,13 @@ TEST_CASE("blocked direct conv2d: infinities and NaN where im2col + GEMM has the
   const size_t ysize = static_cast<size_t>(p.n * p.o * p.oh * p.ow);
   std::vector<float> im2col(ysize), got(ysize);
   kiln::rt::conv2d_im2col_f32(x.data(), w.data(), b.data(), im2col.data(), p);
-  REQUIRE(kiln::rt::blocked_conv2d(x.data(), w.data(), b.data(), nullptr, got.data(), p, KILN_ACT_NONE));
+  // From x in NCHW and in NCHW16c (read in place, its padding skipped, where every weight
+  // is finite: not here).
+  const int32_t layout = GENERATE(0, 1);
+  INFO("layout " << layout);
+  const int64_t plane = p.h * p.w;
+  REQUIRE(kiln::rt::blocked_conv2d(layout ? blocked(x, p.n, p.c, plane).data() : x.data(), w.data(), b.data(),
+                                   nullptr, got.data(), p, KILN_ACT_NONE, nullptr, layout));
   size_t nan = 0, inf = 0, differ = 0;
   for (size_t i = 0; i < ysize; ++i) {
     nan += std::isnan(im2col[i]);

@@ -28,22 +28,6 @@ using Catch::Matchers::ContainsSubstring;
 
 namespace {
 
-// NCHW <-> NCHW16c of n images of c channels (a multiple of 16) of `plane` positions.
-std::vector<float> blocked(const std::vector<float>& v, int64_t n, int64_t c, int64_t plane) {
-  std::vector<float> out(v.size());
-  for (int64_t i = 0; i < n * c; ++i)
-    for (int64_t s = 0; s < plane; ++s)
-      out[static_cast<size_t>(((i / 16) * plane + s) * 16 + i % 16)] = v[static_cast<size_t>(i * plane + s)];
-  return out;
-}
-std::vector<float> unblocked(const std::vector<float>& v, int64_t n, int64_t c, int64_t plane) {
-  std::vector<float> out(v.size());
-  for (int64_t i = 0; i < n * c; ++i)
-    for (int64_t s = 0; s < plane; ++s)
-      out[static_cast<size_t>(i * plane + s)] = v[static_cast<size_t>(((i / 16) * plane + s) * 16 + i % 16)];
-  return out;
-}
-
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
