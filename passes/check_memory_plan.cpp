@@ -113,9 +113,43 @@ struct Checker {
     return std::find(n.operands.begin(), n.operands.end(), v) != n.operands.end();
   }
 
+  // Per value: the concat result whose slice holds it, by the rule restated from
+  // memory_plan.h (the concat's last operand reading it, read once, the result's axes before
+  // the concat axis all 1, the value planned exactly at its slice), else invalid.
+  std::vector<ValueId> concat_slice_of;
+  void find_concat_slices() {
+    concat_slice_of.assign(g.values().size(), ValueId{});
+    for (int32_t i = 0; i < end_of_graph; ++i) {
+      const Node& n = g.nodes()[i];
+      if (n.op != Op::Concat || n.results.size() != 1) continue;
+      const ValueId r = n.result();
+      const ValuePlan& rp = plan.values[r.id];
+      const Shape& shape = g.type(r).shape;
+      const int64_t axis_attr = attr_int(n.attrs, "axis");
+      const int64_t axis = axis_attr < 0 ? axis_attr + static_cast<int64_t>(shape.size()) : axis_attr;
+      if (rp.kind != BufferKind::Arena || axis < 0 || axis >= static_cast<int64_t>(shape.size()) ||
+          shape[static_cast<size_t>(axis)] == 0)
+        continue;
+      int64_t outer = 1;
+      for (int64_t d = 0; d < axis; ++d) outer *= shape[static_cast<size_t>(d)];
+      if (outer != 1) continue;
+      const int64_t unit = g.type(r).nbytes() / shape[static_cast<size_t>(axis)];
+      int64_t at = 0;
+      for (ValueId o : n.operands) {
+        const ValuePlan& op = plan.values[o.id];
+        if (op.kind == BufferKind::Arena && last[o.id] == i && op.offset == rp.offset + at &&
+            std::count(n.operands.begin(), n.operands.end(), o) == 1)
+          concat_slice_of[o.id] = r;
+        at += g.type(o).shape.at(static_cast<size_t>(axis)) * unit;
+      }
+    }
+  }
+
   // a and b are arena values at overlapping bytes and overlapping lifetimes: is it one
-  // value written in place over the other?
+  // value written in place over the other, or a concat operand in its slice of the result
+  // (whose bytes it holds until the concat, the result's first node, its last reader)?
   bool legal_in_place(ValueId a, ValueId b) const {
+    if (concat_slice_of[a.id] == b || concat_slice_of[b.id] == a) return true;
     if (first[a.id] > first[b.id]) std::swap(a, b);
     const ValueId operand = a, result = b;
     const ValuePlan& po = plan.values[operand.id];
@@ -168,7 +202,7 @@ struct Checker {
         fail(describe(v) + " has no buffer");
       const Buffer& b = plan.buffers[p.buffer];
       // Listed once, and (the loop below) only in the buffer it is planned in.
-      if (times_listed[id] != 1 || b.offset != p.offset || b.bytes != p.bytes)
+      if (times_listed[id] != 1 || p.within < 0 || b.offset + p.within != p.offset || p.within + p.bytes > b.bytes)
         fail(describe(v) + " disagrees with its buffer b" + std::to_string(p.buffer));
     }
     for (size_t b = 0; b < plan.buffers.size(); ++b)
@@ -258,8 +292,9 @@ struct Checker {
 }  // namespace
 
 void check_memory_plan(const Graph& g, const MemoryPlan& plan) {
-  Checker c{g, plan, {}, 0, {}, {}, {}, {}};
+  Checker c{g, plan, {}, 0, {}, {}, {}, {}, {}};
   c.compute_liveness();
+  c.find_concat_slices();
   c.check_values();
   c.check_overlaps();
 }

@@ -3,6 +3,7 @@
 #include "passes/kernel_plan.h"
 
 #include <algorithm>
+#include <tuple>
 #include <limits>
 
 #include "ir/error.h"
@@ -335,16 +336,18 @@ class LevelPlanner {
   }
 
   bool same_storage(ValueId a, ValueId b) const {
-    auto key = [&](ValueId v) -> std::pair<int, int64_t> {
+    // An arena value by its buffer and its bytes in it (a concat operand's slice is in its
+    // result's buffer, but not over the result).
+    auto key = [&](ValueId v) -> std::tuple<int, int64_t, int64_t, int64_t> {
       const ValuePlan& p = mp_->at(v);
       switch (p.kind) {
-        case BufferKind::Arena: return {1, p.buffer};
-        case BufferKind::StateInPlace: return {2, p.state.id};
+        case BufferKind::Arena: return {1, p.buffer, p.within, p.bytes};
+        case BufferKind::StateInPlace: return {2, p.state.id, 0, 0};
         case BufferKind::State:
-        case BufferKind::Input: return {2, v.id};
-        case BufferKind::Constant: return {3, v.id};
+        case BufferKind::Input: return {2, v.id, 0, 0};
+        case BufferKind::Constant: return {3, v.id, 0, 0};
       }
-      return {0, v.id};
+      return {0, v.id, 0, 0};
     };
     return key(a) == key(b);
   }

@@ -39,9 +39,63 @@ void check_total_bytes(const Graph& g, int64_t alignment) {
 struct Analysis {
   std::vector<ValuePlan> values;
   std::vector<Buffer> buffers;  // offsets not assigned yet
+  int64_t concat_operands = 0;  // placed in their slices of a concat's result
 };
 
-Analysis analyze(const Graph& g) {
+// Concat operands into their slices of the result's buffer (memory_plan.h), then the
+// emptied buffers dropped. Linear in the graph.
+void place_concat_operands(const Graph& g, Analysis& a, int64_t alignment) {
+  const auto num_nodes = static_cast<int32_t>(g.nodes().size());
+  std::vector<bool> hosts(a.buffers.size(), false);  // holds concat slices: not itself movable
+  bool moved = false;
+  for (int32_t i = 0; i < num_nodes; ++i) {
+    const Node& n = g.nodes()[i];
+    if (n.op != Op::Concat || n.results.size() != 1) continue;
+    const ValueId r = n.result();
+    const ValuePlan& rp = a.values[r.id];
+    const Shape& shape = g.type(r).shape;
+    const int64_t axis_attr = attr_int(n.attrs, "axis");
+    const auto axis = static_cast<size_t>(axis_attr < 0 ? axis_attr + static_cast<int64_t>(shape.size()) : axis_attr);
+    if (rp.kind != BufferKind::Arena || axis >= shape.size() || shape[axis] == 0) continue;
+    bool leading_ones = true;
+    for (size_t d = 0; d < axis; ++d) leading_ones = leading_ones && shape[d] == 1;
+    if (!leading_ones) continue;
+    const int64_t unit = rp.bytes / shape[axis];  // the bytes of one index along the axis
+    int64_t base = 0;
+    for (ValueId o : n.operands) {
+      const int64_t at = base;
+      base += g.type(o).shape.at(axis) * unit;
+      const ValuePlan& op = a.values[o.id];
+      if (op.kind != BufferKind::Arena || op.end != i || op.buffer == rp.buffer || hosts[op.buffer] ||
+          at % alignment != 0 || std::count(n.operands.begin(), n.operands.end(), o) != 1)
+        continue;
+      Buffer& from = a.buffers[op.buffer];
+      if (from.values.empty() || from.values.back() != o) continue;
+      Buffer& to = a.buffers[rp.buffer];
+      for (ValueId v : from.values) {
+        a.values[v.id].within = at;
+        a.values[v.id].buffer = rp.buffer;
+        to.values.push_back(v);
+      }
+      to.start = std::min(to.start, from.start);
+      to.end = std::max(to.end, from.end);
+      from.values.clear();
+      hosts[rp.buffer] = true;
+      moved = true;
+      ++a.concat_operands;
+    }
+  }
+  if (!moved) return;
+  std::vector<int32_t> index(a.buffers.size(), -1);
+  std::vector<Buffer> kept;
+  for (size_t b = 0; b < a.buffers.size(); ++b)
+    if (!a.buffers[b].values.empty()) index[b] = static_cast<int32_t>(kept.size()), kept.push_back(std::move(a.buffers[b]));
+  for (ValuePlan& p : a.values)
+    if (p.buffer >= 0) p.buffer = index[static_cast<size_t>(p.buffer)];
+  a.buffers = std::move(kept);
+}
+
+Analysis analyze(const Graph& g, int64_t alignment) {
   const auto num_nodes = static_cast<int32_t>(g.nodes().size());
   Analysis a;
   a.values.resize(g.values().size());
@@ -112,6 +166,7 @@ Analysis analyze(const Graph& g) {
       rp.buffer = chosen;
     }
   }
+  place_concat_operands(g, a, alignment);
   return a;
 }
 
@@ -268,7 +323,7 @@ MemoryPlan plan_memory(const Graph& g, const PassOptions& options) {
   KILN_CHECK(options.alignment > 0 && options.alignment <= (int64_t{1} << 30),
              "plan_memory: alignment must be in 1..2^30");
   check_total_bytes(g, options.alignment);
-  Analysis a = analyze(g);
+  Analysis a = analyze(g, options.alignment);
   MemoryPlan plan;
   plan.alignment = options.alignment;
 
@@ -300,7 +355,7 @@ MemoryPlan plan_memory(const Graph& g, const PassOptions& options) {
 
   for (size_t b = 0; b < a.buffers.size(); ++b) {
     a.buffers[b].offset = best_offsets[b];
-    for (ValueId v : a.buffers[b].values) a.values[v.id].offset = best_offsets[b];
+    for (ValueId v : a.buffers[b].values) a.values[v.id].offset = best_offsets[b] + a.values[v.id].within;
   }
   MemoryReport& r = plan.report;
   r.peak_live_bytes = peak_of(a.buffers, g.nodes().size());
@@ -315,6 +370,8 @@ MemoryPlan plan_memory(const Graph& g, const PassOptions& options) {
     }
   }
   for (const Buffer& b : a.buffers) r.in_place_values += static_cast<int64_t>(b.values.size()) - 1;
+  r.in_place_values -= a.concat_operands;  // the heads of the chains moved into concat results
+  r.concat_operands = a.concat_operands;
   plan.values = std::move(a.values);
   plan.buffers = std::move(a.buffers);
   return plan;
@@ -322,7 +379,7 @@ MemoryPlan plan_memory(const Graph& g, const PassOptions& options) {
 
 int64_t peak_live_bytes(const Graph& g) {
   check_total_bytes(g, 1);
-  return peak_of(analyze(g).buffers, g.nodes().size());
+  return peak_of(analyze(g, 64).buffers, g.nodes().size());
 }
 
 std::string format_memory_report(const MemoryPlan& plan) {
@@ -334,6 +391,8 @@ std::string format_memory_report(const MemoryPlan& plan) {
   out << "peak live: " << r.peak_live_bytes << " bytes (a lower bound for the arena)\n";
   out << "in place: " << r.in_place_values << " values over an operand's buffer, " << r.state_in_place
       << " state updates in their state's buffer\n";
+  if (r.concat_operands > 0)
+    out << "concat: " << r.concat_operands << " operands in their slices of the result (nothing copied)\n";
   out << "external: inputs " << r.input_bytes << " bytes, state " << r.state_bytes << " bytes, constants "
       << r.constant_bytes << " bytes\n";
   return out.str();

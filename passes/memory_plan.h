@@ -34,6 +34,13 @@
 //    operand too (any shapes, same bytes): a view, which codegen does not copy. Values
 //    sharing storage this way form one Buffer.
 //    The same rule decides whether X.next's node may read X when X.next is in X's buffer.
+//  - A concat's operand whose last reader is that concat may be placed at its own slice
+//    of the concat's result (`within` its buffer's offset), so its producer writes it where
+//    the concat would copy it and codegen copies nothing for it: where the result's axes
+//    before the concat axis are all 1 (the slice is one contiguous run of bytes, in NCHW and
+//    in NCHW16c alike: batch-1 channel concats), the operand is an arena value read once by
+//    the concat, the last value of a buffer of its own, and the slice starts at a multiple
+//    of the alignment. Its buffer then joins the result's, whose interval grows to cover it.
 //  - A transpose of the last two axes whose every reader is a matmul (gemm_folded_transposes
 //    below) is folded by the kernel plan into those GEMMs' transpose flags: they read its
 //    source. So the source's interval also covers the transpose's readers (its end is at
@@ -63,10 +70,13 @@ struct ValuePlan {
   int64_t offset = -1;  // Arena: byte offset in the arena; otherwise -1
   int32_t buffer = -1;  // Arena: index into MemoryPlan::buffers; otherwise -1
   ValueId state;        // StateInPlace: the state input whose buffer holds this value
+  int64_t within = 0;   // Arena: offset - its buffer's offset (a concat operand's slice), else 0
 };
 
-// Values sharing one arena range, in definition order; each but the first was written in
-// place over the one before it. The interval is the union of theirs.
+// Values sharing one arena range: chains of values each written in place over the one
+// before it, in definition order, the first chain at `within` 0 over the whole range, any
+// other a concat operand's chain at its slice of the first chain's concat result. The
+// interval is the union of theirs.
 struct Buffer {
   std::vector<ValueId> values;
   int64_t offset = 0;
@@ -81,6 +91,7 @@ struct MemoryReport {
   int64_t buffer_count = 0;     // arena buffers (after in-place sharing)
   int64_t in_place_values = 0;  // arena values written over an operand's buffer
   int64_t state_in_place = 0;   // state outputs written into their state's buffer
+  int64_t concat_operands = 0;  // concat operands placed in their slices of the result
   int64_t input_bytes = 0, state_bytes = 0, constant_bytes = 0;  // external, for reference
 };
 

@@ -151,11 +151,11 @@ Value* Lowerer::scratch(int64_t bytes, int64_t& cursor) {
   return B_.CreateConstInBoundsGEP1_64(i8_, scratch_, static_cast<uint64_t>(off));
 }
 
-bool Lowerer::same_storage(const Graph& g, ValueId a, ValueId b) const {
+bool Lowerer::same_storage(const Graph& g, ValueId a, ValueId b, int64_t bytes_in) const {
   if (&g != &g_) return false;  // a fused body's values are not in the memory plan
   const ValuePlan& pa = plan_.values[static_cast<size_t>(a.id)];
   const ValuePlan& pb = plan_.values[static_cast<size_t>(b.id)];
-  return pa.kind == BufferKind::Arena && pb.kind == BufferKind::Arena && pa.offset == pb.offset;
+  return pa.kind == BufferKind::Arena && pb.kind == BufferKind::Arena && pa.offset == pb.offset + bytes_in;
 }
 
 void Lowerer::copy_bytes(Value* dst, Value* src, int64_t bytes) {

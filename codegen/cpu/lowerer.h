@@ -86,7 +86,9 @@ class Lowerer {
   void copy_bytes(Value* dst, Value* src, int64_t bytes);
   // True when top-level values a and b of `g` sit at the same arena bytes (a reshape the
   // memory plan wrote in place: nothing to copy).
-  bool same_storage(const Graph& g, ValueId a, ValueId b) const;
+  // Whether the memory plan put arena value a at b's bytes (plus bytes_in: a concat
+  // operand in its slice of the result).
+  bool same_storage(const Graph& g, ValueId a, ValueId b, int64_t bytes_in = 0) const;
   llvm::FunctionCallee runtime(RtFn f);  // declared from runtime/abi.def
   llvm::FunctionCallee external(const std::string& name, llvm::FunctionType* type);
   void for_loop(int64_t n, const std::function<void(Value*)>& body);

@@ -45,7 +45,7 @@ bool same_buffer(const MemoryPlan& p, ValueId a, ValueId b) {
 void move_buffer(MemoryPlan& p, ValueId v, int64_t offset) {
   Buffer& b = p.buffers.at(p.at(v).buffer);
   b.offset = offset;
-  for (ValueId m : b.values) p.values[m.id].offset = offset;
+  for (ValueId m : b.values) p.values[m.id].offset = offset + p.values[m.id].within;
 }
 
 // x -> transpose -> transpose -> transpose -> transpose -> out: no node is elementwise, so
@@ -304,6 +304,69 @@ TEST_CASE("memory plan: a reshape is a view of an operand that dies there", "[me
   for (ValueId v : b.values) bad.values[v.id].offset = bad.at(t).offset;
   b.offset = bad.at(t).offset;
   CHECK_THROWS(check_memory_plan(g, bad));
+}
+
+TEST_CASE("memory plan: a batch-1 concat's operands are written in their slices of its result", "[memory_plan]") {
+  // x -> a, b, c, d (transposes: nothing in place) -> concat(a, b, x, c, c) along axis 1 of
+  // [1, 2, 16, 16] tiles, and d after the concat (reading c: c stays out of the result).
+  const AttrMap swap{{"perm", std::vector<int64_t>{0, 1, 3, 2}}};
+  Graph g("concat");
+  ValueId x = g.add_input("x", f32({1, 2, 16, 16}));
+  ValueId t = g.add_node(Op::Transpose, {x}, swap);
+  ValueId a = g.add_node(Op::Exp, {t});  // in place over t: a chain of two values
+  ValueId b = g.add_node(Op::Transpose, {x}, swap);
+  ValueId c = g.add_node(Op::Transpose, {x}, swap);
+  ValueId cat = g.add_node(Op::Concat, {a, b, x, c, c}, {{"axis", int64_t{1}}});
+  ValueId d = g.add_node(Op::Neg, {c});
+  g.add_output("cat", cat);
+  g.add_output("d", d);
+  MemoryPlan p = plan(g);
+  const int64_t slice = 2 * kTile;
+  // a's chain (t, a) at slice 0, b at slice 1; x (an input), c (read twice, and after the
+  // concat) copied.
+  CHECK(same_buffer(p, a, cat));
+  CHECK(same_buffer(p, t, cat));
+  CHECK(same_buffer(p, b, cat));
+  CHECK_FALSE(same_buffer(p, c, cat));
+  CHECK(p.at(a).offset == p.at(cat).offset);
+  CHECK(p.at(t).offset == p.at(cat).offset);
+  CHECK(p.at(b).offset == p.at(cat).offset + slice);
+  CHECK(p.at(b).within == slice);
+  CHECK(p.report.concat_operands == 2);
+  CHECK(p.report.in_place_values == 2);  // a over t, d over c
+  // The result's buffer lives from t's node on.
+  CHECK(p.buffers.at(p.at(cat).buffer).start == 0);
+  CHECK_THAT(format_memory_report(p), ContainsSubstring("concat: 2 operands in their slices"));
+
+  SECTION("a plan with an operand off its slice is rejected") {
+    MemoryPlan bad = p;
+    bad.values[b.id].offset += 64;
+    bad.values[b.id].within += 64;
+    CHECK_THROWS_WITH(check_memory_plan(g, bad), ContainsSubstring("overlap"));
+  }
+  SECTION("at batch 2 a slice is not one run of bytes: everything copied") {
+    Graph g2("concat2");
+    ValueId x2 = g2.add_input("x", f32({2, 2, 16, 16}));
+    ValueId a2 = g2.add_node(Op::Transpose, {x2}, swap);
+    ValueId b2 = g2.add_node(Op::Transpose, {x2}, swap);
+    ValueId cat2 = g2.add_node(Op::Concat, {a2, b2}, {{"axis", int64_t{1}}});
+    g2.add_output("cat", cat2);
+    MemoryPlan p2 = plan(g2);
+    CHECK_FALSE(same_buffer(p2, a2, cat2));
+    CHECK_FALSE(same_buffer(p2, b2, cat2));
+    CHECK(p2.report.concat_operands == 0);
+  }
+  SECTION("a slice that starts off the alignment is copied") {
+    Graph g3("concat3");
+    ValueId x3 = g3.add_input("x", f32({1, 3, 5}));  // 15 floats: the second slice at 60 bytes
+    ValueId a3 = g3.add_node(Op::Exp, {x3});
+    ValueId b3 = g3.add_node(Op::Tanh, {x3});
+    ValueId cat3 = g3.add_node(Op::Concat, {a3, b3}, {{"axis", int64_t{1}}});
+    g3.add_output("cat", cat3);
+    MemoryPlan p3 = plan(g3);
+    CHECK(same_buffer(p3, a3, cat3));
+    CHECK_FALSE(same_buffer(p3, b3, cat3));
+  }
 }
 
 TEST_CASE("memory plan: a state update goes into the state's own buffer when legal", "[memory_plan]") {
