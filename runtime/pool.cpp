@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "runtime/kernels.h"
 #include "runtime/pool_internal.h"
@@ -399,6 +400,39 @@ __attribute__((target("arch=x86-64-v4"))) void max_plane_separable_f32(const flo
     }
   }
 }
+
+// max_pool2d over an x in NCHW16c with AVX-512: one output row of one block (`xb`, its
+// [h][w][16]), each window's real cells (padding skipped) folded in row-major order from
+// -inf, 16 channels a vector: max_window16's rule and bits, without a call per window.
+// The outputs go to out + ox * 16.
+__attribute__((target("arch=x86-64-v4"))) void max_row16_f32(const float* xb, const PoolShape& s, int64_t oy,
+                                                             float* out) {
+  using V = kiln::rt::Vec64<float>::type;
+  const V ninf = V{} - __builtin_inff();
+  const int64_t iy = oy * s.sh - s.ph, y0 = std::max<int64_t>(iy, 0), y1 = std::min(iy + s.kh, s.h);
+  for (int64_t ox = 0; ox < s.ow; ++ox) {
+    const int64_t ix = ox * s.sw - s.pw, x0 = std::max<int64_t>(ix, 0), x1 = std::min(ix + s.kw, s.w);
+    V m = ninf;
+    if (y1 - y0 == 3 && x1 - x0 == 3) {  // a whole 3x3 window: unrolled
+#pragma GCC unroll 3
+      for (int64_t y = y0; y < y0 + 3; ++y)
+#pragma GCC unroll 3
+        for (int64_t x = x0; x < x0 + 3; ++x) {
+          V v;
+          __builtin_memcpy(&v, xb + (y * s.w + x) * 16, sizeof(V));
+          KILN_FOLD_MAX(m, v);
+        }
+    } else {
+      for (int64_t y = y0; y < y1; ++y)
+        for (int64_t x = x0; x < x1; ++x) {
+          V v;
+          __builtin_memcpy(&v, xb + (y * s.w + x) * 16, sizeof(V));
+          KILN_FOLD_MAX(m, v);
+        }
+    }
+    __builtin_memcpy(out + ox * 16, &m, sizeof(V));
+  }
+}
 #undef KILN_FOLD_MAX
 
 // The windowed forward pass: every window's cells in row-major order, interior runs
@@ -574,10 +608,24 @@ void max_pool2d_nchwc(const float* x, float* y, const KilnPool2dParams& p, int32
   const int64_t blocks = s.c / 16, plane = s.h * s.w, oplane = s.oh * s.ow;
   constexpr int64_t kMinWork = 1 << 14;  // window cells per chunk, as for_each_plane
   const int64_t per_row = std::max<int64_t>(1, s.ow * s.kh * s.kw * 16);
+  static const bool avx512 = __builtin_cpu_supports("x86-64-v4");
   kiln::rt::parallel_for(s.n * blocks * s.oh, kMinWork / per_row + 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> row;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t nb = i / s.oh, oy = i % s.oh;  // nb = n * blocks + block
       const float* xb = x + nb * plane * 16;
+      if (avx512) {
+        if (blocked_y) {
+          max_row16_f32(xb, s, oy, y + (nb * oplane + oy * s.ow) * 16);
+          continue;
+        }
+        row.resize(static_cast<size_t>(s.ow * 16));
+        max_row16_f32(xb, s, oy, row.data());
+        float* out = y + nb * 16 * oplane + oy * s.ow;  // channel nb * 16's plane (n * c = nb * 16)
+        for (int l = 0; l < 16; ++l)
+          for (int64_t ox = 0; ox < s.ow; ++ox) out[l * oplane + ox] = row[static_cast<size_t>(ox * 16 + l)];
+        continue;
+      }
       const int64_t iy = oy * s.sh - s.ph, y0 = std::max<int64_t>(iy, 0), y1 = std::min(iy + s.kh, s.h);
       for (int64_t ox = 0; ox < s.ow; ++ox) {
         const int64_t ix = ox * s.sw - s.pw, x0 = std::max<int64_t>(ix, 0), x1 = std::min(ix + s.kw, s.w);

@@ -8,6 +8,7 @@
 #include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -126,7 +127,8 @@ TEST_CASE("max_pool2d_nchwc: the NCHW pool's bits from NCHW16c, NaN, infinities 
     int64_t n, c, h, w, kh, kw, sh, sw, ph, pw;
   };
   for (const PoolCase& k : {PoolCase{1, 16, 12, 12, 3, 3, 2, 2, 1, 1}, PoolCase{2, 32, 8, 9, 2, 2, 2, 2, 0, 0},
-                            PoolCase{1, 16, 7, 7, 3, 3, 1, 1, 1, 1}, PoolCase{2, 16, 9, 5, 3, 2, 2, 1, 0, 1}}) {
+                            PoolCase{1, 16, 7, 7, 3, 3, 1, 1, 1, 1}, PoolCase{2, 16, 9, 5, 3, 2, 2, 1, 0, 1},
+                            PoolCase{1, 16, 9, 9, 5, 5, 1, 1, 2, 2}}) {
     const KilnPool2dParams p{k.n, k.c, k.h, k.w, (k.h + 2 * k.ph - k.kh) / k.sh + 1, (k.w + 2 * k.pw - k.kw) / k.sw + 1,
                              k.kh, k.kw, k.sh, k.sw, k.ph, k.pw};
     INFO(k.n << "x" << k.c << "x" << k.h << "x" << k.w << " window " << k.kh << "x" << k.kw << " stride " << k.sh);
@@ -138,6 +140,9 @@ TEST_CASE("max_pool2d_nchwc: the NCHW pool's bits from NCHW16c, NaN, infinities 
     x[x.size() / 2] = std::numeric_limits<float>::quiet_NaN();
     x[x.size() / 2 + 1] = -std::numeric_limits<float>::quiet_NaN();
     x[x.size() / 3] = std::numeric_limits<float>::infinity();
+    // NaNs of distinct payloads spread over the planes: windows whose first NaN is not
+    // their first cell's, and windows of two.
+    for (size_t i = 11; i < x.size(); i += 97) x[i] = std::bit_cast<float>(0x7fc00000u + static_cast<uint32_t>(i));
     std::vector<float> want(static_cast<size_t>(p.n * p.c * oplane)), y(want.size()), yb(want.size());
     kiln_rt_max_pool2d_f32(x.data(), want.data(), &p);
     const std::vector<float> xb = blocked(x, p.n, p.c, plane);
