@@ -239,7 +239,7 @@ void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* ima
   const int64_t iy = oy * p.stride_h - geo.pad_h, ky0 = std::max<int64_t>(0, -iy);
   const int64_t kh = std::max<int64_t>(0, std::min(p.kh, geo.rows - iy) - ky0);
   const int64_t lo = std::min(ow, (geo.pad_w + p.stride_w - 1) / p.stride_w);
-  const int64_t last = geo.cols + geo.pad_w - p.kw;  // the last position's first column, padded
+  const int64_t last = geo.cols + geo.pad_w - p.kw;  // the last padded column a window inside starts at
   const int64_t hi = last < 0 ? lo : std::clamp(last / p.stride_w + 1, lo, ow);
   const int64_t first_row = std::clamp<int64_t>(iy + ky0, 0, geo.rows - 1);
   for (int64_t b = 0; b < geo.cb; ++b) {
