@@ -618,7 +618,7 @@ int run_command_line(int argc, char** argv) {
              "prepares them once) and weight transforms folded at any size");
   p.add_flag(opt_cmd, "--print-plan", opt.print_plan,
              "plan memory for the result and print the plan and its report (arena bytes, sum of buffers, "
-             "peak live bytes, buffer count)");
+             "peak live bytes, buffer count, values in place, concat operands placed in their slices)");
   p.add_flag(opt_cmd, "--bisect", opt.bisect,
              "run the interpreter after each pass on the --input values and name the first pass whose "
              "outputs differ from the unoptimized graph's beyond the tolerance");
