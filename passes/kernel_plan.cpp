@@ -3,8 +3,8 @@
 #include "passes/kernel_plan.h"
 
 #include <algorithm>
-#include <tuple>
 #include <limits>
+#include <tuple>
 
 #include "ir/error.h"
 #include "ir/ops.h"

@@ -379,7 +379,7 @@ MemoryPlan plan_memory(const Graph& g, const PassOptions& options) {
 
 int64_t peak_live_bytes(const Graph& g) {
   check_total_bytes(g, 1);
-  return peak_of(analyze(g, 64).buffers, g.nodes().size());
+  return peak_of(analyze(g, PassOptions{}.alignment).buffers, g.nodes().size());
 }
 
 std::string format_memory_report(const MemoryPlan& plan) {

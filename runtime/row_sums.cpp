@@ -10,8 +10,8 @@
 // (one from each block) transposed in registers give, in vector k, element k of every block,
 // which the lanes add in order. Each lane does exactly the scalar chain's adds, so the block
 // sums, and everything after them, are the same bits. The blocks left over (fewer than
-// sixteen, and each row's partial last block) are added the scalar way. Rows of at most one block (a
-// global pool over a 7x7 plane: 49 floats) go sixteen rows a step the same way, lane i
+// sixteen, and each row's partial last block) are added the scalar way. Rows of at most one
+// block (a global pool over a 7x7 plane: 49 floats) go sixteen rows a step the same way, lane i
 // adding row i (they were one scalar chain a row: 2-3x the time).
 #include <algorithm>
 #include <cstdint>

@@ -740,10 +740,11 @@ void Lowerer::lower_reduce(const Node& n, const TensorType& xt, const TensorType
     return;
   }
   if (trailing && !blocked && m >= 2 * kReduceRows && count > 1) {
-    // Short rows (a global max pool's over 7x7 planes, an integer or f64 sum's; f32 sums of
-    // contiguous rows went to the runtime above), kReduceRows at a time: each row still reduced in order by one chain, but the rows' chains advance
-    // together, so the adds' latency overlaps (one row at a time took 17x ONNX Runtime's
-    // time on MobileNetV2's pool at batch 16). The same operations per row, so the same bits.
+    // Short rows (a global max pool over 7x7 planes, an integer or f64 sum; f32 sums of
+    // contiguous rows went to the runtime above), kReduceRows at a time: each row still
+    // reduced in order by one chain, but the rows' chains advance together, so the adds'
+    // latency overlaps (one row at a time took 17x ONNX Runtime's time on MobileNetV2's pool
+    // at batch 16). The same operations per row, so the same bits.
     const int64_t groups = m / kReduceRows;
     par_for(groups, count * kReduceRows, [&](Value* grp) {
       Value* first = B_.CreateMul(grp, c64(kReduceRows), "", true, true);
