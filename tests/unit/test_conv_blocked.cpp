@@ -86,7 +86,7 @@ TEST_CASE("blocked direct conv2d matches the f64 conv within its rounding, the s
   // Channels 16-80 (one to four output blocks a group, and a second group), kernels 3x3 to
   // 7x7 and rectangular, strides 1-3, every padding below the kernel, rows that end in a
   // partial tile, batch 1 and 3; planes smaller than the kernel (every position reads the
-  // padding on both sides).
+  // padding on both sides); 3x3 stems (stride 2, no padding and padding 1).
   const std::vector<ConvCase> cases = {
       {1, 16, 9, 13, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1},  {3, 32, 8, 8, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1},
       {1, 16, 11, 10, 48, 3, 3, 2, 2, 1, 1, 1, 1, 1}, {3, 16, 12, 15, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1},
@@ -96,6 +96,7 @@ TEST_CASE("blocked direct conv2d matches the f64 conv within its rounding, the s
       {1, 16, 2, 3, 32, 5, 5, 1, 1, 2, 2, 1, 1, 1},   {2, 16, 5, 4, 16, 3, 3, 3, 3, 2, 2, 1, 1, 1},
       // Fewer than 16 channels in, one block of all of them: an image's 3 (unrolled) and 5.
       {2, 3, 23, 21, 64, 7, 7, 2, 2, 3, 3, 1, 1, 1},  {1, 5, 12, 12, 32, 5, 5, 1, 1, 2, 2, 1, 1, 1},
+      {2, 3, 19, 17, 64, 3, 3, 2, 2, 0, 0, 1, 1, 1},  {1, 3, 11, 12, 96, 3, 3, 2, 2, 1, 1, 1, 1, 1},
   };
   for (const ConvCase& k : cases) {
     const KilnConv2dParams p = params_of(k);
@@ -134,11 +135,20 @@ TEST_CASE("blocked direct conv2d matches the f64 conv within its rounding, the s
           // call: the same bits.
           REQUIRE(blocked_one_thread(x.data(), w.data(), bp, rp, cut.data(), p, act));
           CHECK(std::memcmp(got.data(), cut.data(), ysize * sizeof(float)) == 0);
+          // y in NCHW16c from an NCHW x (a stem's output for a blocked pool; with one input
+          // block and no residual the tiles store into y themselves): the same bits.
+          const int64_t oplane = p.oh * p.ow;
+          const std::vector<float> rb = blocked(res, p.n, p.o, oplane);
+          for (bool one_thread : {false, true}) {
+            std::vector<float> yb(ysize, 12345.0f);
+            const float* rbp = residual ? rb.data() : nullptr;
+            REQUIRE((one_thread ? blocked_one_thread(x.data(), w.data(), bp, rbp, yb.data(), p, act, 2)
+                                : kiln::rt::blocked_conv2d(x.data(), w.data(), bp, rbp, yb.data(), p, act, nullptr, 2)));
+            CHECK(std::memcmp(unblocked(yb, p.n, p.o, oplane).data(), got.data(), ysize * sizeof(float)) == 0);
+          }
           if (k.c % 16 != 0) continue;
           // x in NCHW16c, read in place with the padding's taps skipped (their products, 0 * w,
           // add nothing for finite weights): the same bits, however the work is cut.
-          const int64_t oplane = p.oh * p.ow;
-          const std::vector<float> rb = blocked(res, p.n, p.o, oplane);
           for (bool one_thread : {false, true}) {
             std::vector<float> yb(ysize, 12345.0f);
             const float* rbp = residual ? rb.data() : nullptr;
