@@ -13,9 +13,10 @@
 //           w[f] = the weights of (ic, ky, kx) for output block f   (NF vector loads)
 //           acc[f][j] += broadcast(x[ic, row + ky, (ox0 + j) * stride + kx]) * w[f]
 //   then the row's blocks transposed back into y's channel planes, where the epilogue
-//   (residual, activation) runs on them while they are in L1. With one input block (a
-//   stem's), a y in NCHW16c and no residual, the tiles store into y's rows themselves, relu
-//   or relu6 applied in registers (SqueezeNet's stem at batch 16: 0.8x the time).
+//   (residual, activation) runs on them while they are in L1. For a y in NCHW16c (but
+//   silu) the last input block's tiles finish the outputs into y's rows themselves, the
+//   residual added and relu or relu6 applied in registers (SqueezeNet's stem at batch 16:
+//   0.8x the time).
 //
 // A block's weights for one input block (16 x KH x KW x NF*16 floats: 36 KiB for a 3x3 and
 // 64 output channels) stay in L1 across the row's tiles; each broadcast feeds NF FMAs and
@@ -171,12 +172,22 @@ inline __m512 apply_act(__m512 r, int32_t act, __m512 zero, __m512 six) {
 // (stride * cs); row: floats between the image's rows. w: the group's weights of this input
 // block ([taps][cs][NF * 16], kw taps a kernel row) at the first tap. acc: the row buffer at
 // the tile ([NF][ow][16], block stride `ld`), read unless `first` (then started from init,
-// the bias, or +0). `act` (KILN_ACT_NONE, _RELU or _RELU6) is applied to the accumulators
-// as they are stored: the last input block's tile of a y in NCHW16c stores its finished
-// outputs straight into y (acc_row is then y's row, ld y's block stride).
+// the bias, or +0), and stored there unless `out` says otherwise.
+//
+// Where the accumulators go: back to the row buffer (y null), or, for the last input
+// block's tile of a y in NCHW16c, finished into y: the residual (if any) added and relu /
+// relu6 applied in registers (conv_epilogue's formulas), each residual vector read right
+// before the y vector at its place is written. y and residual at the tile's first
+// position, ld floats between output blocks.
+struct TileOut {
+  float* y = nullptr;
+  const float* residual = nullptr;
+  int64_t ld = 0;
+  int32_t act = KILN_ACT_NONE;
+};
 template <int NF, int T, int CS>
 void tile(const float* x, int64_t step, int64_t row, int64_t kh, int64_t kw, int64_t kx_count, int64_t cs,
-          const float* w, float* acc_row, int64_t ld, const float* init, bool first, int32_t act) {
+          const float* w, float* acc_row, int64_t ld, const float* init, bool first, const TileOut& out) {
   const int64_t channels = CS ? CS : cs;
   __m512 acc[NF][T];
 #pragma GCC unroll 4
@@ -202,17 +213,22 @@ void tile(const float* x, int64_t step, int64_t row, int64_t kh, int64_t kw, int
         }
       }
     }
-  if (act != KILN_ACT_NONE) {
-    const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
+  if (!out.y) {
 #pragma GCC unroll 4
     for (int f = 0; f < NF; ++f)
 #pragma GCC unroll 14
-      for (int j = 0; j < T; ++j) acc[f][j] = apply_act(acc[f][j], act, zero, six);
+      for (int j = 0; j < T; ++j) _mm512_storeu_ps(acc_row + f * ld + 16 * j, acc[f][j]);
+    return;
   }
+  const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
 #pragma GCC unroll 4
   for (int f = 0; f < NF; ++f)
 #pragma GCC unroll 14
-    for (int j = 0; j < T; ++j) _mm512_storeu_ps(acc_row + f * ld + 16 * j, acc[f][j]);
+    for (int j = 0; j < T; ++j) {
+      __m512 r = acc[f][j];
+      if (out.residual) r = _mm512_add_ps(r, _mm512_loadu_ps(out.residual + f * out.ld + 16 * j));
+      _mm512_storeu_ps(out.y + f * out.ld + 16 * j, apply_act(r, out.act, zero, six));
+    }
 }
 
 // The positions a tile of NF blocks holds: NF * T accumulators and NF weight vectors
@@ -221,7 +237,7 @@ template <int NF>
 constexpr int kTileWidth = NF == 4 ? 7 : NF == 3 ? 9 : 14;
 
 using TileFn = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, float*,
-                        int64_t, const float*, bool, int32_t);
+                        int64_t, const float*, bool, const TileOut&);
 template <int NF, int CS, int... T>
 constexpr std::array<TileFn, sizeof...(T)> tiles_of(std::integer_sequence<int, T...>) {
   return {{&tile<NF, T + 1, CS>...}};
@@ -263,26 +279,29 @@ void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* ima
   const int64_t first_row = std::clamp<int64_t>(iy + ky0, 0, geo.rows - 1);
   const int64_t plane = p.oh * p.ow;
   const bool in_regs = act == KILN_ACT_NONE || act == KILN_ACT_RELU || act == KILN_ACT_RELU6;
-  // One input block (a stem's), a y in NCHW16c, no residual: the tiles store the finished
-  // outputs, the activation applied, straight into y's rows (block stride plane * 16), not
-  // through the row buffer (whose copy into y took about a third of a 3x3 stem's time).
-  const bool direct = geo.cb == 1 && blocked_y && !residual && in_regs;
-  float* out = direct ? y + (n * p.o + q * kGroup * kBlock) * plane + oy * ow * kBlock : acc;
-  const int64_t out_ld = direct ? plane * kBlock : ld;
-  const int32_t tile_act = direct ? act : KILN_ACT_NONE;
+  // A y in NCHW16c and an epilogue done in registers: the last input block's tiles finish
+  // the outputs into y's rows themselves (block stride plane * 16), no copy from the row
+  // buffer (which took about a third of a 3x3 stem's time).
+  const bool direct = blocked_y && in_regs;
+  const int64_t y_at = (n * p.o + q * kGroup * kBlock) * plane + oy * ow * kBlock;
   for (int64_t b = 0; b < geo.cb; ++b) {
     const float* xb = image + (b * geo.rows + first_row) * row;
     const float* wb = group + (b * geo.taps + ky0 * p.kw) * cs * width;
+    const bool finish_here = direct && b == geo.cb - 1;
+    const auto out = [&](int64_t ox) {
+      return finish_here ? TileOut{y + y_at + ox * kBlock, residual ? residual + y_at + ox * kBlock : nullptr, plane * kBlock, act}
+                  : TileOut{};
+    };
     for (int64_t ox = lo; ox < hi; ox += tw) {
       const int64_t t = std::min(tw, hi - ox);
       fns[static_cast<size_t>(t - 1)](xb + (ox * p.stride_w - geo.pad_w) * cs, step, row, kh, p.kw, p.kw, cs, wb,
-                                      out + ox * kBlock, out_ld, init, b == 0, tile_act);
+                                      acc + ox * kBlock, ld, init, b == 0, out(ox));
     }
     const auto edge = [&](int64_t ox) {
       const int64_t ix = ox * p.stride_w - geo.pad_w, kx0 = std::max<int64_t>(0, -ix);
       const int64_t count = std::max<int64_t>(0, std::min(p.kw, geo.cols - ix) - kx0);
       fns[0](count ? xb + (ix + kx0) * cs : xb, step, row, kh, p.kw, count, cs, wb + kx0 * cs * width,
-             out + ox * kBlock, out_ld, init, b == 0, tile_act);
+             acc + ox * kBlock, ld, init, b == 0, out(ox));
     };
     for (int64_t ox = 0; ox < lo; ++ox) edge(ox);
     for (int64_t ox = hi; ox < ow; ++ox) edge(ox);
@@ -290,7 +309,8 @@ void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* ima
   if (direct) return;
   // [nf][ow][16] -> channel planes: 16 positions x 16 channels at a time, the residual and
   // relu / relu6 applied in registers as they are stored (conv_epilogue's formulas), silu
-  // by conv_epilogue after. Or, for a y in NCHW16c, each block's row stored as it is.
+  // by conv_epilogue after. Or, for a y in NCHW16c (silu), each block's row stored as it
+  // is, then conv_epilogue on it.
   const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
   const auto finish = [&](__m512 r, const float* res, __mmask16 mask) {
     if (in_regs) {
@@ -304,10 +324,8 @@ void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* ima
       const int64_t at = (n * p.o + q * kGroup * kBlock + f * kBlock) * plane + oy * ow * kBlock;  // the block's row
       float* yrow = y + at;
       const float* rrow = residual ? residual + at : nullptr;
-      for (int64_t x0 = 0; x0 < ow; ++x0)
-        _mm512_storeu_ps(yrow + x0 * kBlock, finish(_mm512_loadu_ps(acc + f * ld + x0 * kBlock),
-                                                    rrow ? rrow + x0 * kBlock : nullptr, 0xffff));
-      if (!in_regs) conv_epilogue(yrow, rrow, ow * kBlock, act);
+      std::memcpy(yrow, acc + f * ld, static_cast<size_t>(ow * kBlock) * sizeof(float));
+      conv_epilogue(yrow, rrow, ow * kBlock, act);
       continue;
     }
     const int64_t at = (n * p.o + q * kGroup * kBlock + f * kBlock) * plane + oy * ow;  // channel c0's row
