@@ -12,6 +12,7 @@
 #include "numerics/math.h"
 #include "runtime/blas.h"
 #include "runtime/gemm.h"
+#include "runtime/kernels.h"
 #include "runtime/summation.h"
 #include "runtime/thread_pool.h"
 #include "runtime/vec_internal.h"
@@ -59,8 +60,9 @@ Operand<T> operand(const T* p, int64_t rows, int64_t cols, int64_t srow, int64_t
 // Query rows per task: the block's scores (rows x sk) stay within about 64 KiB, so they are
 // still in cache when the second GEMM reads them, and there are enough tasks for a pool of
 // 16 threads where the shape allows. A function of the shape only.
+constexpr int64_t kMaxRowBlock = 64;
 int64_t row_block(int64_t batches, int64_t sq, int64_t sk, size_t elem) {
-  int64_t rows = std::clamp<int64_t>(65536 / std::max<int64_t>(sk * static_cast<int64_t>(elem), 1), 8, 64);
+  int64_t rows = std::clamp<int64_t>(65536 / std::max<int64_t>(sk * static_cast<int64_t>(elem), 1), 8, kMaxRowBlock);
   while (rows > 16 && batches * ((sq + rows - 1) / rows) < 16) rows /= 2;
   return std::min(rows, std::max<int64_t>(sq, 1));
 }
@@ -148,6 +150,31 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void normalize_f32(f
   normalize(x + j, n - j, sum, nan_to_zero);
 }
 
+// The largest of x[0..n) (-inf when none; NaNs passed over), 8 lanes at a time where the CPU
+// allows: the maximum of a set, so the scalar scan's value but for which zero, +0 or -0, is
+// the maximum, which x - max and its exponential do not see.
+__attribute__((target_clones("arch=x86-64-v3", "default"))) float row_max_f32(const float* x, int64_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  F8 vmx = F8{} - std::numeric_limits<float>::infinity();
+  for (; j + 8 <= n; j += 8) {
+    F8 y;
+    std::memcpy(&y, x + j, sizeof y);
+    vmx = y > vmx ? y : vmx;
+  }
+  float lanes[8];
+  std::memcpy(lanes, &vmx, sizeof lanes);
+  for (float l : lanes) mx = l > mx ? l : mx;
+  for (; j < n; ++j) mx = x[j] > mx ? x[j] : mx;
+  return mx;
+}
+
+// out[j] = exp(x[j] - mx) (out may be x).
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void exp_shifted_into_f32(
+    const float* x, float* out, int64_t n, float mx) {
+  for (int64_t j = 0; j < n; ++j) out[j] = kiln::math::exp_f32(x[j] - mx);
+}
+
 float scale_mask_max(float* x, int64_t n, bool mul, bool div, float scale, const float* m, int64_t ms) {
   return scale_mask_max_f32(x, n, mul, div, scale, m, ms);
 }
@@ -223,14 +250,21 @@ void attention_rows(const T* q, const T* k, const T* v, const T* mask, T* o, con
           [&] { return k_operand(k, p, batch, k_scale, kbuf); }, s, sk);
   const bool mul = p.flags & KILN_ATTN_MUL_SCALE, div = p.flags & KILN_ATTN_DIV_SCALE;
   const bool masked = p.flags & KILN_ATTN_MASK, nan_to_zero = p.flags & KILN_ATTN_NAN_TO_ZERO;
+  // The unfused graph's operations in its order: scale, mask, then softmax's max,
+  // exponentials, denominator and quotients. f32: the block's denominators by the runtime's
+  // row sums (sixteen rows at a time in vector lanes, each row's adds in the summation
+  // order: the same bits as one scalar chain a row, which took about a cycle an element).
   for (int64_t i = 0; i < rows; ++i) {
     T* x = s + i * sk;
     const T* m = masked ? mask + base(p.mask_stride) + (i0 + i) * p.mask_stride[2] : nullptr;
-    // The unfused graph's operations in its order: scale, mask, then softmax's max,
-    // exponentials, denominator and quotients.
-    T mx = scale_mask_max(x, sk, mul, div, scale, m, p.mask_stride[3]);
-    exp_shifted(x, sk, mx);
-    normalize(x, sk, kiln::rt::summation_order_sum(x, sk), nan_to_zero);
+    exp_shifted(x, sk, scale_mask_max(x, sk, mul, div, scale, m, p.mask_stride[3]));
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    T sums[kMaxRowBlock];
+    kiln_rt_row_sums_f32(s, sums, rows, sk, 0);
+    for (int64_t i = 0; i < rows; ++i) normalize(s + i * sk, sk, sums[i], nan_to_zero);
+  } else {
+    for (int64_t i = 0; i < rows; ++i) normalize(s + i * sk, sk, kiln::rt::summation_order_sum(s + i * sk, sk), nan_to_zero);
   }
   auto make_v = [&] { return v_operand(v, p, batch, vbuf); };
   const kiln::rt::PackedB* pv = have ? &packed->v : nullptr;
@@ -305,6 +339,23 @@ void attention(const T* q, const T* k, const T* v, const T* mask, T* o, const Ki
 }  // namespace
 
 extern "C" {
+
+// Each row: its maximum, the exponentials of x - max into out, then (runs of up to 64
+// rows) their sums by the row sums, the quotients in place. Rows run over the pool, each
+// computed alone: any thread count gives the same bits.
+void kiln_rt_softmax_f32(const float* x, float* out, int64_t rows, int64_t n) {
+  if (rows <= 0 || n <= 0) return;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / n);
+  kiln::rt::parallel_for(rows, grain, [&](int64_t r0, int64_t r1) {
+    float sums[kMaxRowBlock];
+    for (int64_t r = r0; r < r1; r += kMaxRowBlock) {
+      const int64_t count = std::min(kMaxRowBlock, r1 - r);
+      for (int64_t i = r; i < r + count; ++i) exp_shifted_into_f32(x + i * n, out + i * n, n, row_max_f32(x + i * n, n));
+      kiln_rt_row_sums_f32(out + r * n, sums, count, n, 0);
+      for (int64_t i = 0; i < count; ++i) normalize_f32(out + (r + i) * n, n, sums[i], false);
+    }
+  });
+}
 
 void kiln_rt_attention_f32(const float* q, const float* k, const float* v, const float* mask, float* o,
                            const KilnAttentionParams* p, float q_scale, float k_scale, float scale) {

@@ -113,6 +113,12 @@ void kiln_rt_avg_pool2d_grad_f64(const double* dy, double* dx, const KilnPool2dP
 // Rows run in parallel, each computed alone, so any thread count gives the same bits.
 void kiln_rt_row_sums_f32(const float* x, float* out, int64_t rows, int64_t n, int32_t mean);
 
+// out = softmax of each row of x ([rows, n], contiguous; out may be x): bitwise the
+// interpreter's softmax over the last axis (the row's maximum, NaNs passed over; exp(x -
+// max) by numerics/math.h; their sum in Kiln's summation order; the quotients). Rows run in
+// parallel, each computed alone (runtime/attention.cpp).
+void kiln_rt_softmax_f32(const float* x, float* out, int64_t rows, int64_t n);
+
 // top_k (ir/ops.def): x as [outer, d, inner] around the axis; out [outer, k, inner] gets, per
 // (outer, inner) row, the positions of its k largest (largest != 0) or smallest elements,
 // best first, equal ones in increasing position, NaN as larger than every number. Rows run

@@ -841,6 +841,14 @@ void Lowerer::lower_softmax(const Node& n, const TensorType& xt, Value* x, Value
   split_axis(n, xt, outer, len, inner);
   DType t = xt.dtype;
   bool log = n.op == Op::LogSoftmax;
+  if (!log && t == DType::f32 && inner == 1 && len > 1) {
+    // Rows along the last axis: the runtime's softmax (runtime/attention.cpp), the same
+    // bits with the row's maximum and exponentials vectorized and the denominators summed
+    // sixteen rows at a time in vector lanes; the loop below adds each denominator in one
+    // scalar chain (BERT's attention probabilities in training took ~4 ns an element).
+    B_.CreateCall(runtime(RtFn::kiln_rt_softmax_f32), {x, out, c64(outer), c64(len)});
+    return;
+  }
   outer_inner(outer, inner, len, [&](Value* a, Value* b) {
       Value* mx = alloca(ty(t));
       Value* base = B_.CreateAdd(B_.CreateMul(a, c64(len * inner)), b);

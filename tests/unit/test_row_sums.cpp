@@ -116,3 +116,82 @@ TEST_CASE("row sums: child with KILN_NUM_THREADS", "[.row_sums_threads_child]") 
   for (const Case& c : kCases) h = fnv1a(h, row_sums(values(c.rows, c.n, 7), c.rows, c.n, true));
   std::cout << "hashes " << h << "\n";
 }
+
+// kiln_rt_softmax_f32 (runtime/attention.cpp), which the generated code calls for an f32
+// softmax over the last axis: the interpreter's softmax bit for bit, its denominators being
+// row sums (rows of one block and of several, more and fewer than sixteen rows, logits over
+// several orders of magnitude so the exponentials' order of addition shows), with NaN,
+// infinities, a row of -inf only and signed zeros; out over x itself; any thread count.
+namespace {
+
+std::vector<float> softmax_reference(const std::vector<float>& v, int64_t rows, int64_t n) {
+  Tensor x(DType::f32, {rows, n});
+  std::memcpy(x.data<float>(), v.data(), v.size() * sizeof(float));
+  AttrMap attrs = complete_attrs(Op::Softmax, {{"axis", int64_t{1}}});
+  Tensor r = eval_op(Op::Softmax, {&x}, attrs, infer_type(Op::Softmax, {x.type()}, attrs));
+  return {r.data<float>(), r.data<float>() + rows * n};
+}
+
+// Logits of magnitude up to about 20: exponentials over many binades.
+std::vector<float> logits(int64_t rows, int64_t n, uint32_t seed) {
+  std::vector<float> v = values(rows, n, seed);
+  for (float& x : v) x = std::fmod(x, 20.0f);
+  return v;
+}
+
+const Case kSoftmaxCases[] = {{1, 2},   {5, 7},    {16, 64},  {17, 65},   {3, 128}, {64, 128},
+                              {70, 128}, {33, 200}, {2, 1025}, {100, 49}, {9, 3000}};
+
+}  // namespace
+
+TEST_CASE("softmax over rows equals the interpreter's bit for bit", "[runtime][reduce][softmax]") {
+  uint32_t seed = 11;
+  for (const Case& c : kSoftmaxCases) {
+    CAPTURE(c.rows, c.n);
+    const std::vector<float> v = logits(c.rows, c.n, seed++);
+    std::vector<float> out(v.size(), -1.0f);
+    kiln_rt_softmax_f32(v.data(), out.data(), c.rows, c.n);
+    CHECK(same_bits(out, softmax_reference(v, c.rows, c.n)));
+    std::vector<float> in_place = v;  // out over x
+    kiln_rt_softmax_f32(in_place.data(), in_place.data(), c.rows, c.n);
+    CHECK(same_bits(in_place, out));
+  }
+}
+
+TEST_CASE("softmax over rows: NaN, infinities and zeros as the interpreter has them", "[runtime][reduce][softmax]") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const Case& c : {Case{20, 300}, Case{35, 49}}) {
+    const int64_t rows = c.rows, n = c.n;
+    CAPTURE(rows, n);
+    std::vector<float> v = logits(rows, n, 5);
+    auto at = [&](int64_t r, int64_t k) -> float& { return v[static_cast<size_t>(r * n + k)]; };
+    at(0, 3) = nan;                                     // a NaN: passed over by the maximum, NaN sum
+    at(1, n - 1) = inf;                                 // +inf: the maximum, inf - inf is NaN
+    for (int64_t k = 0; k < n; ++k) at(2, k) = -inf;    // -inf throughout
+    for (int64_t k = 0; k < n; ++k) at(3, k) = k % 2 ? -0.0f : 0.0f;  // zeros of both signs
+    at(4, 0) = -inf;                                    // one -inf: exp gives +0
+    at(5, 2) = 1e30f;                                   // one term dominates
+    at(rows - 1, 1) = nan;                              // a row past the last step of sixteen
+    std::vector<float> out(v.size());
+    kiln_rt_softmax_f32(v.data(), out.data(), rows, n);
+    CHECK(same_bits(out, softmax_reference(v, rows, n)));
+    CHECK(std::isnan(out[0]));
+    CHECK(out[static_cast<size_t>(4 * n)] == 0.0f);
+    CHECK(out[static_cast<size_t>(5 * n + 2)] == 1.0f);
+  }
+}
+
+TEST_CASE("softmax over rows gives the same bits at any KILN_NUM_THREADS", "[runtime][reduce][softmax][threads]") {
+  check_same_hashes_at_any_thread_count("[.softmax_threads_child]");
+}
+
+TEST_CASE("softmax over rows: child with KILN_NUM_THREADS", "[.softmax_threads_child]") {
+  REQUIRE(std::getenv("KILN_NUM_THREADS") != nullptr);
+  uint64_t h = kFnvStart;
+  for (const Case& c : kSoftmaxCases) {
+    std::vector<float> out(static_cast<size_t>(c.rows * c.n));
+    kiln_rt_softmax_f32(logits(c.rows, c.n, 3).data(), out.data(), c.rows, c.n);
+    h = fnv1a(h, out);
+  }
+  std::cout << "hashes " << h << "\n";
+}

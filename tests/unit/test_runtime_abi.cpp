@@ -48,7 +48,8 @@ std::string abi_graph(const std::string& t) {
   %yc = conv2d(%x, %wc) {groups=2, padding=[1, 1], stride=[2, 2]} : T[2,6,5,5]
   %tk = top_k(%e) {axis=1, k=3} : i64[512,3]
   %mn = mean(%e) {axes=[1]} : T[512]
-  return mn = %mn, mw = %mw, yc = %yc, tk = %tk, att = %att, y = %y, dx = %dx, dw = %dw, mp = %mp, dm = %dm, ap = %ap, da = %da, m = %m, t = %t, yr = %yr, z3 = %z3
+  %se = softmax(%e) {axis=-1} : T[512,512]
+  return se = %se, mn = %mn, mw = %mw, yc = %yc, tk = %tk, att = %att, y = %y, dx = %dx, dw = %dw, mp = %mp, dm = %dm, ap = %ap, da = %da, m = %m, t = %t, yr = %yr, z3 = %z3
 }
 )";
   for (size_t at; (at = text.find('T')) != std::string::npos;) text.replace(at, 1, t);
@@ -88,7 +89,7 @@ TEST_CASE("runtime ABI: generated code declares each runtime function as abi.def
     ir += code->emit("llvm");
   }
   // top_k's integer instances. (%mn: an f32 mean over rows of more than one block, the
-  // runtime's row sums. %mw and %yc: an inference graph's f32 GEMM and conv with a
+  // runtime's row sums; %se: an f32 softmax over the last axis, the runtime's softmax. %mw and %yc: an inference graph's f32 GEMM and conv with a
   // state weight take the cached-B and cached-weight calls.)
   for (const char* t : {"i32", "i64"}) {
     auto code = compile(parse(std::string("graph @k(%e: ") + t +
