@@ -264,7 +264,8 @@ void attention_rows(const T* q, const T* k, const T* v, const T* mask, T* o, con
     kiln_rt_row_sums_f32(s, sums, rows, sk, 0);
     for (int64_t i = 0; i < rows; ++i) normalize(s + i * sk, sk, sums[i], nan_to_zero);
   } else {
-    for (int64_t i = 0; i < rows; ++i) normalize(s + i * sk, sk, kiln::rt::summation_order_sum(s + i * sk, sk), nan_to_zero);
+    for (int64_t i = 0; i < rows; ++i)
+      normalize(s + i * sk, sk, kiln::rt::summation_order_sum(s + i * sk, sk), nan_to_zero);
   }
   auto make_v = [&] { return v_operand(v, p, batch, vbuf); };
   const kiln::rt::PackedB* pv = have ? &packed->v : nullptr;
@@ -350,7 +351,8 @@ void kiln_rt_softmax_f32(const float* x, float* out, int64_t rows, int64_t n) {
     float sums[kMaxRowBlock];
     for (int64_t r = r0; r < r1; r += kMaxRowBlock) {
       const int64_t count = std::min(kMaxRowBlock, r1 - r);
-      for (int64_t i = r; i < r + count; ++i) exp_shifted_into_f32(x + i * n, out + i * n, n, row_max_f32(x + i * n, n));
+      for (int64_t i = r; i < r + count; ++i)
+        exp_shifted_into_f32(x + i * n, out + i * n, n, row_max_f32(x + i * n, n));
       kiln_rt_row_sums_f32(out + r * n, sums, count, n, 0);
       for (int64_t i = 0; i < count; ++i) normalize_f32(out + (r + i) * n, n, sums[i], false);
     }

@@ -161,7 +161,8 @@ void reorder_image(const KilnConv2dParams& p, const Geometry& geo, const float* 
 // relu (r > 0 or NaN: r, else +0) or relu6 (that, then r < 6 or NaN: r, else 6) in
 // registers: conv_epilogue's formulas, the interpreter's bits (NaN passes, -0 becomes +0).
 inline __m512 apply_act(__m512 r, int32_t act, __m512 zero, __m512 six) {
-  if (act == KILN_ACT_RELU || act == KILN_ACT_RELU6) r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, zero, _CMP_NLE_UQ), r);
+  if (act == KILN_ACT_RELU || act == KILN_ACT_RELU6)
+    r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, zero, _CMP_NLE_UQ), r);
   if (act == KILN_ACT_RELU6) r = _mm512_mask_mov_ps(six, _mm512_cmp_ps_mask(r, six, _CMP_NGE_UQ), r);
   return r;
 }
@@ -289,8 +290,9 @@ void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* ima
     const float* wb = group + (b * geo.taps + ky0 * p.kw) * cs * width;
     const bool finish_here = direct && b == geo.cb - 1;
     const auto out = [&](int64_t ox) {
-      return finish_here ? TileOut{y + y_at + ox * kBlock, residual ? residual + y_at + ox * kBlock : nullptr, plane * kBlock, act}
-                  : TileOut{};
+      if (!finish_here) return TileOut{};
+      const int64_t at = y_at + ox * kBlock;
+      return TileOut{y + at, residual ? residual + at : nullptr, plane * kBlock, act};
     };
     for (int64_t ox = lo; ox < hi; ox += tw) {
       const int64_t t = std::min(tw, hi - ox);
