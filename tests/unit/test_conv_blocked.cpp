@@ -135,27 +135,25 @@ TEST_CASE("blocked direct conv2d matches the f64 conv within its rounding, the s
           // call: the same bits.
           REQUIRE(blocked_one_thread(x.data(), w.data(), bp, rp, cut.data(), p, act));
           CHECK(std::memcmp(got.data(), cut.data(), ysize * sizeof(float)) == 0);
-          // y in NCHW16c from an NCHW x (a stem's output for a blocked pool; with one input
-          // block and no residual the tiles store into y themselves): the same bits.
+          // y in NCHW16c, from x in `layout` (2: NCHW; 3: NCHW16c too), however the work is
+          // cut: the same bits as the NCHW conv.
           const int64_t oplane = p.oh * p.ow;
           const std::vector<float> rb = blocked(res, p.n, p.o, oplane);
-          for (bool one_thread : {false, true}) {
-            std::vector<float> yb(ysize, 12345.0f);
-            const float* rbp = residual ? rb.data() : nullptr;
-            REQUIRE((one_thread ? blocked_one_thread(x.data(), w.data(), bp, rbp, yb.data(), p, act, 2)
-                                : kiln::rt::blocked_conv2d(x.data(), w.data(), bp, rbp, yb.data(), p, act, nullptr, 2)));
-            CHECK(std::memcmp(unblocked(yb, p.n, p.o, oplane).data(), got.data(), ysize * sizeof(float)) == 0);
-          }
-          if (k.c % 16 != 0) continue;
-          // x in NCHW16c, read in place with the padding's taps skipped (their products, 0 * w,
-          // add nothing for finite weights): the same bits, however the work is cut.
-          for (bool one_thread : {false, true}) {
-            std::vector<float> yb(ysize, 12345.0f);
-            const float* rbp = residual ? rb.data() : nullptr;
-            REQUIRE((one_thread ? blocked_one_thread(xb.data(), w.data(), bp, rbp, yb.data(), p, act, 3)
-                                : kiln::rt::blocked_conv2d(xb.data(), w.data(), bp, rbp, yb.data(), p, act, nullptr, 3)));
-            CHECK(std::memcmp(unblocked(yb, p.n, p.o, oplane).data(), got.data(), ysize * sizeof(float)) == 0);
-          }
+          const auto check_blocked_y = [&](const float* xin, int32_t layout) {
+            for (bool one_thread : {false, true}) {
+              std::vector<float> yb(ysize, 12345.0f);
+              const float* rbp = residual ? rb.data() : nullptr;
+              REQUIRE((one_thread ? blocked_one_thread(xin, w.data(), bp, rbp, yb.data(), p, act, layout)
+                                  : kiln::rt::blocked_conv2d(xin, w.data(), bp, rbp, yb.data(), p, act, nullptr, layout)));
+              CHECK(std::memcmp(unblocked(yb, p.n, p.o, oplane).data(), got.data(), ysize * sizeof(float)) == 0);
+            }
+          };
+          // From an NCHW x (a stem's output for a blocked pool; the last input block's tiles
+          // store the finished outputs into y).
+          check_blocked_y(x.data(), 2);
+          // From an x in NCHW16c, read in place with the padding's taps skipped (their
+          // products, 0 * w, add nothing for finite weights).
+          if (k.c % 16 == 0) check_blocked_y(xb.data(), 3);
         }
     }
   }
