@@ -38,13 +38,19 @@ namespace {
 using kiln::rt::kSumBlock;
 
 // The sums of the 16 blocks of 64 floats at starts[0..16), into sums[0..16): lane i adds
-// block i's elements left to right from +0.
+// block i's elements left to right from +0. Each load also prefetches the line 16 blocks
+// on (the next call's, for a long row): sixteen streams 256 bytes apart outran the
+// hardware prefetcher, and a global pool over a batch's 112x112 or 56x56 planes (no
+// reuse, 20-26 MB) waited on memory; with it, 0.62-0.8x the time on one thread.
 void sixteen_blocks(const float* const* starts, float* sums) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t k0 = 0; k0 < kSumBlock; k0 += 16) {
     __m512 r[16];
 #pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(starts[i] + k0);
+    for (int i = 0; i < 16; ++i) {
+      r[i] = _mm512_loadu_ps(starts[i] + k0);
+      _mm_prefetch(reinterpret_cast<const char*>(starts[i] + k0 + 16 * kSumBlock), _MM_HINT_T0);
+    }
     kiln::rt::transpose16x16(r);
 #pragma GCC unroll 16
     for (int k = 0; k < 16; ++k) acc = _mm512_add_ps(acc, r[k]);
