@@ -13,10 +13,10 @@
 //           w[f] = the weights of (ic, ky, kx) for output block f   (NF vector loads)
 //           acc[f][j] += broadcast(x[ic, row + ky, (ox0 + j) * stride + kx]) * w[f]
 //   then the row's blocks transposed back into y's channel planes, where the epilogue
-//   (residual, activation) runs on them while they are in L1. For a y in NCHW16c (but
-//   silu) the last input block's tiles finish the outputs into y's rows themselves, the
-//   residual added and relu or relu6 applied in registers (SqueezeNet's stem at batch 16:
-//   0.8x the time).
+//   (residual, activation) runs on them while they are in L1. For a y in NCHW16c the last
+//   input block's tiles store the outputs into y's rows themselves, the residual added and
+//   relu or relu6 applied in registers (silu by conv_epilogue on those rows after;
+//   SqueezeNet's stem at batch 16: 0.8x the time).
 //
 // A block's weights for one input block (16 x KH x KW x NF*16 floats: 36 KiB for a 3x3 and
 // 64 output channels) stay in L1 across the row's tiles; each broadcast feeds NF FMAs and
@@ -280,18 +280,19 @@ void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* ima
   const int64_t first_row = std::clamp<int64_t>(iy + ky0, 0, geo.rows - 1);
   const int64_t plane = p.oh * p.ow;
   const bool in_regs = act == KILN_ACT_NONE || act == KILN_ACT_RELU || act == KILN_ACT_RELU6;
-  // A y in NCHW16c and an epilogue done in registers: the last input block's tiles finish
-  // the outputs into y's rows themselves (block stride plane * 16), no copy from the row
-  // buffer (which took about a third of a 3x3 stem's time).
-  const bool direct = blocked_y && in_regs;
+  // A y in NCHW16c: the last input block's tiles store the outputs into y's rows
+  // themselves (block stride plane * 16), no copy from the row buffer (which took about a
+  // third of a 3x3 stem's time), the residual and relu / relu6 applied in registers; silu
+  // (and its residual) by conv_epilogue on those rows after.
   const int64_t y_at = (n * p.o + q * kGroup * kBlock) * plane + oy * ow * kBlock;
   for (int64_t b = 0; b < geo.cb; ++b) {
     const float* xb = image + (b * geo.rows + first_row) * row;
     const float* wb = group + (b * geo.taps + ky0 * p.kw) * cs * width;
-    const bool finish_here = direct && b == geo.cb - 1;
+    const bool finish_here = blocked_y && b == geo.cb - 1;
     const auto out = [&](int64_t ox) {
       if (!finish_here) return TileOut{};
       const int64_t at = y_at + ox * kBlock;
+      if (!in_regs) return TileOut{y + at, nullptr, plane * kBlock, KILN_ACT_NONE};
       return TileOut{y + at, residual ? residual + at : nullptr, plane * kBlock, act};
     };
     for (int64_t ox = lo; ox < hi; ox += tw) {
@@ -308,11 +309,17 @@ void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* ima
     for (int64_t ox = 0; ox < lo; ++ox) edge(ox);
     for (int64_t ox = hi; ox < ow; ++ox) edge(ox);
   }
-  if (direct) return;
+  if (blocked_y) {
+    if (!in_regs)
+      for (int64_t f = 0; f < nf; ++f) {
+        const int64_t at = y_at + f * kBlock * plane;  // the block's row
+        conv_epilogue(y + at, residual ? residual + at : nullptr, ow * kBlock, act);
+      }
+    return;
+  }
   // [nf][ow][16] -> channel planes: 16 positions x 16 channels at a time, the residual and
   // relu / relu6 applied in registers as they are stored (conv_epilogue's formulas), silu
-  // by conv_epilogue after. Or, for a y in NCHW16c (silu), each block's row stored as it
-  // is, then conv_epilogue on it.
+  // by conv_epilogue after.
   const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
   const auto finish = [&](__m512 r, const float* res, __mmask16 mask) {
     if (in_regs) {
@@ -322,14 +329,6 @@ void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* ima
     return r;
   };
   for (int64_t f = 0; f < nf; ++f) {
-    if (blocked_y) {
-      const int64_t at = (n * p.o + q * kGroup * kBlock + f * kBlock) * plane + oy * ow * kBlock;  // the block's row
-      float* yrow = y + at;
-      const float* rrow = residual ? residual + at : nullptr;
-      std::memcpy(yrow, acc + f * ld, static_cast<size_t>(ow * kBlock) * sizeof(float));
-      conv_epilogue(yrow, rrow, ow * kBlock, act);
-      continue;
-    }
     const int64_t at = (n * p.o + q * kGroup * kBlock + f * kBlock) * plane + oy * ow;  // channel c0's row
     float* yrow = y + at;
     const float* rrow = residual ? residual + at : nullptr;
