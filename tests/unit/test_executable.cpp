@@ -116,7 +116,9 @@ TEST_CASE("executable: training updates are visible to an inference executable s
   CHECK_THROWS_WITH(o->share_state_with(*train), ContainsSubstring("state '%" + p + "' is f64[3]"));
 }
 
-TEST_CASE("executable: the compile cache returns the same code fast", "[cpu][executable][cache]") {
+// The second compile is a cache hit (the stats and the executable say so; its time is printed,
+// not checked: on a shared machine a timing bound fails at random).
+TEST_CASE("executable: the compile cache returns the same code without compiling again", "[cpu][executable][cache]") {
   Mlp m = make_mlp(Adam{});
   clear_compile_cache();
   CompileCacheStats s0 = compile_cache_stats();
@@ -131,7 +133,6 @@ TEST_CASE("executable: the compile cache returns the same code fast", "[cpu][exe
   CHECK(b->from_cache());
   CHECK(a->cache_key() == b->cache_key());
   CHECK(a->cache_key() == compile_cache_key(m.step.graph));
-  CHECK(second * 10 < first);
   CompileCacheStats s1 = compile_cache_stats();
   CHECK(s1.hits == s0.hits + 1);
   CHECK(s1.misses == s0.misses + 1);
