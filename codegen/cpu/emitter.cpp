@@ -133,7 +133,7 @@ void Lowerer::mark_latch(llvm::Instruction* br, bool outer) {
   std::vector<llvm::Metadata*> ops = {nullptr};
   if (access_group_)
     ops.push_back(llvm::MDNode::get(C_, {llvm::MDString::get(C_, "llvm.loop.parallel_accesses"), access_group_}));
-  if (outer) ops.push_back(llvm::MDNode::get(C_, {llvm::MDString::get(C_, "llvm.loop.unroll.disable")}));
+  if (outer || keep_loop_) ops.push_back(llvm::MDNode::get(C_, {llvm::MDString::get(C_, "llvm.loop.unroll.disable")}));
   llvm::MDNode* loop = llvm::MDNode::getDistinct(C_, ops);
   loop->replaceOperandWith(0, loop);
   br->setMetadata(llvm::LLVMContext::MD_loop, loop);

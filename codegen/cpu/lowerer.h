@@ -7,11 +7,13 @@
 //   lower.cpp       the graph, kernel by kernel, from the kernel plan (lower_graph)
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -69,6 +71,10 @@ class Lowerer {
   // when `outer` (another loop was closed inside it: loops_closed_ moved).
   void mark_latch(llvm::Instruction* br, bool outer);
   int64_t loops_closed_ = 0;
+  // Set while emitting a short innermost loop that must stay a loop for the vectorizer
+  // (fully unrolled, its enclosing loop became the innermost and was vectorized instead,
+  // with gathers and scatters): its latch says not to unroll it.
+  bool keep_loop_ = false;
   llvm::MDNode* access_group_ = nullptr;
   Value* intrinsic(llvm::Intrinsic::ID id, Value* x) { return B_.CreateUnaryIntrinsic(id, x); }
   Value* is_nan(Value* x) { return B_.CreateFCmpUNO(x, x); }
@@ -169,6 +175,18 @@ class Lowerer {
   };
   void blocked_row_sums(DType t, int64_t rows, Value* j0, int64_t n, const RowRuns& runs, Value* x, Value* out, bool mean);
   void column_sums(DType t, int64_t k1, int64_t r, int64_t k2, Value* x, Value* out, bool mean, int64_t& cursor);
+  void transpose16(std::array<Value*, 16>& r);
+  void sixteen_row_sums(Value* j0, int64_t n, const RowRuns& runs,
+                        const std::function<void(Value*, std::array<Value*, 16>&)>& chunk, Value* out, bool mean);
+  // Whether m rows laid out as `runs` go sixteen at a time (sixteen_row_sums).
+  static bool sixteen_rows(const RowRuns& runs, int64_t m) { return runs.inner_stride == 1 && runs.inner % 16 == 0 && m >= 16; }
+  struct ReduceView {
+    Shape order[3];
+    std::vector<int64_t> src[3];
+    bool in_order = true;  // x already is [K1, R, K2]
+    std::optional<RowRuns> rows;
+  };
+  static ReduceView reduce_view(const Shape& shape, const std::set<int64_t>& axes);
   void lower_reduce(const Node& n, const TensorType& xt, const TensorType& rt, Value* x, Value* out, int64_t& cursor);
   static void split_axis(const Node& n, const TensorType& xt, int64_t& outer, int64_t& len, int64_t& inner);
   void lower_argmax(const Node& n, const TensorType& xt, Value* x, Value* out);
@@ -180,6 +198,12 @@ class Lowerer {
   void lower_level(const Graph& g, const KernelPlan& kp, std::vector<Value*>& ptr, bool top, int64_t& cursor,
                    const std::vector<Value*>& out_ptr = {});
   void lower_loop(const Graph& g, const Kernel& k, std::vector<Value*>& ptr);
+  std::map<int32_t, Value*> loop_element(const Graph& g, const Kernel& k, const std::vector<Value*>& ptr,
+                                         const std::vector<Value*>& at);
+  std::optional<std::vector<int64_t>> fold_reduce_loads(const Graph& g, const KernelPlan& kp, size_t q);
+  void lower_folded_reduce(const Graph& g, const Kernel& loop, const Kernel& red, const std::vector<int64_t>& row_strides,
+                           std::vector<Value*>& ptr);
+  static std::set<int64_t> reduce_axes(const Node& n, int64_t rank);
 
   const Graph& g_;
   const MemoryPlan& plan_;

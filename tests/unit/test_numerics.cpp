@@ -192,14 +192,17 @@ TEST_CASE("numerics: short trailing reductions of many rows are the interpreter'
 }
 
 // A batch norm's statistics: [N, C, H, W] over N, H and W, read in place, which the CPU
-// backend sums 8 channels at a time (their blocks side by side) and the channels past the
-// last 8 one at a time: planes of whole blocks (8x8, 16x12), planes shorter than a block or
-// not a multiple of it (7x7, 5x13: blocks cross images), a strided inner run ([N, H, C]
-// over N and H is not this layout but [N, C, H] is, with H the inner run); NaN and
-// infinities; f32 and f64. The interpreter's bits.
+// backend sums 16 f32 channels at a time in vector lanes where a plane is a multiple of 16
+// (sixteen_row_sums), else 8 channels at a time (their blocks side by side), and the
+// channels past the last 16 or 8 one at a time: planes of whole blocks (8x8, 16x12),
+// planes shorter than a block or not a multiple of it (7x7, 5x13, 28x28: blocks cross
+// images; one 28x28 image: a partial last block), a strided inner run ([N, H, C] over N and
+// H is not this layout but [N, C, H] is, with H the inner run); NaN and infinities; f32
+// and f64. The interpreter's bits.
 TEST_CASE("numerics: long channel sums of [N, C, H, W] are the interpreter's", "[numerics][sum]") {
   for (const Shape& shape : {Shape{3, 19, 8, 8}, Shape{5, 16, 7, 7}, Shape{4, 8, 16, 12}, Shape{6, 11, 5, 13},
-                             Shape{9, 17, 100}}) {
+                             Shape{9, 17, 100}, Shape{2, 35, 8, 16}, Shape{2, 48, 28, 28}, Shape{1, 16, 28, 28},
+                             Shape{3, 32, 4, 16}, Shape{5, 20, 48}}) {
     CAPTURE(shape);
     const Ints axes = shape.size() == 4 ? Ints{0, 2, 3} : Ints{0, 2};
     for (DType dt : {DType::f32, DType::f64}) {
@@ -220,6 +223,56 @@ TEST_CASE("numerics: long channel sums of [N, C, H, W] are the interpreter's", "
         for (const char* name : {"sum", "mean"}) check_bitwise(r, name);
       }
     }
+  }
+}
+
+// A batch norm's statistics and gradient sums as fusion leaves them: a region whose loop
+// computes x's centered values (an output too) and their squares, or products of the
+// incoming gradient with them and a per-channel scale, summed over N, H and W. Where the
+// channels go sixteen at a time the CPU backend folds the loop into the sum (each element
+// computed into a tile on the stack, the other outputs stored as it goes: no scratch
+// tensor); a count of channels not a multiple of 16, or an operand that varies along the
+// summed dims, keeps the loop. Every output the interpreter's bits, NaN and infinities too.
+TEST_CASE("numerics: fused channel sums with their elementwise prologue are the interpreter's", "[numerics][sum]") {
+  for (const Shape& shape : {Shape{4, 32, 8, 16}, Shape{2, 48, 28, 28}, Shape{1, 16, 28, 28}, Shape{3, 20, 8, 16}}) {
+    CAPTURE(shape);
+    const int64_t c = shape[1];
+    Graph g("bn_sums");
+    ValueId x = g.add_input("x", {DType::f32, shape});
+    ValueId dy = g.add_input("dy", {DType::f32, shape});
+    ValueId mean = g.add_input("mean", {DType::f32, {c, 1, 1}});
+    ValueId scale = g.add_input("scale", {DType::f32, {1, c, 1, 1}});
+    ValueId plane = g.add_input("plane", {DType::f32, {1, 1, shape[2], shape[3]}});
+    const AttrMap over{{"axes", Ints{0, 2, 3}}};
+    ValueId centered = g.add_node(Op::Sub, {x, mean});
+    g.add_output("centered", centered);
+    g.add_output("var", g.add_node(Op::Mean, {g.add_node(Op::Mul, {centered, centered})}, over));
+    g.add_output("dscale", g.add_node(Op::Sum, {g.add_node(Op::Mul, {dy, g.add_node(Op::Mul, {centered, scale})})}, over));
+    ValueId two = g.add_node(Op::Constant, {}, {{"value", Tensor::scalar(DType::f32, 2.0)}});
+    g.add_output("shifted", g.add_node(Op::Sum, {g.add_node(Op::Mul, {g.add_node(Op::Add, {dy, two}), x})}, over));
+    g.add_output("by_plane", g.add_node(Op::Sum, {g.add_node(Op::Mul, {dy, plane})}, over));
+    for (bool special : {false, true}) {
+      CAPTURE(special);
+      TensorMap in{{"x", uniform(shape, -10.0f, 10.0f, 21)},
+                   {"dy", uniform(shape, -1.0f, 1.0f, 22)},
+                   {"mean", uniform({c, 1, 1}, -1.0f, 1.0f, 23)},
+                   {"scale", uniform({1, c, 1, 1}, 0.5f, 2.0f, 24)},
+                   {"plane", uniform({1, 1, shape[2], shape[3]}, -1.0f, 1.0f, 25)}};
+      if (special) {
+        in.at("x").set(7, std::numeric_limits<double>::quiet_NaN());
+        in.at("dy").set(in.at("dy").numel() - 5, std::numeric_limits<double>::infinity());
+        in.at("x").set(in.at("x").numel() / 3, -std::numeric_limits<double>::infinity());
+      }
+      Runs r = run_all(g, in);
+      for (const char* name : {"centered", "var", "dscale", "shifted", "by_plane"}) check_bitwise(r, name);
+    }
+    // The fold is taken where the channels go sixteen at a time (one image: each channel's
+    // elements are one contiguous row, summed by the runtime's row sums instead): its tile
+    // is on the stack.
+    CompileOptions o;
+    o.use_cache = false;
+    const bool folds = c % 16 == 0 && shape[0] > 1;
+    CHECK((compile(g, o)->emit("llvm").find("alloca [256 x float]") != std::string::npos) == folds);
   }
 }
 
