@@ -340,12 +340,23 @@ bool sums_match_interpreter() {
   TensorMap got = compile(g)->evaluate(in);
   bool same = true;
   for (const auto& [name, v] : want) same = same && got.at(name) == v;
-  // A batch norm's statistics, 8 channels at a time over the pool.
+  // A batch norm's statistics, 16 and then 8 channels at a time over the pool.
   Shape bn{16, 40, 28, 28};
   Graph s = sums_graph(bn, {{0, 2, 3}}, /*means=*/true);
   TensorMap bn_in{{"x", uniform(bn, -1.0f, 1.0f, 12)}};
   want = interpret(s, bn_in);
   got = compile(s)->evaluate(bn_in);
+  for (const auto& [name, v] : want) same = same && got.at(name) == v;
+  // A batch norm's variance with its loop folded in, 16 channels at a time.
+  const Shape bn32{16, 32, 28, 28};
+  Graph var("variance");
+  ValueId x = var.add_input("x", {DType::f32, bn32});
+  ValueId centered = var.add_node(Op::Sub, {x, var.add_input("mean", {DType::f32, {32, 1, 1}})});
+  var.add_output("centered", centered);
+  var.add_output("var", var.add_node(Op::Mean, {var.add_node(Op::Mul, {centered, centered})}, {{"axes", Ints{0, 2, 3}}}));
+  TensorMap var_in{{"x", uniform(bn32, -1.0f, 1.0f, 14)}, {"mean", uniform({32, 1, 1}, -0.5f, 0.5f, 13)}};
+  want = interpret(var, var_in);
+  got = compile(var)->evaluate(var_in);
   for (const auto& [name, v] : want) same = same && got.at(name) == v;
   return same;
 }
