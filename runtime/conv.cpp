@@ -162,16 +162,18 @@ void im2col(const ConvShape& s, const T* x, T* col) {
 // The adjoint of im2col: adds col [K, P] into x [cg, H, W]; padding cells are dropped (the
 // input gradient's semantics: no term for a tap over the padding, whatever its value).
 // `col` is scratch: the flat path zeroes its cells that have no input cell.
+// `ld`: the stride of col's rows (default: s.p, one image's columns alone).
 template <typename T>
-void col2im(const ConvShape& s, T* col, T* x) {
+void col2im(const ConvShape& s, T* col, T* x, int64_t ld = -1) {
   const bool flat = is_flat(s);
   const int64_t plane_size = s.h * s.w, taps = s.kh * s.kw;
+  if (ld < 0) ld = s.p;
   for (int64_t ky = 0; ky < s.kh; ++ky)
     for (int64_t kx = 0; kx < s.kw; ++kx) {
       const Span sp = inside(s.w, s.ow, s.sw, kx * s.dw - s.pw);
       const FlatTap t = flat ? flat_tap(s, ky, kx) : FlatTap{};
       for (int64_t c = 0; c < s.cg; ++c) {
-        T* row = col + (c * taps + ky * s.kw + kx) * s.p;
+        T* row = col + (c * taps + ky * s.kw + kx) * ld;
         T* plane = x + c * plane_size;
         if (flat) {
           zero_edges(s, sp, t.oy0, t.oy1, row);  // so what wraps around a row's edge adds nothing
@@ -524,6 +526,10 @@ void conv2d_epi(const T* x, const T* w, const T* bias, const T* residual, T* y, 
   conv2d(x, w, bias, y, p, act, true, residual, cache);
 }
 
+// conv2d_grad_input's GEMM + col2im: images whose output planes are smaller than this
+// many positions go several to a GEMM, about this many columns in all.
+constexpr int64_t kBatchedColumns = 512;
+
 template <typename T>
 void conv2d_grad_input(const T* dy, const T* w, T* dx, const KilnConv2dParams* params, bool special = true) {
   const ConvShape s(*params);
@@ -562,6 +568,33 @@ void conv2d_grad_input(const T* dy, const T* w, T* dx, const KilnConv2dParams* p
     // forward kernels (Winograd, direct, im2col + GEMM over C * KH * KW rows instead of a
     // GEMM over O and a scatter of C * KH * KW rows back into dx).
     if (finite) return conv2d(dy, static_cast<const T*>(wt), static_cast<const T*>(nullptr), dx, &*ts, KILN_ACT_NONE);
+  }
+  if (special && !s.pointwise && s.groups == 1 && s.n > 1 && s.p < kBatchedColumns) {
+    // Small output planes (a strided conv's 7x7 or 14x14): the GEMM of one image has too few
+    // columns to run well (ResNet-18's 3x3 stride-2 256 -> 512 input gradient at 49 columns
+    // an image: a third of the other layers' rate), so chunks of images go as one GEMM,
+    // their dy blocks copied side by side into [O, images x P], and col2im reads each
+    // image's columns at that row stride. The chunks are fixed by the shape (each dcol
+    // element is the same dot product over O either way): any thread count, the same bits.
+    const int64_t per = std::min((kBatchedColumns + s.p - 1) / s.p, s.n);
+    const int64_t chunks = (s.n + per - 1) / per, b = (s.n + chunks - 1) / chunks;
+    for_each_item(chunks, [&](int64_t begin, int64_t end) {
+      T* buf = scratch<T>((s.o + s.k) * b * s.p);
+      T *dyb = buf, *dcol = buf + s.o * b * s.p;
+      for (int64_t chunk = begin; chunk < end; ++chunk) {
+        const int64_t n0 = chunk * b, nb = std::min(b, s.n - n0), ld = nb * s.p;
+        for (int64_t o = 0; o < s.o; ++o)
+          for (int64_t i = 0; i < nb; ++i)
+            std::copy_n(dy + ((n0 + i) * s.o + o) * s.p, s.p, dyb + o * ld + i * s.p);
+        gemm<T>(true, false, s.k, ld, s.o, w, s.k, dyb, ld, false, dcol, ld);
+        for (int64_t i = 0; i < nb; ++i) {
+          T* dxn = dx + (n0 + i) * s.c * s.h * s.w;
+          std::fill_n(dxn, s.c * s.h * s.w, T(0));
+          col2im(s, dcol + i * s.p, dxn, ld);
+        }
+      }
+    });
+    return;
   }
   for_each_item(s.n * s.groups, [&](int64_t begin, int64_t end) {
     T* dcol = s.pointwise ? nullptr : scratch<T>(s.k * s.p);

@@ -429,6 +429,12 @@ TEST_CASE("runtime: conv2d special shapes", "[runtime][conv]") {
       {2, 64, 6, 5, 36, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
       {37, 2, 5, 5, 5, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
       {1, 100, 4, 4, 40, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
+      // The strided input gradient's GEMM over chunks of images (runtime/conv.cpp,
+      // kBatchedColumns): 37 images of 16 positions (two chunks, 19 and 18 images), a
+      // ResNet-like 3x3 stride-2 layer on 7x7 outputs, a 7x7 stride-2 stem-like one.
+      {37, 4, 8, 8, 6, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1},
+      {4, 32, 14, 14, 48, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1},
+      {3, 3, 20, 20, 8, 7, 7, {2, 2}, {3, 3}, {1, 1}, 1},
   };
   for (DType dt : {DType::f32, DType::f64})
     for (const ConvCase& k : cases) check_conv(k, dt, rng);
