@@ -65,7 +65,7 @@ Graph fuse_reductions(const Graph& g, const PassOptions& options) {
       }
     }
   }
-  return fusion::outline(p, "reduce");
+  return fusion::outline(p, "reduce", /*sink_reductions=*/true);
 }
 
 }  // namespace kiln

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <queue>
 
 #include "passes/rebuild.h"
@@ -96,8 +97,28 @@ struct Outlined {
   std::vector<ValueId> results;  // source values the fused node gives, in order
 };
 
-Outlined build_body(const Partition& p, const std::vector<size_t>& nodes, const std::string& name) {
+// The members in an order for the body: as given, or (`sink`) every elementwise node that
+// does not depend on a non-elementwise member (a reduction) first, then the rest, each part
+// in the given order. A topological order still: an early node's operands are early.
+std::vector<size_t> body_order(const Graph& g, const std::vector<size_t>& nodes, bool sink) {
+  if (!sink) return nodes;
+  std::vector<size_t> early, late;
+  std::set<int32_t> late_values;
+  for (size_t i : nodes) {
+    const Node& n = g.nodes()[i];
+    bool after = n.op != Op::Constant && !op_info(n.op).has(kElementwise);
+    for (ValueId v : n.operands) after = after || late_values.count(v.id) > 0;
+    (after ? late : early).push_back(i);
+    if (after)
+      for (ValueId r : n.results) late_values.insert(r.id);
+  }
+  early.insert(early.end(), late.begin(), late.end());
+  return early;
+}
+
+Outlined build_body(const Partition& p, const std::vector<size_t>& members, const std::string& name, bool sink) {
   const Graph& g = p.graph();
+  const std::vector<size_t> nodes = body_order(g, members, sink);
   const int group = p.group_of(nodes.front());
   Outlined out{Graph(name), {}, {}};
   std::map<int32_t, ValueId> local;  // source value id -> body value
@@ -148,7 +169,7 @@ Outlined build_body(const Partition& p, const std::vector<size_t>& nodes, const 
 
 }  // namespace
 
-Graph outline(const Partition& p, const std::string& prefix) {
+Graph outline(const Partition& p, const std::string& prefix, bool sink_reductions) {
   const Graph& g = p.graph();
   const size_t n = g.nodes().size();
   // Units: a group of 2+ nodes, or a single node. Keyed by their first node index.
@@ -197,7 +218,7 @@ Graph outline(const Partition& p, const std::string& prefix) {
     if (members.size() == 1) {
       rb.copy(g.nodes()[members[0]]);
     } else {
-      Outlined o = build_body(p, members, prefix + "_" + std::to_string(fused_count++));
+      Outlined o = build_body(p, members, prefix + "_" + std::to_string(fused_count++), sink_reductions);
       std::vector<ValueId> operands;
       std::vector<std::string> names;
       for (ValueId v : o.inputs) operands.push_back(rb.map(v));

@@ -52,7 +52,11 @@ class Partition {
 
 // Rebuilds the graph with each group of two or more nodes outlined into a fused node
 // (bodies named "<prefix>_<k>"); singleton groups stay as they are. Nodes keep their
-// relative order where dependences allow; a fused node's note lists its ops.
-Graph outline(const Partition& p, const std::string& prefix);
+// relative order where dependences allow; a fused node's note lists its ops. With
+// `sink_reductions`, a body lists the elementwise nodes that do not depend on its
+// reductions before them (an epilogue over the prologue's shape that needs no reduction
+// result, such as a batch norm's input gradient, then joins the prologue's loop instead of
+// reading its values back from scratch after the sum).
+Graph outline(const Partition& p, const std::string& prefix, bool sink_reductions = false);
 
 }  // namespace kiln::fusion
