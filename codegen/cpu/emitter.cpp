@@ -133,7 +133,7 @@ void Lowerer::mark_latch(llvm::Instruction* br, bool outer) {
   std::vector<llvm::Metadata*> ops = {nullptr};
   if (access_group_)
     ops.push_back(llvm::MDNode::get(C_, {llvm::MDString::get(C_, "llvm.loop.parallel_accesses"), access_group_}));
-  if (outer || keep_loop_) ops.push_back(llvm::MDNode::get(C_, {llvm::MDString::get(C_, "llvm.loop.unroll.disable")}));
+  if (outer) ops.push_back(llvm::MDNode::get(C_, {llvm::MDString::get(C_, "llvm.loop.unroll.disable")}));
   llvm::MDNode* loop = llvm::MDNode::getDistinct(C_, ops);
   loop->replaceOperandWith(0, loop);
   br->setMetadata(llvm::LLVMContext::MD_loop, loop);
@@ -213,7 +213,7 @@ llvm::FunctionCallee Lowerer::external(const std::string& name, llvm::FunctionTy
 }
 
 // for iv in [0, n): body(iv). n > 0.
-void Lowerer::for_loop(int64_t n, const std::function<void(Value*)>& body) {
+void Lowerer::for_loop(int64_t n, const std::function<void(Value*)>& body, bool keep) {
   if (n <= 0) return;
   llvm::BasicBlock* pre = B_.GetInsertBlock();
   llvm::BasicBlock* header = llvm::BasicBlock::Create(C_, "loop", F_);
@@ -226,7 +226,7 @@ void Lowerer::for_loop(int64_t n, const std::function<void(Value*)>& body) {
   body(iv);
   Value* next = B_.CreateAdd(iv, c64(1), "i.next", true, true);
   iv->addIncoming(next, B_.GetInsertBlock());
-  mark_latch(B_.CreateCondBr(B_.CreateICmpSLT(next, c64(n)), header, exit), loops_closed_ != closed);
+  mark_latch(B_.CreateCondBr(B_.CreateICmpSLT(next, c64(n)), header, exit), loops_closed_ != closed || keep);
   B_.SetInsertPoint(exit);
 }
 

@@ -207,6 +207,9 @@ std::map<int32_t, Value*> Lowerer::loop_element(const Graph& g, const Kernel& k,
   return val;
 }
 
+// Streams of x's size a folded loop may have (fold_reduce_loads).
+constexpr std::ptrdiff_t kFoldStreams = 3;
+
 // A fused body's loop kernel `loop` followed by the f32 sum or mean `red` of one of its
 // stores, x, which nothing else reads (a scratch value), over rows that go sixteen at a time
 // (sixteen_row_sums, m a multiple of 16), each of the loop's loads read either like x or
@@ -216,10 +219,8 @@ std::map<int32_t, Value*> Lowerer::loop_element(const Graph& g, const Kernel& k,
 // and the reduction reading it back (a batch norm's variance over [16, 64, 112, 112]: 51 MB
 // written and read again; with the fold, 0.42x the time). Every element of x is one row's
 // element: each is computed once. The tile's loop over a row's 16 elements is kept a loop
-// (keep_loop_) so that the vectorizer makes it one vector step.
+// (for_loop's `keep`) so that the vectorizer makes it one vector step.
 // Returns the row stride of each load (-1: read like x; 0: a scalar), or nothing.
-constexpr std::ptrdiff_t kFoldStreams = 3;
-
 std::optional<std::vector<int64_t>> Lowerer::fold_reduce_loads(const Graph& g, const KernelPlan& kp, size_t q) {
   if (q + 1 >= kp.kernels.size()) return std::nullopt;
   const Kernel& loop = kp.kernels[q];
@@ -302,9 +303,7 @@ void Lowerer::lower_folded_reduce(const Graph& g, const Kernel& loop, const Kern
           if (row_strides[s] < 0) prefetch(loop.loads[s], 0);
         for (ValueId v : loop.stores)
           if (v != x) prefetch(v, 1);
-        keep_loop_ = true;
         for_loop(16, [&](Value* k) {
-          keep_loop_ = false;  // for nothing inside
           Value* off = B_.CreateAdd(start, k, "", true, true);
           std::vector<Value*> offs;
           for (int64_t rs : row_strides) offs.push_back(rs < 0 ? off : B_.CreateMul(j, c64(rs), "", true, true));
@@ -312,9 +311,7 @@ void Lowerer::lower_folded_reduce(const Graph& g, const Kernel& loop, const Kern
           for (ValueId v : loop.stores)
             if (v != x) store(g.type(v).dtype, val.at(v.id), ptr[v.id], off);
           store(DType::f32, val.at(x.id), tile, B_.CreateAdd(B_.CreateMul(i, c64(16), "", true, true), k, "", true, true));
-          keep_loop_ = true;
-        });
-        keep_loop_ = false;
+        }, /*keep=*/true);
       });
       access_group_ = nullptr;
       for (int64_t i = 0; i < 16; ++i)

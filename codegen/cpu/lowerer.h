@@ -71,10 +71,6 @@ class Lowerer {
   // when `outer` (another loop was closed inside it: loops_closed_ moved).
   void mark_latch(llvm::Instruction* br, bool outer);
   int64_t loops_closed_ = 0;
-  // Set while emitting a short innermost loop that must stay a loop for the vectorizer
-  // (fully unrolled, its enclosing loop became the innermost and was vectorized instead,
-  // with gathers and scatters): its latch says not to unroll it.
-  bool keep_loop_ = false;
   llvm::MDNode* access_group_ = nullptr;
   Value* intrinsic(llvm::Intrinsic::ID id, Value* x) { return B_.CreateUnaryIntrinsic(id, x); }
   Value* is_nan(Value* x) { return B_.CreateFCmpUNO(x, x); }
@@ -97,7 +93,10 @@ class Lowerer {
   bool same_storage(const Graph& g, ValueId a, ValueId b, int64_t bytes_in = 0) const;
   llvm::FunctionCallee runtime(RtFn f);  // declared from runtime/abi.def
   llvm::FunctionCallee external(const std::string& name, llvm::FunctionType* type);
-  void for_loop(int64_t n, const std::function<void(Value*)>& body);
+  // `keep`: the loop stays a loop (its latch says not to unroll it), for a short innermost
+  // loop the vectorizer must see: fully unrolled, its enclosing loop became the innermost
+  // and was vectorized instead, with gathers and scatters.
+  void for_loop(int64_t n, const std::function<void(Value*)>& body, bool keep = false);
   void if_then(Value* cond, const std::function<void()>& then);
   std::pair<Value*, Value*> load_index(DType t, Value* indices, Value* i, int64_t d);
   void lower_gather(const Node& n, const TensorType& x, const TensorType& idx, Value* xp, Value* ip, Value* out,
