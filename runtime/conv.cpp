@@ -827,15 +827,30 @@ void conv2d_nchwc(void** cache, const float* x, const float* w, const float* bia
   const bool bx = (layout & KILN_LAYOUT_X_NCHW16C) != 0, by = (layout & KILN_LAYOUT_Y_NCHW16C) != 0;
   if (!bx && !by) return conv2d_epi(x, w, bias, residual, y, &p, act, cache);
   const int64_t count = p.n * p.o * p.oh * p.ow;
-  if (kiln_rt_conv2d_nchwc_preferred(&p)) {
-    // The blocked conv reads each residual element right before writing y's (not for silu,
-    // which conv_epilogue applies after the store): only another overlap needs a copy.
+  const int32_t preferred = kiln_rt_conv2d_nchwc_preferred(&p);
+  if (preferred == 3 && bx && by) {
+    // The depthwise conv over x's blocks writes y's before the epilogue reads the residual:
+    // a residual overlapping y is copied first.
+    const float* r = residual;
+    if (r && r < y + count && y < r + count) {
+      thread_local std::vector<float> copy;
+      copy.assign(r, r + count);
+      r = copy.data();
+    }
+    return kiln::rt::depthwise_nchwc_conv2d(x, w, bias, r, y, p, act);
+  }
+  if (preferred == 1 || preferred == 2) {
+    // The blocked and pointwise convs read each residual element right before writing y's
+    // (not for silu, which conv_epilogue applies after the store): only another overlap
+    // needs a copy.
     const float* r = residual;
     if (r && r < y + count && y < r + count && (r != y || act == KILN_ACT_SILU)) {
       thread_local std::vector<float> copy;
       copy.assign(r, r + count);
       r = copy.data();
     }
+    if (kiln::rt::pointwise_conv2d_shape(p) && kiln::rt::pointwise_conv2d(x, w, bias, r, y, p, act, cache, layout))
+      return;
     if (kiln::rt::blocked_conv2d(x, w, bias, r, y, p, act, cache, layout)) return;
   }
   // Reordered around the NCHW conv: the residual is read (reordered, or by conv2d_epi,
@@ -918,7 +933,13 @@ void kiln_rt_conv2d_nchwc_f32(void** cache, const float* x, const float* w, cons
 // must transpose, 1.0-1.75x (MobileNetV2 and EfficientNet-B0 ran 1.2-1.3x slower with those
 // blocked). Not the 512-channel convs on planes under 64 positions: at batch 1 the blocked
 // conv took 1.3x the positions-broadcast kernel's time on ResNet-18's 7x7 layers.
+constexpr int64_t kPointwiseFromNchwMaxC = 64;
 int32_t kiln_rt_conv2d_nchwc_preferred(const KilnConv2dParams* p) {
+  if (kiln::rt::depthwise_nchwc_shape(*p)) return 3;
+  if (kiln::rt::pointwise_conv2d_shape(*p)) {
+    if (p->c % 16 == 0) return 2;
+    return p->c <= kPointwiseFromNchwMaxC ? 1 : 0;
+  }
   if (blocked_first(*p)) return 1;
   if (!kiln::rt::blocked_conv2d_shape(*p)) return 0;
   if (p->c < 16 && p->kh * p->kw > 1) return 1;

@@ -439,6 +439,155 @@ template <int KH, int KW>
     }
 }
 
+// NCHW16c: x, y and the residual in channel blocks (kernels.h), read and written in place.
+// An item is output rows [oy0, oy1) of one channel block of one image. The input rows those
+// rows read are copied, each once, zero-padded to the padded row's WB columns, into a ring
+// of (KH - 1) * DH + 1 rows (a few KiB, in L1; rows wholly in the padding read one shared
+// row of zeros), and each output row is tiles of 8 positions, then single ones, each one
+// vector accumulator (bias first, then every tap in row-major order, `a += w * v` as in
+// block_taps: the channel blocks' and the planes' operations per element, so their bits),
+// stored straight into y's row, where the epilogue (conv_epilogue, elementwise) runs while
+// it is in L1.
+constexpr int64_t kNchwcTile = 8;
+struct NchwcShape {
+  int64_t wb, span, ring;  // the padded row's columns, the ring's rows, the ring's floats
+  explicit NchwcShape(const DwShape& s)
+      : wb(BlockShape(s).wb), span((s.kh - 1) * s.dh + 1), ring(span * wb * kBlock) {}
+  // The ring, the row of zeros, the weights [taps][kBlock].
+  int64_t floats(const DwShape& s) const { return ring + wb * kBlock + s.taps * kBlock; }
+};
+
+// T output positions from ox of one output row: rows[ky] is the padded input row of tap row ky.
+template <int KH, int KW, int SW, int T>
+[[gnu::always_inline]] inline void nchwc_tile(const DwShape& s, const float* const* rows, const float* wts,
+                                              const Vec64<float>::type& bv, int64_t ox, float* out, const float* res,
+                                              int32_t act) {
+  using V = Vec64<float>::type;
+  const int64_t kh = KH ? KH : s.kh, kw = KW ? KW : s.kw;
+  const int64_t step = (SW ? SW : s.sw) * kBlock, tap_step = (SW ? 1 : s.dw) * kBlock;
+  V a[T];
+#pragma GCC unroll 8
+  for (int j = 0; j < T; ++j) a[j] = bv;
+  for (int64_t ky = 0; ky < kh; ++ky)
+#pragma GCC unroll 5
+    for (int64_t kx = 0; kx < kw; ++kx) {
+      V wv;
+      __builtin_memcpy(&wv, wts + (ky * kw + kx) * kBlock, sizeof wv);
+      const float* src = rows[ky] + ox * step + kx * tap_step;
+#pragma GCC unroll 8
+      for (int j = 0; j < T; ++j) {
+        V v;
+        __builtin_memcpy(&v, src + j * step, sizeof v);
+        a[j] += wv * v;
+      }
+    }
+  // The epilogue in registers: the residual added, then relu or relu6 by conv_epilogue's
+  // formulas (the same bits); silu is conv_epilogue's, on the row after.
+  const V zero{}, six = zero + 6.0f;
+#pragma GCC unroll 8
+  for (int j = 0; j < T; ++j) {
+    V v = a[j];
+    if (res) {
+      V r;
+      __builtin_memcpy(&r, res + (ox + j) * kBlock, sizeof r);
+      v = v + r;
+    }
+    // relu: v > 0 or NaN ? v : +0, that is v <= 0 ? +0 : v; relu6 then m >= 6 ? 6 : m.
+    if (act == KILN_ACT_RELU || act == KILN_ACT_RELU6) v = v <= zero ? zero : v;
+    if (act == KILN_ACT_RELU6) v = v >= six ? six : v;
+    __builtin_memcpy(out + (ox + j) * kBlock, &v, sizeof v);
+  }
+}
+
+template <int KH, int KW, int SW>
+[[gnu::always_inline]] inline void nchwc_rows(const DwShape& s, const NchwcShape& g, const float* xb,
+                                              const float* wts, const Vec64<float>::type& bv, float* yb,
+                                              const float* rb, int32_t act, int64_t oy0, int64_t oy1, float* ring,
+                                              const float* zeros) {
+  const int64_t kh = KH ? KH : s.kh;
+  int64_t next = oy0 * s.sh;  // the first padded row not yet in the ring
+  const float* rows[KH ? KH : 16];
+  for (int64_t oy = oy0; oy < oy1; ++oy) {
+    const int64_t first = oy * s.sh;
+    for (int64_t pr = std::max(next, first); pr < first + g.span; ++pr) {
+      const int64_t iy = pr - s.ph;
+      if (iy < 0 || iy >= s.h) continue;
+      // Vector by vector (rows of 7 to 112 positions: memcpy / memset calls cost more).
+      float* slot = ring + pr % g.span * g.wb * kBlock;
+      const float* src = xb + iy * s.w * kBlock;
+      const Vec64<float>::type zero{};
+      for (int64_t j = 0; j < g.wb; ++j) {
+        Vec64<float>::type v = zero;
+        if (j >= s.pw && j < s.pw + s.w) __builtin_memcpy(&v, src + (j - s.pw) * kBlock, sizeof v);
+        __builtin_memcpy(slot + j * kBlock, &v, sizeof v);
+      }
+    }
+    next = first + g.span;
+    for (int64_t ky = 0; ky < kh; ++ky) {
+      const int64_t pr = first + ky * s.dh, iy = pr - s.ph;
+      rows[ky] = iy < 0 || iy >= s.h ? zeros : ring + pr % g.span * g.wb * kBlock;
+    }
+    float* out = yb + oy * s.ow * kBlock;
+    const float* res = act == KILN_ACT_SILU || !rb ? nullptr : rb + oy * s.ow * kBlock;
+    const int32_t in_regs = act == KILN_ACT_SILU ? KILN_ACT_NONE : act;
+    int64_t ox = 0;
+    for (; ox + kNchwcTile <= s.ow; ox += kNchwcTile) nchwc_tile<KH, KW, SW, kNchwcTile>(s, rows, wts, bv, ox, out, res, in_regs);
+    switch (s.ow - ox) {
+      case 7: nchwc_tile<KH, KW, SW, 7>(s, rows, wts, bv, ox, out, res, in_regs); break;
+      case 6: nchwc_tile<KH, KW, SW, 6>(s, rows, wts, bv, ox, out, res, in_regs); break;
+      case 5: nchwc_tile<KH, KW, SW, 5>(s, rows, wts, bv, ox, out, res, in_regs); break;
+      case 4: nchwc_tile<KH, KW, SW, 4>(s, rows, wts, bv, ox, out, res, in_regs); break;
+      case 3: nchwc_tile<KH, KW, SW, 3>(s, rows, wts, bv, ox, out, res, in_regs); break;
+      case 2: nchwc_tile<KH, KW, SW, 2>(s, rows, wts, bv, ox, out, res, in_regs); break;
+      case 1: nchwc_tile<KH, KW, SW, 1>(s, rows, wts, bv, ox, out, res, in_regs); break;
+      default: break;
+    }
+    if (act == KILN_ACT_SILU) conv_epilogue(out, rb ? rb + oy * s.ow * kBlock : nullptr, s.ow * kBlock, act);
+  }
+}
+
+// Items [begin, end) of (image, channel block, band of `band` output rows).
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void forward_nchwc_f32(
+    const DwShape& s, const float* x, const float* w, const float* bias, const float* residual, float* y,
+    int32_t act, int64_t band, int64_t begin, int64_t end, float* buf) {
+  using V = Vec64<float>::type;
+  const NchwcShape g(s);
+  float* ring = buf;
+  float* zeros = ring + g.ring;
+  float* wts = zeros + g.wb * kBlock;
+  std::fill(zeros, zeros + g.wb * kBlock, 0.0f);
+  const int64_t blocks = s.c / kBlock, bands = (s.oh + band - 1) / band, size = s.oh * s.ow;
+  int64_t loaded = -1;  // the channel block whose weights wts holds
+  V bv{};
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t n = item / (blocks * bands), cb = item / bands % blocks, oy0 = item % bands * band;
+    const int64_t c0 = cb * kBlock, oy1 = std::min(s.oh, oy0 + band);
+    if (cb != loaded) {
+      for (int64_t l = 0; l < kBlock; ++l)
+        for (int64_t t = 0; t < s.taps; ++t) wts[t * kBlock + l] = w[(c0 + l) * s.taps + t];
+      for (int64_t l = 0; l < kBlock; ++l) bv[l] = bias ? bias[c0 + l] : 0.0f;
+      loaded = cb;
+    }
+    const float* xb = x + (n * s.c + c0) * s.h * s.w;
+    float* yb = y + (n * s.c + c0) * size;
+    const float* rb = residual ? residual + (n * s.c + c0) * size : nullptr;
+    // The common kernels and strides (undilated) compiled for their sizes: the tiles'
+    // offsets are constants then.
+    const bool plain = s.dw == 1 && s.dh == 1 && s.sh == s.sw;
+    const int64_t k = s.kh == s.kw ? s.kh : 0, sw = plain ? s.sw : 0;
+    if (k == 3 && sw == 1)
+      nchwc_rows<3, 3, 1>(s, g, xb, wts, bv, yb, rb, act, oy0, oy1, ring, zeros);
+    else if (k == 3 && sw == 2)
+      nchwc_rows<3, 3, 2>(s, g, xb, wts, bv, yb, rb, act, oy0, oy1, ring, zeros);
+    else if (k == 5 && sw == 1)
+      nchwc_rows<5, 5, 1>(s, g, xb, wts, bv, yb, rb, act, oy0, oy1, ring, zeros);
+    else if (k == 5 && sw == 2)
+      nchwc_rows<5, 5, 2>(s, g, xb, wts, bv, yb, rb, act, oy0, oy1, ring, zeros);
+    else
+      nchwc_rows<0, 0, 0>(s, g, xb, wts, bv, yb, rb, act, oy0, oy1, ring, zeros);
+  }
+}
+
 // The items [begin, end) of (image, channel block) pairs.
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void forward_blocks_f32(
     const DwShape& s, const float* x, const float* w, const float* bias, const float* residual, float* y,
@@ -666,6 +815,22 @@ bool depthwise_blocks_shape(const KilnConv2dParams& p) {
 void depthwise_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
                       const KilnConv2dParams& p, int32_t act, DepthwisePath path) {
   forward(x, w, bias, residual, y, p, act, path);
+}
+bool depthwise_nchwc_shape(const KilnConv2dParams& p) {
+  return is_depthwise(p) && p.o == p.c && p.c % kBlock == 0 && p.kh <= 16;
+}
+void depthwise_nchwc_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                            const KilnConv2dParams& p, int32_t act) {
+  const DwShape s(p);
+  const NchwcShape g(s);
+  // Bands of output rows where there are few blocks (batch 1, 32 channels): at least four
+  // items a thread.
+  const int64_t blocks = s.n * s.c / kBlock, threads = std::max<int64_t>(1, kiln_rt_num_threads());
+  const int64_t bands = std::clamp<int64_t>((4 * threads + blocks - 1) / blocks, 1, s.oh);
+  const int64_t band = (s.oh + bands - 1) / bands;
+  for_items(blocks * ((s.oh + band - 1) / band), [&](int64_t begin, int64_t end) {
+    forward_nchwc_f32(s, x, w, bias, residual, y, act, band, begin, end, scratch<float>(g.floats(s)));
+  });
 }
 void depthwise_conv2d(const double* x, const double* w, const double* bias, const double* residual, double* y,
                       const KilnConv2dParams& p, int32_t act) {

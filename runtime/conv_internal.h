@@ -165,6 +165,12 @@ void dense_rows_conv2d(const float* x, const float* w, const float* bias, const 
 // Whether the f32 forward takes the channel blocks for this shape (never where the rows
 // apply).
 bool depthwise_blocks_shape(const KilnConv2dParams& p);
+// The f32 forward with x, y and the residual in NCHW16c (kernels.h), one output channel per
+// input channel and whole blocks of 16 channels (depthwise_nchwc_shape): the channel
+// blocks' operations read from x's blocks and written into y's, so the other paths' bits.
+bool depthwise_nchwc_shape(const KilnConv2dParams& p);
+void depthwise_nchwc_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                            const KilnConv2dParams& p, int32_t act);
 void depthwise_grad_input(const float* dy, const float* w, float* dx, const KilnConv2dParams& p);
 void depthwise_grad_input(const double* dy, const double* w, double* dx, const KilnConv2dParams& p);
 void depthwise_grad_weight(const float* x, const float* dy, float* dw, const KilnConv2dParams& p);
@@ -279,6 +285,19 @@ bool positions_conv2d_avx2(const float* x, const float* w, const float* bias, co
 bool blocked_conv2d_shape(const KilnConv2dParams& p);
 bool blocked_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
                     const KilnConv2dParams& p, int32_t act, void** cache = nullptr, int32_t layout = 0);
+
+// The pointwise conv (runtime/conv_pointwise_avx512.cpp): a 1x1, stride-1, unpadded,
+// one-group f32 conv, x and y each in NCHW or NCHW16c (`layout`, as for blocked_conv2d; a
+// y in NCHW16c needs O a multiple of 16, an x in it C), x read in place, the output
+// channels 16 a vector (a last partial block's lanes dropped) by a tile of positions of the
+// whole plane, every input channel accumulated in registers. blocked_conv2d's bits for the
+// same conv (the bias, then the channels in order, an FMA each), at any thread count.
+// pointwise_conv2d_shape: whether it applies (the AVX-512 GEMM kernel running). The
+// residual as for blocked_conv2d (it may be y itself where act is not silu). Returns false
+// (nothing computed) where it does not apply or the packed weights cannot be allocated.
+bool pointwise_conv2d_shape(const KilnConv2dParams& p);
+bool pointwise_conv2d(const float* x, const float* w, const float* bias, const float* residual, float* y,
+                      const KilnConv2dParams& p, int32_t act, void** cache = nullptr, int32_t layout = 0);
 
 // The f32 weight gradient of a dense (not depthwise) conv as one implicit GEMM over the
 // whole batch (runtime/conv_batched.cpp): the reduction over (image, position) pairs

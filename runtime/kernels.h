@@ -87,7 +87,9 @@ void kiln_rt_conv2d_nchwc_f32(void** cache, const float* x, const float* w, cons
                               float* y, const KilnConv2dParams* p, int32_t act, int32_t layout);
 // Whether a conv of these sizes runs the blocked direct conv on this machine, so that its
 // input and output are best kept in NCHW16c (1), its output only when its input is (2), or
-// not (0). Not called by generated code: the CPU backend asks it while compiling.
+// not (0); 3: a depthwise conv whose input, output and residual are best in one layout, all
+// NCHW16c (its channel blocks read and written in place, on any CPU) or all NCHW. Not
+// called by generated code: the CPU backend asks it while compiling.
 int32_t kiln_rt_conv2d_nchwc_preferred(const KilnConv2dParams* p);
 // dx = conv2d_grad_input(dy, w): dx is overwritten (not accumulated)
 void kiln_rt_conv2d_grad_input_f32(const float* dy, const float* w, float* dx, const KilnConv2dParams* p);

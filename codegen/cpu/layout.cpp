@@ -95,7 +95,8 @@ struct Ties {
 //   - a conv (alone or with its fused epilogue) that runs the blocked direct conv here
 //     (kiln_rt_conv2d_nchwc_preferred) reads its x in either layout and writes y in either,
 //     its residual in y's; one that gains only when x is blocked already (a stride-1 1x1
-//     conv, which then reads x in place) writes y blocked only from a blocked x;
+//     conv, which then reads x in place) writes y blocked only from a blocked x; a
+//     depthwise conv of whole channel blocks keeps x, y and the residual in one layout;
 //   - max_pool2d reads x in either layout and writes y blocked only from a blocked x;
 //   - concat along the channels: all its operands and its result in one layout (the bytes
 //     of NCHW16c tensors concatenated are those of the result's NCHW16c);
@@ -131,6 +132,7 @@ std::vector<bool> nchwc_values(const Graph& g) {
           if (v != m->operands[0] && v != m->residual) forbid(v);
         if (m->residual.valid()) ties.unite(m->residual, y);
         if (preferred == 2) follows.emplace_back(m->operands[0], y);
+        if (preferred == 3) ties.unite(m->operands[0], y);
         produced[static_cast<size_t>(y.id)] = true;
         continue;
       }

@@ -11,6 +11,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <random>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "passes/pipeline.h"
 #include "runtime/blas.h"
 #include "runtime/kernels.h"
+#include "self_exe.h"
 
 using namespace kiln;
 using Catch::Matchers::ContainsSubstring;
@@ -60,6 +62,18 @@ TEST_CASE("conv2d_nchwc: x, y and the residual in NCHW16c give the NCHW conv's b
                                                        // its last row and column never read
       {1, 32, 8, 8, 32, 3, 3, 1, 1, 2, 2, 2, 2, 1},    // dilated: reordered around the NCHW conv
       {2, 32, 6, 6, 32, 3, 3, 1, 1, 1, 1, 1, 1, 2},    // grouped: likewise
+      // The pointwise conv: 24 outputs (a partial block, y NCHW only), 24 inputs (x NCHW
+      // only), two groups of output blocks, positions past one chunk, an odd plane.
+      {2, 32, 7, 9, 24, 1, 1, 1, 1, 0, 0, 1, 1, 1},
+      {1, 24, 6, 6, 80, 1, 1, 1, 1, 0, 0, 1, 1, 1},
+      {1, 16, 13, 13, 16, 1, 1, 1, 1, 0, 0, 1, 1, 1},
+      {2, 48, 5, 5, 144, 1, 1, 1, 1, 0, 0, 1, 1, 1},
+      // Depthwise: in channel blocks in place; 3x3, stride 2, 5x5, dilated, a row of 8 + 5.
+      {2, 32, 9, 9, 32, 3, 3, 1, 1, 1, 1, 1, 1, 32},
+      {1, 48, 11, 11, 48, 3, 3, 2, 2, 1, 1, 1, 1, 48},
+      {1, 16, 10, 10, 16, 5, 5, 1, 1, 2, 2, 1, 1, 16},
+      {1, 16, 9, 9, 16, 3, 3, 1, 1, 2, 2, 2, 2, 16},
+      {2, 16, 6, 13, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16},
   };
   for (const ConvCase& k : cases) {
     const KilnConv2dParams p = params_of(k);
@@ -69,20 +83,34 @@ TEST_CASE("conv2d_nchwc: x, y and the residual in NCHW16c give the NCHW conv's b
     const std::vector<float> x = random_vector(p.n * p.c * plane, rng);
     const std::vector<float> w = random_vector(p.o * (p.c / p.groups) * p.kh * p.kw, rng);
     const std::vector<float> b = random_vector(p.o, rng), res = random_vector(ysize, rng);
-    const std::vector<float> xb = blocked(x, p.n, p.c, plane), resb = blocked(res, p.n, p.o, oplane);
+    const std::vector<float> xb = p.c % 16 ? x : blocked(x, p.n, p.c, plane);
+    const std::vector<float> resb = p.o % 16 ? res : blocked(res, p.n, p.o, oplane);
     for (int32_t act : {KILN_ACT_NONE, KILN_ACT_RELU, KILN_ACT_RELU6, KILN_ACT_SILU})
       for (int residual : {0, 1, 2}) {  // none, apart, in y's own buffer
         INFO("act " << act << " residual " << residual);
-        // The NCHW result: the blocked conv's where the layout takes it, else the entry point's.
+        // The NCHW result: the pointwise or the blocked conv's where the layout takes it (the
+        // same bits where both apply), else the entry point's (a depthwise conv's: the same
+        // bits on every path).
         std::vector<float> want(static_cast<size_t>(ysize));
         const float* rp = residual ? res.data() : nullptr;
-        if (kiln_rt_conv2d_nchwc_preferred(&p))
+        const int32_t preferred = kiln_rt_conv2d_nchwc_preferred(&p);
+        if (kiln::rt::pointwise_conv2d_shape(p)) {
+          REQUIRE(kiln::rt::pointwise_conv2d(x.data(), w.data(), b.data(), rp, want.data(), p, act));
+          if (kiln::rt::blocked_conv2d_shape(p)) {
+            std::vector<float> direct(want.size());
+            REQUIRE(kiln::rt::blocked_conv2d(x.data(), w.data(), b.data(), rp, direct.data(), p, act));
+            CHECK(same_bits(direct, want));
+          }
+        } else if (preferred == 1 || preferred == 2) {
           REQUIRE(kiln::rt::blocked_conv2d(x.data(), w.data(), b.data(), rp, want.data(), p, act));
-        else
+        } else {
           kiln_rt_conv2d_epi_f32(x.data(), w.data(), b.data(), rp, want.data(), &p, act);
+        }
         for (int32_t layout : {1, 2, 3}) {  // KILN_LAYOUT_X_NCHW16C, _Y_, both
           INFO("layout " << layout);
           const bool by = layout & KILN_LAYOUT_Y_NCHW16C;
+          // NCHW16c holds whole blocks of 16 channels only.
+          if (((layout & KILN_LAYOUT_X_NCHW16C) && p.c % 16 != 0) || (by && p.o % 16 != 0)) continue;
           const std::vector<float>& r = by ? resb : res;
           std::vector<float> y = residual == 2 ? r : std::vector<float>(static_cast<size_t>(ysize), 12345.0f);
           void* cache = nullptr;
@@ -98,7 +126,7 @@ TEST_CASE("conv2d_nchwc: x, y and the residual in NCHW16c give the NCHW conv's b
 }
 
 TEST_CASE("conv2d_nchwc_preferred: the spatial and strided 1x1 convs the blocked conv runs, stride-1 1x1 ones after a "
-          "blocked x",
+          "blocked x or from a narrow NCHW one, depthwise ones in one layout",
           "[runtime][conv][nchwc]") {
   KernelGuard guard;
   if (!kiln::rt::gemm_kernel_supported(kiln::rt::GemmKernel::avx512) ||
@@ -114,8 +142,13 @@ TEST_CASE("conv2d_nchwc_preferred: the spatial and strided 1x1 convs the blocked
   CHECK(preferred({16, 3, 224, 224, 64, 3, 3, 2, 2, 0, 0, 1, 1, 1}) == 1);   // SqueezeNet's 3x3 stem
   CHECK(preferred({1, 96, 14, 14, 576, 1, 1, 1, 1, 0, 0, 1, 1, 1}) == 2);    // MobileNetV2's expand
   CHECK(preferred({1, 576, 14, 14, 96, 1, 1, 1, 1, 0, 0, 1, 1, 1}) == 2);    // and projection
+  CHECK(preferred({1, 144, 56, 56, 24, 1, 1, 1, 1, 0, 0, 1, 1, 1}) == 2);    // one to 24 channels (y NCHW)
   CHECK(preferred({1, 128, 55, 55, 16, 1, 1, 1, 1, 0, 0, 1, 1, 1}) == 2);    // SqueezeNet's squeeze
-  CHECK(preferred({1, 24, 28, 28, 144, 1, 1, 1, 1, 0, 0, 1, 1, 1}) == 0);    // 24 channels: no blocks
+  // An x of 24 channels is never blocked: its y may be, from the NCHW x (few planes to read).
+  CHECK(preferred({1, 24, 28, 28, 144, 1, 1, 1, 1, 0, 0, 1, 1, 1}) == 1);
+  CHECK(preferred({1, 72, 28, 28, 144, 1, 1, 1, 1, 0, 0, 1, 1, 1}) == 0);    // but not from 72 planes
+  CHECK(preferred({1, 96, 56, 56, 96, 3, 3, 2, 2, 1, 1, 1, 1, 96}) == 3);    // depthwise: one layout
+  CHECK(preferred({1, 24, 56, 56, 24, 3, 3, 1, 1, 1, 1, 1, 1, 24}) == 0);    // not of whole blocks
   CHECK(preferred({1, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 1, 1, 1}) == 0);     // 512 channels on 7x7
   CHECK(preferred({1, 32, 8, 8, 32, 3, 3, 1, 1, 1, 1, 1, 1, 2}) == 0);       // grouped
 }
@@ -266,4 +299,99 @@ TEST_CASE("the CPU code keeps chains of convs, pools and concats in NCHW16c and 
       CHECK(bad == 0);
     }
   }
+}
+
+TEST_CASE("conv2d_nchwc: the pointwise and depthwise convs in NCHW16c give the same bits at any KILN_NUM_THREADS",
+          "[runtime][conv][nchwc][threads]") {
+  check_same_hashes_at_any_thread_count("[.nchwc_threads_child]");
+}
+
+TEST_CASE("conv2d_nchwc: child with KILN_NUM_THREADS", "[.nchwc_threads_child]") {
+  REQUIRE(std::getenv("KILN_NUM_THREADS") != nullptr);
+  KernelGuard guard;
+  if (kiln::rt::gemm_kernel_supported(kiln::rt::GemmKernel::avx512))
+    kiln::rt::set_gemm_kernel(kiln::rt::GemmKernel::avx512);
+  uint64_t h = kFnvStart;
+  std::mt19937 rng(29);
+  // Batch 1 (positions cut into chunks, rows into bands by the thread count) and 3.
+  const std::vector<ConvCase> cases = {
+      {1, 32, 28, 28, 96, 1, 1, 1, 1, 0, 0, 1, 1, 1},   {3, 16, 14, 14, 24, 1, 1, 1, 1, 0, 0, 1, 1, 1},
+      {1, 48, 30, 30, 48, 3, 3, 1, 1, 1, 1, 1, 1, 48},  {3, 32, 17, 17, 32, 5, 5, 2, 2, 2, 2, 1, 1, 32},
+  };
+  for (const ConvCase& k : cases) {
+    const KilnConv2dParams p = params_of(k);
+    const int64_t ysize = p.n * p.o * p.oh * p.ow;
+    const std::vector<float> x = random_vector(p.n * p.c * p.h * p.w, rng);
+    const std::vector<float> w = random_vector(p.o * (p.c / p.groups) * p.kh * p.kw, rng);
+    const std::vector<float> b = random_vector(p.o, rng), res = random_vector(ysize, rng);
+    for (int32_t layout : {1, 3}) {
+      if ((layout & KILN_LAYOUT_Y_NCHW16C) && p.o % 16 != 0) continue;
+      std::vector<float> y(static_cast<size_t>(ysize));
+      kiln_rt_conv2d_nchwc_f32(nullptr, x.data(), w.data(), b.data(), res.data(), y.data(), &p, KILN_ACT_RELU6,
+                               layout);
+      REQUIRE(kiln_rt_take_error() == nullptr);
+      h = fnv1a(h, y);
+    }
+  }
+  std::cout << "hashes " << h << std::endl;
+}
+
+TEST_CASE("the CPU code keeps an inverted residual block's expansion and depthwise conv in NCHW16c",
+          "[codegen][nchwc]") {
+  // MobileNetV2's block on 24 channels: a 1x1 expansion to 96 (from an NCHW x of 24
+  // channels, which NCHW16c cannot hold), a depthwise 3x3 on the 96, a 1x1 projection back
+  // to 24 with the block's input added (NCHW: 24 channels), then a global mean.
+  std::mt19937 rng(5);
+  const int64_t batch = GENERATE(2, 1);
+  CAPTURE(batch);
+  Graph g("block");
+  auto conv = [&](ValueId x, int64_t c, int64_t o, int64_t k, int64_t groups, const std::string& name) {
+    ValueId w = g.add_input(name + ".w", TensorType{DType::f32, {o, c / groups, k, k}}, true);
+    ValueId b = g.add_input(name + ".b", TensorType{DType::f32, {o}}, true);
+    return g.add_node(Op::Conv2d, {x, w, b}, {{"padding", Shape{k / 2, k / 2}}, {"groups", groups}});
+  };
+  ValueId x = g.add_input("x", TensorType{DType::f32, {batch, 24, 14, 14}});
+  ValueId expand = g.add_node(Op::Relu, {conv(x, 24, 96, 1, 1, "expand")});
+  ValueId dw = g.add_node(Op::Relu, {conv(expand, 96, 96, 3, 96, "dw")});
+  ValueId out = g.add_node(Op::Add, {conv(dw, 96, 24, 1, 1, "project"), x});
+  g.add_output("mean", g.add_node(Op::Mean, {out}, {{"axes", std::vector<int64_t>{2, 3}}}));
+  TensorMap state;
+  for (const GraphInput& in : g.inputs())
+    if (in.is_state) {
+      const Shape& shape = g.type(in.value).shape;
+      Tensor t = random_tensor(shape, rng);
+      if (shape.size() == 4)
+        for (int64_t i = 0; i < t.numel(); ++i) t.set(i, t.get(i) / std::sqrt(double(shape[1] * shape[2] * shape[3])));
+      state[g.value(in.value).name] = t;
+    }
+  PipelineOptions options;
+  options.pass_options.inference = true;
+  const Graph planned = run_pipeline(g, options).graph;
+  const std::vector<bool> nchwc = cpu::detail::nchwc_values(planned);
+  const KilnConv2dParams pw{batch, 24, 14, 14, 96, 1, 1, 14, 14, 1, 1, 0, 0, 1, 1, 1};
+  if (kiln_rt_conv2d_nchwc_preferred(&pw)) {
+    int convs = 0;
+    for (const Node& n : planned.nodes()) {
+      const std::optional<cpu::detail::ConvEpilogue> m = cpu::detail::match_conv_epilogue(n);
+      if (!m) continue;
+      const int64_t out_channels = n.body->type(m->conv->result()).shape[1];
+      CAPTURE(out_channels, attr_int(m->conv->attrs, "groups"));
+      // Blocked: the expansion's result and the depthwise conv's; NCHW: the projection's.
+      CHECK(nchwc[static_cast<size_t>(n.result().id)] == (out_channels == 96));
+      ++convs;
+    }
+    CHECK(convs == 3);
+  }
+  auto exe = compile(g);
+  exe->set_state(state);
+  TensorMap in{{"x", random_tensor({batch, 24, 14, 14}, rng)}};
+  TensorMap got = exe->run(in);
+  in.insert(state.begin(), state.end());
+  TensorMap want = interpret(g, in);
+  const Tensor& a = got.at("mean");
+  const Tensor& b = want.at("mean");
+  REQUIRE(a.shape() == b.shape());
+  int64_t bad = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) bad += !(std::abs(a.get(i) - b.get(i)) <= 1e-4 + 1e-4 * std::abs(b.get(i)));
+  CHECK(bad == 0);
 }
