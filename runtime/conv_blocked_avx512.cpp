@@ -53,7 +53,8 @@
 // -Wuninitialized reports at each inlined use (GCC bug 105593), a false positive.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include "runtime/transpose_avx512.h"  // after the pragmas: built for AVX-512
+#include "runtime/conv_tile_internal.h"  // after the pragmas: built for AVX-512
+#include "runtime/transpose_avx512.h"
 
 namespace kiln::rt {
 namespace {
@@ -158,15 +159,6 @@ void reorder_image(const KilnConv2dParams& p, const Geometry& geo, const float* 
   }
 }
 
-// relu (r > 0 or NaN: r, else +0) or relu6 (that, then r < 6 or NaN: r, else 6) in
-// registers: conv_epilogue's formulas, the interpreter's bits (NaN passes, -0 becomes +0).
-inline __m512 apply_act(__m512 r, int32_t act, __m512 zero, __m512 six) {
-  if (act == KILN_ACT_RELU || act == KILN_ACT_RELU6)
-    r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, zero, _CMP_NLE_UQ), r);
-  if (act == KILN_ACT_RELU6) r = _mm512_mask_mov_ps(six, _mm512_cmp_ps_mask(r, six, _CMP_NGE_UQ), r);
-  return r;
-}
-
 // One tile: NF output blocks x T positions of one output row, one input block of CS
 // channels (0: cs of them, known at run time), over kh x kx_count taps. x: the block's image
 // at the tile's first position's first tap; step: floats between the tile's positions
@@ -221,15 +213,7 @@ void tile(const float* x, int64_t step, int64_t row, int64_t kh, int64_t kw, int
       for (int j = 0; j < T; ++j) _mm512_storeu_ps(acc_row + f * ld + 16 * j, acc[f][j]);
     return;
   }
-  const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
-#pragma GCC unroll 4
-  for (int f = 0; f < NF; ++f)
-#pragma GCC unroll 14
-    for (int j = 0; j < T; ++j) {
-      __m512 r = acc[f][j];
-      if (out.residual) r = _mm512_add_ps(r, _mm512_loadu_ps(out.residual + f * out.ld + 16 * j));
-      _mm512_storeu_ps(out.y + f * out.ld + 16 * j, apply_act(r, out.act, zero, six));
-    }
+  finish_tile(acc, out.y, out.residual, out.ld, out.act);
 }
 
 // The positions a tile of NF blocks holds: NF * T accumulators and NF weight vectors

@@ -48,7 +48,8 @@
 // GCC 12's AVX-512 shuffle intrinsics start from _mm512_undefined_ps() (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include "runtime/transpose_avx512.h"  // after the pragmas: built for AVX-512
+#include "runtime/conv_tile_internal.h"  // after the pragmas: built for AVX-512
+#include "runtime/transpose_avx512.h"
 
 namespace kiln::rt {
 namespace {
@@ -83,14 +84,6 @@ struct PackedPointwiseWeights final : PackedFloats {
     return data;
   }
 };
-
-// relu / relu6 in registers: conv_epilogue's formulas (NaN passes, -0 becomes +0).
-inline __m512 apply_act(__m512 r, int32_t act, __m512 zero, __m512 six) {
-  if (act == KILN_ACT_RELU || act == KILN_ACT_RELU6)
-    r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, zero, _CMP_NLE_UQ), r);
-  if (act == KILN_ACT_RELU6) r = _mm512_mask_mov_ps(six, _mm512_cmp_ps_mask(r, six, _CMP_NGE_UQ), r);
-  return r;
-}
 
 // Where a tile's sums go. y in NCHW16c (blocked): y and the residual at the tile's first
 // position of the group's first block, ld floats between blocks, the residual added and act
@@ -145,15 +138,7 @@ void tile(const float* x, int64_t plane, int64_t c, const float* w, const float*
       for (int j = 0; j < T; ++j) _mm512_store_ps(out.y + f * out.ld + 16 * j, acc[f][j]);
     return;
   }
-  const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
-#pragma GCC unroll 4
-  for (int f = 0; f < NF; ++f)
-#pragma GCC unroll 16
-    for (int j = 0; j < T; ++j) {
-      __m512 r = acc[f][j];
-      if (out.residual) r = _mm512_add_ps(r, _mm512_loadu_ps(out.residual + f * out.ld + 16 * j));
-      _mm512_storeu_ps(out.y + f * out.ld + 16 * j, apply_act(r, out.act, zero, six));
-    }
+  finish_tile(acc, out.y, out.residual, out.ld, out.act);
 }
 
 // Positions a tile of NF blocks holds: NF * T accumulators, NF weight vectors and a

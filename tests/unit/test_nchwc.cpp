@@ -220,6 +220,30 @@ Graph small_net(int64_t batch) {
   return g;
 }
 
+// Random state for g's inputs, conv weights scaled by 1 / sqrt(fan-in), so that the
+// activations stay near 1 through a chain of convs and the sums' rounding stays within
+// mismatches' tolerance.
+TensorMap scaled_state(const Graph& g, std::mt19937& rng) {
+  TensorMap state;
+  for (const GraphInput& in : g.inputs())
+    if (in.is_state) {
+      const Shape& shape = g.type(in.value).shape;
+      Tensor t = random_tensor(shape, rng);
+      if (shape.size() == 4)
+        for (int64_t i = 0; i < t.numel(); ++i) t.set(i, t.get(i) / std::sqrt(double(shape[1] * shape[2] * shape[3])));
+      state[g.value(in.value).name] = t;
+    }
+  return state;
+}
+
+// The elements of a farther from b than 1e-4 + 1e-4 |b| (all of them when the shapes differ).
+int64_t mismatches(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return b.numel() + 1;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) bad += !(std::abs(a.get(i) - b.get(i)) <= 1e-4 + 1e-4 * std::abs(b.get(i)));
+  return bad;
+}
+
 }  // namespace
 
 TEST_CASE("the CPU code keeps chains of convs, pools and concats in NCHW16c and computes the interpreter's results",
@@ -230,17 +254,7 @@ TEST_CASE("the CPU code keeps chains of convs, pools and concats in NCHW16c and 
   const int64_t batch = GENERATE(2, 1);
   CAPTURE(batch);
   const Graph g = small_net(batch);
-  TensorMap state;
-  // Weights scaled by 1 / sqrt(fan-in), so that the activations stay near 1 through the
-  // eight convs and the sums' rounding stays within the check's tolerance.
-  for (const GraphInput& in : g.inputs())
-    if (in.is_state) {
-      const Shape& shape = g.type(in.value).shape;
-      Tensor t = random_tensor(shape, rng);
-      if (shape.size() == 4)
-        for (int64_t i = 0; i < t.numel(); ++i) t.set(i, t.get(i) / std::sqrt(double(shape[1] * shape[2] * shape[3])));
-      state[g.value(in.value).name] = t;
-    }
+  const TensorMap state = scaled_state(g, rng);
   // Which values the layout keeps blocked, on the graph the CPU backend lowers.
   PipelineOptions options;
   options.pass_options.inference = true;
@@ -291,12 +305,7 @@ TEST_CASE("the CPU code keeps chains of convs, pools and concats in NCHW16c and 
     TensorMap want = interpret(g, in);
     for (const char* name : {"mean", "gate"}) {
       CAPTURE(name);
-      const Tensor& a = got.at(name);
-      const Tensor& b = want.at(name);
-      REQUIRE(a.shape() == b.shape());
-      int64_t bad = 0;
-      for (int64_t i = 0; i < b.numel(); ++i) bad += !(std::abs(a.get(i) - b.get(i)) <= 1e-4 + 1e-4 * std::abs(b.get(i)));
-      CHECK(bad == 0);
+      CHECK(mismatches(got.at(name), want.at(name)) == 0);
     }
   }
 }
@@ -355,15 +364,7 @@ TEST_CASE("the CPU code keeps an inverted residual block's expansion and depthwi
   ValueId dw = g.add_node(Op::Relu, {conv(expand, 96, 96, 3, 96, "dw")});
   ValueId out = g.add_node(Op::Add, {conv(dw, 96, 24, 1, 1, "project"), x});
   g.add_output("mean", g.add_node(Op::Mean, {out}, {{"axes", std::vector<int64_t>{2, 3}}}));
-  TensorMap state;
-  for (const GraphInput& in : g.inputs())
-    if (in.is_state) {
-      const Shape& shape = g.type(in.value).shape;
-      Tensor t = random_tensor(shape, rng);
-      if (shape.size() == 4)
-        for (int64_t i = 0; i < t.numel(); ++i) t.set(i, t.get(i) / std::sqrt(double(shape[1] * shape[2] * shape[3])));
-      state[g.value(in.value).name] = t;
-    }
+  const TensorMap state = scaled_state(g, rng);
   PipelineOptions options;
   options.pass_options.inference = true;
   const Graph planned = run_pipeline(g, options).graph;
@@ -388,10 +389,5 @@ TEST_CASE("the CPU code keeps an inverted residual block's expansion and depthwi
   TensorMap got = exe->run(in);
   in.insert(state.begin(), state.end());
   TensorMap want = interpret(g, in);
-  const Tensor& a = got.at("mean");
-  const Tensor& b = want.at("mean");
-  REQUIRE(a.shape() == b.shape());
-  int64_t bad = 0;
-  for (int64_t i = 0; i < b.numel(); ++i) bad += !(std::abs(a.get(i) - b.get(i)) <= 1e-4 + 1e-4 * std::abs(b.get(i)));
-  CHECK(bad == 0);
+  CHECK(mismatches(got.at("mean"), want.at("mean")) == 0);
 }
