@@ -119,7 +119,19 @@ TEST_CASE("conv2d_nchwc: x, y and the residual in NCHW16c give the NCHW conv's b
                                    layout);
           REQUIRE(kiln_rt_take_error() == nullptr);
           kiln_rt_gemm_cache_forget(&cache, 1, 1);
-          CHECK(same_bits(by ? unblocked(y, p.n, p.o, oplane) : y, want));
+          const std::vector<float> got = by ? unblocked(y, p.n, p.o, oplane) : y;
+#if defined(__SANITIZE_ADDRESS__)
+          // A sanitizer build does not contract the blocked depthwise kernel's a += w * v
+          // into the FMA the NCHW rows make explicitly (test_conv_depthwise_blocks.cpp): a
+          // depthwise conv there is checked to rounding, everything else bit for bit.
+          if (preferred == 3) {
+            size_t far = 0;
+            for (size_t i = 0; i < want.size(); ++i) far += !(std::abs(got[i] - want[i]) <= 1e-5f * (1 + std::abs(want[i])));
+            CHECK(far == 0);
+            continue;
+          }
+#endif
+          CHECK(same_bits(got, want));
         }
       }
   }
