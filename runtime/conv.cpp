@@ -509,21 +509,26 @@ void conv2d(const T* x, const T* w, const T* bias, T* y, const KilnConv2dParams*
   });
 }
 
-// conv2d with the epilogue. A residual in y's own buffer (a fused region planned in place
-// over it) is copied first: the kernels write y before the epilogue reads the residual.
-// The copy goes to a per-thread buffer kept between calls: a fresh allocation of that size
-// is mapped and faulted in page by page on every call (MobileNetV2's 56x56 projection with
-// its residual in place took 1.44x the time of one with the residual apart at batch 16).
+// The residual as a kernel that writes y's `count` elements may read it: a copy where it
+// overlaps y (a fused region planned in place over it), unless it is y itself and
+// `y_itself_ok` (a kernel that reads each residual element right before writing y's). The
+// copy goes to a per-thread buffer kept between calls: a fresh allocation of that size is
+// mapped and faulted in page by page on every call (MobileNetV2's 56x56 projection with its
+// residual in place took 1.44x the time of one with the residual apart at batch 16).
+template <typename T>
+const T* residual_apart(const T* residual, const T* y, int64_t count, bool y_itself_ok) {
+  if (!residual || residual >= y + count || y >= residual + count || (y_itself_ok && residual == y)) return residual;
+  thread_local std::vector<T> copy;
+  copy.assign(residual, residual + count);  // within the capacity the last calls left
+  return copy.data();
+}
+
+// conv2d with the epilogue: the kernels write y before the epilogue reads the residual.
 template <typename T>
 void conv2d_epi(const T* x, const T* w, const T* bias, const T* residual, T* y, const KilnConv2dParams* p,
                 int32_t act, void** cache = nullptr) {
   const int64_t count = p->n * p->o * p->oh * p->ow;
-  if (residual && residual < y + count && y < residual + count) {
-    thread_local std::vector<T> copy;
-    copy.assign(residual, residual + count);  // within the capacity the last calls left
-    residual = copy.data();
-  }
-  conv2d(x, w, bias, y, p, act, true, residual, cache);
+  conv2d(x, w, bias, y, p, act, true, residual_apart(residual, y, count, false), cache);
 }
 
 // conv2d_grad_input's GEMM + col2im: images whose output planes are smaller than this
@@ -828,27 +833,13 @@ void conv2d_nchwc(void** cache, const float* x, const float* w, const float* bia
   if (!bx && !by) return conv2d_epi(x, w, bias, residual, y, &p, act, cache);
   const int64_t count = p.n * p.o * p.oh * p.ow;
   const int32_t preferred = kiln_rt_conv2d_nchwc_preferred(&p);
-  if (preferred == 3 && bx && by) {
-    // The depthwise conv over x's blocks writes y's before the epilogue reads the residual:
-    // a residual overlapping y is copied first.
-    const float* r = residual;
-    if (r && r < y + count && y < r + count) {
-      thread_local std::vector<float> copy;
-      copy.assign(r, r + count);
-      r = copy.data();
-    }
-    return kiln::rt::depthwise_nchwc_conv2d(x, w, bias, r, y, p, act);
-  }
+  if (preferred == 3 && bx && by)  // the depthwise conv writes y's blocks before reading the residual's
+    return kiln::rt::depthwise_nchwc_conv2d(x, w, bias, residual_apart(residual, y, count, false), y, p, act);
   if (preferred == 1 || preferred == 2) {
     // The blocked and pointwise convs read each residual element right before writing y's
     // (not for silu, which conv_epilogue applies after the store): only another overlap
     // needs a copy.
-    const float* r = residual;
-    if (r && r < y + count && y < r + count && (r != y || act == KILN_ACT_SILU)) {
-      thread_local std::vector<float> copy;
-      copy.assign(r, r + count);
-      r = copy.data();
-    }
+    const float* r = residual_apart(residual, y, count, act != KILN_ACT_SILU);
     if (kiln::rt::pointwise_conv2d_shape(p) && kiln::rt::pointwise_conv2d(x, w, bias, r, y, p, act, cache, layout))
       return;
     if (kiln::rt::blocked_conv2d(x, w, bias, r, y, p, act, cache, layout)) return;

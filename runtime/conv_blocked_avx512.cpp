@@ -304,29 +304,13 @@ void output_row(const KilnConv2dParams& p, const Geometry& geo, const float* ima
   // [nf][ow][16] -> channel planes: 16 positions x 16 channels at a time, the residual and
   // relu / relu6 applied in registers as they are stored (conv_epilogue's formulas), silu
   // by conv_epilogue after.
-  const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
-  const auto finish = [&](__m512 r, const float* res, __mmask16 mask) {
-    if (in_regs) {
-      if (res) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask, res));
-      r = apply_act(r, act, zero, six);
-    }
-    return r;
-  };
   for (int64_t f = 0; f < nf; ++f) {
     const int64_t at = (n * p.o + q * kGroup * kBlock + f * kBlock) * plane + oy * ow;  // channel c0's row
     float* yrow = y + at;
     const float* rrow = residual ? residual + at : nullptr;
-    for (int64_t x0 = 0; x0 < ow; x0 += 16) {
-      const int64_t m = std::min<int64_t>(16, ow - x0);
-      const __mmask16 mask = m == 16 ? __mmask16(0xffff) : __mmask16((1u << m) - 1);
-      __m512 v[16];
-#pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i) v[i] = i < m ? _mm512_loadu_ps(acc + f * ld + (x0 + i) * kBlock) : zero;
-      transpose16x16(v);
-#pragma GCC unroll 16
-      for (int c = 0; c < 16; ++c)
-        _mm512_mask_storeu_ps(yrow + c * plane + x0, mask, finish(v[c], rrow ? rrow + c * plane + x0 : nullptr, mask));
-    }
+    for (int64_t x0 = 0; x0 < ow; x0 += 16)
+      store_planes(acc + f * ld + x0 * kBlock, ow - x0, yrow + x0, in_regs && rrow ? rrow + x0 : nullptr, plane, kBlock,
+                   in_regs ? act : KILN_ACT_NONE);
     if (!in_regs)
       for (int64_t c = 0; c < kBlock; ++c)
         conv_epilogue(yrow + c * plane, rrow ? rrow + c * plane : nullptr, ow, act);

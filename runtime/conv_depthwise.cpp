@@ -371,6 +371,15 @@ template <int KH, int KW>
   }
 }
 
+// Channels [c0, c0 + kBlock)'s weights as [taps][kBlock] (one vector a tap) and their bias
+// (+0 without one) as one vector.
+[[gnu::always_inline]] inline void block_weights(const DwShape& s, const float* w, const float* bias, int64_t c0,
+                                                 float* wts, Vec64<float>::type& bv) {
+  for (int64_t l = 0; l < kBlock; ++l)
+    for (int64_t t = 0; t < s.taps; ++t) wts[t * kBlock + l] = w[(c0 + l) * s.taps + t];
+  for (int64_t l = 0; l < kBlock; ++l) bv[l] = bias ? bias[c0 + l] : 0.0f;
+}
+
 // Image n, channels [c0, c0 + kBlock): `buf` holds BlockShape::floats.
 [[gnu::always_inline]] inline void forward_block(const DwShape& s, const BlockShape& b, const float* x, const float* w,
                                                  const float* bias, const float* residual, float* y, int32_t act,
@@ -407,10 +416,8 @@ template <int KH, int KW>
       float* dst = q + ((iy + s.ph) * b.wb + s.pw + ix) * kBlock;
       for (int64_t j = 0; j < cols; ++j) __builtin_memcpy(dst + j * kBlock, &r[j], sizeof r[j]);
     }
-  for (int64_t l = 0; l < kBlock; ++l)
-    for (int64_t t = 0; t < s.taps; ++t) wts[t * kBlock + l] = w[(c0 + l) * s.taps + t];
   V bv;
-  for (int64_t l = 0; l < kBlock; ++l) bv[l] = bias ? bias[c0 + l] : 0.0f;
+  block_weights(s, w, bias, c0, wts, bv);
   if (s.kh == 3 && s.kw == 3)
     block_taps<3, 3>(s, b, q, wts, bv, out);
   else if (s.kh == 5 && s.kw == 5)
@@ -563,9 +570,7 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
     const int64_t n = item / (blocks * bands), cb = item / bands % blocks, oy0 = item % bands * band;
     const int64_t c0 = cb * kBlock, oy1 = std::min(s.oh, oy0 + band);
     if (cb != loaded) {
-      for (int64_t l = 0; l < kBlock; ++l)
-        for (int64_t t = 0; t < s.taps; ++t) wts[t * kBlock + l] = w[(c0 + l) * s.taps + t];
-      for (int64_t l = 0; l < kBlock; ++l) bv[l] = bias ? bias[c0 + l] : 0.0f;
+      block_weights(s, w, bias, c0, wts, bv);
       loaded = cb;
     }
     const float* xb = x + (n * s.c + c0) * s.h * s.w;

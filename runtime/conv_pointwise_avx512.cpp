@@ -49,7 +49,6 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "runtime/conv_tile_internal.h"  // after the pragmas: built for AVX-512
-#include "runtime/transpose_avx512.h"
 
 namespace kiln::rt {
 namespace {
@@ -211,29 +210,12 @@ void item(const KilnConv2dParams& p, const float* x, const float* packed, const 
   }
   // [nf][chunk][16] -> y's channel planes, 16 positions x 16 channels at a time, the
   // residual and relu / relu6 applied as they are stored, silu by conv_epilogue after.
-  const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
   for (int64_t f = 0; f < nf; ++f) {
     const int64_t channels = std::min(kBlock, p.o - o0 - f * kBlock);
     const int64_t at = (n * p.o + o0 + f * kBlock) * plane;
-    for (int64_t i = p0; i < p1; i += 16) {
-      const int64_t m = std::min<int64_t>(16, p1 - i);
-      const __mmask16 mask = m == 16 ? __mmask16(0xffff) : __mmask16((1u << m) - 1);
-      __m512 v[16];
-#pragma GCC unroll 16
-      for (int k = 0; k < 16; ++k) v[k] = k < m ? _mm512_load_ps(buf + f * kChunk * kBlock + (i - p0 + k) * kBlock) : zero;
-      transpose16x16(v);
-      float* yc = y + at + i;
-      const float* rc = in_regs && residual ? residual + at + i : nullptr;
-      // Unrolled, so that v[c] is a register (a loop picked it by a chain of compares).
-#pragma GCC unroll 16
-      for (int c = 0; c < 16; ++c) {
-        if (c >= channels) break;
-        __m512 r = v[c];
-        if (rc) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask, rc + c * plane));
-        if (in_regs) r = apply_act(r, act, zero, six);
-        _mm512_mask_storeu_ps(yc + c * plane, mask, r);
-      }
-    }
+    for (int64_t i = p0; i < p1; i += 16)
+      store_planes(buf + f * kChunk * kBlock + (i - p0) * kBlock, p1 - i, y + at + i,
+                   in_regs && residual ? residual + at + i : nullptr, plane, channels, in_regs ? act : KILN_ACT_NONE);
     if (!in_regs)
       for (int64_t c = 0; c < channels; ++c)
         conv_epilogue(y + at + c * plane + p0, residual ? residual + at + c * plane + p0 : nullptr, p1 - p0, act);

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "runtime/kernels.h"
+#include "runtime/transpose_avx512.h"
 
 namespace kiln::rt {
 
@@ -37,6 +38,28 @@ template <int NF, int T>
       if (residual) r = _mm512_add_ps(r, _mm512_loadu_ps(residual + f * ld + 16 * j));
       _mm512_storeu_ps(y + f * ld + 16 * j, apply_act(r, act, zero, six));
     }
+}
+
+// Up to 16 positions of one block of 16 channels, held position by position (src[k * 16 +
+// c]: position k < m, channel c), into the first `channels` of its NCHW channel rows (channel
+// c's at y + c * plane), transposed in registers, masked to m positions: the residual (same offsets, if any) added and relu or
+// relu6 (act) applied as they are stored.
+inline void store_planes(const float* src, int64_t m, float* y, const float* residual, int64_t plane,
+                         int64_t channels, int32_t act) {
+  const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
+  const __mmask16 mask = m >= 16 ? __mmask16(0xffff) : __mmask16((1u << m) - 1);
+  __m512 v[16];
+#pragma GCC unroll 16
+  for (int k = 0; k < 16; ++k) v[k] = k < m ? _mm512_loadu_ps(src + k * 16) : zero;
+  transpose16x16(v);
+  // Unrolled, so that v[c] is a register (a loop picked it by a chain of compares).
+#pragma GCC unroll 16
+  for (int c = 0; c < 16; ++c) {
+    if (c >= channels) break;
+    __m512 r = v[c];
+    if (residual) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask, residual + c * plane));
+    _mm512_mask_storeu_ps(y + c * plane, mask, apply_act(r, act, zero, six));
+  }
 }
 
 }  // namespace kiln::rt
