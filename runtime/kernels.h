@@ -114,6 +114,11 @@ void kiln_rt_avg_pool2d_grad_f64(const double* dy, double* dx, const KilnPool2dP
 // Kiln's summation order (docs/ir.md): bitwise the interpreter's sum / mean over the rows.
 // Rows run in parallel, each computed alone, so any thread count gives the same bits.
 void kiln_rt_row_sums_f32(const float* x, float* out, int64_t rows, int64_t n, int32_t mean);
+// kiln_rt_row_sums_f32's bits for x in NCHW16c: out[i * c + j] = the sum (mean != 0: the
+// mean) of channel j of image i's plane of `plane` positions, x of logical shape [n, c,
+// plane] (c a multiple of 16) stored blocked (kiln_rt_conv2d_nchwc_f32), out [n, c]: a
+// global average pool of a blocked activation (codegen/cpu/layout.cpp).
+void kiln_rt_row_sums_nchwc_f32(const float* x, float* out, int64_t n, int64_t c, int64_t plane, int32_t mean);
 
 // out = softmax of each row of x ([rows, n], contiguous; out may be x): bitwise the
 // interpreter's softmax over the last axis (the row's maximum, NaNs passed over; exp(x -

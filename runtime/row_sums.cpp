@@ -156,3 +156,59 @@ extern "C" void kiln_rt_row_sums_f32(const float* x, float* out, int64_t rows, i
     for (int64_t r = r0; r < r1; r += 64) rows_range(x, n, r, std::min(r1, r + 64), out, mean != 0, blocks);
   });
 }
+
+namespace {
+
+using V16 = float __attribute__((vector_size(64)));
+
+// The 16 channels of one (image, channel block) of an NCHW16c tensor: position k's 16
+// channels at x + 16 k. Each block of kSumBlock positions is added left to right from +0 in
+// vector lanes (lane i: channel i), four blocks' chains advancing together, into
+// blocks[b * 16 + i]; then each channel's block sums are added pairwise. Lane i does
+// exactly the adds of row i's scalar sum (rows_range, block_sum): the same bits.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void channel_block_sums(
+    const float* x, int64_t plane, bool mean, float* blocks, float* out) {
+  const int64_t nb = std::max<int64_t>(1, (plane + kSumBlock - 1) / kSumBlock), full = plane / kSumBlock;
+  int64_t b = 0;
+  for (; b + 4 <= full; b += 4) {
+    V16 a[4] = {};
+    const float* p = x + 16 * b * kSumBlock;
+    for (int64_t k = 0; k < kSumBlock; ++k)
+      for (int j = 0; j < 4; ++j) {
+        V16 v;
+        __builtin_memcpy(&v, p + 16 * (k + j * kSumBlock), sizeof v);
+        a[j] += v;
+      }
+    __builtin_memcpy(blocks + 16 * b, a, sizeof a);
+  }
+  for (; b < nb; ++b) {
+    V16 a{};
+    for (int64_t k = b * kSumBlock; k < std::min(plane, (b + 1) * kSumBlock); ++k) {
+      V16 v;
+      __builtin_memcpy(&v, x + 16 * k, sizeof v);
+      a += v;
+    }
+    __builtin_memcpy(blocks + 16 * b, &a, sizeof a);
+  }
+  for (int i = 0; i < 16; ++i) {
+    const float s = kiln::rt::pairwise_blocks<float>([&](int64_t j) { return blocks[16 * j + i]; }, 0, nb);
+    out[i] = mean ? s / static_cast<float>(plane) : s;
+  }
+}
+
+}  // namespace
+
+extern "C" void kiln_rt_row_sums_nchwc_f32(const float* x, float* out, int64_t n, int64_t c, int64_t plane,
+                                           int32_t mean) {
+  const int64_t items = n * (c / 16);
+  if (items <= 0) return;
+  // (image, channel block) items over the pool, each computed alone: any thread count, the
+  // same bits.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(16 * plane, 1));
+  kiln::rt::parallel_for(items, grain, [&](int64_t i0, int64_t i1) {
+    thread_local std::vector<float> blocks;
+    blocks.resize(static_cast<size_t>(16 * std::max<int64_t>(1, (plane + kSumBlock - 1) / kSumBlock)));
+    for (int64_t i = i0; i < i1; ++i)
+      channel_block_sums(x + i * 16 * plane, plane, mean != 0, blocks.data(), out + 16 * i);
+  });
+}

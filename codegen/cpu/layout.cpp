@@ -1,6 +1,7 @@
 // The CPU backend's activation layout (layout.h): which values stay in NCHW16c.
 #include "codegen/cpu/layout.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -87,6 +88,33 @@ struct Ties {
   void unite(ValueId a, ValueId b) { parent[static_cast<size_t>(find(a.id))] = find(b.id); }
 };
 
+// An elementwise kernel the CPU code can run on NCHW16c tensors (lower_loop): one
+// elementwise node, or a fused region of them (no other node but splat constants and
+// constants smaller than its result), with one f32 result of rank 4.
+bool elementwise_kernel(const Graph& g, const Node& n) {
+  if (n.results.size() != 1 || g.type(n.result()).rank() != 4) return false;
+  if (n.op != Op::Fused) return op_info(n.op).has(kElementwise);
+  if (!n.body) return false;
+  const Shape& full = g.type(n.result()).shape;
+  for (const Node& b : n.body->nodes()) {
+    if (b.op == Op::Constant) {
+      if (!attr_tensor(b.attrs, "value").is_splat() && n.body->type(b.result()).shape == full) return false;
+    } else if (!op_info(b.op).has(kElementwise)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A sum or mean of a rank-4 tensor over its planes (axes 2 and 3: a global average pool).
+bool plane_reduction(const Graph& g, const Node& n) {
+  if ((n.op != Op::Sum && n.op != Op::Mean) || g.type(n.operands[0]).rank() != 4) return false;
+  std::vector<int64_t> axes;
+  for (int64_t a : attr_ints(n.attrs, "axes")) axes.push_back(a < 0 ? a + 4 : a);
+  std::sort(axes.begin(), axes.end());
+  return axes == std::vector<int64_t>{2, 3};
+}
+
 }  // namespace
 
 // A value is kept in NCHW16c when it is an f32 [N, C, H, W] activation with C a multiple of
@@ -100,6 +128,9 @@ struct Ties {
 //   - max_pool2d reads x in either layout and writes y blocked only from a blocked x;
 //   - concat along the channels: all its operands and its result in one layout (the bytes
 //     of NCHW16c tensors concatenated are those of the result's NCHW16c);
+//   - an elementwise kernel (elementwise_kernel): its operands of its result's shape and its
+//     result in one layout, the others (broadcast: a per-channel scale) NCHW;
+//   - a sum or mean over the planes (plane_reduction) reads x in either layout, writes NCHW;
 //   - any other kernel, a graph input or output: NCHW.
 // Linear in the graph: one walk to collect the ties, then one visit of each group.
 std::vector<bool> nchwc_values(const Graph& g) {
@@ -146,6 +177,21 @@ std::vector<bool> nchwc_values(const Graph& g) {
         (attr_int(n.attrs, "axis") == 1 || attr_int(n.attrs, "axis") == -3)) {
       for (ValueId v : n.operands) ties.unite(v, y);
       produced[static_cast<size_t>(y.id)] = true;
+      continue;
+    }
+    if (f32 && elementwise_kernel(g, n)) {
+      const Shape& full = g.type(y).shape;
+      for (ValueId v : n.operands) {
+        if (g.type(v).shape == full)
+          ties.unite(v, y);
+        else
+          forbid(v);
+      }
+      produced[static_cast<size_t>(y.id)] = true;
+      continue;
+    }
+    if (f32 && plane_reduction(g, n)) {
+      forbid(y);
       continue;
     }
     for (ValueId v : n.operands) forbid(v);

@@ -168,13 +168,33 @@ void Lowerer::lower_level(const Graph& g, const KernelPlan& kp, std::vector<Valu
 
 // One loop over the kernel's shape: load its loads, compute its nodes in registers (splat
 // constants as immediates), store its stores.
+//
+// A loop whose results are in NCHW16c (layout.cpp: a top-level elementwise node, or the body
+// of a fused region of them) runs over [N, C/16, H, W, 16]: its values of its shape are read
+// and written in that order, the others (NCHW, broadcast) at their channel's offset.
 void Lowerer::lower_loop(const Graph& g, const Kernel& k, std::vector<Value*>& ptr) {
+  const auto blocked = [&](ValueId v) {
+    if (&g == &g_) return !nchwc_.empty() && nchwc_[static_cast<size_t>(v.id)];
+    return !blocked_body_.empty() && g.type(v).shape == blocked_body_;
+  };
   std::vector<Stream> streams;
   for (ValueId v : k.loads) streams.push_back({broadcast_strides(g.type(v).shape, k.shape), 0});
   size_t out_stream = streams.size();
   streams.push_back({strides_of(k.shape), 0});
+  Shape shape = k.shape;
+  if (!k.stores.empty() && blocked(k.stores[0])) {
+    KILN_CHECK(shape.size() == 4 && shape[1] % 16 == 0, "cpu codegen: an NCHW16c loop over a shape not [N, 16c, H, W]");
+    shape = {shape[0], shape[1] / 16, shape[2], shape[3], 16};
+    const std::vector<int64_t> dense = strides_of(shape);
+    for (size_t s = 0; s < k.loads.size(); ++s) {
+      std::vector<int64_t>& st = streams[s].strides;
+      st = blocked(k.loads[s]) ? dense : std::vector<int64_t>{st[0], 16 * st[1], st[2], st[3], st[1]};
+    }
+    for (ValueId v : k.stores) KILN_CHECK(blocked(v), "cpu codegen: an NCHW16c loop storing an NCHW value");
+    streams[out_stream].strides = dense;
+  }
   access_group_ = llvm::MDNode::getDistinct(C_, {});  // lowerer.h: mark_access
-  nest(k.shape, streams, [&](const std::vector<Value*>& off) {
+  nest(shape, streams, [&](const std::vector<Value*>& off) {
     std::vector<Value*> at(off.begin(), off.begin() + static_cast<std::ptrdiff_t>(k.loads.size()));
     std::map<int32_t, Value*> val = loop_element(g, k, ptr, at);
     // Every load above precedes every store: the in-place contract.

@@ -156,6 +156,9 @@ class Lowerer {
            (nchwc_[static_cast<size_t>(y.id)] ? KILN_LAYOUT_Y_NCHW16C : 0);
   }
   std::vector<bool> nchwc_;
+  // While a fused elementwise region whose result is in NCHW16c is lowered: that result's
+  // shape, which its body's values of that shape share with it (layout.cpp); else empty.
+  Shape blocked_body_;
   // ---- attention.cpp: a fuse_attention body as one runtime call (false: not one) -----
   bool lower_attention(const Node& n, const std::vector<Value*>& ptr);
   Value* pool_params(const Node& n, const Shape& x, const Shape& y);

@@ -40,6 +40,13 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
     case Op::Ge: case Op::Select: case Op::Cast:
       internal_error("codegen", "cpu codegen: elementwise node outside a loop group");
     case Op::Sum: case Op::Mean: case Op::Max: case Op::Min:
+      if (layout_of(g, n.operands[0], n.result()) & KILN_LAYOUT_X_NCHW16C) {
+        // A sum or mean over the planes of an NCHW16c x (layout.cpp: plane_reduction).
+        const Shape& xs = it(0).shape;
+        B_.CreateCall(runtime(RtFn::kiln_rt_row_sums_nchwc_f32),
+                      {in(0), out, c64(xs[0]), c64(xs[1]), c64(xs[2] * xs[3]), B_.getInt32(n.op == Op::Mean ? 1 : 0)});
+        return;
+      }
       return lower_reduce(n, it(0), rt, in(0), out, cursor);
     case Op::Argmax: return lower_argmax(n, it(0), in(0), out);
     case Op::TopK: {  // the runtime's partial sort per row (runtime/top_k.cpp)
@@ -193,7 +200,11 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
         weight_.assign(n.body->values().size(), false);
         for (size_t j = 0; j < n.operands.size(); ++j) weight_[n.body->inputs()[j].value.id] = outer_weight[n.operands[j].id];
       }
+      // An elementwise region in NCHW16c (layout.cpp): its loops run in that layout.
+      Shape outer_blocked = std::move(blocked_body_);
+      blocked_body_ = layout_of(g, n.result(), n.result()) ? rt.shape : Shape{};
       lower_level(*n.body, *kernel.body, body_ptr, false, cursor, outs);
+      blocked_body_ = std::move(outer_blocked);
       if (gemm_cache_) weight_ = std::move(outer_weight);
       return;
     }

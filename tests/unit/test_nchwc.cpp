@@ -202,9 +202,10 @@ namespace {
 
 // A cut-down image model: a 7x7 stem (3 channels in), a max pool, a residual block with a
 // 1x1 downsample, a concat of two 3x3 branches (16 and 32 channels), a stride-1 1x1 conv
-// (which follows its blocked x), a 3x3 conv, then a global mean; the block's first conv's
-// result also read by a sigmoid (an elementwise loop: NCHW), whose result a stride-1 1x1
-// conv reads (so its y stays NCHW, though a 3x3 conv reads it) before a second mean.
+// (which follows its blocked x), a 3x3 conv, then a global mean (which reads the blocked
+// result in place); the block's first conv's result also read by a sigmoid (an elementwise
+// loop, blocked like its operand), whose result a stride-1 1x1 conv reads, whose result a
+// global max (an NCHW kernel) and a 3x3 conv read (so it stays NCHW) before a second mean.
 Graph small_net(int64_t batch) {
   Graph g("net");
   auto conv = [&](ValueId x, int64_t c, int64_t o, int64_t k, int64_t stride, const std::string& name) {
@@ -229,6 +230,7 @@ Graph small_net(int64_t batch) {
   ValueId gate = g.add_node(Op::Relu, {conv(g.add_node(Op::Sigmoid, {a}), 32, 16, 1, 1, "gate")});
   ValueId after = g.add_node(Op::Relu, {conv(gate, 16, 16, 3, 1, "after")});
   g.add_output("gate", g.add_node(Op::Mean, {after}, {{"axes", std::vector<int64_t>{2, 3}}}));
+  g.add_output("peak", g.add_node(Op::Max, {gate}, {{"axes", std::vector<int64_t>{2, 3}}}));
   return g;
 }
 
@@ -275,7 +277,8 @@ TEST_CASE("the CPU code keeps chains of convs, pools and concats in NCHW16c and 
   KilnConv2dParams p3{2, 32, 8, 8, 32, 3, 3, 8, 8, 1, 1, 1, 1, 1, 1, 1};
   if (kiln_rt_conv2d_nchwc_preferred(&p3)) {
     // Blocked: the stem's result (the pool reads it), the pool's, the block's, the concat's
-    // operands and result. NCHW: the outputs, the sigmoid's operand, the mean's.
+    // operands and result, the sigmoid's operand and result, the means' operands. NCHW: the
+    // outputs, the max's operand.
     int blocked_count = 0, pointwise = 0;
     for (bool b : nchwc) blocked_count += b;
     CHECK(blocked_count >= 6);
@@ -286,12 +289,13 @@ TEST_CASE("the CPU code keeps chains of convs, pools and concats in NCHW16c and 
         CHECK(nchwc[static_cast<size_t>(n.operands[0].id)]);
         CHECK(nchwc[static_cast<size_t>(n.result().id)]);
       }
-      if (n.op == Op::Concat || n.op == Op::Mean || n.op == Op::Sigmoid ||
+      if (n.op == Op::Concat || n.op == Op::Mean || n.op == Op::Max || n.op == Op::Sigmoid ||
           (n.op == Op::Fused && n.body->nodes().back().op == Op::Sigmoid))
-        for (ValueId v : n.operands) CHECK(nchwc[static_cast<size_t>(v.id)] == (n.op == Op::Concat));
-      if (n.op == Op::Concat) CHECK(nchwc[static_cast<size_t>(n.result().id)]);
+        for (ValueId v : n.operands) CHECK(nchwc[static_cast<size_t>(v.id)] == (n.op != Op::Max));
+      if (n.op == Op::Concat || n.op == Op::Sigmoid || (n.op == Op::Fused && n.body->nodes().back().op == Op::Sigmoid))
+        CHECK(nchwc[static_cast<size_t>(n.result().id)]);
       // The stride-1 1x1 convs: the one after the concat writes NCHW16c, the one after the
-      // sigmoid NCHW.
+      // sigmoid NCHW (the max reads it).
       const std::optional<cpu::detail::ConvEpilogue> m = cpu::detail::match_conv_epilogue(n);
       if (m && n.body->type(m->conv->operands[1]).shape[2] == 1 && attr_ints(m->conv->attrs, "stride")[0] == 1) {
         const int64_t in_channels = n.body->type(m->conv->operands[1]).shape[1];
@@ -308,6 +312,7 @@ TEST_CASE("the CPU code keeps chains of convs, pools and concats in NCHW16c and 
     const std::string llvm = exe->emit("llvm");
     CHECK_THAT(llvm, ContainsSubstring("kiln_rt_conv2d_nchwc_f32"));
     CHECK_THAT(llvm, ContainsSubstring("kiln_rt_max_pool2d_nchwc_f32"));
+    CHECK_THAT(llvm, ContainsSubstring("kiln_rt_row_sums_nchwc_f32"));
   }
   exe->set_state(state);
   for (int trial = 0; trial < 2; ++trial) {
@@ -315,7 +320,7 @@ TEST_CASE("the CPU code keeps chains of convs, pools and concats in NCHW16c and 
     TensorMap got = exe->run(in);
     in.insert(state.begin(), state.end());
     TensorMap want = interpret(g, in);
-    for (const char* name : {"mean", "gate"}) {
+    for (const char* name : {"mean", "gate", "peak"}) {
       CAPTURE(name);
       CHECK(mismatches(got.at(name), want.at(name)) == 0);
     }
@@ -402,4 +407,83 @@ TEST_CASE("the CPU code keeps an inverted residual block's expansion and depthwi
   in.insert(state.begin(), state.end());
   TensorMap want = interpret(g, in);
   CHECK(mismatches(got.at("mean"), want.at("mean")) == 0);
+}
+
+TEST_CASE("the CPU code runs a squeeze-and-excitation block's mean and products in NCHW16c, the NCHW code's bits",
+          "[codegen][nchwc]") {
+  // EfficientNet's block on 24 channels: a 1x1 expansion to 64 with silu, a depthwise 5x5
+  // with silu, its global mean through two 1x1 convs to a sigmoid gate [N, 64, 1, 1], the
+  // depthwise result times the gate (a product alone) and, as a fused elementwise region,
+  // minus the gate plus the depthwise result again (a broadcast and a full operand); a 1x1
+  // projection of the product, a 3x3 conv of the region's result, and their means.
+  std::mt19937 rng(9);
+  const int64_t batch = GENERATE(2, 1);
+  CAPTURE(batch);
+  Graph g("se");
+  auto conv = [&](ValueId x, int64_t c, int64_t o, int64_t k, int64_t groups, const std::string& name) {
+    ValueId w = g.add_input(name + ".w", TensorType{DType::f32, {o, c / groups, k, k}}, true);
+    ValueId b = g.add_input(name + ".b", TensorType{DType::f32, {o}}, true);
+    return g.add_node(Op::Conv2d, {x, w, b}, {{"padding", Shape{k / 2, k / 2}}, {"groups", groups}});
+  };
+  auto silu = [&](ValueId v) { return g.add_node(Op::Mul, {v, g.add_node(Op::Sigmoid, {v})}); };
+  auto plane_mean = [&](ValueId v, bool keep = false) {
+    return g.add_node(Op::Mean, {v}, {{"axes", std::vector<int64_t>{2, 3}}, {"keepdims", keep}});
+  };
+  ValueId x = g.add_input("x", TensorType{DType::f32, {batch, 24, 12, 12}});
+  ValueId dw = silu(conv(silu(conv(x, 24, 64, 1, 1, "expand")), 64, 64, 5, 64, "dw"));
+  ValueId squeeze = silu(conv(plane_mean(dw, true), 64, 16, 1, 1, "fc1"));
+  ValueId gate = g.add_node(Op::Sigmoid, {conv(squeeze, 16, 64, 1, 1, "fc2")});
+  ValueId scaled = g.add_node(Op::Mul, {gate, dw});
+  ValueId mixed = g.add_node(Op::Add, {g.add_node(Op::Sub, {dw, gate}), dw});
+  g.add_output("project", plane_mean(conv(scaled, 64, 32, 1, 1, "project")));
+  g.add_output("mixed", plane_mean(conv(mixed, 64, 32, 3, 1, "mix")));
+  const TensorMap state = scaled_state(g, rng);
+  PipelineOptions options;
+  options.pass_options.inference = true;
+  const Graph planned = run_pipeline(g, options).graph;
+  const std::vector<bool> nchwc = cpu::detail::nchwc_values(planned);
+  const KilnConv2dParams dwp{batch, 64, 12, 12, 64, 5, 5, 12, 12, 1, 1, 2, 2, 1, 1, 64};
+  if (kiln_rt_conv2d_nchwc_preferred(&dwp)) {
+    // Blocked: the depthwise conv's result, the product, the region, what the means read
+    // (the depthwise conv's result, the convs'); NCHW: the gate, the means' results.
+    int elementwise = 0, means = 0;
+    for (const Node& n : planned.nodes()) {
+      const bool region = n.op == Op::Fused && !cpu::detail::match_conv_epilogue(n) &&
+                          n.body->nodes().back().op == Op::Add;
+      CAPTURE(op_name(n.op));
+      if (n.op == Op::Mul || region) {
+        ++elementwise;
+        CHECK(nchwc[static_cast<size_t>(n.result().id)]);
+        for (ValueId v : n.operands) CHECK(nchwc[static_cast<size_t>(v.id)] == (planned.type(v).shape[2] == 12));
+      }
+      if (n.op == Op::Mean) {
+        ++means;
+        CHECK(nchwc[static_cast<size_t>(n.operands[0].id)]);
+        CHECK_FALSE(nchwc[static_cast<size_t>(n.result().id)]);
+      }
+    }
+    CHECK(elementwise == 2);
+    CHECK(means == 3);
+  }
+  TensorMap in{{"x", random_tensor({batch, 24, 12, 12}, rng)}};
+  auto run = [&](bool blocked) {
+    if (!blocked) ::setenv("KILN_NCHWC", "0", 1);
+    auto exe = compile(g);
+    if (!blocked) ::unsetenv("KILN_NCHWC");
+    exe->set_state(state);
+    return exe->run(in);
+  };
+  const TensorMap got = run(true), nchw = run(false);
+  TensorMap all = in;
+  all.insert(state.begin(), state.end());
+  const TensorMap want = interpret(g, all);
+  for (const char* name : {"project", "mixed"}) {
+    CAPTURE(name);
+    CHECK(mismatches(got.at(name), want.at(name)) == 0);
+  }
+  // The 3x3 conv's mean: the same kernels either way but for the layout (the depthwise and
+  // the 3x3 conv's bits, the region's, the mean's in the summation order).
+  const Tensor& a = got.at("mixed");
+  const Tensor& b = nchw.at("mixed");
+  CHECK(std::memcmp(a.data<float>(), b.data<float>(), static_cast<size_t>(a.numel()) * sizeof(float)) == 0);
 }

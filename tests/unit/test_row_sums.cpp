@@ -77,6 +77,54 @@ TEST_CASE("row sums and means equal the interpreter's bit for bit", "[runtime][r
     }
 }
 
+namespace {
+
+// The rows [n * c, plane] as an NCHW16c tensor [n, c / 16, plane, 16].
+std::vector<float> blocked(const std::vector<float>& v, int64_t n, int64_t c, int64_t plane) {
+  std::vector<float> b(v.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t k = 0; k < plane; ++k)
+        b[static_cast<size_t>(((i * (c / 16) + ch / 16) * plane + k) * 16 + ch % 16)] =
+            v[static_cast<size_t>((i * c + ch) * plane + k)];
+  return b;
+}
+
+std::vector<float> blocked_row_sums(const std::vector<float>& v, int64_t n, int64_t c, int64_t plane, bool mean) {
+  std::vector<float> out(static_cast<size_t>(n * c), std::numeric_limits<float>::quiet_NaN());
+  const std::vector<float> b = blocked(v, n, c, plane);
+  kiln_rt_row_sums_nchwc_f32(b.data(), out.data(), n, c, plane, mean ? 1 : 0);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("row sums of an NCHW16c tensor's planes equal the interpreter's bit for bit", "[runtime][reduce][nchwc]") {
+  // Planes of one block and less (7x7), of several blocks with a partial last one (12x12,
+  // 14x14), of whole blocks (8x8, 16x16) and of more blocks than the four taken together
+  // (56x56, 112x112), with NaN, infinities and signed zeros in some channels.
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  uint32_t seed = 40;
+  for (const Case& c : {Case{1, 49}, Case{2, 144}, Case{3, 196}, Case{1, 64}, Case{2, 256}, Case{2, 3136},
+                        Case{1, 12544}, Case{2, 1}, Case{1, 13}})
+    for (int64_t channels : {16, 48}) {
+      const int64_t n = c.rows, plane = c.n, rows = n * channels;
+      CAPTURE(n, channels, plane);
+      std::vector<float> v = values(rows, plane, seed++);
+      v[3 % v.size()] = nan;
+      if (rows > 2) {
+        v[static_cast<size_t>(plane + plane / 2)] = inf;
+        v[static_cast<size_t>(2 * plane)] = inf, v[static_cast<size_t>(3 * plane - 1)] = -inf;
+      }
+      if (rows > 4)
+        for (int64_t k = 0; k < plane; ++k) v[static_cast<size_t>(4 * plane + k)] = -0.0f;
+      for (bool mean : {false, true}) {
+        CAPTURE(mean);
+        CHECK(same_bits(blocked_row_sums(v, n, channels, plane, mean), reference(v, rows, plane, mean)));
+      }
+    }
+}
+
 // Long rows (blocks sixteen at a time) and short ones (rows sixteen at a time, then the
 // rows past the last step alone).
 TEST_CASE("row sums: NaN, infinities and signed zeros as the interpreter has them", "[runtime][reduce]") {
@@ -114,6 +162,7 @@ TEST_CASE("row sums: child with KILN_NUM_THREADS", "[.row_sums_threads_child]") 
   REQUIRE(std::getenv("KILN_NUM_THREADS") != nullptr);
   uint64_t h = kFnvStart;
   for (const Case& c : kCases) h = fnv1a(h, row_sums(values(c.rows, c.n, 7), c.rows, c.n, true));
+  for (const Case& c : {Case{2, 3136}, Case{5, 49}}) h = fnv1a(h, blocked_row_sums(values(c.rows * 32, c.n, 8), c.rows, 32, c.n, false));
   std::cout << "hashes " << h << "\n";
 }
 

@@ -98,12 +98,14 @@ TEST_CASE("runtime ABI: generated code declares each runtime function as abi.def
     ir += code->emit("llvm");
   }
   // The NCHW16c kernels: a conv -> pool -> conv chain, kept blocked between the ends where
-  // the blocked direct conv runs (an AVX-512 machine; elsewhere nothing calls them).
+  // the blocked direct conv runs (an AVX-512 machine; elsewhere nothing calls them), and a
+  // mean over the last conv's planes.
   ir += compile(parse(R"(graph @b(%x: f32[1,16,8,8], state %w: f32[16,16,3,3]) {
   %c = conv2d(%x, %w) {padding=[1, 1]} : f32[1,16,8,8]
   %p = max_pool2d(%c) {kernel=[3, 3], stride=[2, 2], padding=[1, 1]} : f32[1,16,4,4]
   %y = conv2d(%p, %w) {padding=[1, 1]} : f32[1,16,4,4]
-  return y = %y
+  %m = mean(%y) {axes=[2, 3]} : f32[1,16]
+  return y = %m
 }
 )"),
                 o)
