@@ -332,11 +332,12 @@ std::pair<llvm::Function*, Value*> Lowerer::outline(const std::string& name, con
 // operations and no element's body touches another's memory, so a big nest may run in
 // parallel over its outermost dims (par_for); 0: always serial.
 void Lowerer::nest(const Shape& shape, std::vector<Stream> streams,
-                   const std::function<void(const std::vector<Value*>&)>& body, int64_t ops) {
+                   const std::function<void(const std::vector<Value*>&)>& body, int64_t ops, bool keep_short_inner) {
   if (num_elements(shape) == 0) return;
   MergedDims merged = merge_dims(shape, streams);
   const Shape& dims = merged.dims;
   const std::vector<std::vector<int64_t>>& st = merged.strides;
+  const bool keep = keep_short_inner && !dims.empty() && dims.back() <= 16;
   std::vector<Value*> off;
   for (const Stream& s : streams) off.push_back(c64(s.base));
   int64_t total = 1;
@@ -356,15 +357,16 @@ void Lowerer::nest(const Shape& shape, std::vector<Stream> streams,
           if (st[s][d] != 0)
             o[s] = B_.CreateAdd(o[s], st[s][d] == 1 ? idx : B_.CreateMul(idx, c64(st[s][d])), "", true, true);
       }
-      nest_level(dims, st, k, o, body);
+      nest_level(dims, st, k, o, body, keep);
     });
     return;
   }
-  nest_level(dims, st, 0, off, body);
+  nest_level(dims, st, 0, off, body, keep);
 }
 
 void Lowerer::nest_level(const Shape& dims, const std::vector<std::vector<int64_t>>& st, size_t d,
-                         const std::vector<Value*>& off, const std::function<void(const std::vector<Value*>&)>& body) {
+                         const std::vector<Value*>& off, const std::function<void(const std::vector<Value*>&)>& body,
+                         bool keep_inner) {
   if (d == dims.size()) {
     body(off);
     return;
@@ -373,8 +375,8 @@ void Lowerer::nest_level(const Shape& dims, const std::vector<std::vector<int64_
     std::vector<Value*> next(off.size());
     for (size_t k = 0; k < off.size(); ++k)
       next[k] = st[k][d] == 0 ? off[k] : B_.CreateAdd(off[k], st[k][d] == 1 ? iv : B_.CreateMul(iv, c64(st[k][d])), "", true, true);
-    nest_level(dims, st, d + 1, next, body);
-  });
+    nest_level(dims, st, d + 1, next, body, keep_inner);
+  }, keep_inner && d + 1 == dims.size());
 }
 
 }  // namespace kiln::cpu::detail

@@ -182,7 +182,8 @@ void Lowerer::lower_loop(const Graph& g, const Kernel& k, std::vector<Value*>& p
   size_t out_stream = streams.size();
   streams.push_back({strides_of(k.shape), 0});
   Shape shape = k.shape;
-  if (!k.stores.empty() && blocked(k.stores[0])) {
+  const bool blocked_loop = !k.stores.empty() && blocked(k.stores[0]);
+  if (blocked_loop) {
     KILN_CHECK(shape.size() == 4 && shape[1] % 16 == 0, "cpu codegen: an NCHW16c loop over a shape not [N, 16c, H, W]");
     shape = {shape[0], shape[1] / 16, shape[2], shape[3], 16};
     const std::vector<int64_t> dense = strides_of(shape);
@@ -199,7 +200,7 @@ void Lowerer::lower_loop(const Graph& g, const Kernel& k, std::vector<Value*>& p
     std::map<int32_t, Value*> val = loop_element(g, k, ptr, at);
     // Every load above precedes every store: the in-place contract.
     for (ValueId v : k.stores) store(g.type(v).dtype, val.at(v.id), ptr[v.id], off[out_stream]);
-  }, static_cast<int64_t>(k.nodes.size()));
+  }, static_cast<int64_t>(k.nodes.size()), blocked_loop);
   access_group_ = nullptr;
 }
 

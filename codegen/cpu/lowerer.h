@@ -125,10 +125,13 @@ class Lowerer {
   llvm::BasicBlock* kernel_caller_ = nullptr;  // while emitting a kernel function: its caller's block
   struct SharedFunctions;
   std::shared_ptr<SharedFunctions> shared_;
+  // `keep_short_inner`: an innermost loop (after merging) of at most 16 iterations stays a
+  // loop (for_loop's `keep`), so that it is vectorized as one step (an NCHW16c loop's 16
+  // channels beside a broadcast operand: unrolled, they stayed scalar).
   void nest(const Shape& shape, std::vector<Stream> streams, const std::function<void(const std::vector<Value*>&)>& body,
-            int64_t ops = 0);
+            int64_t ops = 0, bool keep_short_inner = false);
   void nest_level(const Shape& dims, const std::vector<std::vector<int64_t>>& st, size_t d, const std::vector<Value*>& off,
-                  const std::function<void(const std::vector<Value*>&)>& body);
+                  const std::function<void(const std::vector<Value*>&)>& body, bool keep_inner = false);
 
   // ---- scalar_ops.cpp -----------------------------------------------------------------
   Value* libm(const char* f32_name, const char* f64_name, Value* x);
