@@ -20,7 +20,7 @@
 //
 // A block's weights for one input block (16 x KH x KW x NF*16 floats: 36 KiB for a 3x3 and
 // 64 output channels) stay in L1 across the row's tiles; each broadcast feeds NF FMAs and
-// each weight vector T (7 to 14 positions). Against the implicit GEMM (B's rows read in
+// each weight vector T (6 to 14 positions). Against the implicit GEMM (B's rows read in
 // place, whose 14 x 32 tile loads two vectors and broadcasts fourteen values per 28 FMAs,
 // its B rows from L2) it does fewer loads per FMA, all from L1: ResNet-18's 64-channel 3x3
 // layer on 56x56 planes, batch 16, 1.2x at one thread and 1.4x at two (bench/conv_bench
@@ -216,10 +216,12 @@ void tile(const float* x, int64_t step, int64_t row, int64_t kh, int64_t kw, int
   finish_tile(acc, out.y, out.residual, out.ld, out.act);
 }
 
-// The positions a tile of NF blocks holds: NF * T accumulators and NF weight vectors
-// within the 32 zmm registers.
+// The positions a tile of NF blocks holds: NF * T accumulators, NF weight vectors and the
+// broadcast within the 32 zmm registers (4 x 7 spilled two accumulators to the stack in
+// the inner loop: 4 x 6, bench/conv_bench --layer 64,56,64,3 at one thread, 0.96x the time
+// against the implicit GEMM's, ResNet-18 in the model 0.97x).
 template <int NF>
-constexpr int kTileWidth = NF == 4 ? 7 : NF == 3 ? 9 : 14;
+constexpr int kTileWidth = NF == 4 ? 6 : NF == 3 ? 9 : 14;
 
 using TileFn = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, float*,
                         int64_t, const float*, bool, const TileOut&);
