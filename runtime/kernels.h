@@ -164,4 +164,11 @@ const char* kiln_rt_take_error(void);
 typedef void (*kiln_rt_task)(void* ctx, int64_t begin, int64_t end);
 void kiln_rt_parallel_for(int64_t n, int64_t grain, kiln_rt_task fn, void* ctx);
 int32_t kiln_rt_num_threads(void);
+// Called first and last by every compiled entry point: while a call runs, the pool's idle
+// threads (and a caller waiting for a chunk) wait for the next parallel loop spinning
+// instead of sleeping, so that a worker whose core went idle between two loops is not
+// woken through the scheduler (on a guest whose host is busy, that wake took long enough
+// that a second thread bought nothing). Outside calls they sleep after a short spin.
+void kiln_rt_run_begin(void);
+void kiln_rt_run_end(void);
 }

@@ -54,7 +54,9 @@ std::unique_ptr<llvm::Module> Lowerer::run() {
   }
   if (options_.nchwc) nchwc_ = nchwc_values(g_);
   int64_t cursor = 0;
+  B_.CreateCall(runtime(RtFn::kiln_rt_run_begin), {});
   lower_level(g_, kp_, ptr, /*top=*/true, cursor);
+  B_.CreateCall(runtime(RtFn::kiln_rt_run_end), {});
   B_.CreateRetVoid();
   info_.scratch_bytes = scratch_peak_;
   info_.parallel_loops = tasks_;
