@@ -45,9 +45,9 @@ constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * t
 
 // Per thread, 64-byte aligned, kept between calls: [0] packed A, [1] packed B, [2] gathered
 // im2col rows, [3] the forward conv's block of C, [4] the forward conv's packed weights (the
-// calling thread's).
+// calling thread's), [5] the weight gradient's partial sums (the calling thread's).
 float* buffer(int slot, int64_t floats) {
-  thread_local AlignedFloats buffers[5];
+  thread_local AlignedFloats buffers[6];
   return buffers[slot].get(floats);
 }
 
@@ -176,8 +176,87 @@ Blocking blocking(int64_t groups, int64_t row_panels, int64_t col_panels, int64_
   return {rows, std::min(cols, col_panels)};
 }
 
+// The weight gradient of a long reduction over a small dW (the first layers of an image
+// model: many positions, few weights) in chunks of the reduction instead of blocks of dW.
+// Blocks of dW (run below) each pack the A panels (dY) again for a cut of the columns and
+// gather the im2col rows again for a cut of the rows: on ResNet-18's 64-channel layers and
+// its stem, where dW is small and the batch's positions many, that repacking took more
+// time than the FMAs. Chunk c of kReductionChunks (fixed by the shape) sums the (image,
+// position) pairs [R * c / chunks, R * (c + 1) / chunks) into a partial of all of dW, each
+// operand packed once: per KC slice, A for every row panel, then the im2col rows of one
+// column panel at a time, used by every row panel. The partials are added in chunk order:
+// the same bits at any thread count (not the blocked path's: its slices run over the whole
+// reduction).
+constexpr int64_t kReductionChunks = 16;
+constexpr int64_t kChunkMinReduction = 512;          // (image, position) pairs a chunk at least
+constexpr int64_t kMaxPartialFloats = int64_t{4} << 20;  // partial sums in all (16 MiB)
+
+bool reduction_chunked(const ConvShape& s) {
+  return s.groups == 1 && s.n * s.p >= kReductionChunks * kChunkMinReduction &&
+         (kReductionChunks - 1) * s.og * s.k <= kMaxPartialFloats;
+}
+
+void run_chunks(const ConvShape& s, const gemm::Kernel& kern, const float* x, const float* dy, float* dw,
+                std::atomic<bool>& failed) {
+  const int64_t mr = kern.mr, nr = kern.nr, size = s.og * s.k;
+  const int64_t threads = in_parallel_region() ? 1 : std::max<int64_t>(1, kiln_rt_num_threads());
+  const int64_t row_panels = (s.og + mr - 1) / mr, col_panels = (s.k + nr - 1) / nr;
+  const int64_t reduction = s.n * s.p, chunks = kReductionChunks;
+  float* partials = buffer(5, (chunks - 1) * size);
+  if (!partials) {
+    failed.store(true);
+    return;
+  }
+  for_each_item(chunks, threads, [&](int64_t c) {
+    float* out = c == 0 ? dw : partials + (c - 1) * size;
+    const int64_t ra = reduction * c / chunks, rb = reduction * (c + 1) / chunks;
+    float* abuf = buffer(0, row_panels * mr * kKC);
+    float* bbuf = buffer(1, nr * kKC);
+    float* rows = buffer(2, nr * kKC);
+    if (!abuf || !bbuf || !rows) {
+      failed.store(true);
+      return;
+    }
+    for (int64_t r0 = ra; r0 < rb; r0 += kKC) {
+      const int64_t kc = std::min(kKC, rb - r0);
+      const float beta = r0 == ra ? 0.0f : 1.0f;
+      for (int64_t r = r0; r < r0 + kc;) {  // A: dY's rows over the slice, image segment by segment
+        const int64_t n = r / s.p, pa = r % s.p, pb = std::min(s.p, pa + (r0 + kc - r));
+        gemm::Args a{};
+        a.a = dy + n * s.o * s.p;
+        a.lda = s.p;
+        for (int64_t q = 0; q < row_panels; ++q)
+          kern.pack_a(a, q * mr, std::min(mr, s.og - q * mr), pa, pb - pa, abuf + (q * kc + (r - r0)) * mr);
+        r += pb - pa;
+      }
+      for (int64_t cp = 0; cp < col_panels; ++cp) {
+        const int64_t k0 = cp * nr, nv = std::min(nr, s.k - k0);
+        gather_rows(s, x, 0, k0, nv, r0, kc, kc, rows);
+        gemm::Args b{};
+        b.tb = true;
+        b.b = rows;
+        b.ldb = kc;
+        kern.pack_b(b, 0, kc, 0, nv, bbuf);
+        for (int64_t q = 0; q < row_panels; ++q) {
+          const int64_t row = q * mr;
+          kern.tile(kc, abuf + q * mr * kc, bbuf, out + row * s.k + k0, s.k, 1.0f, beta, std::min(mr, s.og - row), nv);
+        }
+      }
+    }
+  });
+  if (failed.load()) return;
+  // dW += the partials, in chunk order for every element.
+  parallel_for(size, 4096, [&](int64_t i0, int64_t i1) {
+    for (int64_t c = 1; c < chunks; ++c) {
+      const float* part = partials + (c - 1) * size;
+      for (int64_t i = i0; i < i1; ++i) dw[i] += part[i];
+    }
+  });
+}
+
 void run(const ConvShape& s, const gemm::Kernel& kern, const float* x, const float* dy, float* dw,
          std::atomic<bool>& failed) {
+  if (reduction_chunked(s)) return run_chunks(s, kern, x, dy, dw, failed);
   const int64_t mr = kern.mr, nr = kern.nr;
   const int64_t threads = in_parallel_region() ? 1 : std::max<int64_t>(1, kiln_rt_num_threads());
   const int64_t row_panels = (s.og + mr - 1) / mr, col_panels = (s.k + nr - 1) / nr;

@@ -5,7 +5,8 @@
 // weight gradient of the same values (im2col + dgemm) to f32 rounding, with each of Kiln's
 // GEMM kernels (which agree bit for bit), over strides, padding, dilation, groups, odd
 // sizes, reduction slices crossing images (positions per image not dividing the slice
-// depth), K past one micro-panel and dW blocks ragged at both edges; what
+// depth), K past one micro-panel and dW blocks ragged at both edges, long reductions in
+// chunks with partial sums; what
 // kiln_rt_conv2d_grad_weight_f32 takes it for; padding times an infinite dy is NaN as in the
 // interpreter; and the same bits at any KILN_NUM_THREADS.
 #include <catch2/catch_test_macros.hpp>
@@ -52,6 +53,10 @@ const std::vector<Case>& cases() {
       {1, 8, 40, 40, 20, 3, 3, 1, 1, 1, 1, 1, 1, 2},     // 1600 positions in one image, groups
       {5, 1, 1, 1, 3, 1, 1, 1, 1, 0, 0, 1, 1, 1},        // one position per image, one input channel
       {2, 130, 5, 5, 17, 3, 3, 1, 1, 1, 1, 1, 1, 1},     // K 1170 (past the dW block of one item)
+      // Reductions long enough for chunks of the reduction (conv_batched.cpp: run_chunks):
+      {4, 3, 128, 128, 64, 7, 7, 2, 2, 3, 3, 1, 1, 1},   // a stem: 16384 pairs, 16 chunks of one quarter image
+      {2, 16, 96, 96, 20, 3, 3, 1, 1, 1, 1, 1, 1, 1},    // 20 rows: a ragged last row panel
+      {3, 8, 75, 77, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1},     // 17325 pairs: chunks and slices cross images
   };
   return all;
 }
