@@ -250,6 +250,14 @@ TensorMap scaled_state(const Graph& g, std::mt19937& rng) {
   return state;
 }
 
+// A stride-1 conv of x (c channels) to o channels, k x k, "same" padding, with its weight and
+// bias as state inputs NAME.w and NAME.b.
+ValueId same_conv(Graph& g, ValueId x, int64_t c, int64_t o, int64_t k, int64_t groups, const std::string& name) {
+  ValueId w = g.add_input(name + ".w", TensorType{DType::f32, {o, c / groups, k, k}}, true);
+  ValueId b = g.add_input(name + ".b", TensorType{DType::f32, {o}}, true);
+  return g.add_node(Op::Conv2d, {x, w, b}, {{"padding", Shape{k / 2, k / 2}}, {"groups", groups}});
+}
+
 // The elements of a farther from b than 1e-4 + 1e-4 |b| (all of them when the shapes differ).
 int64_t mismatches(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape()) return b.numel() + 1;
@@ -371,15 +379,10 @@ TEST_CASE("the CPU code keeps an inverted residual block's expansion and depthwi
   const int64_t batch = GENERATE(2, 1);
   CAPTURE(batch);
   Graph g("block");
-  auto conv = [&](ValueId x, int64_t c, int64_t o, int64_t k, int64_t groups, const std::string& name) {
-    ValueId w = g.add_input(name + ".w", TensorType{DType::f32, {o, c / groups, k, k}}, true);
-    ValueId b = g.add_input(name + ".b", TensorType{DType::f32, {o}}, true);
-    return g.add_node(Op::Conv2d, {x, w, b}, {{"padding", Shape{k / 2, k / 2}}, {"groups", groups}});
-  };
   ValueId x = g.add_input("x", TensorType{DType::f32, {batch, 24, 14, 14}});
-  ValueId expand = g.add_node(Op::Relu, {conv(x, 24, 96, 1, 1, "expand")});
-  ValueId dw = g.add_node(Op::Relu, {conv(expand, 96, 96, 3, 96, "dw")});
-  ValueId out = g.add_node(Op::Add, {conv(dw, 96, 24, 1, 1, "project"), x});
+  ValueId expand = g.add_node(Op::Relu, {same_conv(g, x, 24, 96, 1, 1, "expand")});
+  ValueId dw = g.add_node(Op::Relu, {same_conv(g, expand, 96, 96, 3, 96, "dw")});
+  ValueId out = g.add_node(Op::Add, {same_conv(g, dw, 96, 24, 1, 1, "project"), x});
   g.add_output("mean", g.add_node(Op::Mean, {out}, {{"axes", std::vector<int64_t>{2, 3}}}));
   const TensorMap state = scaled_state(g, rng);
   PipelineOptions options;
@@ -420,23 +423,18 @@ TEST_CASE("the CPU code runs a squeeze-and-excitation block's mean and products 
   const int64_t batch = GENERATE(2, 1);
   CAPTURE(batch);
   Graph g("se");
-  auto conv = [&](ValueId x, int64_t c, int64_t o, int64_t k, int64_t groups, const std::string& name) {
-    ValueId w = g.add_input(name + ".w", TensorType{DType::f32, {o, c / groups, k, k}}, true);
-    ValueId b = g.add_input(name + ".b", TensorType{DType::f32, {o}}, true);
-    return g.add_node(Op::Conv2d, {x, w, b}, {{"padding", Shape{k / 2, k / 2}}, {"groups", groups}});
-  };
   auto silu = [&](ValueId v) { return g.add_node(Op::Mul, {v, g.add_node(Op::Sigmoid, {v})}); };
   auto plane_mean = [&](ValueId v, bool keep = false) {
     return g.add_node(Op::Mean, {v}, {{"axes", std::vector<int64_t>{2, 3}}, {"keepdims", keep}});
   };
   ValueId x = g.add_input("x", TensorType{DType::f32, {batch, 24, 12, 12}});
-  ValueId dw = silu(conv(silu(conv(x, 24, 64, 1, 1, "expand")), 64, 64, 5, 64, "dw"));
-  ValueId squeeze = silu(conv(plane_mean(dw, true), 64, 16, 1, 1, "fc1"));
-  ValueId gate = g.add_node(Op::Sigmoid, {conv(squeeze, 16, 64, 1, 1, "fc2")});
+  ValueId dw = silu(same_conv(g, silu(same_conv(g, x, 24, 64, 1, 1, "expand")), 64, 64, 5, 64, "dw"));
+  ValueId squeeze = silu(same_conv(g, plane_mean(dw, true), 64, 16, 1, 1, "fc1"));
+  ValueId gate = g.add_node(Op::Sigmoid, {same_conv(g, squeeze, 16, 64, 1, 1, "fc2")});
   ValueId scaled = g.add_node(Op::Mul, {gate, dw});
   ValueId mixed = g.add_node(Op::Add, {g.add_node(Op::Sub, {dw, gate}), dw});
-  g.add_output("project", plane_mean(conv(scaled, 64, 32, 1, 1, "project")));
-  g.add_output("mixed", plane_mean(conv(mixed, 64, 32, 3, 1, "mix")));
+  g.add_output("project", plane_mean(same_conv(g, scaled, 64, 32, 1, 1, "project")));
+  g.add_output("mixed", plane_mean(same_conv(g, mixed, 64, 32, 3, 1, "mix")));
   const TensorMap state = scaled_state(g, rng);
   PipelineOptions options;
   options.pass_options.inference = true;
