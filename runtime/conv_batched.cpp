@@ -176,6 +176,36 @@ Blocking blocking(int64_t groups, int64_t row_panels, int64_t col_panels, int64_
   return {rows, std::min(cols, col_panels)};
 }
 
+// The weight gradient's A for one KC slice [r0, r0 + kc) of the (image, position) pairs:
+// group g's dY rows of micro-panels [q0, q1), image segment by segment, panel q at
+// abuf + (q - q0) * kc * MR.
+void pack_dy_slice(const ConvShape& s, const gemm::Kernel& kern, const float* dy, int64_t g, int64_t q0, int64_t q1,
+                   int64_t r0, int64_t kc, float* abuf) {
+  const int64_t mr = kern.mr;
+  for (int64_t r = r0; r < r0 + kc;) {
+    const int64_t n = r / s.p, pa = r % s.p, pb = std::min(s.p, pa + (r0 + kc - r));
+    gemm::Args a{};
+    a.a = dy + (n * s.o + g * s.og) * s.p;
+    a.lda = s.p;
+    for (int64_t q = q0; q < q1; ++q)
+      kern.pack_a(a, q * mr, std::min(mr, s.og - q * mr), pa, pb - pa, abuf + ((q - q0) * kc + (r - r0)) * mr);
+    r += pb - pa;
+  }
+}
+
+// The weight gradient's B micro-panel cp for that slice: the im2col rows of its NR columns of
+// K gathered into `rows` ([NR][kc]), then packed transposed into dst.
+void pack_im2col_panel(const ConvShape& s, const gemm::Kernel& kern, const float* x, int64_t g, int64_t cp,
+                       int64_t r0, int64_t kc, float* rows, float* dst) {
+  const int64_t k0 = cp * kern.nr, nv = std::min(kern.nr, s.k - k0);
+  gather_rows(s, x, g, k0, nv, r0, kc, kc, rows);
+  gemm::Args b{};
+  b.tb = true;
+  b.b = rows;
+  b.ldb = kc;
+  kern.pack_b(b, 0, kc, 0, nv, dst);
+}
+
 // The weight gradient of a long reduction over a small dW (the first layers of an image
 // model: many positions, few weights) in chunks of the reduction instead of blocks of dW.
 // Blocks of dW (run below) each pack the A panels (dY) again for a cut of the columns and
@@ -220,23 +250,10 @@ void run_chunks(const ConvShape& s, const gemm::Kernel& kern, const float* x, co
     for (int64_t r0 = ra; r0 < rb; r0 += kKC) {
       const int64_t kc = std::min(kKC, rb - r0);
       const float beta = r0 == ra ? 0.0f : 1.0f;
-      for (int64_t r = r0; r < r0 + kc;) {  // A: dY's rows over the slice, image segment by segment
-        const int64_t n = r / s.p, pa = r % s.p, pb = std::min(s.p, pa + (r0 + kc - r));
-        gemm::Args a{};
-        a.a = dy + n * s.o * s.p;
-        a.lda = s.p;
-        for (int64_t q = 0; q < row_panels; ++q)
-          kern.pack_a(a, q * mr, std::min(mr, s.og - q * mr), pa, pb - pa, abuf + (q * kc + (r - r0)) * mr);
-        r += pb - pa;
-      }
+      pack_dy_slice(s, kern, dy, 0, 0, row_panels, r0, kc, abuf);
       for (int64_t cp = 0; cp < col_panels; ++cp) {
         const int64_t k0 = cp * nr, nv = std::min(nr, s.k - k0);
-        gather_rows(s, x, 0, k0, nv, r0, kc, kc, rows);
-        gemm::Args b{};
-        b.tb = true;
-        b.b = rows;
-        b.ldb = kc;
-        kern.pack_b(b, 0, kc, 0, nv, bbuf);
+        pack_im2col_panel(s, kern, x, 0, cp, r0, kc, rows, bbuf);
         for (int64_t q = 0; q < row_panels; ++q) {
           const int64_t row = q * mr;
           kern.tile(kc, abuf + q * mr * kc, bbuf, out + row * s.k + k0, s.k, 1.0f, beta, std::min(mr, s.og - row), nv);
@@ -281,26 +298,8 @@ void run(const ConvShape& s, const gemm::Kernel& kern, const float* x, const flo
     for (int64_t r0 = 0; r0 < reduction; r0 += kKC) {
       const int64_t kc = std::min(kKC, reduction - r0);
       const float beta = r0 == 0 ? 0.0f : 1.0f;
-      // A: dY's rows of panels [q0, q1) over the slice, image segment by segment.
-      for (int64_t r = r0; r < r0 + kc;) {
-        const int64_t n = r / s.p, pa = r % s.p, pb = std::min(s.p, pa + (r0 + kc - r));
-        gemm::Args a{};
-        a.a = dy + (n * s.o + g * s.og) * s.p;
-        a.lda = s.p;
-        for (int64_t q = q0; q < q1; ++q)
-          kern.pack_a(a, q * mr, std::min(mr, s.og - q * mr), pa, pb - pa, abuf + ((q - q0) * kc + (r - r0)) * mr);
-        r += pb - pa;
-      }
-      // B: the im2col rows of each panel of columns, gathered then packed transposed.
-      for (int64_t cp = c0; cp < c1; ++cp) {
-        const int64_t k0 = cp * nr, nv = std::min(nr, s.k - k0);
-        gather_rows(s, x, g, k0, nv, r0, kc, kc, rows);
-        gemm::Args b{};
-        b.tb = true;
-        b.b = rows;
-        b.ldb = kc;
-        kern.pack_b(b, 0, kc, 0, nv, bbuf + (cp - c0) * nr * kc);
-      }
+      pack_dy_slice(s, kern, dy, g, q0, q1, r0, kc, abuf);
+      for (int64_t cp = c0; cp < c1; ++cp) pack_im2col_panel(s, kern, x, g, cp, r0, kc, rows, bbuf + (cp - c0) * nr * kc);
       for (int64_t q = q0; q < q1; ++q) {
         const int64_t row = q * mr, mv = std::min(mr, s.og - row);
         const float* ap = abuf + (q - q0) * mr * kc;
