@@ -485,3 +485,33 @@ TEST_CASE("the CPU code runs a squeeze-and-excitation block's mean and products 
   const Tensor& b = nchw.at("mixed");
   CHECK(std::memcmp(a.data<float>(), b.data<float>(), static_cast<size_t>(a.numel()) * sizeof(float)) == 0);
 }
+
+TEST_CASE("the CPU code vectorizes an NCHW16c loop's 16 channels beside a per-channel operand", "[codegen][nchwc]") {
+  // A depthwise conv's blocked result times a per-channel gate [1, 64, 1, 1] (a graph input),
+  // read by a 1x1 conv: the product is the graph's one loop, run over the thread pool (64K
+  // elements). Its 16 channels a position are
+  // the innermost loop; fully unrolled they stayed 16 scalar products (nest's
+  // keep_short_inner keeps them a loop the vectorizer makes one step).
+  Graph g("gate");
+  ValueId x = g.add_input("x", TensorType{DType::f32, {1, 24, 32, 32}});
+  ValueId gate = g.add_input("gate", TensorType{DType::f32, {1, 64, 1, 1}});
+  ValueId expand = g.add_node(Op::Relu, {same_conv(g, x, 24, 64, 1, 1, "expand")});
+  ValueId dw = g.add_node(Op::Relu, {same_conv(g, expand, 64, 64, 3, 64, "dw")});
+  g.add_output("y", same_conv(g, g.add_node(Op::Mul, {gate, dw}), 64, 32, 1, 1, "project"));
+  const KilnConv2dParams dwp{1, 64, 32, 32, 64, 3, 3, 32, 32, 1, 1, 1, 1, 1, 1, 64};
+  if (!kiln_rt_conv2d_nchwc_preferred(&dwp)) return;  // no blocked layout on this CPU
+  PipelineOptions options;
+  options.pass_options.inference = true;
+  const Graph planned = run_pipeline(g, options).graph;
+  const std::vector<bool> nchwc = cpu::detail::nchwc_values(planned);
+  int products = 0;
+  for (const Node& n : planned.nodes())
+    if (n.op == Op::Mul) {
+      ++products;
+      CHECK(nchwc[static_cast<size_t>(n.result().id)]);
+    }
+  REQUIRE(products == 1);
+  const std::string llvm = compile(g)->emit("llvm");
+  CHECK_THAT(llvm, ContainsSubstring("fmul <"));
+  CHECK_THAT(llvm, !ContainsSubstring("fmul float "));
+}
