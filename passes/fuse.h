@@ -9,6 +9,10 @@
 
 namespace kiln {
 
+// A batch_norm as the elementwise ops of its rule (the same bits), so that fusion puts it
+// in its neighbours' loops (passes/expand_batch_norm.cpp). Runs before the fusion passes.
+Graph expand_batch_norm(const Graph& g, const PassOptions& options);
+
 // matmul followed by a bias add/sub (any broadcastable operand) and/or an activation
 // (relu, sigmoid, tanh) over the matmul's shape: the GEMM epilogue.
 Graph fuse_matmul_epilogue(const Graph& g, const PassOptions& options);

@@ -25,6 +25,8 @@ std::vector<PassInfo>& registry() {
       {"simplify", "fold_constants, simplify_algebra, cse and dce to a fixed point", simplify},
       {"fold_batch_norm", "conv2d / matmul + inference batch_norm into new weights and bias (inference)",
        fold_batch_norm},
+      {"expand_batch_norm", "batch_norm as elementwise ops with per-channel operands, for fusion (same bits)",
+       expand_batch_norm},
       {"fuse_attention", "softmax(q.k^T * scale + mask).v into one fused node (inference)", fuse_attention},
       {"fuse_matmul_epilogue", "matmul + bias + activation into one fused node", fuse_matmul_epilogue},
       {"fuse_conv_epilogue", "conv2d + bias + activation into one fused node", fuse_conv_epilogue},
@@ -60,8 +62,8 @@ void register_pass(PassInfo pass) {
 
 const std::vector<std::string>& default_pipeline() {
   static const std::vector<std::string> names = {
-      "simplify",        "fuse_attention",   "fuse_matmul_epilogue", "fuse_conv_epilogue",
-      "fuse_reductions", "fuse_elementwise", "dce",                  "schedule"};
+      "expand_batch_norm", "simplify",         "fuse_attention", "fuse_matmul_epilogue", "fuse_conv_epilogue",
+      "fuse_reductions",   "fuse_elementwise", "dce",            "schedule"};
   return names;
 }
 

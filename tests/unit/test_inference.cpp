@@ -13,6 +13,7 @@
 #include "codegen/executable.h"
 #include "ir/interp.h"
 #include "ir/printer.h"
+#include "passes/fuse.h"
 #include "passes/inference.h"
 #include "passes/pipeline.h"
 #include "passes/rebatch.h"
@@ -103,12 +104,53 @@ TEST_CASE("fold_batch_norm: conv2d and matmul batch norms fold, and compute what
     CAPTURE(print(folded));
     CHECK_FALSE(has_op(folded, Op::BatchNorm));
     if (constant_weights) CHECK_FALSE(has_op(folded, Op::Rsqrt));  // computed at compile time
-    // Without prepared state (an AOT object) only constant weights fold.
+    // Without prepared state (an AOT object) only constant weights fold; the others are
+    // expanded into elementwise ops (expand_batch_norm), so a sqrt is left.
     po.pass_options.prepared_state = false;
-    CHECK(has_op(run_pipeline(b.g, po).graph, Op::BatchNorm) == !constant_weights);
+    Graph unfolded = run_pipeline(b.g, po).graph;
+    CHECK_FALSE(has_op(unfolded, Op::BatchNorm));
+    CHECK(has_op(unfolded, Op::Sqrt) == !constant_weights);
     for (int trial = 0; trial < 3; ++trial) {
       TensorMap in = with(b.state, {{"x", random_tensor({2, 4, 6, 6}, rng)}, {"h", random_tensor({2, 5}, rng)}});
       check_close(interpret(folded, in), interpret(b.g, in));
+    }
+  }
+}
+
+TEST_CASE("expand_batch_norm: the same bits as batch_norm, in its neighbours' loop", "[inference][fusion]") {
+  // x [N,C,H,W] (and a rank-2 [N,C]) normalized with statistics given as inputs, as a
+  // training step's batch_norm is, then relu (and a residual add).
+  std::mt19937 rng(11);
+  for (const Shape& xs : {Shape{2, 4, 5, 3}, Shape{6, 4}}) {
+    CAPTURE(xs);
+    Graph g("bn");
+    ValueId x = g.add_input("x", TensorType{DType::f32, xs});
+    std::vector<ValueId> p;
+    for (const char* name : {"scale", "bias", "mean", "var"}) p.push_back(g.add_input(name, TensorType{DType::f32, {4}}));
+    ValueId y = g.add_node(Op::BatchNorm, {x, p[0], p[1], p[2], p[3]}, {{"epsilon", 1e-3}});
+    g.add_output("y", g.add_node(Op::Relu, {g.add_node(Op::Add, {y, x})}));
+    g.add_output("bn", y);
+    Graph expanded = expand_batch_norm(g, {});
+    CHECK_FALSE(has_op(expanded, Op::BatchNorm));
+    // The default pipeline: the normalization, the add and the relu in one fused loop.
+    Graph opt = run_pipeline(g, {}).graph;
+    CAPTURE(print(opt));
+    CHECK_FALSE(has_op(opt, Op::BatchNorm));
+    int fused = 0;
+    for (const Node& n : opt.nodes())
+      if (n.op == Op::Fused && has_op(*n.body, Op::Relu) && has_op(*n.body, Op::Sqrt) == false) ++fused;
+    CHECK(fused == 1);
+    for (int trial = 0; trial < 3; ++trial) {
+      TensorMap in = {{"x", random_tensor(xs, rng, -3, 3)},     {"scale", random_tensor({4}, rng, 0.5, 2)},
+                      {"bias", random_tensor({4}, rng)},        {"mean", random_tensor({4}, rng)},
+                      {"var", random_tensor({4}, rng, 1e-4, 3)}};
+      TensorMap want = interpret(g, in), got = interpret(expanded, in);
+      // Bit for bit: the same operations in the same order.
+      for (const char* out : {"y", "bn"})
+        for (int64_t i = 0; i < want.at(out).numel(); ++i) REQUIRE(got.at(out).get(i) == want.at(out).get(i));
+      TensorMap compiled = Executable(g).run(in);
+      for (const char* out : {"y", "bn"})
+        for (int64_t i = 0; i < want.at(out).numel(); ++i) REQUIRE(compiled.at(out).get(i) == want.at(out).get(i));
     }
   }
 }
@@ -127,7 +169,8 @@ TEST_CASE("inference executables fold state batch norms once per state value", "
   unfolded.inference = false;
   auto base = compile(b.g, unfolded);
   CHECK(base->prepared().prep_names.empty());
-  CHECK(has_op(base->prepared().graph, Op::BatchNorm));
+  // Unfolded: batch norms computed per run (expanded into elementwise ops, a sqrt each).
+  CHECK(has_op(base->prepared().graph, Op::Sqrt));
 
   exe->set_state(b.state);
   base->set_state(b.state);
