@@ -26,5 +26,10 @@ Graph fuse_reductions(const Graph& g, const PassOptions& options);
 // Chains and trees of elementwise ops over one shape (operands may broadcast into it),
 // forward or backward: ReLU masks, optimizer updates, ...
 Graph fuse_elementwise(const Graph& g, const PassOptions& options);
+// After fusion (training graphs): a fused loop recomputes a value another fused node
+// computed with a few elementwise ops from that node's operands, when that adds no reads
+// of activation-sized tensors; a value all its readers recompute is not written
+// (passes/rematerialize.cpp).
+Graph rematerialize(const Graph& g, const PassOptions& options);
 
 }  // namespace kiln

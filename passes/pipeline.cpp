@@ -32,6 +32,8 @@ std::vector<PassInfo>& registry() {
       {"fuse_conv_epilogue", "conv2d + bias + activation into one fused node", fuse_conv_epilogue},
       {"fuse_reductions", "reductions with their elementwise prologue and epilogue", fuse_reductions},
       {"fuse_elementwise", "chains of elementwise ops over one shape", fuse_elementwise},
+      {"rematerialize", "fused loops recompute cheap elementwise values instead of reading them (training)",
+       rematerialize},
       {"schedule", "order nodes to keep peak live memory low", schedule},
   };
   return passes;
@@ -63,7 +65,7 @@ void register_pass(PassInfo pass) {
 const std::vector<std::string>& default_pipeline() {
   static const std::vector<std::string> names = {
       "expand_batch_norm", "simplify",         "fuse_attention", "fuse_matmul_epilogue", "fuse_conv_epilogue",
-      "fuse_reductions",   "fuse_elementwise", "dce",            "schedule"};
+      "fuse_reductions",   "fuse_elementwise", "rematerialize",  "dce",                  "schedule"};
   return names;
 }
 

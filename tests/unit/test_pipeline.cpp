@@ -4,9 +4,11 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <iostream>
+#include <random>
 #include <sstream>
 
 #include "ir/printer.h"
+#include "passes/autodiff.h"
 #include "passes/check_memory_plan.h"
 #include "passes/memory_plan.h"
 #include "passes/fuse.h"
@@ -118,6 +120,54 @@ TEST_CASE("fusion keeps a value that a non-fused consumer needs, materialized on
   CHECK(f.value(fused->results[0]).name == "pre");
   TensorMap in{{"x", Tensor(DType::f32, {4, 8})}, {"w", Tensor(DType::f32, {8, 3})}, {"b", Tensor::from<float>(DType::f32, {3}, {1, -1, 0})}};
   require_same_outputs(g, f, in, 0, 0);
+}
+
+TEST_CASE("rematerialize: the backward loop recomputes a GELU's intermediates instead of reading them",
+          "[pipeline][fuse]") {
+  // h = x.W, y = 0.5 * h * (1 + erf(h / sqrt 2)), loss = sum(y * t); the gradient of W.
+  // Fused, the forward loop also writes h / sqrt 2 and erf(.) + 1 for the backward loop,
+  // which reads h anyway: rematerialize makes it recompute them, and the forward loop writes
+  // neither.
+  Graph g("gelu");
+  const Shape act{32, 64};
+  ValueId x = g.add_input("x", {DType::f32, {32, 16}});
+  ValueId w = g.add_input("W", {DType::f32, {16, 64}});
+  ValueId t = g.add_input("t", {DType::f32, act});
+  auto scalar = [&](double v) { return g.add_constant(Tensor::scalar(DType::f32, v)); };
+  ValueId h = g.add_node(Op::Matmul, {x, w});
+  ValueId e = g.add_node(Op::Erf, {g.add_node(Op::Div, {h, scalar(1.4142135623730951)})});
+  ValueId y = g.add_node(Op::Mul, {g.add_node(Op::Mul, {h, g.add_node(Op::Add, {e, scalar(1)})}), scalar(0.5)});
+  g.add_output("loss", g.add_node(Op::Sum, {g.add_node(Op::Mul, {y, t})}, {{"axes", std::vector<int64_t>{0, 1}}}));
+  Graph step = grad(g, "loss", {"W"}).graph;
+  // Activation-sized results of fused nodes (values written for another kernel to read).
+  auto written = [&](const Graph& opt) {
+    int n = 0;
+    for (const Node& node : opt.nodes())
+      if (node.op == Op::Fused)
+        for (ValueId r : node.results) n += opt.type(r).shape == act;
+    return n;
+  };
+  PipelineOptions with, without;
+  with.verify_each = without.verify_each = true;
+  for (const std::string& p : default_pipeline())
+    if (p != "rematerialize") without.passes.push_back(p);
+  Graph a = run_pipeline(step, with).graph, b = run_pipeline(step, without).graph;
+  CAPTURE(print(a), print(b));
+  CHECK(written(a) + 2 <= written(b));
+  // The same ops on the same operands: the same bits.
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-2, 2);
+  TensorMap in;
+  for (const char* name : {"x", "W", "t"}) {
+    Tensor v(DType::f32, step.type(step.find(name)).shape);
+    for (int64_t i = 0; i < v.numel(); ++i) v.set(i, u(rng));
+    in.emplace(name, v);
+  }
+  require_same_outputs(b, a, in, 0, 0);
+  // An inference graph keeps its values as fusion left them.
+  PipelineOptions inference = with;
+  inference.pass_options.inference = true;
+  CHECK(written(run_pipeline(step, inference).graph) == written(b));
 }
 
 TEST_CASE("pipeline options: stop-after, print-after, timings, unknown passes", "[pipeline]") {
