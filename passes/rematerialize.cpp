@@ -8,7 +8,8 @@
 // ops on the same operands, so the same bits.
 //
 // For a result v of a fused node P whose body computes it from P's inputs with at most
-// kMaxRecompute elementwise nodes (and constants): a reader U (a fused node whose body is a
+// kMaxRecompute elementwise nodes (and constants), or of a lone elementwise node P (a batch
+// norm's dy * scale * inv between a max-pool gradient and the loop that reads it): a reader U (a fused node whose body is a
 // loop: elementwise ops and reductions, not a GEMM's or a convolution's epilogue) over
 // v's own size (a smaller value, a per-channel vector, would be recomputed per element) may
 // recompute v when every activation-sized operand of the recipe is already an operand of U
@@ -45,6 +46,7 @@ bool loop_body(const Graph& body) {
 struct Recipe {
   std::vector<size_t> nodes;
   std::vector<int32_t> inputs;
+  bool single = false;  // the producer is one elementwise node, not a fused one: recompute it
 };
 
 bool recipe_for(const Graph& body, ValueId w, Recipe& r) {
@@ -134,12 +136,17 @@ Graph rematerialize(const Graph& g, const PassOptions& options) {
   };
   for (size_t p = 0; p < nodes.size(); ++p) {
     const Node& pn = nodes[p];
-    if (pn.op != Op::Fused) continue;
+    const bool single = pn.op != Op::Fused && op_info(pn.op).has(kElementwise);
+    if (pn.op != Op::Fused && !single) continue;
     for (size_t k = 0; k < pn.results.size(); ++k) {
       const ValueId v = pn.results[k];
       if (users[v.id].empty()) continue;
       Recipe r;
-      if (!recipe_for(*pn.body, pn.body->outputs()[k].value, r)) continue;
+      r.single = single;
+      if (single)
+        for (size_t j = 0; j < pn.operands.size(); ++j) r.inputs.push_back(static_cast<int32_t>(j));
+      else if (!recipe_for(*pn.body, pn.body->outputs()[k].value, r))
+        continue;
       const Recipe* rp = &recipes.emplace(v.id, std::move(r)).first->second;
       const Remat m{p, k, rp};
       const int64_t size = g.type(v).numel();
@@ -188,6 +195,7 @@ Graph rematerialize(const Graph& g, const PassOptions& options) {
   Rebuilder rb(g);
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
+    if (n.op != Op::Fused && op_info(n.op).has(kElementwise) && dropped[n.result().id]) continue;
     std::vector<bool> drop_out(n.results.size(), false);
     bool any_drop = false, all_drop = n.op == Op::Fused;
     for (size_t k = 0; k < n.results.size(); ++k) {
@@ -224,8 +232,7 @@ Graph rematerialize(const Graph& g, const PassOptions& options) {
       std::sort(ms.begin(), ms.end(), [](const Remat& a, const Remat& b) { return a.producer < b.producer; });
       for (const Remat& m : ms) {
         const Node& pn = nodes[m.producer];
-        const Graph& pb = *pn.body;
-        std::vector<ValueId> pl(pb.values().size());
+        std::vector<ValueId> leaf_values;
         for (int32_t j : m.recipe->inputs) {
           const ValueId src = pn.operands[static_cast<size_t>(j)];
           auto a = available.find(src.id);
@@ -233,8 +240,16 @@ Graph rematerialize(const Graph& g, const PassOptions& options) {
             a = available.emplace(src.id, nb.add_input("rm" + std::to_string(extra++), g.type(src))).first;
             operands.push_back(src);
           }
-          pl[pb.inputs()[static_cast<size_t>(j)].value.id] = a->second;
+          leaf_values.push_back(a->second);
         }
+        if (m.recipe->single) {
+          available[pn.result().id] = nb.add_node_at(pn.op, leaf_values, pn.attrs, "", pn.location);
+          continue;
+        }
+        const Graph& pb = *pn.body;
+        std::vector<ValueId> pl(pb.values().size());
+        for (size_t l = 0; l < leaf_values.size(); ++l)
+          pl[pb.inputs()[static_cast<size_t>(m.recipe->inputs[l])].value.id] = leaf_values[l];
         for (size_t ni : m.recipe->nodes) {
           const Node& bn = pb.nodes()[ni];
           std::vector<ValueId> ops;
