@@ -170,6 +170,37 @@ TEST_CASE("rematerialize: the backward loop recomputes a GELU's intermediates in
   CHECK(written(run_pipeline(step, inference).graph) == written(b));
 }
 
+TEST_CASE("rematerialize: a loop recomputes a lone elementwise node instead of reading it", "[pipeline][fuse]") {
+  // m = a * s is no part of the reduction's loop (it feeds its epilogue, not its sum), so
+  // fusion leaves it a kernel of its own writing m for that loop to read; recomputed there,
+  // the loop reads a instead of m and m is never written.
+  Graph g("lone");
+  ValueId a = g.add_input("a", {DType::f32, {8, 16}});
+  ValueId b = g.add_input("b", {DType::f32, {8, 16}});
+  ValueId sc = g.add_input("s", {DType::f32, {16}});
+  ValueId m = g.add_node(Op::Mul, {a, sc});
+  ValueId t = g.add_node(Op::Mul, {b, b});
+  g.add_output("r", g.add_node(Op::Sum, {t}, {{"axes", std::vector<int64_t>{0}}}));
+  g.add_output("y", g.add_node(Op::Add, {m, t}));
+  PipelineOptions with, without;
+  with.verify_each = without.verify_each = true;
+  for (const std::string& p : default_pipeline())
+    if (p != "rematerialize") without.passes.push_back(p);
+  Graph opt = run_pipeline(g, with).graph, base = run_pipeline(g, without).graph;
+  CAPTURE(print(opt), print(base));
+  auto lone_muls = [](const Graph& x) {
+    int n = 0;
+    for (const Node& node : x.nodes()) n += node.op == Op::Mul;
+    return n;
+  };
+  CHECK(lone_muls(base) == 1);
+  CHECK(lone_muls(opt) == 0);
+  TensorMap in{{"a", Tensor(DType::f32, {8, 16})}, {"b", Tensor(DType::f32, {8, 16})}, {"s", Tensor(DType::f32, {16})}};
+  for (auto& [name, v] : in)
+    for (int64_t i = 0; i < v.numel(); ++i) v.set(i, 0.25 * static_cast<double>((i * 7 + name[0]) % 13) - 1.5);
+  require_same_outputs(base, opt, in, 0, 0);
+}
+
 TEST_CASE("pipeline options: stop-after, print-after, timings, unknown passes", "[pipeline]") {
   testing::RandomGraph r = testing::random_graph(5);
   std::ostringstream log;
