@@ -58,6 +58,15 @@ void require_same_outputs(const Graph& before, const Graph& after, const TensorM
   }
 }
 
+// The default pipeline's result, and the same pipeline's without rematerialize.
+std::pair<Graph, Graph> with_and_without_remat(const Graph& g) {
+  PipelineOptions with, without;
+  with.verify_each = without.verify_each = true;
+  for (const std::string& p : default_pipeline())
+    if (p != "rematerialize") without.passes.push_back(p);
+  return {run_pipeline(g, with).graph, run_pipeline(g, without).graph};
+}
+
 }  // namespace
 
 TEST_CASE("the default pipeline keeps random graphs' results and plans valid memory", "[pipeline]") {
@@ -147,11 +156,9 @@ TEST_CASE("rematerialize: the backward loop recomputes a GELU's intermediates in
         for (ValueId r : node.results) n += opt.type(r).shape == act;
     return n;
   };
-  PipelineOptions with, without;
-  with.verify_each = without.verify_each = true;
-  for (const std::string& p : default_pipeline())
-    if (p != "rematerialize") without.passes.push_back(p);
-  Graph a = run_pipeline(step, with).graph, b = run_pipeline(step, without).graph;
+  auto [a, b] = with_and_without_remat(step);
+  PipelineOptions with;
+  with.verify_each = true;
   CAPTURE(print(a), print(b));
   CHECK(written(a) + 2 <= written(b));
   // The same ops on the same operands: the same bits.
@@ -182,11 +189,7 @@ TEST_CASE("rematerialize: a loop recomputes a lone elementwise node instead of r
   ValueId t = g.add_node(Op::Mul, {b, b});
   g.add_output("r", g.add_node(Op::Sum, {t}, {{"axes", std::vector<int64_t>{0}}}));
   g.add_output("y", g.add_node(Op::Add, {m, t}));
-  PipelineOptions with, without;
-  with.verify_each = without.verify_each = true;
-  for (const std::string& p : default_pipeline())
-    if (p != "rematerialize") without.passes.push_back(p);
-  Graph opt = run_pipeline(g, with).graph, base = run_pipeline(g, without).graph;
+  auto [opt, base] = with_and_without_remat(g);
   CAPTURE(print(opt), print(base));
   auto lone_muls = [](const Graph& x) {
     int n = 0;
