@@ -33,6 +33,11 @@ void Partition::join(int group, size_t node) {
   ++size_[group];
 }
 
+void Partition::leave(int group, size_t node) {
+  group_[node] = -1;
+  --size_[group];
+}
+
 bool Partition::can_join(int group, size_t node) const {
   if (group_[node] >= 0 || size_[group] >= max_group_size_) return false;
   // The group G is convex. If G + node is not, some path leaves it and comes back through

@@ -25,6 +25,10 @@ class Partition {
   // size bound. Groups only grow through join() after can_join(), so every group is convex.
   bool can_join(int group, size_t node) const;
   void join(int group, size_t node);
+  // Undoes join(group, node) for the last nodes joined, newest first (an attempt to join a
+  // set of nodes that failed part way). The group's first/last bounds stay as wide as they
+  // were, which only makes the convexity search look further.
+  void leave(int group, size_t node);
   // The node defining `v`, or -1 for a graph input.
   int producer(ValueId v) const { return g_.value(v).node; }
   // Nodes that use `v` (ascending, each once).

@@ -3,6 +3,7 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <algorithm>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -202,6 +203,56 @@ TEST_CASE("rematerialize: a loop recomputes a lone elementwise node instead of r
   for (auto& [name, v] : in)
     for (int64_t i = 0; i < v.numel(); ++i) v.set(i, 0.25 * static_cast<double>((i * 7 + name[0]) % 13) - 1.5);
   require_same_outputs(base, opt, in, 0, 0);
+}
+
+TEST_CASE("fuse_reductions: sibling sums over the same inputs share one loop in a training graph", "[pipeline][fuse]") {
+  // A batch norm's backward: sum(dy * (x - m) * c), sum(dy * (x - m)) and sum(dy) over
+  // N, H, W, each with an epilogue; one loop over dy and x computes all three.
+  Graph g("siblings");
+  const Shape xs{4, 3, 5, 5};
+  ValueId x = g.add_input("x", {DType::f32, xs});
+  ValueId dy = g.add_input("dy", {DType::f32, xs});
+  ValueId m = g.add_input("m", {DType::f32, {3, 1, 1}});
+  ValueId c = g.add_input("c", {DType::f32, {3, 1, 1}});
+  ValueId k = g.add_input("k", {DType::f32, {3}});
+  const AttrMap axes{{"axes", std::vector<int64_t>{0, 2, 3}}};
+  ValueId xm = g.add_node(Op::Sub, {x, m});
+  ValueId s1 = g.add_node(Op::Sum, {g.add_node(Op::Mul, {dy, g.add_node(Op::Mul, {xm, c})})}, axes);
+  ValueId s2 = g.add_node(Op::Sum, {g.add_node(Op::Mul, {dy, xm})}, axes);
+  ValueId s3 = g.add_node(Op::Sum, {dy}, axes);
+  g.add_output("a", g.add_node(Op::Mul, {s1, k}));
+  g.add_output("b", g.add_node(Op::Neg, {s2}));
+  g.add_output("d", g.add_node(Op::Add, {s3, k}));
+  auto sums_per_node = [](const Graph& opt) {
+    std::vector<int> counts;
+    for (const Node& n : opt.nodes()) {
+      int sums = n.op == Op::Sum;
+      if (n.op == Op::Fused)
+        for (const Node& b : n.body->nodes()) sums += b.op == Op::Sum;
+      if (sums > 0) counts.push_back(sums);
+    }
+    return counts;
+  };
+  PipelineOptions train, inference;
+  train.verify_each = inference.verify_each = true;
+  inference.pass_options.inference = true;
+  Graph t = run_pipeline(g, train).graph, i = run_pipeline(g, inference).graph;
+  CAPTURE(print(t), print(i));
+  CHECK(sums_per_node(t) == std::vector<int>{3});
+  // Without sibling fusion (an inference graph), sum(dy) reads dy in a loop of its own: the
+  // other two share x - m, a value of the first one's loop, which its epilogue follows.
+  std::vector<int> apart = sums_per_node(i);
+  std::sort(apart.begin(), apart.end());
+  CHECK(apart == std::vector<int>{1, 2});
+  TensorMap in;
+  int seed = 1;
+  for (const char* name : {"x", "dy", "m", "c", "k"}) {
+    Tensor v(DType::f32, g.type(g.find(name)).shape);
+    for (int64_t j = 0; j < v.numel(); ++j) v.set(j, 0.125 * static_cast<double>((j * 5 + seed) % 17) - 1);
+    in.emplace(name, v);
+    ++seed;
+  }
+  require_same_outputs(g, t, in, 0, 0);
 }
 
 TEST_CASE("pipeline options: stop-after, print-after, timings, unknown passes", "[pipeline]") {
