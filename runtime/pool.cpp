@@ -190,6 +190,11 @@ template <int KH, int KW, int SW, bool kCell, typename T>
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) bool interior_max_f32_##KH##KW##SW( \
       const float* in, int64_t w, int64_t lo, int64_t hi, int64_t base, float* best) {                           \
     return interior_max<KH, KW, SW, false>(in, w, lo, hi, base, best, nullptr);                                  \
+  }                                                                                                               \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) bool                             \
+  interior_argmax_f32_##KH##KW##SW(const float* in, int64_t w, int64_t lo, int64_t hi, int64_t base, float* best, \
+                                   int32_t* cell) {                                                              \
+    return interior_max<KH, KW, SW, true>(in, w, lo, hi, base, best, cell);                                       \
   }
 KILN_INTERIOR_MAX_F32(2, 2, 2)
 KILN_INTERIOR_MAX_F32(2, 2, 1)
@@ -210,6 +215,21 @@ bool interior_max_values(const T* in, int64_t w, int64_t lo, int64_t hi, int64_t
     return interior_max_f32_331(in, w, lo, hi, base, best);
   else
     return interior_max<KH, KW, SW, false>(in, w, lo, hi, base, best, nullptr);
+}
+
+// interior_max with positions, by the clones above for f32's fixed window shapes.
+template <int KH, int KW, int SW, typename T>
+bool interior_argmax(const T* in, int64_t w, int64_t lo, int64_t hi, int64_t base, T* best, int32_t* cell) {
+  if constexpr (std::is_same_v<T, float> && KH == 2 && KW == 2 && SW == 2)
+    return interior_argmax_f32_222(in, w, lo, hi, base, best, cell);
+  else if constexpr (std::is_same_v<T, float> && KH == 2 && KW == 2 && SW == 1)
+    return interior_argmax_f32_221(in, w, lo, hi, base, best, cell);
+  else if constexpr (std::is_same_v<T, float> && KH == 3 && KW == 3 && SW == 2)
+    return interior_argmax_f32_332(in, w, lo, hi, base, best, cell);
+  else if constexpr (std::is_same_v<T, float> && KH == 3 && KW == 3 && SW == 1)
+    return interior_argmax_f32_331(in, w, lo, hi, base, best, cell);
+  else
+    return interior_max<KH, KW, SW, true>(in, w, lo, hi, base, best, cell);
 }
 
 constexpr int64_t kBlock = 256;  // outputs of an interior run handled at a time
@@ -510,7 +530,7 @@ void max_pool2d_grad(const T* x, const T* dy, T* dx, const KilnPool2dParams* par
           int32_t cell[kBlock];
           for (int64_t b = lo; b < hi; b += kBlock) {
             int64_t e = std::min(b + kBlock, hi);
-            bool nan = interior_max<KH, KW, SW, true>(in, w, b, e, base, best, cell);
+            bool nan = interior_argmax<KH, KW, SW>(in, w, b, e, base, best, cell);
             for (int64_t ox = b; ox < e; ++ox) {
               // A window of all -inf keeps cell 0, its first cell, as the rule does.
               int64_t q = base + ox * SW, c = cell[ox - b];
