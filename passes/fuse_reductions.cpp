@@ -34,36 +34,38 @@ Graph fuse_reductions(const Graph& g, const PassOptions& options) {
     int group = p.new_group(seed);
     std::vector<size_t> joined = {seed};
     const Shape& in_shape = g.type(g.nodes()[seed].operands[0]).shape;
-    // The elementwise producers over the reduction input's shape of `from`'s operands,
-    // transitively, not yet grouped: a sibling's prologue.
-    auto prologue = [&](size_t from) {
-      std::vector<size_t> found;
-      std::set<size_t> seen;
+    // Walks the elementwise producers over the reduction input's shape of `from`'s
+    // operands, transitively, not yet grouped; take(producer) says whether to go on
+    // through it.
+    auto walk_prologue = [&](size_t from, auto&& take) {
       std::vector<ValueId> work = g.nodes()[from].operands;
       while (!work.empty()) {
         ValueId v = work.back();
         work.pop_back();
         int prod = p.producer(v);
         if (prod < 0 || p.grouped(prod) || !elementwise(prod) || g.type(v).shape != in_shape) continue;
-        if (!seen.insert(static_cast<size_t>(prod)).second) continue;
-        found.push_back(static_cast<size_t>(prod));
+        if (!take(static_cast<size_t>(prod))) continue;
         for (ValueId w : g.nodes()[prod].operands) work.push_back(w);
       }
+    };
+    // A sibling's prologue: all of it.
+    auto prologue = [&](size_t from) {
+      std::vector<size_t> found;
+      std::set<size_t> seen;
+      walk_prologue(from, [&](size_t prod) {
+        if (!seen.insert(prod).second) return false;
+        found.push_back(prod);
+        return true;
+      });
       return found;
     };
-    // Prologue: elementwise producers over the reduction input's shape, transitively, as
-    // far as they join.
-    std::vector<ValueId> work = g.nodes()[seed].operands;
-    while (!work.empty()) {
-      ValueId v = work.back();
-      work.pop_back();
-      int prod = p.producer(v);
-      if (prod < 0 || p.grouped(prod) || !elementwise(prod) || g.type(v).shape != in_shape) continue;
-      if (!p.can_join(group, prod)) continue;
+    // The seed's prologue: as far as it joins.
+    walk_prologue(seed, [&](size_t prod) {
+      if (!p.can_join(group, prod)) return false;
       p.join(group, prod);
       joined.push_back(prod);
-      for (ValueId w : g.nodes()[prod].operands) work.push_back(w);
-    }
+      return true;
+    });
     // Epilogue: users of region values, earliest first, while they join: elementwise nodes
     // over the shape of a region value they use, and further reductions. A node that
     // cannot join yet (a path from the region reaches it through outside nodes) is looked
