@@ -80,12 +80,11 @@ struct Remat {
   const Recipe* recipe;
 };
 
-// A copy of `body` without the outputs `drop` marks, without the nodes no remaining
-// output needs, and without the inputs nothing reads; `keep_input` says which inputs stay.
-Graph pruned(const Graph& body, const std::vector<bool>& drop, std::vector<bool>& keep_input) {
+// A copy of `body` without the nodes no output needs and without the inputs nothing
+// reads; `keep_input` says which inputs stay.
+Graph pruned(const Graph& body, std::vector<bool>& keep_input) {
   std::vector<bool> live(body.values().size(), false);
-  for (size_t k = 0; k < body.outputs().size(); ++k)
-    if (!drop[k]) live[body.outputs()[k].value.id] = true;
+  for (const GraphOutput& o : body.outputs()) live[o.value.id] = true;
   std::vector<bool> keep(body.nodes().size(), false);
   for (size_t i = body.nodes().size(); i-- > 0;) {
     const Node& n = body.nodes()[i];
@@ -98,10 +97,7 @@ Graph pruned(const Graph& body, const std::vector<bool>& drop, std::vector<bool>
   Rebuilder rb(body, [&](const GraphInput& in) { return live[in.value.id]; });
   for (size_t i = 0; i < body.nodes().size(); ++i)
     if (keep[i]) rb.copy(body.nodes()[i]);
-  Graph& d = rb.dst();
-  for (size_t k = 0; k < body.outputs().size(); ++k)
-    if (!drop[k]) d.add_output(body.outputs()[k].name, rb.map(body.outputs()[k].value));
-  return std::move(d);
+  return rb.finish();
 }
 
 }  // namespace
@@ -195,11 +191,11 @@ Graph rematerialize(const Graph& g, const PassOptions& options) {
   Rebuilder rb(g);
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
-    if (n.op != Op::Fused && op_info(n.op).has(kElementwise) && dropped[n.result().id]) continue;
+    if (n.op != Op::Fused && dropped[n.result().id]) continue;  // a lone node recomputed where read
     std::vector<bool> drop_out(n.results.size(), false);
-    bool any_drop = false, all_drop = n.op == Op::Fused;
+    bool any_drop = false, all_drop = true;
     for (size_t k = 0; k < n.results.size(); ++k) {
-      drop_out[k] = n.op == Op::Fused && dropped[n.results[k].id];
+      drop_out[k] = dropped[n.results[k].id];
       any_drop = any_drop || drop_out[k];
       all_drop = all_drop && drop_out[k];
     }
@@ -269,14 +265,13 @@ Graph rematerialize(const Graph& g, const PassOptions& options) {
     std::vector<std::string> names;
     std::vector<ValueId> kept_results;
     for (size_t k = 0; k < body.outputs().size(); ++k) {
+      if (drop_out[k]) continue;
       nb.add_output(body.outputs()[k].name, local[body.outputs()[k].value.id]);
-      if (!drop_out[k]) {
-        names.push_back(g.value(n.results[k]).name);
-        kept_results.push_back(n.results[k]);
-      }
+      names.push_back(g.value(n.results[k]).name);
+      kept_results.push_back(n.results[k]);
     }
     std::vector<bool> keep_input;
-    Graph final_body = pruned(nb, drop_out, keep_input);
+    Graph final_body = pruned(nb, keep_input);
     std::vector<ValueId> mapped;
     for (size_t j = 0; j < operands.size(); ++j)
       if (keep_input[j]) mapped.push_back(rb.map(operands[j]));
