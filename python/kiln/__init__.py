@@ -1,0 +1,90 @@
+"""Kiln from Python: load, import or trace a model, compile it to native code, run and train it.
+
+    import kiln, numpy as np
+    g = kiln.import_onnx("resnet18.onnx", batch=16)   # or kiln.load("model.kir")
+    exe = kiln.compile(g)                              # LLVM JIT for this CPU
+    out = exe(x=np.zeros((16, 3, 224, 224), np.float32))
+    out["y"]                                           # a NumPy array over Kiln's memory
+
+The native half is the ``_kiln`` extension module (nanobind, over the same C++ libraries as
+the ``kiln`` command); errors are ``kiln.Error`` (bad input) or ``kiln.InternalError``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+try:
+    from . import _kiln
+except ImportError:  # the build tree: python/kiln's sources with the module on the path
+    import _kiln  # type: ignore[no-redef]
+
+Adam = _kiln.Adam
+AdamW = _kiln.AdamW
+Error = _kiln.Error
+Executable = _kiln.Executable
+Graph = _kiln.Graph
+InternalError = _kiln.InternalError
+SGD = _kiln.SGD
+State = _kiln.State
+compile = _kiln.compile
+grad = _kiln.grad
+interpret = _kiln.interpret
+optimize = _kiln.optimize
+parse = _kiln.parse
+passes = _kiln.passes
+train_step = _kiln.train_step
+
+__version__ = _kiln.__version__
+
+__all__ = [
+    "Adam", "AdamW", "Error", "Executable", "Graph", "InternalError", "SGD", "State",
+    "compile", "grad", "import_onnx", "interpret", "load", "optim", "optimize", "parse",
+    "passes", "train_step",
+]
+
+
+class optim:  # noqa: N801 - a namespace, as torch.optim
+    """The optimizers kiln.train_step builds into the step (PyTorch's update rules)."""
+
+    SGD = SGD
+    Adam = Adam
+    AdamW = AdamW
+
+
+def load(path: str | os.PathLike) -> Graph:
+    """A graph from a file: Kiln's .kir text, or an ONNX model (.onnx, imported at batch 1)."""
+    path = os.fspath(path)
+    if path.endswith(".onnx"):
+        return import_onnx(path)
+    return _kiln._load_kir(path)
+
+
+def import_onnx(model, batch: int | None = None, training: bool = False,
+                constant_weights: bool = False) -> Graph:
+    """An ONNX model as a Kiln graph: from a path, the file's bytes, or an ``onnx.ModelProto``.
+
+    batch: the value of a symbolic leading (batch) dimension (default 1; a compiled graph
+    also accepts other batch sizes). training: batch norm on the batch's statistics and
+    dropout dropping, for a training step. constant_weights: every initializer a constant
+    (inference only). The float initializers are the graph's state (``g.state``).
+    """
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return _kiln._import_onnx_bytes(bytes(model), batch, training, constant_weights)
+    if hasattr(model, "SerializeToString"):
+        return _kiln._import_onnx_bytes(model.SerializeToString(), batch, training, constant_weights)
+    return _kiln._import_onnx_file(os.fspath(model), batch, training, constant_weights)
+
+
+def _repr_svg_(self: Graph):
+    """Jupyter's picture of the graph: SVG through Graphviz's dot when it is installed."""
+    dot = shutil.which("dot")
+    if dot is None:
+        return None
+    done = subprocess.run([dot, "-Tsvg"], input=self.dot().encode(), capture_output=True, check=False)
+    return done.stdout.decode() if done.returncode == 0 else None
+
+
+Graph._repr_svg_ = _repr_svg_

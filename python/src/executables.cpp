@@ -1,0 +1,172 @@
+// Compiled graphs from Python: kiln.compile -> Executable, called with arrays by name; its
+// state as a mapping. Compiling and running release the GIL, so other Python threads run.
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "codegen/executable.h"
+#include "common.h"
+
+namespace kiln::py {
+
+namespace {
+
+using namespace nb::literals;
+
+// The arguments of a call: a dict given positionally, then keyword arrays (which win).
+TensorMap call_inputs(nb::handle positional, const nb::kwargs& kwargs, std::string_view what) {
+  TensorMap in = to_tensor_map(positional, what);
+  for (auto [key, value] : kwargs) {
+    std::string name = nb::cast<std::string>(key);
+    in.insert_or_assign(name, to_tensor(value, std::string(what) + " '" + name + "'"));
+  }
+  return in;
+}
+
+// An executable's state by name, read and written through the executable.
+struct StateView {
+  std::shared_ptr<Executable> exe;
+};
+
+}  // namespace
+
+void bind_executables(nb::module_& m) {
+  nb::class_<StateView>(m, "State",
+                        "An executable's state (parameters, optimizer state) by name. s[name] is a NumPy copy of the "
+                        "current value; s[name] = array sets it (same dtype and shape); s.update(dict) sets several.")
+      .def("__getitem__", [](const StateView& s, const std::string& name) {
+        Tensor t;
+        {
+          nb::gil_scoped_release release;
+          t = s.exe->state(name);
+        }
+        return to_numpy(t, true);
+      })
+      .def("__setitem__", [](StateView& s, const std::string& name, nb::handle value) {
+        Tensor t = to_tensor(value, "state '" + name + "'");
+        nb::gil_scoped_release release;
+        s.exe->set_state(name, t);
+      })
+      .def("update", [](StateView& s, nb::handle values) {
+        TensorMap m = to_tensor_map(values, "State.update");
+        nb::gil_scoped_release release;
+        s.exe->set_state(m);
+      }, "values"_a)
+      .def("keys", [](const StateView& s) { return s.exe->state_names(); })
+      .def("__iter__", [](const StateView& s) { return nb::iter(nb::cast(s.exe->state_names())); })
+      .def("__len__", [](const StateView& s) { return s.exe->state_names().size(); })
+      .def("__contains__", [](const StateView& s, const std::string& name) {
+        for (const std::string& n : s.exe->state_names())
+          if (n == name) return true;
+        return false;
+      })
+      .def("items", [](const StateView& s) {
+        TensorMap all;
+        {
+          nb::gil_scoped_release release;
+          all = s.exe->state();
+        }
+        nb::list items;
+        for (const auto& [name, t] : all) items.append(nb::make_tuple(name, to_numpy(t, true)));
+        return items;
+      }, "(name, copy) for every state tensor that is set.")
+      .def("to_dict", [](const StateView& s) {
+        TensorMap all;
+        {
+          nb::gil_scoped_release release;
+          all = s.exe->state();
+        }
+        return to_dict(all, true);
+      }, "Copies of every state tensor that is set, by name.");
+
+  nb::class_<Executable>(m, "Executable",
+                         "A graph compiled for a target. exe(x=array, ...) or exe({'x': array}) runs it and returns "
+                         "its outputs by name as NumPy arrays over Kiln's memory (no copy); the inputs are read in "
+                         "place when C-contiguous and of the graph's dtype.")
+      .def(
+          "__call__",
+          [](Executable& e, nb::handle inputs, const nb::kwargs& kwargs) {
+            TensorMap in = call_inputs(inputs, kwargs, "inputs");
+            TensorMap out;
+            {
+              nb::gil_scoped_release release;
+              out = e.run(in);
+            }
+            return to_dict(out, true);
+          },
+          "inputs"_a = nb::none(), "kwargs"_a,
+          "Runs one call: the non-state inputs by name -> every output but the state updates, which become the "
+          "new state.")
+      .def(
+          "step",
+          [](Executable& e, nb::handle inputs, const nb::kwargs& kwargs) {
+            TensorMap in = call_inputs(inputs, kwargs, "inputs");
+            nb::gil_scoped_release release;
+            e.step(in);
+          },
+          "inputs"_a = nb::none(), "kwargs"_a,
+          "As a call, without reading any output back: the state is updated (a training loop that reads the "
+          "loss now and then).")
+      .def(
+          "evaluate",
+          [](Executable& e, nb::handle inputs) {
+            TensorMap in = to_tensor_map(inputs, "inputs");
+            TensorMap out;
+            {
+              nb::gil_scoped_release release;
+              out = e.evaluate(in);
+            }
+            return to_dict(out, true);
+          },
+          "inputs"_a,
+          "Pure: every input, state included, by name -> every output, state updates included; the held state "
+          "is neither read nor changed.")
+      .def_prop_ro("state", [](std::shared_ptr<Executable> e) { return StateView{std::move(e)}; },
+                   "The state by name (kiln.State).")
+      .def_prop_ro("input_names", &Executable::input_names, "The non-state inputs, in graph order.")
+      .def_prop_ro("state_names", &Executable::state_names, "The state inputs, in graph order.")
+      .def_prop_ro("target", &Executable::target, "The target it was compiled for ('cpu', 'cuda').")
+      .def_prop_ro("compile_ms", &Executable::compile_milliseconds, "Milliseconds its compile took.")
+      .def_prop_ro("from_cache", &Executable::from_cache, "Whether the code came from the compile cache.")
+      .def("share_state_with", &Executable::share_state_with, "other"_a,
+           "Uses other's state from now on (no copies): an inference executable that sees a training step's "
+           "latest weights.")
+      .def("profile", &Executable::profile_report,
+           "Per-kernel time of the calls so far, slowest first (compile with profile=True).")
+      .def("reset_profile", &Executable::reset_profile)
+      .def("emit", [](const Executable& e, const std::string& form) { return e.emit(form); }, "form"_a,
+           "The generated code as text: 'kernels' (every target), 'llvm' / 'asm' (cpu), 'cuda' / 'ptx'.")
+      .def_prop_ro("emit_forms", &Executable::emit_forms);
+
+  m.def(
+      "compile",
+      [](const PyGraph& g, const std::string& target, int opt, bool inference, bool profile, const std::string& cpu,
+         const std::string& features) {
+        CompileOptions o;
+        o.target = target;
+        o.opt_level = opt;
+        o.inference = inference;
+        o.profile = profile;
+        o.cpu = cpu;
+        o.features = features;
+        std::shared_ptr<Executable> e;
+        {
+          nb::gil_scoped_release release;
+          e = kiln::compile(g.graph, o);
+          // The graph's state values (parameters, optimizer state) that it has inputs for.
+          TensorMap state;
+          for (const std::string& name : e->state_names())
+            if (auto it = g.state.find(name); it != g.state.end()) state.emplace(name, it->second);
+          if (!state.empty()) e->set_state(state);
+        }
+        return e;
+      },
+      "graph"_a, "target"_a = "", "opt"_a = 3, "inference"_a = true, "profile"_a = false, "cpu"_a = "",
+      "features"_a = "",
+      "Compiles a graph for a target ('cpu': LLVM JIT; 'cuda': NVIDIA GPUs; '' : $KILN_TARGET, else cpu) and "
+      "sets the graph's state values on it. opt is LLVM's level (0-3); profile adds per-kernel timers; a graph "
+      "without state updates compiles in inference mode unless inference=False. Threads: $KILN_NUM_THREADS "
+      "(default every core), read once per process.");
+}
+
+}  // namespace kiln::py
