@@ -87,14 +87,31 @@ std::vector<int64_t> broadcast_strides(const Shape& from, const Shape& to) {
 
 std::string TensorType::str() const { return std::string(dtype_name(dtype)) + shape_str(shape); }
 
+namespace {
+thread_local std::string location_override;
+thread_local bool location_overridden = false;
+}  // namespace
+
+LocationOverride::LocationOverride(std::string where)
+    : previous_(std::move(location_override)), had_previous_(location_overridden) {
+  location_override = std::move(where);
+  location_overridden = true;
+}
+
+LocationOverride::~LocationOverride() {
+  location_override = std::move(previous_);
+  location_overridden = had_previous_;
+}
+
 std::string format_location(const std::source_location& loc) {
+  if (location_overridden) return location_override;
   std::string file = loc.file_name();
   return file + ":" + std::to_string(loc.line());
 }
 
 void internal_error(const char* condition, const std::string& message, std::source_location loc) {
   throw InternalError("internal error (a bug in Kiln, please report it): " + message + " [" +
-                      condition + " at " + format_location(loc) + "]");
+                      condition + " at " + loc.file_name() + ":" + std::to_string(loc.line()) + "]");
 }
 
 }  // namespace kiln

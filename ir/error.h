@@ -25,6 +25,22 @@ class InternalError : public std::logic_error {
 // "file.cpp:12" for the user's source line, used in builder errors of traced code.
 std::string format_location(const std::source_location& loc);
 
+// While one is alive on this thread, format_location() names `where` instead of the C++
+// line it is given: a caller that is not C++ (the Python package's tracer) sets its own
+// caller's "model.py:12" around each builder call, so errors and node locations name it.
+// Nested overrides restore the outer one when they end.
+class LocationOverride {
+ public:
+  explicit LocationOverride(std::string where);
+  ~LocationOverride();
+  LocationOverride(const LocationOverride&) = delete;
+  LocationOverride& operator=(const LocationOverride&) = delete;
+
+ private:
+  std::string previous_;
+  bool had_previous_;
+};
+
 }  // namespace kiln
 
 #define KILN_CHECK(cond, msg)                              \

@@ -37,13 +37,57 @@ parse = _kiln.parse
 passes = _kiln.passes
 train_step = _kiln.train_step
 
+Sym = _kiln.Sym
+Tracer = _kiln.Tracer
+TensorType = _kiln.TensorType
+
+# The op builders of frontend/trace.h, by name (kiln.relu(x), kiln.conv2d(x, w, b, ...)).
+_BUILDERS = [
+    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "log1p", "expm1", "floor",
+    "ceil", "round", "sin", "cos", "relu", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
+    "fmod", "eq", "ne", "lt", "le", "gt", "ge", "select", "cast", "sum", "mean", "max", "min",
+    "argmax", "top_k", "reshape", "transpose", "broadcast_to", "slice", "concat", "pad", "matmul",
+    "conv2d", "max_pool2d", "avg_pool2d", "softmax", "log_softmax", "one_hot", "gather",
+    "layer_norm", "batch_norm", "dropout",
+]
+globals().update({name: getattr(_kiln, name) for name in _BUILDERS})
+_kiln._set_package_dir(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+
 __version__ = _kiln.__version__
 
 __all__ = [
     "Adam", "AdamW", "Error", "Executable", "Graph", "InternalError", "SGD", "State",
     "compile", "grad", "import_onnx", "interpret", "load", "optim", "optimize", "parse",
-    "passes", "train_step",
+    "passes", "train_step", "Sym", "Tracer", "TensorType", "nn", "f32", "f64", "i32", "i64",
+    "boolean", *_BUILDERS,
 ]
+
+
+class DType:
+    """A Kiln element type; indexing it with a shape gives a kiln.TensorType: kiln.f32[64, 784]."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getitem__(self, shape) -> TensorType:
+        if not isinstance(shape, tuple):
+            shape = (shape,)
+        return TensorType(self.name, list(shape))
+
+    def __repr__(self):
+        return f"kiln.{self.name if self.name != 'bool' else 'boolean'}"
+
+    def __str__(self):
+        return self.name
+
+
+f32 = DType("f32")
+f64 = DType("f64")
+i32 = DType("i32")
+i64 = DType("i64")
+boolean = DType("bool")
+
+from . import nn  # noqa: E402  (needs the names above)
 
 
 class optim:  # noqa: N801 - a namespace, as torch.optim

@@ -44,5 +44,6 @@ DType dtype_from_name(std::string_view name);
 void bind_tensors(nb::module_& m);
 void bind_graphs(nb::module_& m);
 void bind_executables(nb::module_& m);
+void bind_tracing(nb::module_& m);
 
 }  // namespace kiln::py

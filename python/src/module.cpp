@@ -20,4 +20,5 @@ NB_MODULE(_kiln, m) {
   kiln::py::bind_tensors(m);
   kiln::py::bind_graphs(m);
   kiln::py::bind_executables(m);
+  kiln::py::bind_tracing(m);
 }
