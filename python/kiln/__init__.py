@@ -59,7 +59,7 @@ __all__ = [
     "Adam", "AdamW", "Error", "Executable", "Graph", "InternalError", "SGD", "State",
     "compile", "grad", "import_onnx", "interpret", "load", "optim", "optimize", "parse",
     "passes", "train_step", "Sym", "Tracer", "TensorType", "nn", "f32", "f64", "i32", "i64",
-    "boolean", *_BUILDERS,
+    "boolean", "Trainer", *_BUILDERS,
 ]
 
 
@@ -88,6 +88,7 @@ i64 = DType("i64")
 boolean = DType("bool")
 
 from . import nn  # noqa: E402  (needs the names above)
+from .training import Trainer  # noqa: E402
 
 
 class optim:  # noqa: N801 - a namespace, as torch.optim

@@ -45,5 +45,6 @@ void bind_tensors(nb::module_& m);
 void bind_graphs(nb::module_& m);
 void bind_executables(nb::module_& m);
 void bind_tracing(nb::module_& m);
+void bind_training(nb::module_& m);
 
 }  // namespace kiln::py

@@ -21,4 +21,5 @@ NB_MODULE(_kiln, m) {
   kiln::py::bind_graphs(m);
   kiln::py::bind_executables(m);
   kiln::py::bind_tracing(m);
+  kiln::py::bind_training(m);
 }
