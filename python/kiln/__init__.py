@@ -30,6 +30,9 @@ InternalError = _kiln.InternalError
 SGD = _kiln.SGD
 State = _kiln.State
 compile = _kiln.compile
+compile_aot = _kiln.compile_aot
+save_weights = _kiln.save_weights
+load_weights = _kiln.load_weights
 grad = _kiln.grad
 interpret = _kiln.interpret
 optimize = _kiln.optimize
@@ -57,7 +60,7 @@ __version__ = _kiln.__version__
 
 __all__ = [
     "Adam", "AdamW", "Error", "Executable", "Graph", "InternalError", "SGD", "State",
-    "compile", "grad", "import_onnx", "interpret", "load", "optim", "optimize", "parse",
+    "compile", "compile_aot", "save_weights", "load_weights", "grad", "import_onnx", "interpret", "load", "optim", "optimize", "parse",
     "passes", "train_step", "Sym", "Tracer", "TensorType", "nn", "f32", "f64", "i32", "i64",
     "boolean", "Trainer", *_BUILDERS,
 ]

@@ -28,6 +28,28 @@ struct StateView {
   std::shared_ptr<Executable> exe;
 };
 
+AotOptions aot_options(const std::string& object, const std::string& header, const std::string& name,
+                      const std::string& weights, const std::string& weights_file) {
+  AotOptions a;
+  a.object = object;
+  a.header = header;
+  a.name = name;
+  if (weights == "file") a.weights = WeightsMode::File;
+  else if (weights != "embed") throw Error("weights must be 'embed' or 'file', got '" + weights + "'");
+  a.weights_file = weights_file;
+  return a;
+}
+
+nb::dict aot_result(const AotResult& r) {
+  nb::dict d;
+  d["name"] = r.name;
+  d["target"] = r.target;
+  d["files"] = r.files;
+  d["arena_bytes"] = r.arena_bytes;
+  d["weights_bytes"] = r.weights_bytes;
+  return d;
+}
+
 }  // namespace
 
 void bind_executables(nb::module_& m) {
@@ -136,8 +158,69 @@ void bind_executables(nb::module_& m) {
       .def("reset_profile", &Executable::reset_profile)
       .def("emit", [](const Executable& e, const std::string& form) { return e.emit(form); }, "form"_a,
            "The generated code as text: 'kernels' (every target), 'llvm' / 'asm' (cpu), 'cuda' / 'ptx'.")
-      .def_prop_ro("emit_forms", &Executable::emit_forms);
+      .def_prop_ro("emit_forms", &Executable::emit_forms)
+      .def(
+          "write_object",
+          [](const Executable& e, const std::string& object, const std::string& header, const std::string& name,
+              const std::string& weights, const std::string& weights_file) {
+            AotOptions a = aot_options(object, header, name, weights, weights_file);
+            AotResult r;
+            {
+              nb::gil_scoped_release release;
+              r = e.write_object(a);
+            }
+            return aot_result(r);
+          },
+          "object"_a, "header"_a = "", "name"_a = "", "weights"_a = "embed", "weights_file"_a = "",
+          "Writes this executable's code as an object file with its current state as the initial state "
+          "(kiln.compile_aot's files): train in Python, deploy the object.");
 
+  m.def(
+      "compile_aot",
+      [](const PyGraph& g, const std::string& object, const std::string& header, const std::string& name,
+          const std::string& weights, const std::string& weights_file, const std::string& cpu,
+          const std::string& features, int opt) {
+        CompileOptions o;
+        o.target = "cpu";
+        o.cpu = cpu;
+        o.features = features;
+        o.opt_level = opt;
+        AotOptions a = aot_options(object, header, name, weights, weights_file);
+        AotResult r;
+        {
+          nb::gil_scoped_release release;
+          r = write_object(g.graph, g.state, o, a);
+        }
+        return aot_result(r);
+      },
+      "graph"_a, "object"_a, "header"_a = "", "name"_a = "", "weights"_a = "embed", "weights_file"_a = "",
+      "cpu"_a = "", "features"_a = "", "opt"_a = 3,
+      "Compiles the graph ahead of time, as `kiln compile` does: an object file for the CPU (cpu='' is the "
+      "portable x86-64-v2 default; 'native' this machine) with the graph's state as its initial state, and the "
+      "C header (header=) declaring NAME_create, NAME_run, ... (name: the C prefix; default the graph's name). "
+      "weights='file' writes the state to a safetensors file (weights_file, default the object's name with "
+      ".safetensors) instead of embedding it. Returns what was written.");
+  m.def(
+      "save_weights",
+      [](const std::string& path, nb::handle tensors) {
+        TensorMap t = to_tensor_map(tensors, "save_weights");
+        nb::gil_scoped_release release;
+        save_weights(path, t);
+      },
+      "path"_a, "tensors"_a,
+      "Writes arrays by name to a safetensors file with Kiln's checksums (the format of checkpoints and AOT "
+      "weights files), atomically.");
+  m.def(
+      "load_weights",
+      [](const std::string& path) {
+        TensorMap t;
+        {
+          nb::gil_scoped_release release;
+          t = load_weights(path);
+        }
+        return to_dict(t, true);
+      },
+      "path"_a, "Every tensor of a safetensors file (Kiln's, a checkpoint, or Python's safetensors) by name.");
   m.def(
       "compile",
       [](const PyGraph& g, const std::string& target, int opt, bool inference, bool profile, const std::string& cpu,
