@@ -60,7 +60,7 @@ __version__ = _kiln.__version__
 
 __all__ = [
     "Adam", "AdamW", "Error", "Executable", "Graph", "InternalError", "SGD", "State",
-    "compile", "compile_aot", "save_weights", "load_weights", "grad", "import_onnx", "interpret", "load", "optim", "optimize", "parse",
+    "compile", "compile_aot", "save_weights", "load_weights", "from_torch", "grad", "import_onnx", "interpret", "load", "optim", "optimize", "parse",
     "passes", "train_step", "Sym", "Tracer", "TensorType", "nn", "f32", "f64", "i32", "i64",
     "boolean", "Trainer", *_BUILDERS,
 ]
@@ -124,6 +124,43 @@ def import_onnx(model, batch: int | None = None, training: bool = False,
     if hasattr(model, "SerializeToString"):
         return _kiln._import_onnx_bytes(model.SerializeToString(), batch, training, constant_weights)
     return _kiln._import_onnx_file(os.fspath(model), batch, training, constant_weights)
+
+
+def from_torch(module, example_inputs, *, input_names=None, output_names=None, batch: int | None = None,
+               training: bool = False, opset: int = 17) -> Graph:
+    """A PyTorch module as a Kiln graph: exported with ``torch.onnx.export`` (TorchScript
+    exporter, opset 17) into memory and imported (kiln.import_onnx). example_inputs: a tensor
+    or a tuple of tensors of the shapes to trace at; the leading axis is exported as a
+    symbolic batch, so the compiled graph takes any batch size. input_names default to
+    x0, x1, ..., output_names to y0, y1, ... training: export in train mode (batch norm on
+    the batch's statistics, dropout) for a training step. PyTorch is needed only here.
+    """
+    import io
+
+    import torch
+
+    if not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    inputs = list(input_names or [f"x{i}" for i in range(len(example_inputs))])
+    buf = io.BytesIO()
+    was_training = module.training
+    module.train(training)
+    try:
+        with torch.no_grad():
+            probe = module(*example_inputs)
+        outputs = list(output_names or [f"y{i}" for i in range(len(probe) if isinstance(probe, tuple) else 1)])
+        dynamic = {name: {0: "batch"} for name in inputs + outputs}
+        kwargs = dict(input_names=inputs, output_names=outputs, opset_version=opset, dynamic_axes=dynamic,
+                      do_constant_folding=not training, dynamo=False)
+        if training:
+            kwargs["training"] = torch.onnx.TrainingMode.TRAINING
+        with torch.no_grad():
+            torch.onnx.export(module, example_inputs, buf, **kwargs)
+    finally:
+        module.train(was_training)
+    if batch is None:
+        batch = int(example_inputs[0].shape[0]) if example_inputs[0].dim() > 0 else None
+    return import_onnx(buf.getvalue(), batch=batch, training=training)
 
 
 def _repr_svg_(self: Graph):

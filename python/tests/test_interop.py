@@ -20,3 +20,20 @@ def test_torch_tensors_in_and_out_without_copies(mlp_text):
     torch.testing.assert_close(y, x @ torch.ones(3, 2))
     with pytest.raises(kiln.Error, match="C-contiguous"):
         exe(x=torch.zeros(3, 4).T, t=t)
+
+
+def test_from_torch_matches_pytorch():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 5)).eval()
+    x = torch.randn(4, 3, 16, 16)
+    g = kiln.from_torch(model, x)
+    assert list(g.inputs) == ["x0"] and list(g.outputs) == ["y0"]
+    exe = kiln.compile(g)
+    with torch.no_grad():
+        want = model(x).numpy()
+    np.testing.assert_allclose(exe(x0=x)["y0"], want, rtol=1e-4, atol=1e-5)
+    # another batch size
+    x2 = torch.randn(7, 3, 16, 16)
+    with torch.no_grad():
+        np.testing.assert_allclose(exe(x0=x2)["y0"], model(x2).numpy(), rtol=1e-4, atol=1e-5)
