@@ -5,13 +5,41 @@
 
 #include <source_location>
 #include <stdexcept>
+#include <cstdint>
 #include <string>
+#include <utility>
 
 namespace kiln {
 
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+// The kinds of user error a caller may want to tell apart (the Python package maps each to
+// an exception class of its own); what() is the whole one-line message either way.
+// Malformed .kir text: where it is (1-based line and column of `file`).
+class ParseError : public Error {
+ public:
+  ParseError(const std::string& message, std::string file_name, int64_t at_line, int64_t at_column)
+      : Error(message), file(std::move(file_name)), line(at_line), column(at_column) {}
+  std::string file;
+  int64_t line, column;
+};
+
+// Operands that do not fit an op's shape rule (wrong ranks, dtypes, dimensions, attributes),
+// raised as the node is built: `location` is the user's source line where known, else "".
+class ShapeError : public Error {
+ public:
+  ShapeError(const std::string& message, std::string where) : Error(message), location(std::move(where)) {}
+  std::string location;
+};
+
+// A graph that breaks the IR's rules (verify(): an unknown value, a bad fused body, a
+// duplicate output name, ...).
+class VerifyError : public Error {
+ public:
+  explicit VerifyError(const std::string& message) : Error(message) {}
 };
 
 class InternalError : public std::logic_error {

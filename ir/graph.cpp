@@ -45,8 +45,8 @@ ValueId Graph::add_node(Op op, std::vector<ValueId> operands, AttrMap attrs, std
 
 ValueId Graph::add_node_at(Op op, std::vector<ValueId> operands, AttrMap attrs, std::string name,
                            std::string location) {
-  auto fail = [&](const std::string& msg) -> Error {
-    return Error(location.empty() ? msg : msg + " (at " + location + ")");
+  auto fail = [&](const std::string& msg) -> ShapeError {
+    return ShapeError(location.empty() ? msg : msg + " (at " + location + ")", location);
   };
   std::vector<TensorType> types;
   for (ValueId v : operands) {
@@ -300,6 +300,14 @@ void verify_graph(const Graph& g, const std::string& where, int depth) {
 
 }  // namespace
 
-void verify(const Graph& g) { verify_graph(g, "verify @" + g.name(), 0); }
+void verify(const Graph& g) {
+  try {
+    verify_graph(g, "verify @" + g.name(), 0);
+  } catch (const VerifyError&) {
+    throw;
+  } catch (const Error& e) {
+    throw VerifyError(e.what());
+  }
+}
 
 }  // namespace kiln

@@ -117,19 +117,27 @@ class Parser {
   std::unordered_map<std::string, Def> defs_;
 };
 
-// "LINE:COL" of byte `at` of `text`.
-std::string line_col_in(std::string_view text, size_t at) {
+// The 1-based line and column of byte `at` of `text`.
+std::pair<int64_t, int64_t> line_and_column(std::string_view text, size_t at) {
   at = std::min(at, text.size());
-  size_t line = 1, line_start = 0;
+  int64_t line = 1;
+  size_t line_start = 0;
   for (size_t i = 0; i < at; ++i)
     if (text[i] == '\n') ++line, line_start = i + 1;
-  return std::to_string(line) + ":" + std::to_string(at - line_start + 1);
+  return {line, static_cast<int64_t>(at - line_start + 1)};
+}
+
+// "LINE:COL" of byte `at` of `text`.
+std::string line_col_in(std::string_view text, size_t at) {
+  auto [line, column] = line_and_column(text, at);
+  return std::to_string(line) + ":" + std::to_string(column);
 }
 
 std::string Parser::line_col(size_t at) const { return line_col_in(src_, at); }
 
 void Parser::fail(size_t at, const std::string& what) const {
-  throw Error(file_ + ":" + line_col(at) + ": error: " + what);
+  auto [line, column] = line_and_column(src_, at);
+  throw ParseError(file_ + ":" + line_col(at) + ": error: " + what, file_, line, column);
 }
 
 void Parser::fail_expected(const std::string& what) {

@@ -27,6 +27,9 @@ Error = _kiln.Error
 Executable = _kiln.Executable
 Graph = _kiln.Graph
 InternalError = _kiln.InternalError
+ParseError = _kiln.ParseError
+ShapeError = _kiln.ShapeError
+VerifyError = _kiln.VerifyError
 SGD = _kiln.SGD
 State = _kiln.State
 compile = _kiln.compile
@@ -59,10 +62,10 @@ _kiln._set_package_dir(os.path.dirname(os.path.abspath(__file__)) + os.sep)
 __version__ = _kiln.__version__
 
 __all__ = [
-    "Adam", "AdamW", "Error", "Executable", "Graph", "InternalError", "SGD", "State",
+    "Adam", "AdamW", "Error", "ParseError", "ShapeError", "VerifyError", "Executable", "Graph", "InternalError", "SGD", "State",
     "compile", "compile_aot", "save_weights", "load_weights", "from_torch", "grad", "import_onnx", "interpret", "load", "optim", "optimize", "parse",
     "passes", "train_step", "Sym", "Tracer", "TensorType", "nn", "f32", "f64", "i32", "i64",
-    "boolean", "Trainer", *_BUILDERS,
+    "boolean", "Trainer", "datasets", *_BUILDERS,
 ]
 
 
@@ -91,6 +94,7 @@ i64 = DType("i64")
 boolean = DType("bool")
 
 from . import nn  # noqa: E402  (needs the names above)
+from . import datasets  # noqa: E402
 from .training import Trainer  # noqa: E402
 
 

@@ -16,6 +16,42 @@ NB_MODULE(_kiln, m) {
   error.doc() = "A user error reported by Kiln: bad input, a shape that does not fit, a malformed file.";
   auto internal = nb::exception<kiln::InternalError>(m, "InternalError");
   internal.doc() = "A bug in Kiln (an internal check failed): please report it with the message.";
+  auto parse_error = nb::exception<kiln::ParseError>(m, "ParseError", error);
+  parse_error.doc() = "Malformed .kir text; .file, .line and .column say where (1-based).";
+  auto shape_error = nb::exception<kiln::ShapeError>(m, "ShapeError", error);
+  shape_error.doc() =
+      "Operands that do not fit an op's shape rule; .location is the Python (or C++) line that built the op, "
+      "or '' when unknown.";
+  auto verify_error = nb::exception<kiln::VerifyError>(m, "VerifyError", error);
+  verify_error.doc() = "A graph that breaks the IR's rules.";
+  // Registered after those, so tried first: the exceptions with fields get them as
+  // attributes. The payload is the Python class (the module keeps it alive).
+  nb::register_exception_translator(
+      [](const std::exception_ptr& p, void* type) {
+        try {
+          std::rethrow_exception(p);
+        } catch (const kiln::ParseError& e) {
+          nb::handle cls(static_cast<PyObject*>(type));
+          nb::object exc = cls(nb::str(e.what()));
+          exc.attr("file") = e.file;
+          exc.attr("line") = e.line;
+          exc.attr("column") = e.column;
+          PyErr_SetObject(cls.ptr(), exc.ptr());
+        }
+      },
+      parse_error.ptr());
+  nb::register_exception_translator(
+      [](const std::exception_ptr& p, void* type) {
+        try {
+          std::rethrow_exception(p);
+        } catch (const kiln::ShapeError& e) {
+          nb::handle cls(static_cast<PyObject*>(type));
+          nb::object exc = cls(nb::str(e.what()));
+          exc.attr("location") = e.location;
+          PyErr_SetObject(cls.ptr(), exc.ptr());
+        }
+      },
+      shape_error.ptr());
   m.attr("__version__") = KILN_VERSION;
   kiln::py::bind_tensors(m);
   kiln::py::bind_graphs(m);

@@ -11,6 +11,7 @@
 #include <variant>
 
 #include "common.h"
+#include "frontend/idx.h"
 #include "train/trainer.h"
 
 namespace kiln::py {
@@ -87,6 +88,25 @@ std::function<void(const StepInfo&)> step_callback(nb::object user) {
 }  // namespace
 
 void bind_training(nb::module_& m) {
+  m.def(
+      "_fashion_mnist",
+      [](const std::string& split, std::string dir, bool flat) {
+        if (dir.empty()) dir = fashion_mnist_dir();
+        Dataset d;
+        {
+          nb::gil_scoped_release release;
+          d = load_fashion_mnist(split, dir, flat ? ImageLayout::flat : ImageLayout::nchw);
+        }
+        TensorDataset t = TensorDataset::from(d);
+        return to_dict(t.columns, true);
+      },
+      "split"_a, "dir"_a = "", "flat"_a = true);
+  m.def("_fashion_mnist_classes", [] {
+    nb::list l;
+    for (std::string_view c : fashion_mnist_classes()) l.append(nb::str(c.data(), c.size()));
+    return l;
+  });
+
   nb::class_<Trainer>(m, "_Trainer")
       .def(
           "__init__",

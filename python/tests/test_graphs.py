@@ -100,3 +100,18 @@ def test_repr_svg_without_or_with_graphviz(mlp_text):
     g = kiln.parse(mlp_text)
     svg = g._repr_svg_()
     assert svg is None or "<svg" in svg
+
+
+def test_error_classes_carry_where():
+    with pytest.raises(kiln.ParseError) as e:
+        kiln.parse("graph @g(%x: f32[2]) {\n  %y = nosuchop(%x)\n  return y = %y\n}\n", "bad.kir")
+    assert e.value.file == "bad.kir" and e.value.line == 2 and e.value.column > 1
+    assert isinstance(e.value, kiln.Error)
+    t = kiln.Tracer()
+    a = t.input("a", kiln.f32[2, 3])
+    with pytest.raises(kiln.ShapeError) as e:
+        kiln.matmul(a, a)
+    assert e.value.location.startswith(__file__) or "test_graphs.py:" in e.value.location
+    assert isinstance(e.value, kiln.Error)
+    for cls in (kiln.ParseError, kiln.ShapeError, kiln.VerifyError):
+        assert issubclass(cls, kiln.Error) and cls.__doc__
