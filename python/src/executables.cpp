@@ -4,6 +4,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
+
 #include "codegen/executable.h"
 #include "common.h"
 
@@ -221,6 +223,18 @@ void bind_executables(nb::module_& m) {
         return to_dict(t, true);
       },
       "path"_a, "Every tensor of a safetensors file (Kiln's, a checkpoint, or Python's safetensors) by name.");
+  m.def(
+      "_bench_run",
+      [](Executable& e, nb::handle inputs, int64_t calls) {
+        TensorMap in = to_tensor_map(inputs, "inputs");
+        nb::gil_scoped_release release;
+        auto t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < calls; ++i) TensorMap out = e.run(in);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      },
+      "exe"_a, "inputs"_a, "calls"_a,
+      "Seconds for `calls` Executable::run calls made from C++ (bench/python: the baseline of a call from "
+      "Python).");
   m.def(
       "compile",
       [](const PyGraph& g, const std::string& target, int opt, bool inference, bool profile, const std::string& cpu,

@@ -198,6 +198,14 @@ void bind_training(nb::module_& m) {
             return to_dict(out, true);
           },
           "batch"_a)
+      .def(
+          "_bench_epoch",
+          [](Trainer& t, nb::handle data) {
+            TensorDataset d = dataset(data, "train data");
+            nb::gil_scoped_release release;
+            return t.train_epoch(d).seconds;
+          },
+          "data"_a, "One epoch as C++ runs it (no Python callback): its seconds (bench/python).")
       .def_prop_ro("history",
                    [](const Trainer& t) {
                      nb::list l;
