@@ -410,3 +410,25 @@ TEST_CASE("nn: an error inside a Sequential names the layer by its scope", "[fro
   CHECK_THAT(error_of([&] { outer(x); }),
              ContainsSubstring("layer 0 (sequential) of a Sequential: layer 1 (mlp.head) of a Sequential"));
 }
+
+TEST_CASE("shape errors are ShapeErrors naming the builder's line, or a LocationOverride's", "[frontend]") {
+  kiln::Tracer t;
+  kiln::Sym a = t.input("a", {kiln::DType::f32, {2, 3}});
+  const int line = __LINE__ + 2;
+  try {
+    kiln::matmul(a, a);
+    FAIL("built");
+  } catch (const kiln::ShapeError& e) {
+    CHECK_THAT(e.location, Catch::Matchers::ContainsSubstring("test_frontend.cpp:" + std::to_string(line)));
+  }
+  {
+    kiln::LocationOverride here("model.py:12");
+    CHECK(kiln::format_location(std::source_location::current()) == "model.py:12");
+    {
+      kiln::LocationOverride inner("model.py:40");
+      CHECK_THROWS_WITH(kiln::matmul(a, a), Catch::Matchers::EndsWith("(at model.py:40)"));
+    }
+    CHECK(kiln::format_location(std::source_location::current()) == "model.py:12");
+  }
+  CHECK(kiln::format_location(std::source_location::current()).find("test_frontend.cpp:") != std::string::npos);
+}

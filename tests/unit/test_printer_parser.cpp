@@ -799,3 +799,22 @@ TEST_CASE("the parser survives hostile input", "[parser][fuzz]") {
     CHECK(check_parse(inputs[i]) == "");
   }
 }
+
+TEST_CASE("parse errors are ParseErrors with the file, line and column", "[parser]") {
+  try {
+    kiln::parse("graph @g(%x: f32[2]) {\n  %y = nosuchop(%x)\n  return y = %y\n}\n", "bad.kir");
+    FAIL("parsed");
+  } catch (const kiln::ParseError& e) {
+    CHECK(e.file == "bad.kir");
+    CHECK(e.line == 2);
+    CHECK(e.column == 8);
+    CHECK_THAT(e.what(), Catch::Matchers::StartsWith("bad.kir:2:8: error: "));
+  }
+}
+
+TEST_CASE("verify's errors are VerifyErrors", "[verify]") {
+  kiln::Graph g("g");
+  kiln::ValueId y = g.add_input("y", {kiln::DType::f32, {2}});
+  g.add_output("y.next", y);  // an update of a state input that does not exist
+  CHECK_THROWS_AS(kiln::verify(g), kiln::VerifyError);
+}
