@@ -176,4 +176,10 @@ def _repr_svg_(self: Graph):
     return done.stdout.decode() if done.returncode == 0 else None
 
 
+def _print(self: Graph, file=None) -> None:
+    """Prints the graph's .kir text (str(g))."""
+    print(self.text(), end="", file=file)
+
+
 Graph._repr_svg_ = _repr_svg_
+Graph.print = _print

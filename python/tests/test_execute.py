@@ -195,3 +195,21 @@ def test_gil_released_while_compiling_and_running():
         sys.setswitchinterval(old)
     assert during > 1000, during  # the counting thread ran while kiln.compile worked
     exe(x=np.zeros((n, n), np.float32))
+
+
+def test_executable_outlives_its_graph_and_tracer(mlp_text, capsys):
+    def build():
+        t = kiln.Tracer("lone")
+        x = t.input("x", kiln.f32[2, 2])
+        w = t.parameter("w", np.eye(2, dtype=np.float32))
+        t.output("y", x @ w)
+        g = t.finish()
+        g.print()
+        return kiln.compile(g)
+
+    exe = build()  # the tracer and the graph are gone
+    assert "graph @lone" in capsys.readouterr().out
+    import gc
+    gc.collect()
+    x = np.array([[1, 2], [3, 4]], np.float32)
+    np.testing.assert_array_equal(exe(x=x)["y"], x)
