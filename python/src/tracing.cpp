@@ -173,14 +173,15 @@ void bind_tracing(nb::module_& m) {
       .def_prop_ro("parameters", [](const Tracer& t) { return to_dict(t.parameters(), false); });
 
 #define KILN_PY_UNARY(name) \
-  m.def(#name, [](const Sym& x) { At at; return wrap(name(x)); }, "x"_a);
+  m.def(#name, [](const Sym& x) { At at; return wrap(name(x)); }, "x"_a, "Elementwise " #name "(x).");
   KILN_PY_UNARY(neg) KILN_PY_UNARY(abs) KILN_PY_UNARY(exp) KILN_PY_UNARY(log) KILN_PY_UNARY(sqrt)
   KILN_PY_UNARY(rsqrt) KILN_PY_UNARY(tanh) KILN_PY_UNARY(sigmoid) KILN_PY_UNARY(erf) KILN_PY_UNARY(log1p)
   KILN_PY_UNARY(expm1) KILN_PY_UNARY(floor) KILN_PY_UNARY(ceil) KILN_PY_UNARY(round) KILN_PY_UNARY(sin)
   KILN_PY_UNARY(cos) KILN_PY_UNARY(relu)
 #undef KILN_PY_UNARY
 #define KILN_PY_BINARY(name) \
-  m.def(#name, [](nb::handle a, nb::handle b) { At at; return wrap(name(operand(a), operand(b))); }, "a"_a, "b"_a);
+  m.def(#name, [](nb::handle a, nb::handle b) { At at; return wrap(name(operand(a), operand(b))); }, "a"_a, "b"_a, \
+        "Elementwise " #name "(a, b), NumPy broadcasting; a number is a constant of the other operand's dtype.");
   KILN_PY_BINARY(add) KILN_PY_BINARY(sub) KILN_PY_BINARY(mul) KILN_PY_BINARY(div) KILN_PY_BINARY(pow)
   KILN_PY_BINARY(maximum) KILN_PY_BINARY(minimum) KILN_PY_BINARY(fmod) KILN_PY_BINARY(eq) KILN_PY_BINARY(ne)
   KILN_PY_BINARY(lt) KILN_PY_BINARY(le) KILN_PY_BINARY(gt) KILN_PY_BINARY(ge)
@@ -188,37 +189,41 @@ void bind_tracing(nb::module_& m) {
   m.def("select", [](const Sym& c, nb::handle a, nb::handle b) { At at; return wrap(select(c, operand(a), operand(b))); },
         "cond"_a, "a"_a, "b"_a, "a where cond is true, else b (three-way broadcast).");
   m.def("cast", [](const Sym& x, const std::string& dtype) { At at; return wrap(cast(x, dtype_from_name(dtype))); },
-        "x"_a, "dtype"_a);
+        "x"_a, "dtype"_a, "x converted to dtype by Kiln's cast rules.");
 #define KILN_PY_REDUCE(name)                                                                            \
   m.def(#name, [](const Sym& x, std::vector<int64_t> axes, bool keepdims) { At at; return wrap(name(x, axes, keepdims)); }, \
         "x"_a, "axes"_a = std::vector<int64_t>{}, "keepdims"_a = false, "Over axes (empty: all).");
   KILN_PY_REDUCE(sum) KILN_PY_REDUCE(mean) KILN_PY_REDUCE(max) KILN_PY_REDUCE(min)
 #undef KILN_PY_REDUCE
   m.def("argmax", [](const Sym& x, int64_t axis, bool keepdims) { At at; return wrap(argmax(x, axis, keepdims)); }, "x"_a,
-        "axis"_a = -1, "keepdims"_a = false);
+        "axis"_a = -1, "keepdims"_a = false, "i32 index of the first maximum along axis.");
   m.def("top_k", [](const Sym& x, int64_t k, int64_t axis, bool largest) { At at; return wrap(top_k(x, k, axis, largest)); },
-        "x"_a, "k"_a, "axis"_a = -1, "largest"_a = true);
+        "x"_a, "k"_a, "axis"_a = -1, "largest"_a = true,
+        "i64 positions of the k largest (or smallest) along axis, best first.");
   m.def("reshape", [](const Sym& x, Shape shape) { At at; return wrap(reshape(x, shape)); }, "x"_a, "shape"_a,
         "One entry may be -1 (inferred).");
   m.def("transpose", [](const Sym& x, std::vector<int64_t> perm) { At at; return wrap(transpose(x, perm)); }, "x"_a,
         "perm"_a = std::vector<int64_t>{}, "Empty perm reverses the axes.");
-  m.def("broadcast_to", [](const Sym& x, Shape shape) { At at; return wrap(broadcast_to(x, shape)); }, "x"_a, "shape"_a);
+  m.def("broadcast_to", [](const Sym& x, Shape shape) { At at; return wrap(broadcast_to(x, shape)); }, "x"_a, "shape"_a,
+        "x broadcast (NumPy's rules) to shape.");
   m.def(
       "slice",
       [](const Sym& x, std::vector<int64_t> start, std::vector<int64_t> stop, std::vector<int64_t> step) {
         At at;
         return wrap(slice(x, start, stop, step));
       },
-      "x"_a, "start"_a, "stop"_a, "step"_a = std::vector<int64_t>{});
-  m.def("concat", [](std::vector<Sym> xs, int64_t axis) { At at; return wrap(concat(xs, axis)); }, "xs"_a, "axis"_a);
+      "x"_a, "start"_a, "stop"_a, "step"_a = std::vector<int64_t>{}, "x[start:stop:step] on every axis (empty step: 1).");
+  m.def("concat", [](std::vector<Sym> xs, int64_t axis) { At at; return wrap(concat(xs, axis)); }, "xs"_a, "axis"_a,
+        "The tensors joined along axis.");
   m.def(
       "pad",
       [](const Sym& x, std::vector<int64_t> low, std::vector<int64_t> high, double value) {
         At at;
         return wrap(pad(x, low, high, value));
       },
-      "x"_a, "low"_a, "high"_a, "value"_a = 0.0);
-  m.def("matmul", [](const Sym& a, const Sym& b) { At at; return wrap(matmul(a, b)); }, "a"_a, "b"_a);
+      "x"_a, "low"_a, "high"_a, "value"_a = 0.0, "x padded with value: low[i] before and high[i] after axis i.");
+  m.def("matmul", [](const Sym& a, const Sym& b) { At at; return wrap(matmul(a, b)); }, "a"_a, "b"_a,
+        "Matrix product over the last two axes, batch axes broadcast (a @ b).");
   m.def(
       "conv2d",
       [](const Sym& x, const Sym& w, std::optional<Sym> bias, std::vector<int64_t> stride, std::vector<int64_t> padding,
@@ -236,7 +241,8 @@ void bind_tracing(nb::module_& m) {
         At at;
         return wrap(max_pool2d(x, kernel, stride, padding));
       },
-      "x"_a, "kernel"_a, "stride"_a = std::vector<int64_t>{}, "padding"_a = std::vector<int64_t>{0, 0});
+      "x"_a, "kernel"_a, "stride"_a = std::vector<int64_t>{}, "padding"_a = std::vector<int64_t>{0, 0},
+      "Max over HxW windows of [N,C,H,W] (empty stride: the kernel).");
   m.def(
       "avg_pool2d",
       [](const Sym& x, std::vector<int64_t> kernel, std::vector<int64_t> stride, std::vector<int64_t> padding,
@@ -245,36 +251,41 @@ void bind_tracing(nb::module_& m) {
         return wrap(avg_pool2d(x, kernel, stride, padding, count_include_pad));
       },
       "x"_a, "kernel"_a, "stride"_a = std::vector<int64_t>{}, "padding"_a = std::vector<int64_t>{0, 0},
-      "count_include_pad"_a = true);
-  m.def("softmax", [](const Sym& x, int64_t axis) { At at; return wrap(softmax(x, axis)); }, "x"_a, "axis"_a = -1);
-  m.def("log_softmax", [](const Sym& x, int64_t axis) { At at; return wrap(log_softmax(x, axis)); }, "x"_a, "axis"_a = -1);
+      "count_include_pad"_a = true, "Mean over HxW windows of [N,C,H,W] (empty stride: the kernel).");
+  m.def("softmax", [](const Sym& x, int64_t axis) { At at; return wrap(softmax(x, axis)); }, "x"_a, "axis"_a = -1,
+        "softmax along axis.");
+  m.def("log_softmax", [](const Sym& x, int64_t axis) { At at; return wrap(log_softmax(x, axis)); }, "x"_a, "axis"_a = -1,
+        "log(softmax(x)) along axis, computed stably.");
   m.def(
       "one_hot",
       [](const Sym& i, int64_t depth, const std::string& dtype) { At at; return wrap(one_hot(i, depth, dtype_from_name(dtype))); },
-      "indices"_a, "depth"_a, "dtype"_a = "f32");
+      "indices"_a, "depth"_a, "dtype"_a = "f32", "[..., depth] one-hot rows of integer indices (out of range: zeros).");
   m.def("gather", [](const Sym& x, const Sym& i, int64_t axis) { At at; return wrap(gather(x, i, axis)); }, "x"_a,
-        "indices"_a, "axis"_a = 0);
+        "indices"_a, "axis"_a = 0, "x's slices at indices along axis (an embedding lookup); out of range: zeros.");
   m.def(
       "layer_norm",
       [](const Sym& x, const Sym& scale, std::optional<Sym> bias, int64_t axis, double eps) {
         At at;
         return wrap(layer_norm(x, scale, bias, axis, eps));
       },
-      "x"_a, "scale"_a, "bias"_a = nb::none(), "axis"_a = -1, "epsilon"_a = 1e-5);
+      "x"_a, "scale"_a, "bias"_a = nb::none(), "axis"_a = -1, "epsilon"_a = 1e-5,
+      "(x - mean) / sqrt(var + epsilon) * scale (+ bias) over x's axes from axis.");
   m.def(
       "batch_norm",
       [](const Sym& x, const Sym& scale, const Sym& bias, const Sym& mean, const Sym& var, double eps) {
         At at;
         return wrap(batch_norm(x, scale, bias, mean, var, eps));
       },
-      "x"_a, "scale"_a, "bias"_a, "mean"_a, "var"_a, "epsilon"_a = 1e-5);
+      "x"_a, "scale"_a, "bias"_a, "mean"_a, "var"_a, "epsilon"_a = 1e-5,
+      "[N,C,...] normalized per channel with the given statistics (all [C]).");
   m.def(
       "dropout",
       [](const Sym& x, const Sym& seed, const Sym& counter, double ratio, int64_t stream) {
         At at;
         return wrap(dropout(x, seed, counter, ratio, stream));
       },
-      "x"_a, "seed"_a, "counter"_a, "ratio"_a, "stream"_a = 0);
+      "x"_a, "seed"_a, "counter"_a, "ratio"_a, "stream"_a = 0,
+      "x with elements zeroed with probability ratio (Philox keyed by the i64 scalars seed and counter), the rest scaled by 1/(1-ratio).");
 
   // kiln.nn: the C++ modules; Sequential is Python (kiln/nn.py).
   nb::module_ nn = m.def_submodule("_nn", "kiln.nn's native half");
