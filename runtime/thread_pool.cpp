@@ -225,12 +225,19 @@ class Pool {
 
 // Created on first use and never destroyed: its threads may still be waiting when static
 // destructors run, and joining them there buys nothing.
+std::mutex g_start_mutex;
+int g_requested_threads = 0;            // request_threads(), before the pool starts
+std::atomic<int> g_started_threads{0};  // the pool's count once started
+
 Pool& pool() {
   static Pool* p = [] {
     init_blas_threading();
     pthread_atfork(nullptr, nullptr, [] { g_forked_child.store(true, std::memory_order_relaxed); });
+    std::lock_guard<std::mutex> lock(g_start_mutex);
+    const int threads = g_requested_threads > 0 ? g_requested_threads : threads_from_env();
+    g_started_threads.store(threads, std::memory_order_release);
     try {
-      return new Pool(threads_from_env());
+      return new Pool(threads);
     } catch (...) {
       fatal("out of memory starting the thread pool");
     }
@@ -241,6 +248,16 @@ Pool& pool() {
 }  // namespace
 
 bool in_parallel_region() { return t_in_region; }
+
+bool request_threads(int threads) {
+  threads = std::clamp(threads, 1, kMaxThreads);
+  std::lock_guard<std::mutex> lock(g_start_mutex);
+  if (int started = g_started_threads.load(std::memory_order_acquire)) return started == threads;
+  g_requested_threads = threads;
+  return true;
+}
+
+int started_threads() { return g_started_threads.load(std::memory_order_acquire); }
 
 void fatal(const char* what) {
   std::fprintf(stderr, "kiln runtime: %s\n", what);

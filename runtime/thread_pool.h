@@ -23,6 +23,14 @@ namespace kiln::rt {
 // or the calling thread taking part). Parallel loops started there run inline.
 bool in_parallel_region();
 
+// The pool starts on its first use with $KILN_NUM_THREADS threads (default: every core).
+// request_threads(n) before that makes it start with n (at least 1, at most the cap) instead:
+// the Python package's kiln.compile(threads=n). Returns whether the pool has, or will have,
+// n threads: false when it already runs another count (threads are per process).
+bool request_threads(int threads);
+// The count the pool runs, or 0 when it has not started.
+int started_threads();
+
 // Switches OpenBLAS to one thread, once per process; cheap to call again.
 void init_blas_threading();
 

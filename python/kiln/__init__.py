@@ -38,6 +38,7 @@ save_weights = _kiln.save_weights
 load_weights = _kiln.load_weights
 grad = _kiln.grad
 interpret = _kiln.interpret
+num_threads = _kiln.num_threads
 optimize = _kiln.optimize
 parse = _kiln.parse
 passes = _kiln.passes
@@ -63,7 +64,7 @@ __version__ = _kiln.__version__
 
 __all__ = [
     "Adam", "AdamW", "Error", "ParseError", "ShapeError", "VerifyError", "Executable", "Graph", "InternalError", "SGD", "State",
-    "compile", "compile_aot", "save_weights", "load_weights", "from_torch", "grad", "import_onnx", "interpret", "load", "optim", "optimize", "parse",
+    "compile", "compile_aot", "save_weights", "load_weights", "from_torch", "grad", "import_onnx", "interpret", "load", "num_threads", "optim", "optimize", "parse",
     "passes", "train_step", "Sym", "Tracer", "TensorType", "nn", "f32", "f64", "i32", "i64",
     "boolean", "Trainer", "datasets", *_BUILDERS,
 ]

@@ -1,5 +1,6 @@
 // Compiled graphs from Python: kiln.compile -> Executable, called with arrays by name; its
 // state as a mapping. Compiling and running release the GIL, so other Python threads run.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -7,6 +8,7 @@
 #include <chrono>
 
 #include "codegen/executable.h"
+#include "runtime/thread_pool.h"
 #include "common.h"
 
 namespace kiln::py {
@@ -238,7 +240,15 @@ void bind_executables(nb::module_& m) {
   m.def(
       "compile",
       [](const PyGraph& g, const std::string& target, int opt, bool inference, bool profile, const std::string& cpu,
-         const std::string& features) {
+         const std::string& features, std::optional<int> threads) {
+        if (threads) {
+          if (*threads < 1) throw Error("threads must be at least 1, got " + std::to_string(*threads));
+          if (!rt::request_threads(*threads))
+            throw Error("threads=" + std::to_string(*threads) + ": the runtime's thread pool already runs " +
+                        std::to_string(rt::started_threads()) +
+                        " threads, and threads are per process: give threads= to the first kiln.compile, or set "
+                        "KILN_NUM_THREADS before Python starts");
+        }
         CompileOptions o;
         o.target = target;
         o.opt_level = opt;
@@ -259,11 +269,14 @@ void bind_executables(nb::module_& m) {
         return e;
       },
       "graph"_a, "target"_a = "", "opt"_a = 3, "inference"_a = true, "profile"_a = false, "cpu"_a = "",
-      "features"_a = "",
+      "features"_a = "", "threads"_a = nb::none(),
       "Compiles a graph for a target ('cpu': LLVM JIT; 'cuda': NVIDIA GPUs; '' : $KILN_TARGET, else cpu) and "
       "sets the graph's state values on it. opt is LLVM's level (0-3); profile adds per-kernel timers; a graph "
-      "without state updates compiles in inference mode unless inference=False. Threads: $KILN_NUM_THREADS "
-      "(default every core), read once per process.");
+      "without state updates compiles in inference mode unless inference=False. threads: the CPU runtime's "
+      "threads, which are per process: the first executable that runs starts them ($KILN_NUM_THREADS, default "
+      "every core, unless a threads= came first); a different count after that is a kiln.Error.");
+  m.def("num_threads", [] { return rt::started_threads(); },
+        "The CPU runtime's thread count, or 0 before its threads start (the first run).");
 }
 
 }  // namespace kiln::py

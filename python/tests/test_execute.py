@@ -213,3 +213,33 @@ def test_executable_outlives_its_graph_and_tracer(mlp_text, capsys):
     gc.collect()
     x = np.array([[1, 2], [3, 4]], np.float32)
     np.testing.assert_array_equal(exe(x=x)["y"], x)
+
+
+THREADS_SCRIPT = """
+import sys, numpy as np, kiln
+n = int(sys.argv[1])
+t = kiln.Tracer("t")
+x = t.input("x", kiln.f32[512, 512])
+t.output("y", kiln.sum(kiln.tanh(x @ x), [1]))
+g = t.finish()
+assert kiln.num_threads() == 0
+exe = kiln.compile(g, threads=n)
+y = exe(x=np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32))["y"]
+assert kiln.num_threads() == n, kiln.num_threads()
+kiln.compile(g, threads=n)  # the same count again is fine
+try:
+    kiln.compile(g, threads=n + 1)
+    raise SystemExit("another count was accepted")
+except kiln.Error as e:
+    assert "per process" in str(e), e
+sys.stdout.write(y.tobytes().hex())
+"""
+
+
+def test_threads_are_per_process_and_do_not_change_the_bits():
+    import subprocess
+    out = [subprocess.run([sys.executable, "-c", THREADS_SCRIPT, str(n)], capture_output=True, text=True)
+           for n in (1, 2)]
+    for o in out:
+        assert o.returncode == 0, o.stderr
+    assert out[0].stdout == out[1].stdout
