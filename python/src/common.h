@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <mutex>
 #include <string>
 
 #include "ir/calling.h"
@@ -37,6 +38,18 @@ TensorMap to_tensor_map(nb::handle mapping, std::string_view what);
 // weights, a graph's constants), since a write would bypass Kiln's copy on write.
 nb::object to_numpy(const Tensor& t, bool writable);
 nb::dict to_dict(const TensorMap& m, bool writable);
+
+// Executables are not thread-safe (one call at a time per executable and per state store),
+// and Python threads share them freely once the GIL is released. So every call into an
+// executable or a trainer runs with the GIL released and this process-wide lock held (taken
+// after the release, so a thread waiting for it never holds the GIL; recursive, so a
+// training callback may run another executable). Compiling and the graph functions, which
+// share nothing, do not take it.
+std::recursive_mutex& run_lock();
+struct Released {
+  nb::gil_scoped_release release;
+  std::lock_guard<std::recursive_mutex> lock{run_lock()};
+};
 
 // "f32" etc. <-> DType, kiln.Error for an unknown name.
 DType dtype_from_name(std::string_view name);

@@ -63,19 +63,19 @@ void bind_executables(nb::module_& m) {
       .def("__getitem__", [](const StateView& s, const std::string& name) {
         Tensor t;
         {
-          nb::gil_scoped_release release;
+          Released release;
           t = s.exe->state(name);
         }
         return to_numpy(t, true);
       })
       .def("__setitem__", [](StateView& s, const std::string& name, nb::handle value) {
         Tensor t = to_tensor(value, "state '" + name + "'");
-        nb::gil_scoped_release release;
+        Released release;
         s.exe->set_state(name, t);
       })
       .def("update", [](StateView& s, nb::handle values) {
         TensorMap m = to_tensor_map(values, "State.update");
-        nb::gil_scoped_release release;
+        Released release;
         s.exe->set_state(m);
       }, "values"_a)
       .def("keys", [](const StateView& s) { return s.exe->state_names(); })
@@ -89,7 +89,7 @@ void bind_executables(nb::module_& m) {
       .def("items", [](const StateView& s) {
         TensorMap all;
         {
-          nb::gil_scoped_release release;
+          Released release;
           all = s.exe->state();
         }
         nb::list items;
@@ -99,7 +99,7 @@ void bind_executables(nb::module_& m) {
       .def("to_dict", [](const StateView& s) {
         TensorMap all;
         {
-          nb::gil_scoped_release release;
+          Released release;
           all = s.exe->state();
         }
         return to_dict(all, true);
@@ -115,7 +115,7 @@ void bind_executables(nb::module_& m) {
             TensorMap in = call_inputs(inputs, kwargs, "inputs");
             TensorMap out;
             {
-              nb::gil_scoped_release release;
+              Released release;
               out = e.run(in);
             }
             return to_dict(out, true);
@@ -127,7 +127,7 @@ void bind_executables(nb::module_& m) {
           "step",
           [](Executable& e, nb::handle inputs, const nb::kwargs& kwargs) {
             TensorMap in = call_inputs(inputs, kwargs, "inputs");
-            nb::gil_scoped_release release;
+            Released release;
             e.step(in);
           },
           "inputs"_a = nb::none(), "kwargs"_a,
@@ -139,7 +139,7 @@ void bind_executables(nb::module_& m) {
             TensorMap in = to_tensor_map(inputs, "inputs");
             TensorMap out;
             {
-              nb::gil_scoped_release release;
+              Released release;
               out = e.evaluate(in);
             }
             return to_dict(out, true);
@@ -154,12 +154,26 @@ void bind_executables(nb::module_& m) {
       .def_prop_ro("target", &Executable::target, "The target it was compiled for ('cpu', 'cuda').")
       .def_prop_ro("compile_ms", &Executable::compile_milliseconds, "Milliseconds its compile took.")
       .def_prop_ro("from_cache", &Executable::from_cache, "Whether the code came from the compile cache.")
-      .def("share_state_with", &Executable::share_state_with, "other"_a,
+      .def(
+          "share_state_with",
+          [](Executable& e, const Executable& other) {
+            Released release;
+            e.share_state_with(other);
+          },
+          "other"_a,
            "Uses other's state from now on (no copies): an inference executable that sees a training step's "
            "latest weights.")
-      .def("profile", &Executable::profile_report,
+      .def(
+          "profile",
+          [](const Executable& e) {
+            Released release;
+            return e.profile_report();
+          },
            "Per-kernel time of the calls so far, slowest first (compile with profile=True).")
-      .def("reset_profile", &Executable::reset_profile)
+      .def("reset_profile", [](Executable& e) {
+        Released release;
+        e.reset_profile();
+      })
       .def("emit", [](const Executable& e, const std::string& form) { return e.emit(form); }, "form"_a,
            "The generated code as text: 'kernels' (every target), 'llvm' / 'asm' (cpu), 'cuda' / 'ptx'.")
       .def_prop_ro("emit_forms", &Executable::emit_forms)
@@ -170,7 +184,7 @@ void bind_executables(nb::module_& m) {
             AotOptions a = aot_options(object, header, name, weights, weights_file);
             AotResult r;
             {
-              nb::gil_scoped_release release;
+              Released release;
               r = e.write_object(a);
             }
             return aot_result(r);
@@ -229,7 +243,7 @@ void bind_executables(nb::module_& m) {
       "_bench_run",
       [](Executable& e, nb::handle inputs, int64_t calls) {
         TensorMap in = to_tensor_map(inputs, "inputs");
-        nb::gil_scoped_release release;
+        Released release;
         auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < calls; ++i) TensorMap out = e.run(in);
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -51,6 +51,11 @@ nb::ndarray<nb::ro> as_ndarray(nb::handle array, std::string_view what) {
 
 }  // namespace
 
+std::recursive_mutex& run_lock() {
+  static std::recursive_mutex m;
+  return m;
+}
+
 DType dtype_from_name(std::string_view name) {
   if (auto d = parse_dtype(name)) return *d;
   throw Error("unknown dtype '" + std::string(name) + "' (Kiln's are f32, f64, i32, i64, bool)");

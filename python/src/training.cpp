@@ -132,7 +132,7 @@ void bind_training(nb::module_& m) {
             o.checkpoint_every_steps = checkpoint_every_steps;
             o.checkpoint_keep = checkpoint_keep;
             o.stop_on_nonfinite = stop_on_nonfinite;
-            nb::gil_scoped_release release;
+            Released release;
             new (t) Trainer(model.graph, model.state, std::move(o));
           },
           "model"_a, "optimizer"_a, "batch"_a, "drop_last"_a, "shuffle"_a, "data_seed"_a, "schedule"_a, "eval_batch"_a,
@@ -153,7 +153,7 @@ void bind_training(nb::module_& m) {
             }
             std::vector<EpochMetrics> done;
             {
-              nb::gil_scoped_release release;
+              Released release;
               done = t.fit(tr, te, epochs, cb);
             }
             nb::list out;
@@ -168,7 +168,7 @@ void bind_training(nb::module_& m) {
             auto cb = step_callback(std::move(on_step));
             EpochMetrics e;
             {
-              nb::gil_scoped_release release;
+              Released release;
               e = t.train_epoch(d, cb);
             }
             return epoch_dict(e);
@@ -180,7 +180,7 @@ void bind_training(nb::module_& m) {
             TensorDataset d = dataset(data, "eval data");
             EvalMetrics e;
             {
-              nb::gil_scoped_release release;
+              Released release;
               e = t.evaluate(d);
             }
             return eval_dict(e);
@@ -192,7 +192,7 @@ void bind_training(nb::module_& m) {
             TensorMap b = to_tensor_map(batch, "batch");
             TensorMap out;
             {
-              nb::gil_scoped_release release;
+              Released release;
               out = t.train_batch(b);
             }
             return to_dict(out, true);
@@ -202,7 +202,7 @@ void bind_training(nb::module_& m) {
           "_bench_epoch",
           [](Trainer& t, nb::handle data) {
             TensorDataset d = dataset(data, "train data");
-            nb::gil_scoped_release release;
+            Released release;
             return t.train_epoch(d).seconds;
           },
           "data"_a, "One epoch as C++ runs it (no Python callback): its seconds (bench/python).")
@@ -214,24 +214,39 @@ void bind_training(nb::module_& m) {
                    })
       .def_prop_ro("epoch", &Trainer::epoch)
       .def_prop_ro("global_step", &Trainer::global_step)
-      .def("state", [](const Trainer& t) { return to_dict(t.state(), true); })
-      .def("set_state", [](Trainer& t, nb::handle s) { t.set_state(to_tensor_map(s, "state")); }, "state"_a)
+      .def("state",
+           [](const Trainer& t) {
+             TensorMap s;
+             {
+               Released release;
+               s = t.state();
+             }
+             return to_dict(s, true);
+           })
+      .def(
+          "set_state",
+          [](Trainer& t, nb::handle s) {
+            TensorMap m = to_tensor_map(s, "state");
+            Released release;
+            t.set_state(m);
+          },
+          "state"_a)
       .def(
           "save_checkpoint",
           [](const Trainer& t, const std::string& path) {
-            nb::gil_scoped_release release;
+            Released release;
             t.save_checkpoint(path);
           },
           "path"_a)
       .def(
           "load_checkpoint",
           [](Trainer& t, const std::string& path) {
-            nb::gil_scoped_release release;
+            Released release;
             t.load_checkpoint(path);
           },
           "path"_a)
       .def("resume", [](Trainer& t) {
-        nb::gil_scoped_release release;
+        Released release;
         return t.resume();
       })
       .def_prop_ro("step_executable", [](Trainer& t) -> Executable& { return t.step_executable(); },

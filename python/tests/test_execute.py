@@ -243,3 +243,27 @@ def test_threads_are_per_process_and_do_not_change_the_bits():
     for o in out:
         assert o.returncode == 0, o.stderr
     assert out[0].stdout == out[1].stdout
+
+
+def test_one_executable_from_many_threads(mlp_text):
+    exe = kiln.compile(mlp(mlp_text))
+    x = inputs()
+    want = exe(x)["y"].copy()
+    errors = []
+
+    def hammer():
+        try:
+            for _ in range(1500):  # without the lock this crashed about one run in three at 300
+                got = exe(x)["y"]
+                if got.tobytes() != want.tobytes():
+                    errors.append("different result")
+                exe.state["b"] = exe.state["b"]
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
