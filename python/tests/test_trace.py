@@ -114,3 +114,17 @@ def test_sym_keeps_its_tracer_alive():
 
     y = make()  # the tracer is gone from Python's view, the Sym still works
     assert (y + 1).shape == (2,)
+
+
+def test_bool_and_integer_inputs_in_place():
+    t = kiln.Tracer()
+    c = t.input("c", kiln.boolean[4])
+    i = t.input("i", kiln.i64[4])
+    t.output("y", kiln.select(c, i, i * 2))
+    exe = kiln.compile(t.finish())
+    c_in = np.array([True, False, True, False])
+    i_in = np.array([1, 2, 3, 2**40], np.int64)
+    assert kiln._kiln._data_pointer(c_in) == c_in.ctypes.data
+    y = exe(c=c_in, i=i_in)["y"]
+    assert y.dtype == np.int64
+    np.testing.assert_array_equal(y, np.where(c_in, i_in, i_in * 2))
