@@ -25,33 +25,32 @@ NB_MODULE(_kiln, m) {
   auto verify_error = nb::exception<kiln::VerifyError>(m, "VerifyError", error);
   verify_error.doc() = "A graph that breaks the IR's rules.";
   // Registered after those, so tried first: the exceptions with fields get them as
-  // attributes. The payload is the Python class (the module keeps it alive).
+  // attributes. The payload holds the Python classes (the module keeps them alive).
+  static PyObject* classes[2];
+  classes[0] = parse_error.ptr();
+  classes[1] = shape_error.ptr();
   nb::register_exception_translator(
-      [](const std::exception_ptr& p, void* type) {
+      [](const std::exception_ptr& p, void* payload) {
+        PyObject** types = static_cast<PyObject**>(payload);
+        auto raise = [](PyObject* type, const kiln::Error& e, auto&& set_fields) {
+          nb::handle cls(type);
+          nb::object exc = cls(nb::str(e.what()));
+          set_fields(exc);
+          PyErr_SetObject(cls.ptr(), exc.ptr());
+        };
         try {
           std::rethrow_exception(p);
         } catch (const kiln::ParseError& e) {
-          nb::handle cls(static_cast<PyObject*>(type));
-          nb::object exc = cls(nb::str(e.what()));
-          exc.attr("file") = e.file;
-          exc.attr("line") = e.line;
-          exc.attr("column") = e.column;
-          PyErr_SetObject(cls.ptr(), exc.ptr());
-        }
-      },
-      parse_error.ptr());
-  nb::register_exception_translator(
-      [](const std::exception_ptr& p, void* type) {
-        try {
-          std::rethrow_exception(p);
+          raise(types[0], e, [&](nb::object& x) {
+            x.attr("file") = e.file;
+            x.attr("line") = e.line;
+            x.attr("column") = e.column;
+          });
         } catch (const kiln::ShapeError& e) {
-          nb::handle cls(static_cast<PyObject*>(type));
-          nb::object exc = cls(nb::str(e.what()));
-          exc.attr("location") = e.location;
-          PyErr_SetObject(cls.ptr(), exc.ptr());
+          raise(types[1], e, [&](nb::object& x) { x.attr("location") = e.location; });
         }
       },
-      shape_error.ptr());
+      classes);
   m.attr("__version__") = KILN_VERSION;
   kiln::py::bind_tensors(m);
   kiln::py::bind_graphs(m);
