@@ -137,7 +137,8 @@ std::string Parser::line_col(size_t at) const { return line_col_in(src_, at); }
 
 void Parser::fail(size_t at, const std::string& what) const {
   auto [line, column] = line_and_column(src_, at);
-  throw ParseError(file_ + ":" + line_col(at) + ": error: " + what, file_, line, column);
+  throw ParseError(file_ + ":" + std::to_string(line) + ":" + std::to_string(column) + ": error: " + what, file_, line,
+                   column);
 }
 
 void Parser::fail_expected(const std::string& what) {

@@ -79,33 +79,41 @@ uint32_t wait_change(const std::atomic<uint32_t>& a, uint32_t old) {
   }
 }
 
-// KILN_NUM_THREADS if it is a sensible integer, else the number of cores. More threads
-// than cores only add switching (and an OpenBLAS buffer each), so a count above the cores
-// draws a warning and one above kOversubscribe times the cores is cut to that.
+int cores() {
+  int n = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(n, 1, kMaxThreads);
+}
+
+// A thread count asked for by `source` (KILN_NUM_THREADS, threads=), made sensible: more
+// threads than cores only add switching (and an OpenBLAS buffer each), so a count above the
+// cores draws a warning and one above kOversubscribe times the cores is cut to that.
+int sensible_threads(long v, const char* source) {
+  const int n = cores();
+  long most = std::min<long>(kMaxThreads, static_cast<long>(n) * kOversubscribe);
+  if (v > most) {
+    std::fprintf(stderr, "kiln runtime: %s=%ld is far more than the %d cores; using %ld threads\n", source, v, n,
+                 most);
+    return static_cast<int>(most);
+  }
+  if (v > n)
+    std::fprintf(stderr, "kiln runtime: warning: %s=%ld is more than the %d cores: expect it slower\n", source, v,
+                 n);
+  return static_cast<int>(std::max<long>(v, 1));
+}
+
+// KILN_NUM_THREADS if it is a sensible integer, else the number of cores.
 int threads_from_env() {
-  int cores = static_cast<int>(std::thread::hardware_concurrency());
-  if (cores < 1) cores = 1;
-  if (cores > kMaxThreads) cores = kMaxThreads;
   const char* s = std::getenv("KILN_NUM_THREADS");
-  if (!s || !*s) return cores;
+  if (!s || !*s) return cores();
   char* end = nullptr;
   errno = 0;
   long v = std::strtol(s, &end, 10);
   if (errno || *end || v < 1) {
     std::fprintf(stderr, "kiln runtime: ignoring KILN_NUM_THREADS='%s' (want a positive integer); using %d\n", s,
-                 cores);
-    return cores;
+                 cores());
+    return cores();
   }
-  long most = std::min<long>(kMaxThreads, static_cast<long>(cores) * kOversubscribe);
-  if (v > most) {
-    std::fprintf(stderr, "kiln runtime: KILN_NUM_THREADS=%ld is far more than the %d cores; using %ld threads\n", v,
-                 cores, most);
-    return static_cast<int>(most);
-  }
-  if (v > cores)
-    std::fprintf(stderr, "kiln runtime: warning: KILN_NUM_THREADS=%ld is more than the %d cores: expect it slower\n",
-                 v, cores);
-  return static_cast<int>(v);
+  return sensible_threads(v, "KILN_NUM_THREADS");
 }
 
 int64_t chunk_count(int64_t n, int64_t grain, int threads) {
@@ -223,12 +231,12 @@ class Pool {
   std::atomic<uint32_t> done_{0};        // chunks of the current job finished
 };
 
-// Created on first use and never destroyed: its threads may still be waiting when static
-// destructors run, and joining them there buys nothing.
 std::mutex g_start_mutex;
 int g_requested_threads = 0;            // request_threads(), before the pool starts
 std::atomic<int> g_started_threads{0};  // the pool's count once started
 
+// Created on first use and never destroyed: its threads may still be waiting when static
+// destructors run, and joining them there buys nothing.
 Pool& pool() {
   static Pool* p = [] {
     init_blas_threading();
@@ -250,7 +258,7 @@ Pool& pool() {
 bool in_parallel_region() { return t_in_region; }
 
 bool request_threads(int threads) {
-  threads = std::clamp(threads, 1, kMaxThreads);
+  threads = sensible_threads(threads, "threads");
   std::lock_guard<std::mutex> lock(g_start_mutex);
   if (int started = g_started_threads.load(std::memory_order_acquire)) return started == threads;
   g_requested_threads = threads;

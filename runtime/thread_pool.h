@@ -24,7 +24,8 @@ namespace kiln::rt {
 bool in_parallel_region();
 
 // The pool starts on its first use with $KILN_NUM_THREADS threads (default: every core).
-// request_threads(n) before that makes it start with n (at least 1, at most the cap) instead:
+// request_threads(n) before that makes it start with n instead (made sensible as
+// KILN_NUM_THREADS is: at most 4 per core, with a warning above one per core):
 // the Python package's kiln.compile(threads=n). Returns whether the pool has, or will have,
 // n threads: false when it already runs another count (threads are per process).
 bool request_threads(int threads);

@@ -86,16 +86,6 @@ void bind_executables(nb::module_& m) {
           if (n == name) return true;
         return false;
       })
-      .def("items", [](const StateView& s) {
-        TensorMap all;
-        {
-          Released release;
-          all = s.exe->state();
-        }
-        nb::list items;
-        for (const auto& [name, t] : all) items.append(nb::make_tuple(name, to_numpy(t, true)));
-        return items;
-      }, "(name, copy) for every state tensor that is set.")
       .def("to_dict", [](const StateView& s) {
         TensorMap all;
         {
@@ -103,7 +93,9 @@ void bind_executables(nb::module_& m) {
           all = s.exe->state();
         }
         return to_dict(all, true);
-      }, "Copies of every state tensor that is set, by name.");
+      }, "Copies of every state tensor that is set, by name.")
+      .def("items", [](nb::handle self) { return nb::list(self.attr("to_dict")().attr("items")()); },
+           "(name, copy) for every state tensor that is set.");
 
   nb::class_<Executable>(m, "Executable",
                          "A graph compiled for a target. exe(x=array, ...) or exe({'x': array}) runs it and returns "
@@ -287,10 +279,11 @@ void bind_executables(nb::module_& m) {
       "Compiles a graph for a target ('cpu': LLVM JIT; 'cuda': NVIDIA GPUs; '' : $KILN_TARGET, else cpu) and "
       "sets the graph's state values on it. opt is LLVM's level (0-3); profile adds per-kernel timers; a graph "
       "without state updates compiles in inference mode unless inference=False. threads: the CPU runtime's "
-      "threads, which are per process: the first executable that runs starts them ($KILN_NUM_THREADS, default "
+      "threads, which are per process: the first parallel kernel starts them ($KILN_NUM_THREADS, default "
       "every core, unless a threads= came first); a different count after that is a kiln.Error.");
   m.def("num_threads", [] { return rt::started_threads(); },
-        "The CPU runtime's thread count, or 0 before its threads start (the first run).");
+        "The CPU runtime's thread count, or 0 before its threads start (the first kernel that runs in "
+        "parallel starts them).");
 }
 
 }  // namespace kiln::py
