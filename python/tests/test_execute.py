@@ -116,6 +116,8 @@ def test_state_read_write(mlp_text):
         st["nope"] = np.zeros(2, np.float32)
     d = st.to_dict()
     assert set(d) == {"w", "b"}
+    items = dict(st.items())
+    assert set(items) == {"w", "b"} and items["b"].tobytes() == d["b"].tobytes()
 
 
 def test_training_step_learns_and_matches_interpreter(mlp_text):
