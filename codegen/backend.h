@@ -57,6 +57,11 @@ struct CompileOptions {
   // cuda: the GPU to run on (cuda:N), default 0; the target "cuda:N" sets it too. The cpu
   // and cuda-emu targets have only device 0.
   int device = 0;
+  // cpu: the most threads a call of this executable uses (runtime/thread_pool.h
+  // ThreadLimit): 0, every thread of the process's pool ($KILN_NUM_THREADS, default every
+  // core). Below the pool's count it leaves cores to other work; above it, the pool's count.
+  // The code and the results are the same for any count.
+  int threads = 0;
 };
 
 // The CPU an x86-64 object is compiled for when CompileOptions::cpu is empty: x86-64-v3

@@ -19,6 +19,7 @@
 #include "passes/memory_plan.h"
 #include "passes/pipeline.h"
 #include "passes/rebatch.h"
+#include "runtime/thread_pool.h"
 
 namespace kiln {
 
@@ -583,6 +584,7 @@ void Executable::run_impl(const TensorMap& inputs, TensorMap* outputs) {
   const Graph& g = compiled_graph();
   const std::string where = (outputs ? "run @" : "step @") + g.name() + ": ";
   if (Executable* sibling = sibling_for(inputs, where)) return sibling->run_impl(inputs, outputs);
+  rt::ThreadLimit limit(options_.threads);
   bind_inputs(checked(inputs, false, where), where);
   {
     PhaseTimer timer("call");
@@ -615,6 +617,7 @@ TensorMap Executable::evaluate(const TensorMap& inputs_and_state) {
   const std::string where = "evaluate @" + g.name() + ": ";
   if (Executable* sibling = sibling_for(inputs_and_state, where)) return sibling->evaluate(inputs_and_state);
   std::vector<const Tensor*> given = checked(inputs_and_state, true, where);
+  rt::ThreadLimit limit(options_.threads);
   // A private store for the given state that the code writes in place: the held one is not
   // touched. On a host device, state the code only reads is read where it is, as inputs
   // are (an imported model's weights are not copied).

@@ -41,6 +41,8 @@ namespace kiln::rt {
 namespace {
 
 thread_local bool t_in_region = false;
+thread_local int t_thread_limit = 0;
+thread_local uint64_t t_counted_runs = 0;  // kiln_rt_run_begin: a bit per nested call, 1 if it counted  // ThreadLimit: the most threads this thread's loops use (0: all)
 std::atomic<bool> g_forked_child{false};  // the pool's workers do not survive fork()
 
 constexpr int kMaxThreads = 1024;  // chunk counts must fit the 16 bits Pool gives them
@@ -166,7 +168,8 @@ class Pool {
   // all are done; false (nothing run) when another thread's loop holds the pool. The caller
   // waits for chunks, not for workers: a worker that wakes late (a busy machine) finds the
   // chunks taken and goes back to sleep.
-  bool try_run(int64_t n, int64_t chunks, kiln_rt_task fn, void* ctx) {
+  // At most `helpers` workers join the caller (a ThreadLimit below the pool's count).
+  bool try_run(int64_t n, int64_t chunks, int helpers, kiln_rt_task fn, void* ctx) {
     std::unique_lock<std::mutex> lock(submit_, std::try_to_lock);
     if (!lock.owns_lock()) return false;
     fn_ = fn;
@@ -175,10 +178,11 @@ class Pool {
     n_ = n;
     done_.store(0, std::memory_order_relaxed);
     uint32_t gen = generation_.load(std::memory_order_relaxed) + 1;
+    seats_.store(uint64_t{gen} << 32 | static_cast<uint32_t>(helpers), std::memory_order_relaxed);
     next_.store(uint64_t{gen} << 32 | static_cast<uint64_t>(chunks) << 16, std::memory_order_release);
     generation_.store(gen, std::memory_order_release);
     generation_.notify_all();
-    work(gen);
+    work(gen, /*caller=*/true);
     for (uint32_t d; (d = done_.load(std::memory_order_acquire)) != chunks;) wait_change(done_, d);
     return true;
   }
@@ -188,12 +192,14 @@ class Pool {
     uint32_t seen = 0;
     for (;;) {
       seen = wait_change(generation_, seen);
-      work(seen);
+      work(seen, /*caller=*/false);
     }
   }
 
-  // Takes chunks of job `gen` until none is left (or the job is already over).
-  void work(uint32_t gen) {
+  // Takes chunks of job `gen` until none is left (or the job is already over). A worker
+  // first takes one of the job's seats, and leaves when none is left.
+  void work(uint32_t gen, bool caller) {
+    if (!caller && !take_seat(gen)) return;
     t_in_region = true;
     bool helping = false;  // a worker running the submitter's chunks records its errors
     uint64_t cur = next_.load(std::memory_order_acquire);
@@ -216,6 +222,15 @@ class Pool {
     t_in_region = false;
   }
 
+  bool take_seat(uint32_t gen) {
+    uint64_t cur = seats_.load(std::memory_order_acquire);
+    for (;;) {
+      if (static_cast<uint32_t>(cur >> 32) != gen || (cur & 0xffffffff) == 0) return false;
+      if (seats_.compare_exchange_weak(cur, cur - 1, std::memory_order_acq_rel, std::memory_order_acquire))
+        return true;
+    }
+  }
+
   int threads_ = 1;
   std::vector<std::thread> workers_;
   std::mutex submit_;  // one loop at a time
@@ -229,10 +244,9 @@ class Pool {
   std::atomic<uint64_t> next_{0};
   std::atomic<uint32_t> generation_{0};  // the current job's; workers sleep on it
   std::atomic<uint32_t> done_{0};        // chunks of the current job finished
+  std::atomic<uint64_t> seats_{0};       // generation (32 bits) | workers that may still join
 };
 
-std::mutex g_start_mutex;
-int g_requested_threads = 0;            // request_threads(), before the pool starts
 std::atomic<int> g_started_threads{0};  // the pool's count once started
 
 // Created on first use and never destroyed: its threads may still be waiting when static
@@ -241,8 +255,7 @@ Pool& pool() {
   static Pool* p = [] {
     init_blas_threading();
     pthread_atfork(nullptr, nullptr, [] { g_forked_child.store(true, std::memory_order_relaxed); });
-    std::lock_guard<std::mutex> lock(g_start_mutex);
-    const int threads = g_requested_threads > 0 ? g_requested_threads : threads_from_env();
+    const int threads = threads_from_env();
     g_started_threads.store(threads, std::memory_order_release);
     try {
       return new Pool(threads);
@@ -257,13 +270,10 @@ Pool& pool() {
 
 bool in_parallel_region() { return t_in_region; }
 
-bool request_threads(int threads) {
-  threads = sensible_threads(threads, "threads");
-  std::lock_guard<std::mutex> lock(g_start_mutex);
-  if (int started = g_started_threads.load(std::memory_order_acquire)) return started == threads;
-  g_requested_threads = threads;
-  return true;
+ThreadLimit::ThreadLimit(int threads) : saved_(t_thread_limit) {
+  if (threads > 0) t_thread_limit = saved_ > 0 ? std::min(saved_, threads) : threads;
 }
+ThreadLimit::~ThreadLimit() { t_thread_limit = saved_; }
 
 int started_threads() { return g_started_threads.load(std::memory_order_acquire); }
 
@@ -280,18 +290,34 @@ void kiln_rt_parallel_for(int64_t n, int64_t grain, kiln_rt_task fn, void* ctx) 
   using namespace kiln::rt;
   if (n <= 0) return;
   Pool& p = pool();
-  int64_t chunks = chunk_count(n, grain, p.threads());
+  const int threads = kiln_rt_num_threads();
+  int64_t chunks = chunk_count(n, grain, threads);
   if (chunks == 1) {
     run_chunk(fn, ctx, 0, n);
     return;
   }
-  if (t_in_region || g_forked_child.load(std::memory_order_relaxed) || !p.try_run(n, chunks, fn, ctx))
+  if (t_in_region || g_forked_child.load(std::memory_order_relaxed) || !p.try_run(n, chunks, threads - 1, fn, ctx))
     run_inline(n, chunks, fn, ctx);
 }
 
-int32_t kiln_rt_num_threads(void) { return kiln::rt::pool().threads(); }
+int32_t kiln_rt_num_threads(void) {
+  const int all = kiln::rt::pool().threads(), limit = kiln::rt::t_thread_limit;
+  return limit > 0 && limit < all ? limit : all;
+}
 
-void kiln_rt_run_begin(void) { kiln::rt::g_runs.fetch_add(1, std::memory_order_relaxed); }
+// A call under a ThreadLimit below the pool's count does not make the workers spin: those
+// it leaves out would spin through it on cores it leaves to other work. Each thread keeps
+// a bit per nested call: whether its begin counted.
+void kiln_rt_run_begin(void) {
+  using namespace kiln::rt;
+  const bool counted = kiln_rt_num_threads() == pool().threads();
+  t_counted_runs = t_counted_runs << 1 | uint64_t{counted};
+  if (counted) g_runs.fetch_add(1, std::memory_order_relaxed);
+}
 
-void kiln_rt_run_end(void) { kiln::rt::g_runs.fetch_sub(1, std::memory_order_relaxed); }
+void kiln_rt_run_end(void) {
+  using namespace kiln::rt;
+  if (t_counted_runs & 1) g_runs.fetch_sub(1, std::memory_order_relaxed);
+  t_counted_runs >>= 1;
+}
 }

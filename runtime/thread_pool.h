@@ -23,14 +23,26 @@ namespace kiln::rt {
 // or the calling thread taking part). Parallel loops started there run inline.
 bool in_parallel_region();
 
-// The pool starts on its first use with $KILN_NUM_THREADS threads (default: every core).
-// request_threads(n) before that makes it start with n instead (made sensible as
-// KILN_NUM_THREADS is: at most 4 per core, with a warning above one per core):
-// the Python package's kiln.compile(threads=n). Returns whether the pool has, or will have,
-// n threads: false when it already runs another count (threads are per process).
-bool request_threads(int threads);
+// The pool starts on its first use with $KILN_NUM_THREADS threads (default: every core;
+// at most 4 per core, with a warning above one per core).
 // The count the pool runs, or 0 when it has not started.
 int started_threads();
+
+// While one lives, the parallel loops this thread starts use at most `threads` threads
+// (the caller and threads - 1 of the pool's workers; kiln_rt_num_threads says so too, so
+// kernels plan for that many). 0 or less: no limit; limits nest, the smaller one wins.
+// Executable runs set CompileOptions::threads this way. Results do not change: every
+// reduction is partitioned by the shape, never by the thread count.
+class ThreadLimit {
+ public:
+  explicit ThreadLimit(int threads);
+  ~ThreadLimit();
+  ThreadLimit(const ThreadLimit&) = delete;
+  ThreadLimit& operator=(const ThreadLimit&) = delete;
+
+ private:
+  int saved_;
+};
 
 // Switches OpenBLAS to one thread, once per process; cheap to call again.
 void init_blas_threading();

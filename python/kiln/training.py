@@ -66,21 +66,22 @@ class Trainer:
     of the C++ Trainer and `kiln train`); schedule: 'constant', 'step:EPOCHS[:GAMMA]' or
     'cosine[:MIN_LR]' (as `kiln train --schedule`);
     checkpoint_dir: a checkpoint (safetensors, the CLI's files) after every epoch and every
-    checkpoint_every_steps steps, resume() picks up the latest; target: 'cpu' or 'cuda'.
-    Datasets are dicts of arrays by input name, sharing their leading dimension.
+    checkpoint_every_steps steps, resume() picks up the latest; target: 'cpu' or 'cuda';
+    threads: the most CPU threads a step uses (0: every thread of the process's pool; see
+    kiln.compile). Datasets are dicts of arrays by input name, sharing their leading dimension.
     """
 
     def __init__(self, model, *, eval_model=None, optimizer=None, batch: int = 64, shuffle: bool = True,
                  data_seed: int = 0, drop_last: bool = False, schedule: str = "", eval_batch: int = 1000,
                  loss: str = "loss", accuracy: str = "accuracy", target: str = "", epochs: int = 0,
                  checkpoint_dir: str = "", checkpoint_every_steps: int = 0, checkpoint_keep: int = 3,
-                 stop_on_nonfinite: bool = True):
+                 stop_on_nonfinite: bool = True, threads: int = 0):
         if optimizer is None:
             optimizer = _kiln.SGD(lr=0.05, momentum=0.9)
         self._native = _kiln._Trainer(model, optimizer, batch, drop_last, shuffle, data_seed, schedule,
                                       eval_batch, loss, accuracy, target, eval_model, epochs,
                                       str(checkpoint_dir), checkpoint_every_steps, checkpoint_keep,
-                                      stop_on_nonfinite)
+                                      stop_on_nonfinite, threads)
 
     def close(self):
         """Releases the compiled steps and the checkpoint folder's lock (another Trainer may

@@ -246,15 +246,8 @@ void bind_executables(nb::module_& m) {
   m.def(
       "compile",
       [](const PyGraph& g, const std::string& target, int opt, bool inference, bool profile, const std::string& cpu,
-         const std::string& features, std::optional<int> threads) {
-        if (threads) {
-          if (*threads < 1) throw Error("threads must be at least 1, got " + std::to_string(*threads));
-          if (!rt::request_threads(*threads))
-            throw Error("threads=" + std::to_string(*threads) + ": the runtime's thread pool already runs " +
-                        std::to_string(rt::started_threads()) +
-                        " threads, and threads are per process: give threads= to the first kiln.compile, or set "
-                        "KILN_NUM_THREADS before Python starts");
-        }
+         const std::string& features, int threads) {
+        if (threads < 0) throw Error("threads must be 0 (every thread) or more, got " + std::to_string(threads));
         CompileOptions o;
         o.target = target;
         o.opt_level = opt;
@@ -262,6 +255,7 @@ void bind_executables(nb::module_& m) {
         o.profile = profile;
         o.cpu = cpu;
         o.features = features;
+        o.threads = threads;
         std::shared_ptr<Executable> e;
         {
           nb::gil_scoped_release release;
@@ -275,15 +269,15 @@ void bind_executables(nb::module_& m) {
         return e;
       },
       "graph"_a, "target"_a = "", "opt"_a = 3, "inference"_a = true, "profile"_a = false, "cpu"_a = "",
-      "features"_a = "", "threads"_a = nb::none(),
+      "features"_a = "", "threads"_a = 0,
       "Compiles a graph for a target ('cpu': LLVM JIT; 'cuda': NVIDIA GPUs; '' : $KILN_TARGET, else cpu) and "
       "sets the graph's state values on it. opt is LLVM's level (0-3); profile adds per-kernel timers; a graph "
-      "without state updates compiles in inference mode unless inference=False. threads: the CPU runtime's "
-      "threads, which are per process: the first parallel kernel starts them ($KILN_NUM_THREADS, default "
-      "every core, unless a threads= came first); a different count after that is a kiln.Error.");
+      "without state updates compiles in inference mode unless inference=False. threads: the most CPU threads "
+      "a call uses (0: all of the process's pool, which has $KILN_NUM_THREADS threads, default every core; "
+      "more than the pool's is the pool's); the results are the same bits for any count.");
   m.def("num_threads", [] { return rt::started_threads(); },
-        "The CPU runtime's thread count, or 0 before its threads start (the first kernel that runs in "
-        "parallel starts them).");
+        "The CPU runtime's pool's thread count ($KILN_NUM_THREADS, default every core), or 0 before its "
+        "threads start (the first kernel that runs in parallel starts them).");
 }
 
 }  // namespace kiln::py

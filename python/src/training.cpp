@@ -114,7 +114,8 @@ void bind_training(nb::module_& m) {
              bool shuffle, uint64_t data_seed, const std::string& schedule, int64_t eval_batch, const std::string& loss,
              const std::string& accuracy, const std::string& target, std::optional<const PyGraph*> eval_model,
              int64_t epochs, const std::string& checkpoint_dir, int64_t checkpoint_every_steps, int checkpoint_keep,
-             bool stop_on_nonfinite) {
+             bool stop_on_nonfinite, int threads) {
+            if (threads < 0) throw Error("threads must be 0 (every thread) or more, got " + std::to_string(threads));
             TrainerOptions o;
             std::visit([&](const auto& opt) { o.optimizer = opt; }, optimizer);
             o.batch = batch;
@@ -126,6 +127,7 @@ void bind_training(nb::module_& m) {
             o.loss = loss;
             o.accuracy = accuracy;
             o.compile.target = target;
+            o.compile.threads = threads;
             if (eval_model && *eval_model) o.eval_model = (*eval_model)->graph;
             o.epochs = epochs;
             o.checkpoint_dir = checkpoint_dir;
@@ -137,7 +139,7 @@ void bind_training(nb::module_& m) {
           },
           "model"_a, "optimizer"_a, "batch"_a, "drop_last"_a, "shuffle"_a, "data_seed"_a, "schedule"_a, "eval_batch"_a,
           "loss"_a, "accuracy"_a, "target"_a, "eval_model"_a.none(), "epochs"_a, "checkpoint_dir"_a,
-          "checkpoint_every_steps"_a, "checkpoint_keep"_a, "stop_on_nonfinite"_a)
+          "checkpoint_every_steps"_a, "checkpoint_keep"_a, "stop_on_nonfinite"_a, "threads"_a)
       .def(
           "fit",
           [](Trainer& t, nb::handle train, nb::handle test, int64_t epochs, nb::object on_step, nb::object on_epoch) {

@@ -944,6 +944,29 @@ TEST_CASE("runtime: child with KILN_NUM_THREADS", "[.runtime_threads_env]") {
   for (const Chunk& c : chunks_of(1000, 1)) ids.insert(c.thread);
   REQUIRE(ids.size() <= static_cast<size_t>(threads));
   if (threads == 1) REQUIRE(*ids.begin() == std::this_thread::get_id());
+
+  // A ThreadLimit (an executable's CompileOptions::threads) keeps this thread's loops to
+  // fewer threads than the pool has, and says so to the kernels that plan for a count.
+  for (int limit = 1; limit < threads; ++limit) {
+    kiln::rt::ThreadLimit cap(limit);
+    REQUIRE(kiln_rt_num_threads() == limit);
+    {
+      kiln::rt::ThreadLimit wider(limit + 1);  // nested limits: the smaller one wins
+      REQUIRE(kiln_rt_num_threads() == limit);
+    }
+    REQUIRE(runs_concurrently(limit));
+    for (int round = 0; round < 20; ++round) {
+      std::set<std::thread::id> capped;
+      for (const Chunk& c : chunks_of(1000, 1)) capped.insert(c.thread);
+      REQUIRE(capped.size() <= static_cast<size_t>(limit));
+      if (limit == 1) REQUIRE(*capped.begin() == std::this_thread::get_id());
+    }
+  }
+  {
+    kiln::rt::ThreadLimit none(0), more(threads + 5);
+    REQUIRE(kiln_rt_num_threads() == threads);
+  }
+  REQUIRE(kiln_rt_num_threads() == threads);
 }
 
 TEST_CASE("runtime: GEMM shims, split over the pool or not", "[runtime][blas]") {
