@@ -24,6 +24,13 @@ struct PyGraph {
   TensorMap state;
 };
 
+inline bool any_object(PyObject*) { return true; }
+// A NumPy array (to_numpy's result; the name is for the stubs), and outputs by name.
+class NumpyArray : public nb::object {
+  NB_OBJECT_DEFAULT(NumpyArray, nb::object, "numpy.ndarray", any_object)
+};
+using ArrayDict = nb::typed<nb::dict, nb::str, NumpyArray>;
+
 // Any array-like with the buffer protocol or __dlpack__ on the CPU (NumPy, PyTorch, JAX...)
 // as a Kiln tensor. A C-contiguous array of a Kiln dtype is not copied: the tensor is a
 // read-only view of its memory that keeps the array alive. Anything else (strided, another
@@ -36,8 +43,8 @@ TensorMap to_tensor_map(nb::handle mapping, std::string_view what);
 // only for a fresh result nothing else reads (an executable's outputs: its own copy is a
 // cache it refills only when nobody holds it); otherwise read-only (a mapped file's
 // weights, a graph's constants), since a write would bypass Kiln's copy on write.
-nb::object to_numpy(const Tensor& t, bool writable);
-nb::dict to_dict(const TensorMap& m, bool writable);
+NumpyArray to_numpy(const Tensor& t, bool writable);
+ArrayDict to_dict(const TensorMap& m, bool writable);
 
 // Executables are not thread-safe (one call at a time per executable and per state store),
 // and Python threads share them freely once the GIL is released. So every call into an

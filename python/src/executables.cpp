@@ -206,7 +206,7 @@ void bind_executables(nb::module_& m) {
       "graph"_a, "object"_a, "header"_a = "", "name"_a = "", "weights"_a = "embed", "weights_file"_a = "",
       "cpu"_a = "", "features"_a = "", "opt"_a = 3,
       "Compiles the graph ahead of time, as `kiln compile` does: an object file for the CPU (cpu='' is the "
-      "portable x86-64-v2 default; 'native' this machine) with the graph's state as its initial state, and the "
+      "portable x86-64-v3 default: AVX2 and FMA; 'native' this machine) with the graph's state as its initial state, and the "
       "C header (header=) declaring NAME_create, NAME_run, ... (name: the C prefix; default the graph's name). "
       "weights='file' writes the state to a safetensors file (weights_file, default the object's name with "
       ".safetensors) instead of embedding it. Returns what was written.");

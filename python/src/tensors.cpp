@@ -109,7 +109,7 @@ TensorMap to_tensor_map(nb::handle mapping, std::string_view what) {
   return out;
 }
 
-nb::object to_numpy(const Tensor& t, bool writable) {
+NumpyArray to_numpy(const Tensor& t, bool writable) {
   Tensor dense = t.is_splat() ? t.materialized() : t;
   std::vector<size_t> shape(dense.shape().begin(), dense.shape().end());
   static std::byte empty[8];
@@ -121,16 +121,16 @@ nb::object to_numpy(const Tensor& t, bool writable) {
   // parsed model's bytes) or is shared with a tensor Kiln still uses; a fresh result
   // (an executable's output: the executable's own copy is only a cache) is writable.
   if (writable && !held->is_splat())
-    return nb::ndarray<nb::numpy>(data, shape.size(), shape.data(), owner, nullptr, dlpack_dtype(dense.dtype()),
+    return nb::borrow<NumpyArray>(nb::ndarray<nb::numpy>(data, shape.size(), shape.data(), owner, nullptr, dlpack_dtype(dense.dtype()),
                                   nb::device::cpu::value)
-        .cast();
-  return nb::ndarray<nb::numpy, nb::ro>(data, shape.size(), shape.data(), owner, nullptr, dlpack_dtype(dense.dtype()),
+        .cast());
+  return nb::borrow<NumpyArray>(nb::ndarray<nb::numpy, nb::ro>(data, shape.size(), shape.data(), owner, nullptr, dlpack_dtype(dense.dtype()),
                                         nb::device::cpu::value)
-      .cast();
+      .cast());
 }
 
-nb::dict to_dict(const TensorMap& m, bool writable) {
-  nb::dict d;
+ArrayDict to_dict(const TensorMap& m, bool writable) {
+  ArrayDict d;
   for (const auto& [name, t] : m) d[nb::str(name.data(), name.size())] = to_numpy(t, writable);
   return d;
 }

@@ -52,12 +52,24 @@ struct At {
   LocationOverride here{python_caller()};
 };
 
+bool is_sym(PyObject* o) { return nb::isinstance<Sym>(nb::handle(o)); }
+
+// A traced value as Python sees it: a kiln.Sym (so the stubs say `-> Sym`).
+class SymObject : public nb::object {
+  NB_OBJECT_DEFAULT(SymObject, nb::object, "Sym", is_sym)
+};
+// A Sym or a Python number, as the operators and builders take it (operand() checks it,
+// with kiln.Error's message; the name is for the stubs).
+class OperandArg : public nb::object {
+  NB_OBJECT_DEFAULT(OperandArg, nb::object, "Sym | float", any_object)
+};
+
 // A Sym for Python: it keeps its tracer's Python object alive.
-nb::object wrap(const Sym& s) {
+SymObject wrap(const Sym& s) {
   nb::object o = nb::cast(s);
   nb::object tracer = nb::find(s.tracer());
   if (tracer.is_valid()) nb::keep_alive_obj(o, tracer);
-  return o;
+  return nb::borrow<SymObject>(o);
 }
 
 Operand operand(nb::handle h) {
@@ -129,18 +141,18 @@ void bind_tracing(nb::module_& m) {
       .def_prop_ro("rank", &Sym::rank)
       .def("__repr__", [](const Sym& s) { return "<kiln.Sym " + s.type().str() + ">"; })
 #define KILN_PY_BINARY(py, rpy, fn)                                                            \
-  .def(py, [](const Sym& a, nb::handle b) { At at; return wrap(fn(Operand(a), operand(b))); }) \
-      .def(rpy, [](const Sym& a, nb::handle b) { At at; return wrap(fn(operand(b), Operand(a))); })
+  .def(py, [](const Sym& a, OperandArg b) { At at; return wrap(fn(Operand(a), operand(b))); }) \
+      .def(rpy, [](const Sym& a, OperandArg b) { At at; return wrap(fn(operand(b), Operand(a))); })
       KILN_PY_BINARY("__add__", "__radd__", add) KILN_PY_BINARY("__sub__", "__rsub__", sub)
       KILN_PY_BINARY("__mul__", "__rmul__", mul) KILN_PY_BINARY("__truediv__", "__rtruediv__", div)
       KILN_PY_BINARY("__pow__", "__rpow__", kiln::pow)
 #undef KILN_PY_BINARY
       .def("__matmul__", [](const Sym& a, const Sym& b) { At at; return wrap(matmul(a, b)); })
       .def("__neg__", [](const Sym& a) { At at; return wrap(neg(a)); })
-      .def("__lt__", [](const Sym& a, nb::handle b) { At at; return wrap(lt(Operand(a), operand(b))); })
-      .def("__le__", [](const Sym& a, nb::handle b) { At at; return wrap(le(Operand(a), operand(b))); })
-      .def("__gt__", [](const Sym& a, nb::handle b) { At at; return wrap(gt(Operand(a), operand(b))); })
-      .def("__ge__", [](const Sym& a, nb::handle b) { At at; return wrap(ge(Operand(a), operand(b))); });
+      .def("__lt__", [](const Sym& a, OperandArg b) { At at; return wrap(lt(Operand(a), operand(b))); })
+      .def("__le__", [](const Sym& a, OperandArg b) { At at; return wrap(le(Operand(a), operand(b))); })
+      .def("__gt__", [](const Sym& a, OperandArg b) { At at; return wrap(gt(Operand(a), operand(b))); })
+      .def("__ge__", [](const Sym& a, OperandArg b) { At at; return wrap(ge(Operand(a), operand(b))); });
 
   nb::class_<Tracer>(m, "Tracer",
                      "Records a graph from Python code over symbolic tensors: t.input(...), t.parameter(...), "
@@ -180,13 +192,13 @@ void bind_tracing(nb::module_& m) {
   KILN_PY_UNARY(cos) KILN_PY_UNARY(relu)
 #undef KILN_PY_UNARY
 #define KILN_PY_BINARY(name) \
-  m.def(#name, [](nb::handle a, nb::handle b) { At at; return wrap(name(operand(a), operand(b))); }, "a"_a, "b"_a, \
+  m.def(#name, [](OperandArg a, OperandArg b) { At at; return wrap(name(operand(a), operand(b))); }, "a"_a, "b"_a, \
         "Elementwise " #name "(a, b), NumPy broadcasting; a number is a constant of the other operand's dtype.");
   KILN_PY_BINARY(add) KILN_PY_BINARY(sub) KILN_PY_BINARY(mul) KILN_PY_BINARY(div) KILN_PY_BINARY(pow)
   KILN_PY_BINARY(maximum) KILN_PY_BINARY(minimum) KILN_PY_BINARY(fmod) KILN_PY_BINARY(eq) KILN_PY_BINARY(ne)
   KILN_PY_BINARY(lt) KILN_PY_BINARY(le) KILN_PY_BINARY(gt) KILN_PY_BINARY(ge)
 #undef KILN_PY_BINARY
-  m.def("select", [](const Sym& c, nb::handle a, nb::handle b) { At at; return wrap(select(c, operand(a), operand(b))); },
+  m.def("select", [](const Sym& c, OperandArg a, OperandArg b) { At at; return wrap(select(c, operand(a), operand(b))); },
         "cond"_a, "a"_a, "b"_a, "a where cond is true, else b (three-way broadcast).");
   m.def("cast", [](const Sym& x, const std::string& dtype) { At at; return wrap(cast(x, dtype_from_name(dtype))); },
         "x"_a, "dtype"_a, "x converted to dtype by Kiln's cast rules.");
