@@ -243,6 +243,8 @@ Sym argmax(Sym x, int64_t axis, bool keepdims, std::source_location loc) {
                           {{"axis", normalize_axis(axis, x.rank())}, {"keepdims", keepdims}}, loc);
 }
 
+Sym all_reduce(Sym x, std::source_location loc) { return x.tracer().apply(Op::AllReduce, {x}, {}, loc); }
+
 Sym top_k(Sym x, int64_t k, int64_t axis, bool largest, std::source_location loc) {
   return x.tracer().apply(Op::TopK, {x}, {{"axis", normalize_axis(axis, x.rank())}, {"k", k}, {"largest", largest}},
                           loc);

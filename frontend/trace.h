@@ -194,6 +194,9 @@ Sym argmax(Sym x, int64_t axis = -1, bool keepdims = false,
 // ones in increasing position (NaN as the largest). The values are x gathered there.
 Sym top_k(Sym x, int64_t k, int64_t axis = -1, bool largest = true,
           std::source_location loc = std::source_location::current());
+// The sum of x over every process of a data-parallel run (docs/distributed.md), the same
+// bits on each; x itself in one process. train_step's data_parallel option inserts these.
+Sym all_reduce(Sym x, std::source_location loc = std::source_location::current());
 
 // --- Shape ops -------------------------------------------------------------------------------
 // One entry of `shape` may be -1 (inferred).

@@ -447,6 +447,7 @@ Tensor eval_op(Op op, const std::vector<const Tensor*>& operands, const AttrMap&
     case Op::Min: return reduce(*in[0], attrs, ReduceKind::Min, rt);
     case Op::Argmax: return argmax(*in[0], attrs, rt);
     case Op::TopK: return top_k(*in[0], attrs, rt);
+    case Op::AllReduce: return *in[0];  // one process: the sum over ranks is x
 
     case Op::Reshape: return in[0]->reshaped(rt.shape);
     case Op::Transpose: return eval_transpose(*in[0], attrs, rt);

@@ -35,6 +35,9 @@ enum OpTrait : uint32_t {
   kNonDifferentiable = 1u << 8,  // gradients stop here
   kBackwardOnly = 1u << 9,       // emitted by autodiff; has no gradient rule itself
   kRegion = 1u << 10,            // has a body (Node::body); results come from it
+  // Communicates with the other processes of a data-parallel run (docs/distributed.md):
+  // never folded (its value depends on the other ranks), always a kernel of its own.
+  kCollective = 1u << 11,
 };
 
 struct AttrSpec {

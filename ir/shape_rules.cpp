@@ -195,6 +195,9 @@ TensorType rule_type(const Rule& r) {
       if (in[0].dtype == DType::boolean) r.fail("operand must be numeric, not bool");
       if (in[0].rank() == 0) r.fail("operand must have rank 1 or more");
       return reduce(r, {attr_int(attrs, "axis")}, attr_bool(attrs, "keepdims"), DType::i32);
+    case Op::AllReduce:
+      if (in[0].dtype == DType::boolean) r.fail("operand must be numeric (f32, f64, i32, i64), not bool");
+      return in[0];
     case Op::TopK: {
       if (in[0].dtype == DType::boolean) r.fail("operand must be numeric, not bool");
       if (in[0].rank() == 0) r.fail("operand must have rank 1 or more");

@@ -18,7 +18,7 @@ Graph fold_constants(const Graph& g, const PassOptions& options) {
     // broadcast_to of a scalar is already the folded form of a splat.
     bool canonical_splat = n.op == Op::BroadcastTo && g.type(n.operands[0]).numel() == 1;
     const int64_t result_size = g.type(n.result()).numel();
-    bool foldable = n.op != Op::Constant && n.op != Op::Fused && !n.operands.empty() && !canonical_splat &&
+    bool foldable = n.op != Op::Constant && n.op != Op::Fused && !op_info(n.op).has(kCollective) && !n.operands.empty() && !canonical_splat &&
                     (result_size <= options.fold_max_elements || options.inference);
     std::vector<const Tensor*> operands;
     int64_t largest_dense = 0;  // the largest operand that is not a splat

@@ -188,6 +188,9 @@ std::vector<ValueId> vjp(Emitter& e, const Node& n, ValueId dy, const std::vecto
     }
     case Op::Argmax: return {ValueId{}};
     case Op::TopK: return {ValueId{}};
+    // y = sum over ranks of x_r: every rank's x_r feeds every rank's y, so dx_r is the sum
+    // over ranks of dy.
+    case Op::AllReduce: return {e.op(Op::AllReduce, {dy})};
     case Op::Reshape: return {e.reshape(dy, e.shape(x(0)))};
     case Op::Transpose: {
       const auto& perm = attr_ints(n.attrs, "perm");

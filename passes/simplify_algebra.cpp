@@ -282,7 +282,7 @@ std::optional<Replacement> Simplifier::identity(const Node& n, const std::vector
     case Op::Softmax: case Op::LogSoftmax: case Op::OneHot: case Op::Constant:
     case Op::Conv2dGradInput: case Op::Conv2dGradWeight: case Op::MaxPool2dGrad:
     case Op::AvgPool2dGrad: case Op::Gather: case Op::GatherGrad: case Op::LayerNorm: case Op::BatchNorm:
-    case Op::Dropout: case Op::Fused:
+    case Op::Dropout: case Op::Fused: case Op::AllReduce:
       return std::nullopt;
   }
   return std::nullopt;

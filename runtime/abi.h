@@ -7,6 +7,7 @@
 
 #include "runtime/attention.h"
 #include "runtime/blas.h"
+#include "runtime/collective.h"
 #include "runtime/kernels.h"
 #include "runtime/profile.h"
 

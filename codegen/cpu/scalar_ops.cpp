@@ -194,7 +194,7 @@ Value* Lowerer::ew(const Node& n, DType in, DType out, const std::vector<Value*>
     case Op::Select: return B_.CreateSelect(B_.CreateICmpNE(a[0], llvm::ConstantInt::get(i8_, 0)), a[1], a[2]);
     case Op::Cast: return cast_scalar(a[0], in, out);
     // Not elementwise: the kernel plan never puts these in a loop.
-    case Op::Sum: case Op::Mean: case Op::Max: case Op::Min: case Op::Argmax: case Op::TopK: case Op::Reshape:
+    case Op::Sum: case Op::Mean: case Op::Max: case Op::Min: case Op::Argmax: case Op::TopK: case Op::AllReduce: case Op::Reshape:
     case Op::Transpose: case Op::BroadcastTo: case Op::Slice: case Op::Concat: case Op::Pad: case Op::Matmul: case Op::Conv2d:
     case Op::MaxPool2d: case Op::AvgPool2d: case Op::Softmax: case Op::LogSoftmax: case Op::OneHot: case Op::Constant:
     case Op::Conv2dGradInput: case Op::Conv2dGradWeight: case Op::MaxPool2dGrad: case Op::AvgPool2dGrad: case Op::Fused:

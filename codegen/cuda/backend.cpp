@@ -21,6 +21,7 @@
 #include <map>
 #include <mutex>
 
+#include "codegen/aot_dtype.h"
 #include "codegen/backend.h"
 #include "codegen/cuda/cubin_cache.h"
 #include "codegen/cuda/driver.h"
@@ -28,6 +29,7 @@
 #include "codegen/cuda/nvrtc.h"
 #include "codegen/cuda/render.h"
 #include "ir/error.h"
+#include "runtime/collective.h"
 
 namespace kiln::cuda {
 namespace {
@@ -85,6 +87,10 @@ class CudaProgram final : public Program, public std::enable_shared_from_this<Cu
         }
         case Launch::Kind::Gemm: gemms_.back() = to_column_major(l.gemm); break;
         case Launch::Kind::Copy: break;
+        case Launch::Kind::AllReduce:
+          collective_bytes_ = std::max(collective_bytes_, l.collective.count * static_cast<int64_t>(dtype_size(l.collective.dtype)));
+          ++collectives_;
+          break;
       }
     }
   }
@@ -122,6 +128,8 @@ class CudaProgram final : public Program, public std::enable_shared_from_this<Cu
   int sm_ = 0;  // compute capability, 90 for sm_90
   int ordinal_ = 0;  // cuda:N
   std::vector<ColumnMajorGemm> gemms_;  // by launch (Gemm launches)
+  int64_t collective_bytes_ = 0;  // the largest AllReduce launch, staged in pinned host memory
+  int collectives_ = 0;           // AllReduce launches
   bool tf32_ = false, profile_ = false;
 
  private:
@@ -205,6 +213,12 @@ class CudaInstance final : public Instance {
       events_.assign(p_->rendered_.launches.size() + 1, nullptr);
       for (CUevent& e : events_) check(g.driver().cuEventCreate(&e, CU_EVENT_DEFAULT), "cuEventCreate");
     }
+    if (p_->collectives_ > 0) {
+      check(g.driver().cuMemHostAlloc(&collective_host_, static_cast<size_t>(p_->collective_bytes_),
+                                      CU_MEMHOSTALLOC_PORTABLE),
+            "cuMemHostAlloc (all_reduce staging)");
+      jobs_.resize(p_->rendered_.launches.size());
+    }
   }
 
   // Errors are ignored here (release() waits for the stream first).
@@ -215,6 +229,7 @@ class CudaInstance final : public Instance {
     g.driver().cuStreamSynchronize(dev.stream());
     if (exec_) g.driver().cuGraphExecDestroy(exec_);
     for (CUevent e : events_) g.driver().cuEventDestroy(e);
+    if (collective_host_) g.driver().cuMemFreeHost(collective_host_);
     if (blas_) g.cublas().cublasDestroy(blas_);
     dev.release(workspace_);
     dev.release(device_table_);
@@ -256,6 +271,7 @@ class CudaInstance final : public Instance {
     }
     if (!exec_) capture();
     check(d.cuGraphLaunch(exec_, dev.stream()), "cuGraphLaunch");
+    if (p_->collectives_ > 0) check_collectives();
   }
 
   const void* output_data(ValueId v, const std::vector<void*>& buffers) const override {
@@ -315,7 +331,47 @@ class CudaInstance final : public Instance {
                                     static_cast<size_t>(l.copy_bytes), stream),
                 "cuMemcpyDtoDAsync");
         break;
+      case Launch::Kind::AllReduce: {
+        // Down to pinned memory, summed over the ranks by a host function in stream order
+        // (a host node when captured: it calls no CUDA), and back up.
+        const CollectiveLaunch& c = l.collective;
+        const size_t bytes = static_cast<size_t>(c.count) * dtype_size(c.dtype);
+        CollectiveJob& job = jobs_[i];
+        job = {collective_host_, c.count, aot_dtype(c.dtype), nullptr};
+        check(d.cuMemcpyDtoHAsync(collective_host_, dptr(resolve(c.data)), bytes, stream),
+              "cuMemcpyDtoHAsync (all_reduce)");
+        check(d.cuLaunchHostFunc(stream, &CudaInstance::run_collective, &job), "cuLaunchHostFunc (all_reduce)");
+        check(d.cuMemcpyHtoDAsync(dptr(resolve(c.data)), collective_host_, bytes, stream),
+              "cuMemcpyHtoDAsync (all_reduce)");
+        break;
+      }
     }
+  }
+
+  // One all_reduce's arguments, and its failure: written by the host function, read after
+  // the stream has finished.
+  struct CollectiveJob {
+    void* data = nullptr;
+    int64_t count = 0;
+    int32_t dtype = 0;
+    const char* error = nullptr;
+  };
+
+  static void run_collective(void* p) {
+    auto* job = static_cast<CollectiveJob*>(p);
+    job->error = nullptr;
+    const KilnCollective* c = kiln_rt_collective();
+    if (!c || c->size <= 1) return;
+    const char* error = nullptr;
+    if (c->all_reduce_sum(c->ctx, job->data, job->count, job->dtype, &error) != 0)
+      job->error = error ? error : "all_reduce failed across the ranks";
+  }
+
+  // Waits for the call and fails it with the first collective's error.
+  void check_collectives() {
+    check(p_->gpu().driver().cuStreamSynchronize(L_.device->stream()), "cuStreamSynchronize (all_reduce)");
+    for (const CollectiveJob& job : jobs_)
+      if (job.error) throw Error(std::string("all_reduce: ") + job.error);
   }
 
   // Records the launch list into a CUDA graph and instantiates it.
@@ -346,6 +402,7 @@ class CudaInstance final : public Instance {
       check(d.cuEventRecord(events_[i], stream), "cuEventRecord");
       enqueue(i);
     }
+    if (p_->collectives_ > 0) check_collectives();
     check(d.cuEventRecord(events_.back(), stream), "cuEventRecord");
     check(d.cuEventSynchronize(events_.back()), "cuEventSynchronize");
     for (size_t i = 0; i < launches.size(); ++i) {
@@ -369,6 +426,8 @@ class CudaInstance final : public Instance {
   void* workspace_ = nullptr;
   CUgraphExec exec_ = nullptr;
   std::vector<CUevent> events_;
+  void* collective_host_ = nullptr;   // pinned staging for AllReduce launches
+  std::vector<CollectiveJob> jobs_;   // by launch (AllReduce launches)
   Profile profile_;
 };
 

@@ -113,6 +113,7 @@ std::shared_ptr<const Driver> load_driver(const std::string& library) {
     sym("cuMemFreeHost", d.cuMemFreeHost);
     sym("cuMemsetD8Async", d.cuMemsetD8Async);
     sym("cuMemcpyHtoDAsync_v2", d.cuMemcpyHtoDAsync);
+    sym("cuLaunchHostFunc", d.cuLaunchHostFunc);
     sym("cuMemcpyDtoHAsync_v2", d.cuMemcpyDtoHAsync);
     sym("cuMemcpyDtoDAsync_v2", d.cuMemcpyDtoDAsync);
     sym("cuStreamCreate", d.cuStreamCreate);

@@ -78,6 +78,7 @@ struct Driver {
   CUresult (*cuModuleUnload)(CUmodule) = nullptr;
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void**, void**) = nullptr;
+  CUresult (*cuLaunchHostFunc)(CUstream, void (*)(void*), void*) = nullptr;  // CUDA 10.0+; capturable
   CUresult (*cuStreamBeginCapture)(CUstream, int) = nullptr;       // cuStreamBeginCapture_v2
   CUresult (*cuStreamEndCapture)(CUstream, CUgraph*) = nullptr;
   CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec*, CUgraph, unsigned long long) = nullptr;

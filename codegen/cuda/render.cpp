@@ -68,6 +68,15 @@ void Emitter::elementwise(int64_t n, int64_t extent, const std::string& decls, c
   kernel(s, grid, block);
 }
 
+void Emitter::all_reduce(const CollectiveLaunch& c) {
+  if (c.count <= 0) return;
+  Launch l;
+  l.kind = Launch::Kind::AllReduce;
+  l.collective = c;
+  l.node = node_;
+  launches_.push_back(std::move(l));
+}
+
 void Emitter::gemm(const GemmLaunch& g) {
   Launch l;
   l.kind = Launch::Kind::Gemm;
@@ -213,6 +222,11 @@ class Renderer {
       case KernelKind::Op: {
         const Node& n = L.g.nodes().at(static_cast<size_t>(k.nodes.at(0)));
         if (n.op == Op::Constant) return;  // materialized where it is read
+        if (n.op == Op::AllReduce) {
+          const TensorType& t = L.g.type(n.result());
+          out_.copy(ref(L, n.result()), ref(L, n.operands[0]), t.numel() * static_cast<int64_t>(dtype_size(t.dtype)));
+          return out_.all_reduce({t.dtype, t.numel(), ref(L, n.result())});
+        }
         if (static_cast<size_t>(n.result().id) < L.kp.values.size() && L.kp.at(n.result()).kind == Storage::Elided)
           return;  // a transpose folded into its GEMMs
         return render_op(out_, L.g, n, [&](ValueId v) { return ptr(L, v); });

@@ -51,10 +51,20 @@ struct KernelLaunch {
   std::array<int64_t, 3> grid{1, 1, 1}, block{1, 1, 1};
 };
 
+// all_reduce, in place at `data`: staged through host memory, where the installed
+// collective (runtime/collective.h) sums it over the ranks, and copied back. A GPU-direct
+// collective (NCCL) would take the device pointer instead; the launch carries all it needs.
+struct CollectiveLaunch {
+  DType dtype = DType::f32;
+  int64_t count = 0;  // elements
+  Ref data;
+};
+
 struct Launch {
-  enum class Kind : uint8_t { Kernel, Gemm, Copy } kind = Kind::Kernel;
+  enum class Kind : uint8_t { Kernel, Gemm, Copy, AllReduce } kind = Kind::Kernel;
   KernelLaunch kernel;
   GemmLaunch gemm;
+  CollectiveLaunch collective;
   Ref copy_dst, copy_src;  // Copy (device to device)
   int64_t copy_bytes = 0;
   int32_t node = -1;  // the top-level node it belongs to (profiles)

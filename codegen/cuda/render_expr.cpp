@@ -127,8 +127,8 @@ std::string ew_expr(const Node& n, DType in, DType out, const std::vector<std::s
       if (is_integer(in) && is_integer(out)) return "(" + ctype(out) + ")(u64)" + a[0];
       return "(" + ctype(out) + ")" + a[0];
     }
-    case Op::Sum: case Op::Mean: case Op::Max: case Op::Min: case Op::Argmax: case Op::TopK: case Op::Reshape:
-    case Op::Transpose: case Op::BroadcastTo: case Op::Slice: case Op::Concat: case Op::Pad: case Op::Matmul:
+    case Op::Sum: case Op::Mean: case Op::Max: case Op::Min: case Op::Argmax: case Op::TopK: case Op::AllReduce:
+    case Op::Reshape: case Op::Transpose: case Op::BroadcastTo: case Op::Slice: case Op::Concat: case Op::Pad: case Op::Matmul:
     case Op::Conv2d: case Op::MaxPool2d: case Op::AvgPool2d: case Op::Softmax: case Op::LogSoftmax:
     case Op::OneHot: case Op::Constant: case Op::Conv2dGradInput: case Op::Conv2dGradWeight:
     case Op::MaxPool2dGrad: case Op::AvgPool2dGrad: case Op::Gather: case Op::GatherGrad: case Op::LayerNorm:

@@ -62,6 +62,7 @@ class Emitter {
   // `i` of type `itype` (index_type(extent)) in scope. Nothing for n == 0.
   void elementwise(int64_t n, int64_t extent, const std::string& decls, const std::string& body);
   void gemm(const GemmLaunch& g);
+  void all_reduce(const CollectiveLaunch& c);  // in place (render.h CollectiveLaunch)
   void copy(const Ref& dst, const Ref& src, int64_t bytes);
   // Renderer-private scratch for one kernel's intermediates (conv2d_grad_weight's
   // partial sums): `bytes` at the same address for every caller, after all of the kernel

@@ -488,6 +488,7 @@ void render_op(Emitter& out, const Graph& g, const Node& n, const std::function<
     case Op::Round: case Op::Sin: case Op::Cos: case Op::Fmod: case Op::Relu: case Op::Add: case Op::Sub: case Op::Mul: case Op::Div: case Op::Pow:
     case Op::Maximum: case Op::Minimum: case Op::Eq: case Op::Ne: case Op::Lt: case Op::Le: case Op::Gt:
     case Op::Ge: case Op::Select: case Op::Cast: case Op::Matmul: case Op::Fused: case Op::Constant:
+    case Op::AllReduce:  // a CollectiveLaunch (render.cpp)
       internal_error("op", "cuda render: " + std::string(op_name(n.op)) + " is not an op kernel (the plan runs it otherwise)");
     case Op::Sum: case Op::Mean: case Op::Max: case Op::Min: case Op::Argmax:
       return render_reduce(out, g, n, in(0), y);

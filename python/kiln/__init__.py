@@ -53,7 +53,7 @@ _BUILDERS = [
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "log1p", "expm1", "floor",
     "ceil", "round", "sin", "cos", "relu", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
     "fmod", "eq", "ne", "lt", "le", "gt", "ge", "select", "cast", "sum", "mean", "max", "min",
-    "argmax", "top_k", "reshape", "transpose", "broadcast_to", "slice", "concat", "pad", "matmul",
+    "argmax", "top_k", "all_reduce", "reshape", "transpose", "broadcast_to", "slice", "concat", "pad", "matmul",
     "conv2d", "max_pool2d", "avg_pool2d", "softmax", "log_softmax", "one_hot", "gather",
     "layer_norm", "batch_norm", "dropout",
 ]

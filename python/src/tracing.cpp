@@ -212,6 +212,8 @@ void bind_tracing(nb::module_& m) {
   m.def("top_k", [](const Sym& x, int64_t k, int64_t axis, bool largest) { At at; return wrap(top_k(x, k, axis, largest)); },
         "x"_a, "k"_a, "axis"_a = -1, "largest"_a = true,
         "i64 positions of the k largest (or smallest) along axis, best first.");
+  m.def("all_reduce", [](const Sym& x) { At at; return wrap(all_reduce(x)); }, "x"_a,
+        "The sum of x over every process of a data-parallel run, the same bits on each; x itself in one process.");
   m.def("reshape", [](const Sym& x, Shape shape) { At at; return wrap(reshape(x, shape)); }, "x"_a, "shape"_a,
         "One entry may be -1 (inferred).");
   m.def("transpose", [](const Sym& x, std::vector<int64_t> perm) { At at; return wrap(transpose(x, perm)); }, "x"_a,

@@ -198,6 +198,12 @@ inline std::vector<OpCase> op_cases(Op op) {
           for (bool keep : {false, true})
             add(dt, {{{4, 5, 6}, {-3, 3}}}, op, {{"axis", axis}, {"keepdims", keep}}, 0, 0, DType::f32, true);
       break;
+    case Op::AllReduce:  // one process (no collective installed): x itself, bit for bit
+      for (DType dt : numeric) {
+        add(dt, {{{3, 17}, {-50, 50}}}, op, {}, 0, 0);
+        add(dt, {{{}, {-5, 5}}}, op, {}, 0, 0);
+      }
+      break;
     case Op::TopK:  // integral values in -3..3: many ties, broken by position
       for (DType dt : numeric)
         for (int64_t axis : {0, 1, -1})

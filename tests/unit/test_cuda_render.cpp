@@ -102,6 +102,8 @@ Graph every_op_graph(std::set<Op>& covered) {
   node(Op::Argmax, {x}, {{"axis", int64_t{1}}});
   node(Op::TopK, {x}, {{"axis", int64_t{0}}, {"k", int64_t{2}}});
   node(Op::TopK, {xi}, {{"axis", int64_t{-1}}, {"k", int64_t{3}}, {"largest", false}});
+  node(Op::AllReduce, {x});  // a CollectiveLaunch, not a kernel
+  node(Op::AllReduce, {xi});
   // Rows longer than one block: one block of threads per row.
   node(Op::Sum, {big}, {{"axes", std::vector<int64_t>{1}}});
   node(Op::Mean, {tall}, {{"axes", std::vector<int64_t>{0}}});

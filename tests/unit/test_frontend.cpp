@@ -123,7 +123,7 @@ TEST_CASE("every op in ops.def has a builder", "[frontend]") {
       add(x, x), sub(x, x), mul(x, x), div(x, x), pow(x, 2.0), maximum(x, x), minimum(x, x), fmod(x, x),
       eq(x, x), ne(x, x), lt(x, x), le(x, x), gt(x, x), ge(x, x),
       select(x > 0.0, x, x), cast(x, DType::i32),
-      sum(x), mean(x, {1}), max(x, {0}, true), min(x), argmax(x), top_k(x, 2),
+      sum(x), mean(x, {1}), max(x, {0}, true), min(x), argmax(x), top_k(x, 2), all_reduce(x),
       reshape(x, {3, -1}), transpose(x), broadcast_to(x, {4, 2, 3}),
       slice(x, {0, 1}, {2, 3}), concat({x, x}, 0), pad(x, {1, 0}, {0, 2}),
       matmul(x, transpose(x)), conv2d(img, k, kb, {.padding = {1, 1}}),

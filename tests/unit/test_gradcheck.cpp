@@ -444,6 +444,7 @@ OpCases cases_for(Op op) {
     case Op::Sum: return reduction(op, Gen::Uniform);
     case Op::Mean: return reduction(op, Gen::Uniform);
     case Op::Max: return reduction(op, Gen::Distinct);
+    case Op::AllReduce: return unary(op, Gen::Uniform);  // one process: the identity, and its gradient
     case Op::Min: return reduction(op, Gen::Distinct);
     case Op::TopK: {
       OpCases c{Marker::NonDifferentiable, {}};
@@ -805,8 +806,8 @@ TEST_CASE("gradcheck: the op table has cases for every op", "[gradcheck]") {
     total += oc.cases.size();
     if (oc.marker == Marker::Differentiable) ++differentiable;
   }
-  // 63 ops less 6 compares, argmax, top_k, one_hot, constant, the 4 backward-only ops and fused.
-  CHECK(differentiable == 48);
+  // 64 ops less 6 compares, argmax, top_k, one_hot, constant, the 4 backward-only ops and fused.
+  CHECK(differentiable == 49);
   CHECK(total > 150);
 }
 

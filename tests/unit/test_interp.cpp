@@ -694,6 +694,12 @@ void case_log_softmax() {
          kF64);
 }
 
+void case_all_reduce() {
+  // One process: the sum over the ranks is x, whatever the dtype.
+  expect(run(Op::AllReduce, {f32({3}, {1, -2.5, 0})}), DType::f32, {3}, {1, -2.5, 0});
+  expect(run(Op::AllReduce, {i32({2}, {3, -4})}), DType::i32, {2}, {3, -4});
+}
+
 void case_top_k() {
   auto at = [](int64_t axis, int64_t k, bool largest = true) {
     return AttrMap{{"axis", axis}, {"k", k}, {"largest", largest}};
@@ -802,6 +808,7 @@ void run_case(Op op) {
     case Op::Min: return case_min();
     case Op::Argmax: return case_argmax();
     case Op::TopK: return case_top_k();
+    case Op::AllReduce: return case_all_reduce();
     case Op::Reshape: return case_reshape();
     case Op::Transpose: return case_transpose();
     case Op::BroadcastTo: return case_broadcast_to();

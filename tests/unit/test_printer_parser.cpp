@@ -42,7 +42,7 @@ Graph graph_for(Op op, bool alt) {
   switch (op) {
     case Op::Neg: case Op::Abs: case Op::Exp: case Op::Log: case Op::Sqrt: case Op::Rsqrt:
     case Op::Tanh: case Op::Sigmoid: case Op::Erf: case Op::Log1p: case Op::Expm1: case Op::Relu:
-    case Op::Floor: case Op::Ceil: case Op::Round: case Op::Sin: case Op::Cos: {
+    case Op::Floor: case Op::Ceil: case Op::Round: case Op::Sin: case Op::Cos: case Op::AllReduce: {
       ValueId x = g.add_input("x", alt ? TensorType{DType::f64, {}} : f32({2, 3}));
       r = g.add_node(op, {x});
       break;

@@ -51,6 +51,8 @@ Case case_for(Op op) {
     case Op::Argmax:
       return {{f32({2, 5})}, {{"axis", int64_t{1}}}, i32({2}), {f32({2, 5})}, {{"axis", int64_t{-3}}},
               "axis -3 is out of range"};
+    case Op::AllReduce:
+      return {{f32({2, 3})}, {}, f32({2, 3}), {b8({2})}, {}, "must be numeric (f32, f64, i32, i64), not bool"};
     case Op::TopK:
       return {{f32({2, 5})}, {{"axis", int64_t{-1}}, {"k", int64_t{3}}}, {DType::i64, {2, 3}}, {f32({2, 5})},
               {{"axis", int64_t{0}}, {"k", int64_t{3}}}, "k = 3 must be in 0..2 (axis 0 of f32[2,5])"};

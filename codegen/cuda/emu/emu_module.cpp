@@ -8,9 +8,12 @@
 #include <sstream>
 #include <vector>
 
+#include "codegen/aot_dtype.h"
 #include "codegen/cuda/emu/emu.h"
 #include "codegen/cuda/process.h"
 #include "ir/error.h"
+#include "runtime/collective.h"
+#include "runtime/kernels.h"
 
 namespace kiln::cuda {
 namespace {
@@ -187,6 +190,14 @@ void emu_run(const Rendered& r, const EmuModule& module, unsigned char* arena,
         std::memmove(address(l.copy_dst, arena, bufs), address(l.copy_src, arena, bufs),
                      static_cast<size_t>(l.copy_bytes));
         break;
+      case Launch::Kind::AllReduce: {
+        // Device memory is host memory: the installed collective sums it in place.
+        const CollectiveLaunch& c = l.collective;
+        kiln_rt_take_error();
+        kiln_rt_all_reduce_sum(address(c.data, arena, bufs), c.count, aot_dtype(c.dtype));
+        if (const char* e = kiln_rt_take_error()) throw Error(std::string("all_reduce: ") + e);
+        break;
+      }
     }
   }
 }

@@ -1,0 +1,44 @@
+// Collectives across processes (data-parallel training, docs/distributed.md): the one seam
+// between compiled code and a communication library. The runtime itself knows no MPI: a
+// process that trains on several ranks installs a KilnCollective (Kiln's MPI one is
+// dist/mpi_collective.h) before it runs a step; with none installed every collective is
+// the identity of one process, so the same compiled step (and an AOT object) runs alone.
+//
+// Contract of an implementation:
+// - all_reduce_sum sums `count` elements of KILN_DTYPE_* `dtype` at `data` over every rank,
+//   in place, and every rank gets bitwise the same result, the same bits on every run with
+//   the same rank count: the order of the additions is fixed by (rank count, count), never
+//   by the order in which messages arrive;
+// - it returns 0, or nonzero after a failure (a rank gone, a timeout) with a message in
+//   *error (static storage: the runtime records it as the call's error without allocating);
+// - it is called by one thread at a time per process (Kiln calls it from the thread that
+//   runs the step, never from a parallel loop's chunk).
+#pragma once
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct KilnCollective {
+  void* ctx;
+  int32_t rank;  // this process's, 0 .. size - 1
+  int32_t size;  // processes taking part
+  int32_t (*all_reduce_sum)(void* ctx, void* data, int64_t count, int32_t dtype, const char** error);
+} KilnCollective;
+
+// Installs `c` for the whole process (copied; null: back to one process). Not while a
+// compiled call runs.
+void kiln_rt_set_collective(const KilnCollective* c);
+// The installed one, or null.
+const KilnCollective* kiln_rt_collective(void);
+
+// What generated code calls for all_reduce: sums `count` elements of `dtype` at `data` in
+// place over the ranks (nothing with no collective installed). A failure is recorded as the
+// call's error (kiln_rt_take_error): the call then fails with it.
+void kiln_rt_all_reduce_sum(void* data, int64_t count, int32_t dtype);
+
+#ifdef __cplusplus
+}
+#endif
