@@ -345,6 +345,7 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
       added.push_back(std::move(s));
   added.push_back("step");
   added.push_back("lr");
+  if (options.data_parallel) added.push_back("data_parallel.weight");
   for (auto& [name, value] : hyper_parameters(optimizer, options.keep_zero_terms)) added.push_back(name);
   for (const std::string& name : added) {
     if (model.find(name).valid())
@@ -431,6 +432,60 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
       u.grad = e.op(Op::BroadcastTo, {u.grad}, "gradient of %" + u.name + " (unused)",
                     {{"shape", pt.shape}});
   }
+  // Data-parallel: each rank's gradient weighted by its share of the global batch, summed
+  // over the ranks in buckets.
+  ValueId dp_weight;
+  auto global = [&](ValueId v, const std::string& what) {
+    return e.op(Op::AllReduce, {e.mul(dp_weight, v, "data parallel: this rank's share of " + what)},
+                "data parallel: " + what + " over the ranks");
+  };
+  if (options.data_parallel) {
+    if (options.bucket_bytes < 1) fail("data_parallel: bucket_bytes must be at least 1");
+    dp_weight = g.add_input("data_parallel.weight", {dtype, {}}, true);
+    result.initial_values.emplace("data_parallel.weight", Tensor::scalar(dtype, 1.0));
+    std::vector<size_t> bucket;  // indices into updates
+    int64_t bytes = 0;
+    auto flush = [&] {
+      if (bucket.empty()) return;
+      if (bucket.size() == 1) {
+        ParamUpdate& u = updates[bucket[0]];
+        u.grad = global(u.grad, "the gradient of %" + u.name);
+      } else {
+        std::vector<ValueId> flat;
+        std::string names;
+        for (size_t i : bucket) {
+          ParamUpdate& u = updates[i];
+          flat.push_back(e.op(Op::Reshape, {e.mul(dp_weight, u.grad, "data parallel: this rank's share of the gradient of %" + u.name)},
+                              "data parallel: the gradient of %" + u.name + " flattened",
+                              {{"shape", std::vector<int64_t>{g.type(u.grad).numel()}}}));
+          names += (names.empty() ? "%" : ", %") + u.name;
+        }
+        ValueId joined = e.op(Op::Concat, flat, "data parallel: a bucket of gradients (" + names + ")", {{"axis", int64_t{0}}});
+        ValueId summed = e.op(Op::AllReduce, {joined}, "data parallel: the bucket's gradients over the ranks");
+        int64_t at = 0;
+        for (size_t i : bucket) {
+          ParamUpdate& u = updates[i];
+          const int64_t n = g.type(u.grad).numel();
+          ValueId piece = e.op(Op::Slice, {summed}, "data parallel: the summed gradient of %" + u.name,
+                               {{"start", std::vector<int64_t>{at}}, {"stop", std::vector<int64_t>{at + n}},
+                                {"step", std::vector<int64_t>{1}}});
+          u.grad = e.op(Op::Reshape, {piece}, "data parallel: the summed gradient of %" + u.name,
+                        {{"shape", g.type(u.param).shape}});
+          at += n;
+        }
+      }
+      bucket.clear();
+      bytes = 0;
+    };
+    for (size_t i = updates.size(); i-- > 0;) {
+      const TensorType& t = g.type(updates[i].grad);
+      const int64_t b = t.numel() * static_cast<int64_t>(dtype_size(t.dtype));
+      if (!bucket.empty() && bytes + b > options.bucket_bytes) flush();
+      bucket.push_back(i);
+      bytes += b;
+    }
+    flush();
+  }
   ValueId one_step = e.constant(1, "", DType::i32);
   ValueId step_next = e.add(step, one_step, "step + 1");
   std::visit(
@@ -443,9 +498,16 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
   result.nodes.optimizer = g.nodes().size() - before_optimizer;
 
   // Outputs: the loss, the model's other outputs, then every state input's next value.
-  g.add_output(options.loss, map[loss.id]);
+  // Data-parallel: float scalars and the model's own float state updates over the ranks.
+  auto output = [&](const std::string& name, ValueId v) {
+    const TensorType& t = g.type(v);
+    const bool over_ranks = options.data_parallel && is_float(t.dtype) &&
+                            (t.rank() == 0 || (name.ends_with(".next") && model.find(name.substr(0, name.size() - 5)).valid()));
+    g.add_output(name, over_ranks ? global(v, "'" + name + "'") : v);
+  };
+  output(options.loss, map[loss.id]);
   for (const GraphOutput& o : model.outputs())
-    if (o.name != options.loss) g.add_output(o.name, map[o.value.id]);
+    if (o.name != options.loss) output(o.name, map[o.value.id]);
   size_t next_param = 0;
   for (const GraphInput& in : model.inputs()) {
     if (!in.is_state) continue;
@@ -461,6 +523,7 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
   g.add_output(update_name("step"), step_next);
   g.add_output(update_name("lr"), lr);
   for (ValueId v : hyper_inputs) g.add_output(update_name(g.value(v).name), v);
+  if (dp_weight.valid()) g.add_output(update_name("data_parallel.weight"), dp_weight);
 
   verify(g);
   return result;

@@ -72,6 +72,20 @@ struct TrainStepOptions {
   // PyTorch skips them: each would cost a pass over every parameter per step. With this set
   // they are built anyway, so that they can be turned on later without a new step.
   bool keep_zero_terms = false;
+  // Data-parallel (docs/distributed.md): the step of one rank of several, each with its
+  // share of a global batch. The step gets a state scalar "data_parallel.weight" (the
+  // parameters' dtype, initially 1): this rank's share of the global batch (its examples /
+  // the global batch's, so the weights of the ranks sum to 1). Every gradient is multiplied
+  // by it and summed over the ranks (all_reduce) before the optimizer, in buckets of at most
+  // bucket_bytes (flattened and concatenated in the order the backward pass makes them,
+  // the last layers first, as PyTorch's DDP does), so every rank applies the same update.
+  // The loss and the model's other float scalar outputs (accuracy) are the weighted sums
+  // over the ranks too (the global batch's means), and so is every float state the model
+  // updates itself (batch norm's running statistics). Other outputs stay this rank's.
+  // With one process (no collective installed) and weight 1 the step computes exactly
+  // what the plain step does.
+  bool data_parallel = false;
+  int64_t bucket_bytes = int64_t{25} << 20;
 };
 
 struct TrainStep {
