@@ -87,6 +87,8 @@ struct TrainArgs {
   std::optional<double> lr, momentum, weight_decay;
   bool drop_last = false, resume = false, quiet = false, allow_nonfinite = false, profile = false;
   std::string export_dir;  // --export DIR
+  std::optional<int> ranks;               // --ranks N: launch N ranks with mpirun
+  std::vector<std::string> command_line;  // argv, for --ranks to relaunch under mpirun
 };
 CLI::App* add_train_command(cli::Parser& p, TrainArgs& a);
 int run_train(const TrainArgs& a);

@@ -703,7 +703,10 @@ int run_command_line(int argc, char** argv) {
   if (cmd == grad_cmd) return run_grad(grad);
   if (cmd == ts_cmd) return run_train_step(ts);
   if (cmd == compile_cmd) return kiln::tool::run_compile(compile);
-  if (cmd == train_cmd) return kiln::tool::run_train(train);
+  if (cmd == train_cmd) {
+    train.command_line.assign(argv, argv + argc);
+    return kiln::tool::run_train(train);
+  }
   if (cmd == info_cmd) return run_info();
   if (cmd == import_cmd) return run_import(imp);
   return status;

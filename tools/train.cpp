@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -20,6 +22,12 @@
 #include "train/export.h"
 #include "train/models.h"
 #include "train/report.h"
+
+#include <unistd.h>
+
+#ifdef KILN_HAVE_MPI
+#include "dist/mpi_collective.h"
+#endif
 
 namespace kiln::tool {
 namespace {
@@ -185,6 +193,63 @@ std::string defaults(const char* model) {
 
 std::string percent(double accuracy) { return fmt::format("{:.2f}%", 100 * accuracy); }
 
+// --ranks N: this same command again, without --ranks, as N ranks of an mpirun job on this
+// machine (replacing this process, so its exit status and signals are the job's).
+[[noreturn]] void launch_ranks(const TrainArgs& a) {
+#ifndef KILN_HAVE_MPI
+  throw Error("--ranks: this kiln was built without MPI (install libopenmpi-dev and openmpi-bin, then rebuild)");
+#else
+  if (dist::launched_by_mpi())
+    throw Error("--ranks launches mpirun itself; under mpirun leave it out (mpirun's -np sets the ranks)");
+  const char* env = std::getenv("KILN_MPIRUN");
+  const std::string mpirun = env && *env ? env : "mpirun";
+  std::vector<std::string> args{mpirun, "-np", std::to_string(*a.ranks), "--oversubscribe"};
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  args.push_back(n > 0 ? std::string(self, static_cast<size_t>(n)) : a.command_line.at(0));
+  for (size_t i = 1; i < a.command_line.size(); ++i) {
+    const std::string& s = a.command_line[i];
+    if (s == "--ranks") {
+      ++i;  // and its value
+      continue;
+    }
+    if (!s.starts_with("--ranks=")) args.push_back(s);
+  }
+  // Open MPI refuses to start as root unless told that it is meant (containers, CI).
+  if (::geteuid() == 0) {
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  }
+  std::vector<char*> argv;
+  for (std::string& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  ::execvp(argv[0], argv.data());
+  throw Error(fmt::format("--ranks: cannot run {} ({}); install openmpi-bin, or set KILN_MPIRUN to its path", mpirun,
+                          std::strerror(errno)));
+#endif
+}
+
+// This process's rank when it is one of several of an MPI job (MPI started), else nullopt.
+std::optional<int> start_ranks() {
+#ifdef KILN_HAVE_MPI
+  if (dist::launched_by_mpi()) return dist::Mpi::init().rank();
+#endif
+  return std::nullopt;
+}
+
+// A failure on one rank ends the whole job at once: the others would otherwise wait in
+// their next collective until its timeout.
+[[noreturn]] void fail_ranks(const std::exception& e) {
+#ifdef KILN_HAVE_MPI
+  dist::Mpi::init().abort(e.what());
+#else
+  throw;
+#endif
+}
+
+int train(TrainArgs a, std::optional<int> rank);
+
 }  // namespace
 
 CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
@@ -263,10 +328,35 @@ CLI::App* add_train_command(cli::Parser& p, TrainArgs& a) {
              "(each launch timed alone: slower than a normal run, and on a GPU the sum exceeds the step's time "
              "by the launch gaps its CUDA graph hides); printed with --quiet too");
   p.add_flag(cmd, "--quiet", a.quiet, "print nothing but errors");
+  p.add_count(cmd, "--ranks", a.ranks,
+              "data-parallel: run as N processes of an mpirun job on this machine (docs/distributed.md); "
+              "under mpirun (mpirun -np N kiln train ...) the job's ranks train together without it. --batch is "
+              "the global batch, split among the ranks; rank 0 prints and writes the files");
   return cmd;
 }
 
 int run_train(const TrainArgs& a) {
+  if (a.ranks) launch_ranks(a);
+  const std::optional<int> rank = start_ranks();
+  if (!rank) return train(a, rank);
+  try {
+    return train(a, rank);
+  } catch (const std::exception& e) {
+    fail_ranks(e);
+  }
+}
+
+namespace {
+
+int train(TrainArgs a, std::optional<int> rank) {
+  // Ranks other than 0 of a data-parallel job train in step with rank 0 and stay silent.
+  if (rank && *rank != 0) {
+    a.quiet = true;
+    a.metrics.clear();
+    a.plot.clear();
+    a.export_dir.clear();
+    a.profile = false;
+  }
   if (a.model.empty()) throw Error("train needs a MODEL: lenet, mlp, FILE.kir or FILE.onnx (see 'kiln train --help')");
   if (a.data.empty()) throw Error("train needs --data fashion-mnist, mnist or DIR (see 'kiln train --help')");
   if (a.resume && a.checkpoint.empty()) throw Error("--resume needs --checkpoint DIR to resume from");
@@ -281,9 +371,9 @@ int run_train(const TrainArgs& a) {
                                 {"--train-limit", a.train_limit}, {"--test-limit", a.test_limit}})
     if (v && *v == 0) throw Error(fmt::format("{} must be at least 1", flag));
 
-  // The folder is this run's from here on: checked, then written, under its lock.
+  // The folder is this run's from here on: checked, then written, under its lock (rank 0's).
   std::shared_ptr<const CheckpointLock> lock;
-  if (!a.checkpoint.empty()) lock = std::make_shared<const CheckpointLock>(a.checkpoint);
+  if (!a.checkpoint.empty() && rank.value_or(0) == 0) lock = std::make_shared<const CheckpointLock>(a.checkpoint);
   Model model = load_model(a);
   load_init_weights(a, model.m);  // before the data: a bad file or --map fails at once
   // The inference form first: a model that cannot be exported fails before it trains.
@@ -307,6 +397,7 @@ int run_train(const TrainArgs& a) {
   o.stop_on_nonfinite = !a.allow_nonfinite;
   o.checkpoint_every_steps = a.checkpoint_every.value_or(0);
   o.checkpoint_keep = a.keep.value_or(o.checkpoint_keep);
+  o.distributed = rank.has_value();
   const int64_t epochs = a.epochs.value_or(3);
   o.epochs = a.schedule_epochs.value_or(static_cast<int>(epochs));
 
@@ -341,10 +432,11 @@ int run_train(const TrainArgs& a) {
     std::string schedule;
     if (o.schedule.kind != LrSchedule::Kind::constant) schedule += ", schedule " + o.schedule.str();
     if (o.schedule.warmup_steps > 0) schedule += fmt::format(", warm-up {} steps", o.schedule.warmup_steps);
-    fmt::print("training {} on {}: {} training and {} test images, batch {}, {}{}, {} epoch{} on {}\n", model.name,
+    fmt::print("training {} on {}: {} training and {} test images, batch {}, {}{}, {} epoch{} on {}{}\n", model.name,
                a.data, train.size(), test.size(), o.batch, describe(o.optimizer), schedule, epochs,
                epochs == 1 ? "" : "s",
-               o.compile.target == "cuda" ? fmt::format("cuda:{}", o.compile.device) : o.compile.target);
+               o.compile.target == "cuda" ? fmt::format("cuda:{}", o.compile.device) : o.compile.target,
+               trainer.ranks() > 1 ? fmt::format(", {} ranks (data-parallel)", trainer.ranks()) : "");
   }
   std::fflush(stdout);
 
@@ -401,5 +493,7 @@ int run_train(const TrainArgs& a) {
   }
   return 0;
 }
+
+}  // namespace
 
 }  // namespace kiln::tool

@@ -65,6 +65,12 @@ TensorMap gather_rows(const TensorDataset& data, std::span<const int64_t> rows) 
   return out;
 }
 
+std::pair<int64_t, int64_t> rank_share(int64_t size, int rank, int ranks) {
+  const int64_t q = size / ranks, r = size % ranks, k = rank;
+  const int64_t first = k * q + std::min(k, r);
+  return {first, first + q + (k < r ? 1 : 0)};
+}
+
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle) {
   if (n < 0) throw Error("epoch_order: negative example count " + std::to_string(n));
   std::vector<int64_t> order(static_cast<size_t>(n));

@@ -42,4 +42,9 @@ struct BatchPlan {
   static BatchPlan make(int64_t n, int64_t batch, bool drop_last);
 };
 
+// Data-parallel: rank `rank`'s rows of `size` consecutive rows (a global batch, a test
+// set), [first, second): `size` cut into `ranks` contiguous pieces, the first size % ranks
+// one row longer. Together the ranks' pieces are every row once.
+std::pair<int64_t, int64_t> rank_share(int64_t size, int rank, int ranks);
+
 }  // namespace kiln

@@ -16,6 +16,8 @@
 #include "ir/printer.h"
 #include "passes/rebatch.h"
 #include "passes/resident_data.h"
+#include "runtime/aot.h"
+#include "runtime/collective.h"
 
 namespace kiln {
 
@@ -64,9 +66,27 @@ Graph at_batch(const Graph& model, int64_t batch) {
   return traced && *traced != batch && batch >= 1 ? rebatch(model, batch) : model;
 }
 
-// The lock on options.checkpoint_dir: the one given, or a new one (none without a folder).
-std::shared_ptr<const CheckpointLock> lock_for(const TrainerOptions& options) {
-  if (options.checkpoint_dir.empty()) return nullptr;
+// Data-parallel: the installed collective (distributed), checked; null otherwise.
+const KilnCollective* collective_for(const TrainerOptions& options) {
+  if (!options.distributed) return nullptr;
+  const KilnCollective* c = kiln_rt_collective();
+  if (!c)
+    throw Error("trainer: distributed training needs the ranks' collective installed first: start MPI "
+                "(kiln::dist::Mpi::init(); `kiln train` does it when run under mpirun), or train without "
+                "distributed");
+  if (options.batch < c->size)
+    throw Error("trainer: the global batch " + std::to_string(options.batch) + " is smaller than the " +
+                std::to_string(c->size) + " ranks: give every rank at least one example of a full batch");
+  return c;
+}
+
+// This rank's share of a full global batch (the batch its step is compiled at).
+int64_t local_batch(const TrainerOptions& options, int ranks) { return (options.batch + ranks - 1) / ranks; }
+
+// The lock on options.checkpoint_dir: the one given, or a new one (none without a folder;
+// none on a rank other than 0 of a distributed run, which never writes).
+std::shared_ptr<const CheckpointLock> lock_for(const TrainerOptions& options, int rank) {
+  if (options.checkpoint_dir.empty() || rank != 0) return nullptr;
   if (!options.checkpoint_lock) return std::make_shared<const CheckpointLock>(options.checkpoint_dir);
   std::error_code ec;
   if (!std::filesystem::equivalent(options.checkpoint_lock->dir(), options.checkpoint_dir, ec))
@@ -135,9 +155,18 @@ std::string optimizer_json(const Optimizer& optimizer) {
 
 Trainer::Trainer(const Graph& model, const TensorMap& params, TrainerOptions options)
     : options_(std::move(options)),
-      lock_(lock_for(options_)),
-      step_(make_train_step(at_batch(model, options_.batch), options_.optimizer, {.loss = options_.loss})),
-      hash_(hash_hex(print(step_.graph))),
+      rank_(options_.distributed ? collective_for(options_)->rank : 0),
+      ranks_(options_.distributed ? collective_for(options_)->size : 1),
+      lock_(lock_for(options_, rank_)),
+      step_(make_train_step(at_batch(model, local_batch(options_, ranks_)), options_.optimizer,
+                            {.loss = options_.loss, .data_parallel = options_.distributed})),
+      // A distributed run's checkpoints are those of the one-process run at the same global
+      // batch: the hash is that step's, so a run resumes with any number of ranks.
+      hash_(hash_hex(print(options_.distributed
+                               ? make_train_step(at_batch(model, options_.batch), options_.optimizer,
+                                                 {.loss = options_.loss})
+                                     .graph
+                               : step_.graph))),
       base_lr_(std::visit([](const auto& o) { return o.lr; }, options_.optimizer)) {
   if (options_.batch < 1) throw Error("trainer: batch must be at least 1, got " + std::to_string(options_.batch));
   if (options_.eval_batch < 1)
@@ -155,6 +184,29 @@ Trainer::Trainer(const Graph& model, const TensorMap& params, TrainerOptions opt
                   train_->state_store());
   if (!options_.checkpoint_dir.empty())
     checkpoints_ = std::make_shared<CheckpointDir>(options_.checkpoint_dir, options_.checkpoint_keep);
+  // Every rank has looked at the folder before rank 0 may write to it.
+  barrier();
+}
+
+void Trainer::sum_over_ranks(void* data, int64_t count, int32_t dtype) const {
+  const KilnCollective* c = options_.distributed ? kiln_rt_collective() : nullptr;
+  if (!c || c->size <= 1) return;
+  const char* error = nullptr;
+  if (c->all_reduce_sum(c->ctx, data, count, dtype, &error) != 0)
+    throw Error(std::string("trainer: rank ") + std::to_string(rank_) + ": " +
+                (error ? error : "a collective failed across the ranks"));
+}
+
+void Trainer::barrier() const {
+  int32_t zero = 0;
+  sum_over_ranks(&zero, 1, KILN_DTYPE_I32);
+}
+
+void Trainer::set_share(int64_t rows, int64_t size) {
+  const double share = static_cast<double>(rows) / static_cast<double>(size);
+  if (share == written_share_) return;
+  train_->set_state("data_parallel.weight", Tensor::scalar(lr_dtype_, share));
+  written_share_ = share;
 }
 
 double Trainer::lr_for(int64_t global_step, int64_t steps_per_epoch) const {
@@ -190,6 +242,7 @@ TensorMap Trainer::train_batch(const TensorMap& batch) {
   if (global_step_ == std::numeric_limits<int64_t>::max())
     throw Error("train_batch: the trainer has taken " + std::to_string(global_step_) +
                 " steps, the most it can count (loaded from a corrupt checkpoint?)");
+  if (options_.distributed) set_share(1, ranks_);  // each rank's batch: an equal share
   TensorMap out = run_step(batch, lr_for(global_step_, steps_per_epoch_));
   if (auto loss = out.find(options_.loss); loss != out.end()) check_loss(loss->second.get(0), 0, 0);
   ++global_step_;
@@ -270,7 +323,13 @@ EpochMetrics Trainer::run_epoch(const TensorDataset& data, const std::function<v
       if (has_accuracy_) accuracy = accuracies_log.get(i);
     } else {
       TensorMap& batch = size == options_.batch ? full_batch_ : last_batch_;
-      gather_rows_into(data, rows.subspan(static_cast<size_t>(i * options_.batch), static_cast<size_t>(size)), batch);
+      std::span<const int64_t> mine = rows.subspan(static_cast<size_t>(i * options_.batch), static_cast<size_t>(size));
+      if (options_.distributed) {  // this rank's share (one row of weight 0 when it has none)
+        auto [first, end] = rank_share(size, rank_, ranks_);
+        set_share(end - first, size);
+        mine = end > first ? mine.subspan(static_cast<size_t>(first), static_cast<size_t>(end - first)) : mine.first(1);
+      }
+      gather_rows_into(data, mine, batch);
       lr = lr_for(global_step_, steps_per_epoch_);
       const TensorMap out = run_step(batch, lr);
       loss = out.find(options_.loss)->second.get(0);
@@ -319,7 +378,7 @@ EpochMetrics Trainer::run_epoch(const TensorDataset& data, const std::function<v
 }
 
 bool Trainer::use_resident(const BatchPlan& plan) const {
-  if (plan.full == 0) return false;
+  if (plan.full == 0 || options_.distributed) return false;
   if (options_.resident_data) return *options_.resident_data;
   return !train_->device()->host_visible();
 }
@@ -361,9 +420,12 @@ Executable& Trainer::resident_for(const TensorDataset& data, int64_t log_capacit
 EvalMetrics Trainer::evaluate(const TensorDataset& data) {
   data.check("evaluate");
   const Clock::time_point t0 = Clock::now();
-  const BatchPlan plan = BatchPlan::make(data.size(), options_.eval_batch, false);
-  std::vector<int64_t> order(static_cast<size_t>(data.size()));
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  // Distributed: this rank's contiguous share of the data; the sums are added over the ranks.
+  const auto [first, end] = options_.distributed ? rank_share(data.size(), rank_, ranks_)
+                                                 : std::pair<int64_t, int64_t>{0, data.size()};
+  const BatchPlan plan = BatchPlan::make(end - first, options_.eval_batch, false);
+  std::vector<int64_t> order(static_cast<size_t>(end - first));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = first + static_cast<int64_t>(i);
   const std::span<const int64_t> rows(order);
   EvalMetrics r;
   double loss = 0, accuracy = 0;
@@ -375,6 +437,13 @@ EvalMetrics Trainer::evaluate(const TensorDataset& data) {
     loss += out.find(options_.loss)->second.get(0) * static_cast<double>(size);
     if (has_accuracy_) accuracy += out.find(options_.accuracy)->second.get(0) * static_cast<double>(size);
     r.samples += size;
+  }
+  if (options_.distributed) {
+    double sums[3] = {loss, accuracy, static_cast<double>(r.samples)};
+    sum_over_ranks(sums, 3, KILN_DTYPE_F64);
+    loss = sums[0];
+    accuracy = sums[1];
+    r.samples = static_cast<int64_t>(sums[2]);
   }
   const double n = static_cast<double>(r.samples);
   r.loss = r.samples ? loss / n : std::nan("");
@@ -397,7 +466,11 @@ std::vector<EpochMetrics> Trainer::fit(const TensorDataset& train, const TensorD
   return all;
 }
 
-TensorMap Trainer::state() const { return train_->state(); }
+TensorMap Trainer::state() const {
+  TensorMap s = train_->state();
+  s.erase("data_parallel.weight");  // the rank's share of the batch being trained: not the run's state
+  return s;
+}
 
 void Trainer::set_state(const TensorMap& state) {
   train_->set_state(state);
@@ -482,12 +555,16 @@ Metadata Trainer::checkpoint_metadata() const {
                                   .dump()}};
 }
 
-void Trainer::save_checkpoint(const std::string& path) const { save_state(path, state(), checkpoint_metadata()); }
+void Trainer::save_checkpoint(const std::string& path) const {
+  barrier();
+  if (rank_ == 0) save_state(path, state(), checkpoint_metadata());
+}
 
 void Trainer::save_to_dir() const {
   const TensorMap s = state();
   check_state(s, "before writing its checkpoint");
-  checkpoints_->save(global_step_, s, checkpoint_metadata());
+  barrier();
+  if (rank_ == 0) checkpoints_->save(global_step_, s, checkpoint_metadata());
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
@@ -513,7 +590,8 @@ void Trainer::load_checkpoint(const std::string& path) {
   }
   std::map<std::string, TensorType> want;
   for (const GraphInput& in : step_.graph.inputs())
-    if (in.is_state) want.emplace(step_.graph.value(in.value).name, step_.graph.type(in.value));
+    if (in.is_state && step_.graph.value(in.value).name != "data_parallel.weight")
+      want.emplace(step_.graph.value(in.value).name, step_.graph.type(in.value));
   TensorMap state = load_state(path, want);
   // This trainer's hyper-parameters, not the file's, are the ones training goes on with (and
   // that its checkpoints record).

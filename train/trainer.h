@@ -89,6 +89,18 @@ struct TrainerOptions {
   // than training on with this trainer.
   std::optional<bool> resident_data{};
   int64_t resident_sync_steps = 0;  // 0: about 1% of an epoch with on_step, else the epoch's end
+  // Data-parallel training (docs/distributed.md) over the ranks of the collective installed
+  // in the runtime (runtime/collective.h: kiln::dist::Mpi::init() installs MPI's; `kiln
+  // train` does under mpirun). `batch` is then the global batch: every rank visits the same
+  // seeded order and trains on its share of each global batch (rank_share), with the step
+  // made data_parallel (gradients, loss and accuracy summed over the ranks, weighted by each
+  // rank's share), so all ranks hold bitwise the same state. A rank whose share of a small
+  // last batch is empty runs one row with weight 0. evaluate() splits the data the same
+  // way and sums the metrics over the ranks. Rank 0 alone takes the checkpoint folder's
+  // lock and writes checkpoints, after a barrier; every rank resumes from the same one.
+  // Checkpoints are the single-process run's at the same global batch (same graph hash),
+  // so a run resumes with another rank count, or in one process. Resident data is off.
+  bool distributed = false;
 };
 
 // Training diverged (TrainerOptions::stop_on_nonfinite): the message names the step.
@@ -147,6 +159,8 @@ class Trainer {
   // Hex BLAKE3 of the training step's canonical text (checkpoints carry it).
   const std::string& graph_hash() const { return hash_; }
 
+  int rank() const { return rank_; }    // this process's rank (0 unless distributed)
+  int ranks() const { return ranks_; }  // ranks training together (1 unless distributed)
   int64_t epoch() const { return epoch_; }              // epochs completed
   int64_t global_step() const { return global_step_; }  // steps taken
   // Batches of the current epoch already trained: 0 between epochs, more after resuming
@@ -163,7 +177,8 @@ class Trainer {
   std::optional<int64_t> checkpoint_planned_epochs() const { return checkpoint_plan_; }
 
   // One optimizer step on `batch` (any batch size), the scheduled lr written first.
-  // Returns the model's outputs (loss, accuracy, ...).
+  // Returns the model's outputs (loss, accuracy, ...). Distributed: every rank passes its
+  // own share of the global batch, all shares of one size.
   TensorMap train_batch(const TensorMap& batch);
   // The next epoch over `data` (the order of epoch_order(n, data_seed, epoch())).
   EpochMetrics train_epoch(const TensorDataset& data, const std::function<void(const StepInfo&)>& on_step = {});
@@ -224,7 +239,14 @@ class Trainer {
   // train_epoch() without its end-of-epoch checkpoint (fit() writes that after evaluating).
   EpochMetrics run_epoch(const TensorDataset& data, const std::function<void(const StepInfo&)>& on_step);
 
+  // Sums `count` values of KILN_DTYPE_* `dtype` over the ranks (distributed), in place.
+  void sum_over_ranks(void* data, int64_t count, int32_t dtype) const;
+  void barrier() const;  // every rank got here (distributed)
+  // Sets "data_parallel.weight" for a share of `rows` of a global batch of `size` rows.
+  void set_share(int64_t rows, int64_t size);
   TrainerOptions options_;
+  int rank_ = 0, ranks_ = 1;
+  double written_share_ = -1;  // the value "data_parallel.weight" holds (-1: unknown)
   std::shared_ptr<const CheckpointLock> lock_;  // on options_.checkpoint_dir, taken first
   std::shared_ptr<CheckpointDir> checkpoints_;  // options_.checkpoint_dir
   TrainStep step_;
