@@ -66,7 +66,7 @@ __all__ = [
     "Adam", "AdamW", "Error", "ParseError", "ShapeError", "VerifyError", "Executable", "Graph", "InternalError", "SGD", "State",
     "compile", "compile_aot", "save_weights", "load_weights", "from_torch", "grad", "import_onnx", "interpret", "load", "num_threads", "optim", "optimize", "parse",
     "passes", "train_step", "Sym", "Tracer", "TensorType", "nn", "f32", "f64", "i32", "i64",
-    "boolean", "Trainer", "datasets", *_BUILDERS,
+    "boolean", "Trainer", "datasets", "distributed", *_BUILDERS,
 ]
 
 
@@ -96,6 +96,7 @@ boolean = DType("bool")
 
 from . import nn  # noqa: E402  (needs the names above)
 from . import datasets  # noqa: E402
+from . import distributed  # noqa: E402
 from .training import Trainer  # noqa: E402
 
 

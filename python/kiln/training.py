@@ -68,20 +68,23 @@ class Trainer:
     checkpoint_dir: a checkpoint (safetensors, the CLI's files) after every epoch and every
     checkpoint_every_steps steps, resume() picks up the latest; target: 'cpu' or 'cuda';
     threads: the most CPU threads a step uses (0: every thread of the process's pool; see
-    kiln.compile). Datasets are dicts of arrays by input name, sharing their leading dimension.
+    kiln.compile); distributed: data-parallel over the ranks of an mpirun job (starts MPI;
+    batch is then the global batch; kiln.distributed, docs/distributed.md). Datasets are dicts of arrays by input name, sharing their leading dimension.
     """
 
     def __init__(self, model, *, eval_model=None, optimizer=None, batch: int = 64, shuffle: bool = True,
                  data_seed: int = 0, drop_last: bool = False, schedule: str = "", eval_batch: int = 1000,
                  loss: str = "loss", accuracy: str = "accuracy", target: str = "", epochs: int = 0,
                  checkpoint_dir: str = "", checkpoint_every_steps: int = 0, checkpoint_keep: int = 3,
-                 stop_on_nonfinite: bool = True, threads: int = 0):
+                 stop_on_nonfinite: bool = True, threads: int = 0, distributed: bool = False):
         if optimizer is None:
             optimizer = _kiln.SGD(lr=0.05, momentum=0.9)
+        if distributed:
+            _kiln._mpi_init()
         self._native = _kiln._Trainer(model, optimizer, batch, drop_last, shuffle, data_seed, schedule,
                                       eval_batch, loss, accuracy, target, eval_model, epochs,
                                       str(checkpoint_dir), checkpoint_every_steps, checkpoint_keep,
-                                      stop_on_nonfinite, threads)
+                                      stop_on_nonfinite, threads, distributed)
 
     def close(self):
         """Releases the compiled steps and the checkpoint folder's lock (another Trainer may

@@ -4,6 +4,7 @@
 // where it is, the state as the last finished step left it) and to call the callbacks.
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 
@@ -12,7 +13,12 @@
 
 #include "common.h"
 #include "frontend/idx.h"
+#include "runtime/collective.h"
 #include "train/trainer.h"
+
+#ifdef KILN_HAVE_MPI
+#include "dist/mpi_collective.h"
+#endif
 
 namespace kiln::py {
 
@@ -107,6 +113,36 @@ void bind_training(nb::module_& m) {
     return l;
   });
 
+  // kiln.distributed's native half (python/kiln/distributed.py).
+  m.def("_launched_by_mpi", [] {
+#ifdef KILN_HAVE_MPI
+    return dist::launched_by_mpi();
+#else
+    return false;
+#endif
+  });
+  m.def("_mpi_init", []() -> std::pair<int, int> {
+#ifdef KILN_HAVE_MPI
+    dist::Mpi& mpi = dist::Mpi::init();
+    return {mpi.rank(), mpi.size()};
+#else
+    throw Error("kiln.distributed: this kiln was built without MPI (install libopenmpi-dev and openmpi-bin, then "
+                "reinstall the package)");
+#endif
+  });
+  m.def("_mpi_abort", [](const std::string& why) {
+#ifdef KILN_HAVE_MPI
+    dist::Mpi::init().abort(why);
+#else
+    throw Error(why);
+#endif
+  });
+  m.def("_collective", []() -> std::optional<std::pair<int, int>> {
+    const KilnCollective* c = kiln_rt_collective();
+    if (!c) return std::nullopt;
+    return std::pair<int, int>{c->rank, c->size};
+  });
+
   nb::class_<Trainer>(m, "_Trainer")
       .def(
           "__init__",
@@ -114,7 +150,7 @@ void bind_training(nb::module_& m) {
              bool shuffle, uint64_t data_seed, const std::string& schedule, int64_t eval_batch, const std::string& loss,
              const std::string& accuracy, const std::string& target, std::optional<const PyGraph*> eval_model,
              int64_t epochs, const std::string& checkpoint_dir, int64_t checkpoint_every_steps, int checkpoint_keep,
-             bool stop_on_nonfinite, int threads) {
+             bool stop_on_nonfinite, int threads, bool distributed) {
             if (threads < 0) throw Error("threads must be 0 (every thread) or more, got " + std::to_string(threads));
             TrainerOptions o;
             std::visit([&](const auto& opt) { o.optimizer = opt; }, optimizer);
@@ -128,6 +164,7 @@ void bind_training(nb::module_& m) {
             o.accuracy = accuracy;
             o.compile.target = target;
             o.compile.threads = threads;
+            o.distributed = distributed;
             if (eval_model && *eval_model) o.eval_model = (*eval_model)->graph;
             o.epochs = epochs;
             o.checkpoint_dir = checkpoint_dir;
@@ -139,7 +176,7 @@ void bind_training(nb::module_& m) {
           },
           "model"_a, "optimizer"_a, "batch"_a, "drop_last"_a, "shuffle"_a, "data_seed"_a, "schedule"_a, "eval_batch"_a,
           "loss"_a, "accuracy"_a, "target"_a, "eval_model"_a.none(), "epochs"_a, "checkpoint_dir"_a,
-          "checkpoint_every_steps"_a, "checkpoint_keep"_a, "stop_on_nonfinite"_a, "threads"_a)
+          "checkpoint_every_steps"_a, "checkpoint_keep"_a, "stop_on_nonfinite"_a, "threads"_a, "distributed"_a)
       .def(
           "fit",
           [](Trainer& t, nb::handle train, nb::handle test, int64_t epochs, nb::object on_step, nb::object on_epoch) {

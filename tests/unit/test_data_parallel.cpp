@@ -19,6 +19,7 @@
 #include "passes/train_step.h"
 #include "runtime/aot.h"
 #include "runtime/collective.h"
+#include "train/data.h"
 
 using namespace kiln;
 using Catch::Matchers::ContainsSubstring;
@@ -203,4 +204,37 @@ TEST_CASE("data parallel: a model that already has the weight's name is refused"
   CHECK_THROWS_WITH(make_train_step(g, SGD{}, {.data_parallel = true}),
                     ContainsSubstring("already has a value named '%data_parallel.weight'"));
   CHECK_NOTHROW(make_train_step(g, SGD{}));
+}
+
+TEST_CASE("data parallel: every example of an epoch goes to exactly one rank", "[data_parallel]") {
+  // The Trainer's split (train/trainer.cpp): each global batch of the seeded order is cut by
+  // rank_share; a rank whose share is empty trains one row with weight 0 (not counted).
+  for (int64_t n : {int64_t{1000}, int64_t{1001}, int64_t{63}, int64_t{3}})
+    for (int ranks : {1, 2, 3, 4, 7})
+      for (bool drop_last : {false, true}) {
+        const BatchPlan plan = BatchPlan::make(n, 64, drop_last);
+        const std::vector<int64_t> order = epoch_order(n, 5, 2);
+        std::vector<int> seen(static_cast<size_t>(n), 0);
+        for (int64_t i = 0; i < plan.count(); ++i) {
+          const int64_t size = plan.size_of(i);
+          int64_t covered = 0;
+          for (int r = 0; r < ranks; ++r) {
+            auto [first, end] = rank_share(size, r, ranks);
+            REQUIRE(first <= end);
+            REQUIRE(first == covered);  // contiguous, in rank order
+            covered = end;
+            for (int64_t k = first; k < end; ++k) ++seen[static_cast<size_t>(order[static_cast<size_t>(i * 64 + k)])];
+            // Shares differ by one row at most.
+            CHECK((end - first == size / ranks || end - first == size / ranks + 1));
+          }
+          REQUIRE(covered == size);
+        }
+        const int64_t trained = plan.full * 64 + (plan.count() > plan.full ? plan.remainder : 0);
+        int64_t once = 0;
+        for (int s : seen) {
+          REQUIRE(s <= 1);
+          once += s;
+        }
+        CHECK(once == trained);
+      }
 }
