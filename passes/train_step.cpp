@@ -455,9 +455,11 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
         std::string names;
         for (size_t i : bucket) {
           ParamUpdate& u = updates[i];
-          flat.push_back(e.op(Op::Reshape, {e.mul(dp_weight, u.grad, "data parallel: this rank's share of the gradient of %" + u.name)},
-                              "data parallel: the gradient of %" + u.name + " flattened",
-                              {{"shape", std::vector<int64_t>{g.type(u.grad).numel()}}}));
+          ValueId share = e.mul(dp_weight, u.grad, "data parallel: this rank's share of the gradient of %" + u.name);
+          if (g.type(share).rank() != 1)
+            share = e.op(Op::Reshape, {share}, "data parallel: the gradient of %" + u.name + " flattened",
+                         {{"shape", std::vector<int64_t>{g.type(u.grad).numel()}}});
+          flat.push_back(share);
           names += (names.empty() ? "%" : ", %") + u.name;
         }
         ValueId joined = e.op(Op::Concat, flat, "data parallel: a bucket of gradients (" + names + ")", {{"axis", int64_t{0}}});
@@ -469,8 +471,9 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
           ValueId piece = e.op(Op::Slice, {summed}, "data parallel: the summed gradient of %" + u.name,
                                {{"start", std::vector<int64_t>{at}}, {"stop", std::vector<int64_t>{at + n}},
                                 {"step", std::vector<int64_t>{1}}});
-          u.grad = e.op(Op::Reshape, {piece}, "data parallel: the summed gradient of %" + u.name,
-                        {{"shape", g.type(u.param).shape}});
+          u.grad = g.type(u.param).rank() == 1 ? piece
+                                               : e.op(Op::Reshape, {piece}, "data parallel: the summed gradient of %" + u.name,
+                                                      {{"shape", g.type(u.param).shape}});
           at += n;
         }
       }

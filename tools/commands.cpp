@@ -72,6 +72,7 @@ std::string TrainOptions::first_given() const {
   if (beta1) return "--beta1";
   if (beta2) return "--beta2";
   if (eps) return "--eps";
+  if (data_parallel) return "--data-parallel";
   return "";
 }
 
@@ -91,6 +92,9 @@ void add_train_options(cli::Parser& p, CLI::App* cmd, TrainOptions& t) {
   p.add_real(cmd, "--beta1", cli::Range::non_negative, t.beta1, "adam/adamw beta1, in [0, 1) (default 0.9)");
   p.add_real(cmd, "--beta2", cli::Range::non_negative, t.beta2, "adam/adamw beta2, in [0, 1) (default 0.999)");
   p.add_real(cmd, "--eps", cli::Range::non_negative, t.eps, "adam/adamw epsilon (default 1e-8)");
+  p.add_flag(cmd, "--data-parallel", t.data_parallel,
+             "the step of one rank of a data-parallel run: gradients, loss and float scalar outputs summed over "
+             "the ranks (all_reduce), weighted by the state %data_parallel.weight (docs/distributed.md)");
 }
 
 Optimizer make_optimizer(const TrainOptions& t, const Optimizer& base) {
@@ -126,6 +130,7 @@ TrainStep build_train_step(const Graph& model, const TrainOptions& t) {
   print_warnings(optimizer_warnings(opt));  // momentum >= 1, as kiln train warns
   TrainStepOptions options;
   options.loss = t.loss.empty() ? "loss" : t.loss;
+  options.data_parallel = t.data_parallel;
   TrainStep step = make_train_step(model, opt, options);
   print_warnings(step.warnings);
   return step;

@@ -52,6 +52,7 @@ struct TrainOptions {
   std::string loss, optimizer;  // empty: "loss", "sgd"
   std::optional<double> lr, momentum, dampening, weight_decay, beta1, beta2, eps;
   bool nesterov = false;
+  bool data_parallel = false;  // --data-parallel: TrainStepOptions::data_parallel
   // The first of these options given ("--lr", ...), or "" if none.
   std::string first_given() const;
 };
