@@ -1,4 +1,14 @@
-// The MPI session and its ring all-reduce (dist/mpi_collective.h).
+// The MPI session and its all-reduce: recursive doubling for small buffers, a ring for
+// the others (dist/mpi_collective.h).
+//
+// Recursive doubling sends a rank's whole partial sum in one message a round (at most
+// kRecursiveDoublingMaxBytes) and receives the peer's into scratch. Both ranks of a pair
+// compute lower rank's partial + higher rank's with one function, into a second scratch
+// buffer rather than over either operand. IEEE addition is commutative, so either order
+// would give both ranks the numbers' bits; one order and one loop for both leave no room
+// for a difference at all (which of two NaNs' payloads a sum keeps depends on the operands'
+// order), and three distinct arrays vectorize without alias checks. The partial alternates
+// between the caller's buffer and that scratch, so a call copies at most once, at the end.
 //
 // One ring step moves one chunk from each rank to the next. A chunk travels in pieces of at
 // most kPieceBytes, which bounds the scratch memory (kSlots pieces, whatever the buffer's
@@ -31,6 +41,7 @@
 #include <exception>
 #include <thread>
 #include <type_traits>
+#include <utility>
 
 #include "ir/error.h"
 #include "runtime/aot.h"
@@ -57,6 +68,10 @@ constexpr int kSleepFraction = 50;  // sleep 1/50 of the time waited
 // tags make a mismatch an error instead of a wrong sum).
 constexpr int kTagReduceScatter = 1;
 constexpr int kTagAllGather = 2;
+constexpr int kTagFold = 3;      // recursive doubling: rank r >= Q's buffer to rank r - Q
+constexpr int kTagDoubling = 4;  // recursive doubling's rounds
+constexpr int kTagUnfold = 5;    // recursive doubling: the sum back to rank r >= Q
+static_assert(Mpi::kRecursiveDoublingMaxBytes <= INT_MAX, "recursive doubling sends its buffer in one message");
 
 Mpi* g_session = nullptr;
 
@@ -115,6 +130,18 @@ void add_into(T* __restrict local, const T* __restrict received, int64_t n) {
       local[i] = static_cast<T>(static_cast<U>(received[i]) + static_cast<U>(local[i]));
   } else {
     for (int64_t i = 0; i < n; ++i) local[i] = received[i] + local[i];
+  }
+}
+
+// out[i] = lower[i] + higher[i]: the lower rank's partial sum on the left. `out` is neither
+// operand (see the top of this file). Integers add as unsigned, as above.
+template <typename T>
+void sum_pair(T* __restrict out, const T* __restrict lower, const T* __restrict higher, int64_t n) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(static_cast<U>(lower[i]) + static_cast<U>(higher[i]));
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = lower[i] + higher[i];
   }
 }
 
@@ -269,10 +296,10 @@ void Mpi::all_reduce_sum(void* data, int64_t count, int32_t dtype) {
   if (count < 0) throw Error("all_reduce_sum of " + std::to_string(count) + " elements (a count is >= 0)");
   if (count > 0 && !data) throw Error("all_reduce_sum of " + std::to_string(count) + " elements at a null buffer");
   switch (dtype) {
-    case KILN_DTYPE_F32: return ring_all_reduce(static_cast<float*>(data), count);
-    case KILN_DTYPE_F64: return ring_all_reduce(static_cast<double*>(data), count);
-    case KILN_DTYPE_I32: return ring_all_reduce(static_cast<int32_t*>(data), count);
-    case KILN_DTYPE_I64: return ring_all_reduce(static_cast<int64_t*>(data), count);
+    case KILN_DTYPE_F32: return all_reduce(static_cast<float*>(data), count);
+    case KILN_DTYPE_F64: return all_reduce(static_cast<double*>(data), count);
+    case KILN_DTYPE_I32: return all_reduce(static_cast<int32_t*>(data), count);
+    case KILN_DTYPE_I64: return all_reduce(static_cast<int64_t*>(data), count);
     default:
       throw Error("all_reduce_sum: dtype code " + std::to_string(dtype) +
                   " is not KILN_DTYPE_F32, F64, I32 or I64 (runtime/aot.h); sum other types as one of these");
@@ -280,8 +307,75 @@ void Mpi::all_reduce_sum(void* data, int64_t count, int32_t dtype) {
 }
 
 template <typename T>
-void Mpi::ring_all_reduce(T* data, int64_t count) {
+void Mpi::all_reduce(T* data, int64_t count) {
   if (size_ == 1 || count == 0) return;
+  // By (count, element size) alone: every rank passes the same count and dtype, so every
+  // rank takes the same path.
+  if (count <= kRecursiveDoublingMaxBytes / int64_t{sizeof(T)}) doubling_all_reduce(data, count);
+  else ring_all_reduce(data, count);
+}
+
+// Recursive doubling on rank r of P, Q the largest power of two <= P (the order is in
+// dist/mpi_collective.h):
+//   r >= Q: sends its buffer to r - Q, then receives the finished sum from it;
+//   r < P - Q: first receives rank r + Q's buffer and adds it (x_r + x_{r+Q});
+//   r < Q: in round k swaps its partial with rank r XOR 2^k, both summing lower + higher;
+//   r < P - Q: last sends the sum to rank r + Q.
+// A rank waits for each message before the next round: a round's sum needs the peer's
+// partial, and the buffer it sent becomes the next round's output.
+template <typename T>
+void Mpi::doubling_all_reduce(T* data, int64_t count) {
+  const int p = size_, r = rank_;
+  int q = 1;
+  while (q <= p / 2) q *= 2;
+  const int n = static_cast<int>(count);  // at most kRecursiveDoublingMaxBytes
+  const MPI_Datatype type = mpi_type<T>();
+  const char* what = "all_reduce's recursive doubling";
+  MPI_Request requests[2];
+
+  if (r >= q) {
+    const int peer = r - q;
+    check(MPI_Isend(data, n, type, peer, kTagFold, comm_, &requests[0]), "MPI_Isend", what);
+    wait(&requests[0], 1, peer, false, what);
+    check(MPI_Irecv(data, n, type, peer, kTagUnfold, comm_, &requests[0]), "MPI_Irecv", what);
+    wait(&requests[0], 1, peer, true, what);
+    return;
+  }
+
+  // Two scratch buffers of `count`, grown once: the peer's partial, and the sum.
+  const size_t need = 2 * static_cast<size_t>(count) * sizeof(T);
+  if (scratch_.size() < need) scratch_.resize(need);
+  T* received = reinterpret_cast<T*>(scratch_.data());
+  T* partial = data;           // this rank's partial sum
+  T* spare = received + count;  // where the next sum goes: the other of data and scratch
+  auto add = [&](const T* lower, const T* higher) {
+    sum_pair(spare, lower, higher, count);
+    std::swap(partial, spare);
+  };
+
+  const int folded = r + q < p ? r + q : -1;  // the rank whose term this one adds first
+  if (folded >= 0) {
+    check(MPI_Irecv(received, n, type, folded, kTagFold, comm_, &requests[0]), "MPI_Irecv", what);
+    wait(&requests[0], 1, folded, true, what);
+    add(partial, received);
+  }
+  for (int bit = 1; bit < q; bit *= 2) {
+    const int peer = r ^ bit;
+    check(MPI_Irecv(received, n, type, peer, kTagDoubling, comm_, &requests[0]), "MPI_Irecv", what);
+    check(MPI_Isend(partial, n, type, peer, kTagDoubling, comm_, &requests[1]), "MPI_Isend", what);
+    wait(&requests[0], 1, peer, true, what);
+    wait(&requests[1], 1, peer, false, what);
+    if (r < peer) add(partial, received);
+    else add(received, partial);
+  }
+  if (folded >= 0)
+    check(MPI_Isend(partial, n, type, folded, kTagUnfold, comm_, &requests[0]), "MPI_Isend", what);
+  if (partial != data) std::memcpy(data, partial, static_cast<size_t>(count) * sizeof(T));  // both only read `partial`
+  if (folded >= 0) wait(&requests[0], 1, folded, false, what);
+}
+
+template <typename T>
+void Mpi::ring_all_reduce(T* data, int64_t count) {
   // The scratch holds kSlots pieces of the largest chunk (chunk 0), grown once.
   const int64_t slot = std::min<int64_t>(chunk(count, size_, 0).size, kPieceBytes / int64_t{sizeof(T)});
   const size_t need = static_cast<size_t>(kSlots * slot) * sizeof(T);

@@ -2,17 +2,23 @@
 // ranks (tests/dist/CMakeLists.txt). Every rank runs every check and reports its failures on
 // stderr; the exit status is nonzero when any rank failed one.
 //
-//   kiln_dist_test                  the checks below
-//   kiln_dist_test --timeout-test   rank 1 sleeps 30 s before its all_reduce: the others
-//                                   must end the job at KILN_DIST_TIMEOUT (timeout.sh)
+//   kiln_dist_test                          the checks below
+//   kiln_dist_test --timeout-test [COUNT]   rank 1 sleeps 30 s before its all_reduce of
+//                                           COUNT f32 (default 1000: recursive doubling):
+//                                           the others must end the job at
+//                                           KILN_DIST_TIMEOUT (timeout.sh)
 //
 // all_reduce_sum's inputs are drawn from a hash of (dtype, case, rank, index), so each rank
-// computes every rank's terms and with them the sum in the documented order (chunk c's sum
-// starts at rank c and goes up the ring): the result must match it bit for bit on every rank,
-// and floats must lie within 1e-5 of the sum of magnitudes of an f64 sum. The terms' exponents
+// computes every rank's terms and with them the sum in the documented order: up to
+// Mpi::kRecursiveDoublingMaxBytes recursive doubling's tree (ranks r >= Q folded into r - Q,
+// then pairs of ranks, pairs of pairs, ...), above it the ring's (chunk c's sum starts at
+// rank c and goes up the ring). The result must match it bit for bit on every rank, and
+// floats must lie within 1e-5 of the sum of magnitudes of an f64 sum. The terms' exponents
 // spread over 2^-8 .. 2^8 and integers span their whole range (sums wrap), so that another
 // order of additions gives other bits: with 3 or more ranks the test checks that the plain
-// rank order 0, 1, ..., P - 1 differs somewhere, i.e. that the comparison can tell orders apart.
+// rank order 0, 1, ..., P - 1 and the other path's order differ somewhere, i.e. that the
+// comparison can tell orders apart, and so which path summed (the counts include the
+// threshold and one element above it).
 #include <mpi.h>
 
 #include <algorithm>
@@ -110,6 +116,30 @@ T add(T a, T b) {
 // The documented chunks: chunk c of n over p has n / p elements, one more when c < n % p.
 int64_t chunk_begin(int64_t n, int p, int c) { return c * (n / p) + std::min<int64_t>(c, n % p); }
 
+// The ring's sum of chunk c's element: from rank c up the ring.
+template <typename T>
+T ring_order(const std::vector<T>& terms, int c) {
+  const int p = static_cast<int>(terms.size());
+  T sum = terms[c];
+  for (int k = 1; k < p; ++k) sum = add(sum, terms[(c + k) % p]);
+  return sum;
+}
+
+// Recursive doubling's sum: Q the largest power of two <= p; y_r = x_r + x_{r+Q} for
+// r < p - Q, then ((y_0 + y_1) + (y_2 + y_3)) + ..., the lower ranks' sum on the left.
+// `y` is scratch.
+template <typename T>
+T doubling_order(const std::vector<T>& terms, std::vector<T>& y) {
+  const int p = static_cast<int>(terms.size());
+  int q = 1;
+  while (q <= p / 2) q *= 2;
+  y.assign(terms.begin(), terms.begin() + q);
+  for (int r = 0; r + q < p; ++r) y[r] = add(y[r], terms[r + q]);
+  for (int width = 1; width < q; width *= 2)
+    for (int r = 0; r < q; r += 2 * width) y[r] = add(y[r], y[r + width]);
+  return y[0];
+}
+
 uint64_t fnv1a(const void* data, size_t bytes) {
   uint64_t h = 0xCBF29CE484222325ull;
   const auto* p = static_cast<const unsigned char*>(data);
@@ -143,21 +173,25 @@ void check_sum(Mpi& mpi, int64_t count, uint64_t seed) {
   mpi.all_reduce_sum(data.data(), count, Kind<T>::dtype);
   double seconds = seconds_since(start);
 
-  // Against the documented order, the f64 sum, and the rank order 0 .. p - 1.
-  int64_t wrong_bits = 0, out_of_tolerance = 0, rank_order_differs = 0;
-  std::vector<T> terms(p);
+  // Against the documented order (the path's by the buffer's size), the f64 sum, the rank
+  // order 0 .. p - 1 and the other path's order.
+  const bool doubling = count <= Mpi::kRecursiveDoublingMaxBytes / static_cast<int64_t>(sizeof(T));
+  const char* path = doubling ? "recursive doubling" : "ring";
+  int64_t wrong_bits = 0, out_of_tolerance = 0, rank_order_differs = 0, other_path_differs = 0;
+  std::vector<T> terms(p), y;
   for (int c = 0; c < p; ++c) {
     for (int64_t i = chunk_begin(count, p, c); i < chunk_begin(count, p, c + 1); ++i) {
       for (int k = 0; k < p; ++k) terms[k] = term<T>(seed, k, i);
-      T expected = terms[c];
-      for (int k = 1; k < p; ++k) expected = add(expected, terms[(c + k) % p]);
+      const T by_ring = ring_order(terms, c), by_doubling = doubling_order(terms, y);
+      const T expected = doubling ? by_doubling : by_ring;
       if (std::memcmp(&expected, &data[i], sizeof(T)) != 0) {
         if (wrong_bits == 0)
-          std::fprintf(stderr, "rank %d: %s count %lld: element %lld (chunk %d) is %.17g, the documented order gives %.17g\n",
-                       g_rank, name, static_cast<long long>(count), static_cast<long long>(i), c,
-                       static_cast<double>(data[i]), static_cast<double>(expected));
+          std::fprintf(stderr, "rank %d: %s count %lld: element %lld (ring chunk %d) is %.17g, the documented order (%s) "
+                       "gives %.17g\n", g_rank, name, static_cast<long long>(count), static_cast<long long>(i), c,
+                       static_cast<double>(data[i]), path, static_cast<double>(expected));
         ++wrong_bits;
       }
+      if (std::memcmp(&by_ring, &by_doubling, sizeof(T)) != 0) ++other_path_differs;
       T in_rank_order = terms[0];
       for (int k = 1; k < p; ++k) in_rank_order = add(in_rank_order, terms[k]);
       if (std::memcmp(&in_rank_order, &expected, sizeof(T)) != 0) ++rank_order_differs;
@@ -171,13 +205,18 @@ void check_sum(Mpi& mpi, int64_t count, uint64_t seed) {
       }
     }
   }
-  EXPECT(wrong_bits == 0, "%s count %lld: %lld elements differ from the documented order's bits", name,
-         static_cast<long long>(count), static_cast<long long>(wrong_bits));
+  EXPECT(wrong_bits == 0, "%s count %lld: %lld elements differ from the documented order's bits (%s)", name,
+         static_cast<long long>(count), static_cast<long long>(wrong_bits), path);
   EXPECT(out_of_tolerance == 0, "%s count %lld: %lld elements off the f64 sum by more than 1e-5 of their magnitude",
          name, static_cast<long long>(count), static_cast<long long>(out_of_tolerance));
-  if (!std::is_integral_v<T> && p >= 3 && count >= 1000)
+  // With 2 ranks every order is x_0 + x_1 (or x_1 + x_0, the same bits); integers' sums
+  // are the same in any order.
+  if (!std::is_integral_v<T> && p >= 3 && count >= 1000) {
     EXPECT(rank_order_differs > 0, "%s count %lld: the rank order 0 .. %d gives the same bits everywhere: the "
            "inputs cannot tell summation orders apart", name, static_cast<long long>(count), p - 1);
+    EXPECT(other_path_differs > 0, "%s count %lld: the ring's and recursive doubling's orders give the same bits "
+           "everywhere: the test cannot tell which path summed", name, static_cast<long long>(count));
+  }
   const uint64_t hash = fnv1a(data.data(), data.size() * sizeof(T));
   EXPECT(same_on_every_rank(hash), "%s count %lld: the ranks' results differ", name, static_cast<long long>(count));
 
@@ -203,9 +242,12 @@ void check_sum(Mpi& mpi, int64_t count, uint64_t seed) {
 
 template <typename T>
 void check_sums(Mpi& mpi, uint64_t seed) {
-  // 0, 1, fewer than the ranks, a few chunks' worth, a count no rank count divides evenly,
-  // and 64 MB (many 1 MiB pieces per chunk).
-  const int64_t counts[] = {0, 1, g_size - 1, 1000, 1000003, (int64_t{64} << 20) / static_cast<int64_t>(sizeof(T))};
+  // 0, 1, fewer than the ranks, a few chunks' worth, the most that recursive doubling sums
+  // and one element more (the ring), a count no rank count divides evenly, and 64 MB (many
+  // 1 MiB pieces per chunk).
+  const int64_t most_doubled = Mpi::kRecursiveDoublingMaxBytes / static_cast<int64_t>(sizeof(T));
+  const int64_t counts[] = {0, 1, g_size - 1, 1000, most_doubled, most_doubled + 1, 1000003,
+                            (int64_t{64} << 20) / static_cast<int64_t>(sizeof(T))};
   for (int64_t count : counts) check_sum<T>(mpi, count, seed++);
 }
 
@@ -309,11 +351,11 @@ void check_session(Mpi& mpi) {
   EXPECT(result == MPI_CONGRUENT, "Kiln's communicator is not a dup of MPI_COMM_WORLD (MPI_Comm_compare gives %d)", result);
 }
 
-int timeout_test(Mpi& mpi) {
+int timeout_test(Mpi& mpi, int64_t count) {
   // Rank 1 stands for a rank that hangs: the others' all_reduce must give up at
   // KILN_DIST_TIMEOUT and end the job (timeout.sh checks how and how soon).
   if (mpi.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(30));
-  std::vector<float> x(1000, 1.0f);
+  std::vector<float> x(count, 1.0f);
   mpi.all_reduce_sum(x.data(), static_cast<int64_t>(x.size()), KILN_DTYPE_F32);
   std::printf("rank %d: all_reduce returned although rank 1 slept\n", mpi.rank());
   return 0;
@@ -326,7 +368,8 @@ int main(int argc, char** argv) {
     Mpi& mpi = Mpi::init();
     g_rank = mpi.rank();
     g_size = mpi.size();
-    if (argc > 1 && std::strcmp(argv[1], "--timeout-test") == 0) return timeout_test(mpi);
+    if (argc > 1 && std::strcmp(argv[1], "--timeout-test") == 0)
+      return timeout_test(mpi, argc > 2 ? std::strtoll(argv[2], nullptr, 10) : 1000);
 
     auto start = std::chrono::steady_clock::now();
     check_session(mpi);

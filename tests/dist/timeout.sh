@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A rank that hangs must not leave the job spinning: runs `MPIEXEC... kiln_dist_test
-# --timeout-test` (rank 1 sleeps 30 s before its all_reduce) with KILN_DIST_TIMEOUT=2 and
-# checks that the job ends within LIMIT seconds, fails, and says on stderr which rank waited
-# for which ("no message from rank").
-# Usage: timeout.sh LIMIT MPIEXEC... PROGRAM --timeout-test
+# --timeout-test [COUNT]` (rank 1 sleeps 30 s before its all_reduce) with KILN_DIST_TIMEOUT=2
+# and checks that the job ends within LIMIT seconds, fails, and says on stderr which rank
+# waited for which ("no message from rank").
+# Usage: timeout.sh LIMIT MPIEXEC... PROGRAM --timeout-test [COUNT]
 set -uo pipefail
 limit=$1
 shift
