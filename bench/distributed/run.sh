@@ -33,7 +33,7 @@ rate() {  # THREADS RANKS TCP MODEL
 }
 
 echo "kiln $("$kiln" --version | head -1), $(nproc) cores, $images images an epoch, global batch 64, best of $rounds rounds"
-printf "%-6s %-22s %12s %18s %14s\n" model configuration samples/s "vs 1 process x $ranks" "efficiency"
+printf "%-6s %-30s %12s %18s %14s\n" model configuration samples/s "vs 1 process x $ranks" "efficiency"
 for model in mlp lenet; do
   declare -A best=()
   for _ in $(seq "$rounds"); do
@@ -47,10 +47,11 @@ for model in mlp lenet; do
   one=${best[1x1shm]} threads=${best["${ranks}x1shm"]}
   for key in 1x1shm "${ranks}x1shm" "1x${ranks}shm" "1x${ranks}tcp"; do
     t=${key%%x*} rest=${key#*x} r=${rest%???} net=${rest: -3}
-    label="$r rank(s) x $t thread(s)$([ "$net" = tcp ] && echo ', TCP')"
+    label="$r rank(s) x $t thread(s)"
+    if [ "$net" = tcp ]; then label="$label, TCP"; fi
     n=$(( t * r ))
     awk -v m="$model" -v l="$label" -v s="${best[$key]}" -v p="$threads" -v o="$one" -v n="$n" \
-      'BEGIN { printf "%-6s %-22s %12.0f %17.2fx %13.2f\n", m, l, s, s / p, s / (o * n) }'
+      'BEGIN { printf "%-6s %-30s %12.0f %17.2fx %13.2f\n", m, l, s, s / p, s / (o * n) }'
   done
   unset best
 done
