@@ -49,7 +49,8 @@ std::string abi_graph(const std::string& t) {
   %tk = top_k(%e) {axis=1, k=3} : i64[512,3]
   %mn = mean(%e) {axes=[1]} : T[512]
   %se = softmax(%e) {axis=-1} : T[512,512]
-  return se = %se, mn = %mn, mw = %mw, yc = %yc, tk = %tk, att = %att, y = %y, dx = %dx, dw = %dw, mp = %mp, dm = %dm, ap = %ap, da = %da, m = %m, t = %t, yr = %yr, z3 = %z3
+  %ar = all_reduce(%m) : T[64,64]
+  return ar = %ar, se = %se, mn = %mn, mw = %mw, yc = %yc, tk = %tk, att = %att, y = %y, dx = %dx, dw = %dw, mp = %mp, dm = %dm, ap = %ap, da = %da, m = %m, t = %t, yr = %yr, z3 = %z3
 }
 )";
   for (size_t at; (at = text.find('T')) != std::string::npos;) text.replace(at, 1, t);
