@@ -10,7 +10,7 @@ PACKAGES=(cmake ninja-build g++ pkg-config ccache
           libfmt-dev libcli11-dev libopenblas-dev dataset-fashion-mnist
           nlohmann-json3-dev librsvg2-bin graphviz python3 python3-venv  # python3-venv: scripts/onnx-diff.sh
           python3-dev  # the Python package (python/, pyproject.toml): Python.h
-          libopenmpi-dev openmpi-bin  # dist/: data-parallel training on MPI
+          libopenmpi-dev openmpi-bin procps  # dist/: data-parallel training on MPI (procps: pgrep in tests/dist/train.sh)
           clang-19 libclang-rt-19-dev  # scripts/fuzz.sh: libFuzzer
           libonnx-dev libprotobuf-dev libonnx-testdata)  # ONNX import and its conformance test
 BACKPORTS_PACKAGES=(libcatch2-dev)
