@@ -201,6 +201,7 @@ std::string percent(double accuracy) { return fmt::format("{:.2f}%", 100 * accur
 #else
   if (dist::launched_by_mpi())
     throw Error("--ranks launches mpirun itself; under mpirun leave it out (mpirun's -np sets the ranks)");
+  if (*a.ranks < 1) throw Error("--ranks must be at least 1");
   const char* env = std::getenv("KILN_MPIRUN");
   const std::string mpirun = env && *env ? env : "mpirun";
   std::vector<std::string> args{mpirun, "-np", std::to_string(*a.ranks), "--oversubscribe"};
