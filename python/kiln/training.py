@@ -79,12 +79,25 @@ class Trainer:
                  stop_on_nonfinite: bool = True, threads: int = 0, distributed: bool = False):
         if optimizer is None:
             optimizer = _kiln.SGD(lr=0.05, momentum=0.9)
+        self._distributed = distributed
         if distributed:
             _kiln._mpi_init()
-        self._native = _kiln._Trainer(model, optimizer, batch, drop_last, shuffle, data_seed, schedule,
-                                      eval_batch, loss, accuracy, target, eval_model, epochs,
-                                      str(checkpoint_dir), checkpoint_every_steps, checkpoint_keep,
-                                      stop_on_nonfinite, threads, distributed)
+        self._native = self._guarded(_kiln._Trainer, model, optimizer, batch, drop_last, shuffle, data_seed,
+                                     schedule, eval_batch, loss, accuracy, target, eval_model, epochs,
+                                     str(checkpoint_dir), checkpoint_every_steps, checkpoint_keep,
+                                     stop_on_nonfinite, threads, distributed)
+
+    def _guarded(self, f, *args):
+        """f(*args); in a distributed run a failure on this rank ends every rank of the job
+        (kiln.distributed.abort), which would otherwise wait for this one in their next
+        collective until KILN_DIST_TIMEOUT."""
+        if not self._distributed:
+            return f(*args)
+        try:
+            return f(*args)
+        except BaseException as e:  # noqa: BLE001 (KeyboardInterrupt too: the job ends)
+            _kiln._mpi_abort(f"{type(e).__name__}: {e}")
+            raise
 
     def close(self):
         """Releases the compiled steps and the checkpoint folder's lock (another Trainer may
@@ -120,21 +133,21 @@ class Trainer:
                 f(metrics)
 
         try:
-            return self._native.fit(train, test, epochs, on_step, on_epoch)
+            return self._guarded(self._native.fit, train, test, epochs, on_step, on_epoch)
         finally:
             bar.close()
 
     def train_epoch(self, data: dict, on_step=None) -> dict:
         """One epoch over `data`; its metrics."""
-        return self._native.train_epoch(data, on_step)
+        return self._guarded(self._native.train_epoch, data, on_step)
 
     def evaluate(self, data: dict) -> dict:
         """The eval model over `data`: example-weighted loss and accuracy."""
-        return self._native.evaluate(data)
+        return self._guarded(self._native.evaluate, data)
 
     def train_batch(self, batch: dict) -> dict:
         """One step on one batch; the step's outputs (loss, ...)."""
-        return self._native.train_batch(batch)
+        return self._guarded(self._native.train_batch, batch)
 
     @property
     def history(self) -> list:
@@ -159,14 +172,14 @@ class Trainer:
         self._native.set_state(values)
 
     def save_checkpoint(self, path):
-        self._native.save_checkpoint(str(path))
+        self._guarded(self._native.save_checkpoint, str(path))
 
     def load_checkpoint(self, path):
-        self._native.load_checkpoint(str(path))
+        self._guarded(self._native.load_checkpoint, str(path))
 
     def resume(self):
         """Loads the latest checkpoint of checkpoint_dir, if any; its path, or None."""
-        return self._native.resume()
+        return self._guarded(self._native.resume)
 
     @property
     def step_executable(self):

@@ -53,6 +53,36 @@ def test_two_ranks_match_one_process(tmp_path):
             assert np.abs(r0[k] - a[k]).max() <= 1e-5 * scale, k
 
 
+FAILING = r"""
+import numpy as np, kiln, kiln.distributed as dist
+dist.init()
+t = kiln.Tracer("m")
+x = t.input("x", kiln.f32[8, 4])
+w = t.parameter("w", np.ones((4, 1), np.float32))
+t.output("loss", kiln.mean(x @ w, []))
+tr = kiln.Trainer(t.finish(), batch=8, distributed=True)
+# Rank 1's data has another dtype: it fails alone, and must not leave rank 0 waiting.
+xs = np.ones((64, 4), np.float32 if dist.rank() == 0 else np.float64)
+tr.fit({"x": xs}, epochs=50)
+"""
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (openmpi-bin) is not installed")
+def test_a_rank_that_fails_ends_the_job():
+    import time
+    env = dict(os.environ, KILN_DIST_TIMEOUT="120")
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    start = time.monotonic()
+    r = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", sys.executable, "-c", FAILING], env=env,
+                       capture_output=True, text=True, timeout=100)
+    if "built without MPI" in r.stderr:
+        pytest.skip("this kiln was built without MPI")
+    assert r.returncode != 0
+    assert time.monotonic() - start < 60  # not KILN_DIST_TIMEOUT's 120 s
+    assert "kiln: rank 1: Error:" in r.stderr, r.stderr
+
+
 def test_single_process_defaults():
     # Before MPI starts (and in a single process): rank 0 of 1.
     assert kiln.distributed.rank() == 0 and kiln.distributed.size() == 1
