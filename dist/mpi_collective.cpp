@@ -169,8 +169,11 @@ Mpi::Mpi() {
   int initialized = 0, provided = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
-    // No argc / argv: MPI takes what it needs from the launcher's environment.
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    // No argc / argv: MPI takes what it needs from the launcher's environment. SERIALIZED:
+    // the calls come one at a time, but not always from the thread that started MPI (a
+    // training step's CUDA all_reduce runs in a host function on the driver's thread; a
+    // Python program may train on a thread of its own).
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     owns_mpi_ = true;
   } else {
     MPI_Query_thread(&provided);

@@ -60,7 +60,10 @@ bool launched_by_mpi();
 class Mpi {
  public:
   // The process's MPI session, started on the first call (MPI_Init_thread asking for
-  // MPI_THREAD_FUNNELED: Kiln calls MPI from the thread that runs the step only), which also
+  // MPI_THREAD_SERIALIZED: Kiln makes one call at a time, from the thread that runs the step
+  // or, for a CUDA step, from the driver's host-function thread; an MPI that gives only
+  // MPI_THREAD_FUNNELED is accepted, and then steps must run on the CPU from the thread that
+  // started MPI), which also
   // installs the runtime's collective (kiln_rt_set_collective) and registers MPI_Finalize to
   // run at exit. Uses an MPI that the program has initialized itself, then leaving
   // MPI_Finalize to it. Throws kiln::Error when KILN_DIST_TIMEOUT is not a positive number
