@@ -310,7 +310,10 @@ int32_t kiln_rt_num_threads(void) {
 // a bit per nested call: whether its begin counted.
 void kiln_rt_run_begin(void) {
   using namespace kiln::rt;
-  const bool counted = kiln_rt_num_threads() == pool().threads();
+  // Read without starting the pool (the first parallel loop does): a limit at or above the
+  // pool's count, or no limit, counts.
+  const int limit = t_thread_limit, started = g_started_threads.load(std::memory_order_acquire);
+  const bool counted = limit <= 0 || (started > 0 && limit >= started);
   t_counted_runs = t_counted_runs << 1 | uint64_t{counted};
   if (counted) g_runs.fetch_add(1, std::memory_order_relaxed);
 }
