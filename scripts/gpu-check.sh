@@ -114,6 +114,9 @@ run_bundle() {
   # graph, long row and training step against the interpreter ([gpu]). The emulation and
   # the ptxas checks ran on the build machine.
   step tests 240 "$bin/kiln_tests" "[cuda]~[emu]~[checks],[gpu]"
+  # The data-parallel step on the GPU: all_reduce staged through pinned memory and a host
+  # function inside the step's CUDA graph, against the plain step's bits (docs/distributed.md).
+  step data-parallel 120 "$bin/kiln_tests" "[data_parallel]"
   # The peers on the same GPU (PyTorch eager, one CUDA graph per step, torch.compile), and
   # the ResNet-18 export they make for Kiln, which cuda_bench and kiln run then take.
   step peers 300 python3 "$root/bench/peers/gpu_peers.py" --export "$r18" --json "$logs/peers.json" \

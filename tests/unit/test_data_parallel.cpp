@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "codegen/backend.h"
 #include "codegen/cuda/emu/emu.h"
 #include "codegen/executable.h"
 #include "frontend/losses.h"
@@ -87,9 +88,16 @@ struct Installed {
   ~Installed() { kiln_rt_set_collective(nullptr); }
 };
 
+// The CPU, the CUDA emulator where a host compiler is, and a GPU where there is one (the
+// staging through pinned memory and the captured host function: scripts/gpu-check.sh).
 std::vector<std::string> targets() {
   std::vector<std::string> t{"cpu"};
   if (!cuda::emu_host_compiler().empty()) t.push_back("cuda-emu");
+  try {
+    cuda::make_backend()->check_available({});
+    t.push_back("cuda");
+  } catch (const Error&) {
+  }
   return t;
 }
 
