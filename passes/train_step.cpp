@@ -14,6 +14,7 @@
 //   AdamW: p *= 1 - lr * wd, then the Adam update without the L2 term.
 #include "passes/train_step.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -451,6 +452,11 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
         ParamUpdate& u = updates[bucket[0]];
         u.grad = global(u.grad, "the gradient of %" + u.name);
       } else {
+        // Gradients of a multiple of 16 elements first (the backward order otherwise kept):
+        // each then starts 64-byte aligned in the bucket, where the memory plan can have its
+        // product written in place instead of copied in by the concat.
+        std::stable_partition(bucket.begin(), bucket.end(),
+                              [&](size_t i) { return g.type(updates[i].grad).numel() % 16 == 0; });
         std::vector<ValueId> flat;
         std::string names;
         for (size_t i : bucket) {
