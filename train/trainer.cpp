@@ -18,6 +18,7 @@
 #include "passes/resident_data.h"
 #include "runtime/aot.h"
 #include "runtime/collective.h"
+#include "runtime/kernels.h"
 
 namespace kiln {
 
@@ -156,7 +157,7 @@ std::string optimizer_json(const Optimizer& optimizer) {
 Trainer::Trainer(const Graph& model, const TensorMap& params, TrainerOptions options)
     : options_(std::move(options)),
       rank_(options_.distributed ? collective_for(options_)->rank : 0),
-      ranks_(options_.distributed ? collective_for(options_)->size : 1),
+      ranks_(options_.distributed ? kiln_rt_collective()->size : 1),  // checked by rank_'s
       lock_(lock_for(options_, rank_)),
       step_(make_train_step(at_batch(model, local_batch(options_, ranks_)), options_.optimizer,
                             {.loss = options_.loss, .data_parallel = options_.distributed})),
@@ -189,12 +190,11 @@ Trainer::Trainer(const Graph& model, const TensorMap& params, TrainerOptions opt
 }
 
 void Trainer::sum_over_ranks(void* data, int64_t count, int32_t dtype) const {
-  const KilnCollective* c = options_.distributed ? kiln_rt_collective() : nullptr;
-  if (!c || c->size <= 1) return;
-  const char* error = nullptr;
-  if (c->all_reduce_sum(c->ctx, data, count, dtype, &error) != 0)
-    throw Error(std::string("trainer: rank ") + std::to_string(rank_) + ": " +
-                (error ? error : "a collective failed across the ranks"));
+  if (!options_.distributed) return;
+  kiln_rt_take_error();
+  kiln_rt_all_reduce_sum(data, count, dtype);  // what a compiled step's all_reduce calls
+  if (const char* error = kiln_rt_take_error())
+    throw Error(std::string("trainer: rank ") + std::to_string(rank_) + ": " + error);
 }
 
 void Trainer::barrier() const {

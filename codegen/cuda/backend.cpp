@@ -30,6 +30,7 @@
 #include "codegen/cuda/render.h"
 #include "ir/error.h"
 #include "runtime/collective.h"
+#include "runtime/kernels.h"
 
 namespace kiln::cuda {
 namespace {
@@ -357,14 +358,12 @@ class CudaInstance final : public Instance {
     const char* error = nullptr;
   };
 
+  // The runtime's all_reduce on the host function's thread, whose error slot it takes.
   static void run_collective(void* p) {
     auto* job = static_cast<CollectiveJob*>(p);
-    job->error = nullptr;
-    const KilnCollective* c = kiln_rt_collective();
-    if (!c || c->size <= 1) return;
-    const char* error = nullptr;
-    if (c->all_reduce_sum(c->ctx, job->data, job->count, job->dtype, &error) != 0)
-      job->error = error ? error : "all_reduce failed across the ranks";
+    kiln_rt_take_error();
+    kiln_rt_all_reduce_sum(job->data, job->count, job->dtype);
+    job->error = kiln_rt_take_error();
   }
 
   // Waits for the call and fails it with the first collective's error.

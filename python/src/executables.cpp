@@ -1,6 +1,5 @@
 // Compiled graphs from Python: kiln.compile -> Executable, called with arrays by name; its
 // state as a mapping. Compiling and running release the GIL, so other Python threads run.
-#include <nanobind/stl/optional.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
