@@ -1,4 +1,4 @@
-// The runtime's thread pool: KILN_NUM_THREADS threads in all (default: every core), the
+// The runtime's thread pool: KILN_NUM_THREADS threads in all (default: every core this process may run on), the
 // caller being one of them, so KILN_NUM_THREADS - 1 workers, started on first use and kept
 // for the life of the process.
 //
@@ -25,6 +25,7 @@
 #include "runtime/thread_pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 
 #include <atomic>
 #include <cerrno>
@@ -81,10 +82,19 @@ uint32_t wait_change(const std::atomic<uint32_t>& a, uint32_t old) {
   }
 }
 
+}  // namespace
+
 int cores() {
+  // The CPUs this process may run on: fewer than the machine's under taskset, a cpuset
+  // (a container's), or mpirun, which binds each of one or two ranks to a core of its own.
   int n = static_cast<int>(std::thread::hardware_concurrency());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) n = std::min(n, CPU_COUNT(&set));
   return std::clamp(n, 1, kMaxThreads);
 }
+
+namespace {
 
 // A thread count asked for by `source` (KILN_NUM_THREADS, threads=), made sensible: more
 // threads than cores only add switching (and an OpenBLAS buffer each), so a count above the
@@ -159,7 +169,7 @@ class Pool {
       std::fprintf(stderr, "kiln runtime: could start only %zu of %d threads\n", workers_.size() + 1, threads);
     }
     threads_ = static_cast<int>(workers_.size()) + 1;
-    g_spin_in_runs.store(threads_ > 1 && threads_ <= static_cast<int>(std::thread::hardware_concurrency()));
+    g_spin_in_runs.store(threads_ > 1 && threads_ <= cores());
   }
 
   int threads() const { return threads_; }

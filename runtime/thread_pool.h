@@ -23,7 +23,11 @@ namespace kiln::rt {
 // or the calling thread taking part). Parallel loops started there run inline.
 bool in_parallel_region();
 
-// The pool starts on its first use with $KILN_NUM_THREADS threads (default: every core;
+// The cores this process may run on (its CPU affinity: under taskset, a cpuset or mpirun's
+// binding, fewer than the machine has), at least 1.
+int cores();
+
+// The pool starts on its first use with $KILN_NUM_THREADS threads (default: cores();
 // at most 4 per core, with a warning above one per core).
 // The count the pool runs, or 0 when it has not started.
 int started_threads();
