@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <algorithm>
+#include <cstdlib>
+#include <thread>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -35,6 +37,7 @@
 #include "passes/rebatch.h"
 #include "passes/train_step.h"
 #include "runtime/blas.h"
+#include "runtime/thread_pool.h"
 #include "tools/args.h"
 #include "tools/commands.h"
 
@@ -489,6 +492,12 @@ int run_info() {
   fmt::print("llvm:     {}\n", host.llvm_version);
   fmt::print("blas:     {}\n", kiln_rt_blas_config());
   fmt::print("gemm:     {}\n", kiln_rt_gemm_config());
+  // The pool's count: what the CPU code runs on, KILN_NUM_THREADS or the cores this process
+  // may use (under mpirun, taskset or a cpuset, fewer than the machine's).
+  const char* asked = std::getenv("KILN_NUM_THREADS");
+  fmt::print("threads:  {} ({}; this process may run on {} of the machine's {} cores)\n", kiln_rt_num_threads(),
+             asked && *asked ? "KILN_NUM_THREADS" : "default: every core it may run on", kiln::rt::cores(),
+             std::max(1u, std::thread::hardware_concurrency()));
   // The GPUs --target cuda:N / --device N can pick, and NVRTC, or why there are none.
   try {
     int count = kiln::cuda::gpu_count();

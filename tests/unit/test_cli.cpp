@@ -74,6 +74,13 @@ TEST_CASE("kiln info reports the host, LLVM and BLAS", "[cli]") {
   auto missing = run_kiln_env("KILN_CUDA_DRIVER_LIB=libkiln-missing-driver.so.1", "info");
   CHECK(missing.status == 0);
   CHECK_THAT(missing.output, ContainsSubstring("\ngpus:     none: no CUDA driver found (libkiln-missing-driver.so.1)"));
+  // The thread count: by default every core the process may run on (mpirun binds a rank to
+  // one), KILN_NUM_THREADS when set.
+  auto pinned = run_kiln_env("taskset -c 0", "info");
+  CHECK(pinned.status == 0);
+  CHECK_THAT(pinned.output, ContainsSubstring("\nthreads:  1 (default: every core it may run on; this process may run on 1 of"));
+  auto asked = run_kiln_env("KILN_NUM_THREADS=3", "info");
+  CHECK_THAT(asked.output, ContainsSubstring("\nthreads:  3 (KILN_NUM_THREADS; "));
 }
 
 TEST_CASE("kiln run and kiln train: --device and cuda:N, one clear line each when they cannot apply", "[cli]") {
