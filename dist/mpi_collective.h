@@ -60,20 +60,26 @@ bool launched_by_mpi();
 class Mpi {
  public:
   // The process's MPI session, started on the first call (MPI_Init_thread asking for
-  // MPI_THREAD_SERIALIZED: Kiln makes one call at a time, from the thread that runs the step
-  // or, for a CUDA step, from the driver's host-function thread; an MPI that gives only
-  // MPI_THREAD_FUNNELED is accepted, and then steps must run on the CPU from the thread that
-  // started MPI), which also
+  // MPI_THREAD_SERIALIZED: Kiln makes one call at a time, from the thread that runs the step,
+  // the runtime's communication thread (overlap(), below) or, for a CUDA step, the driver's
+  // host-function thread; an MPI that gives only MPI_THREAD_FUNNELED is accepted, and then
+  // steps must run on the CPU from the thread that started MPI, without overlap), which also
   // installs the runtime's collective (kiln_rt_set_collective) and registers MPI_Finalize to
   // run at exit. Uses an MPI that the program has initialized itself, then leaving
-  // MPI_Finalize to it. Throws kiln::Error when KILN_DIST_TIMEOUT is not a positive number
-  // or MPI gives less than MPI_THREAD_FUNNELED.
+  // MPI_Finalize to it. Throws kiln::Error when KILN_DIST_TIMEOUT is not a positive number,
+  // KILN_DIST_OVERLAP is not 0, 1 or auto, or MPI gives less than MPI_THREAD_FUNNELED.
   static Mpi& init();
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   // KILN_DIST_TIMEOUT, read once by init().
   double timeout_seconds() const { return timeout_s_; }
+  // Whether a compiled step's sums run on the runtime's communication thread, overlapped
+  // with its computation (KILN_COLLECTIVE_ASYNC): an MPI at MPI_THREAD_SERIALIZED or above,
+  // and KILN_DIST_OVERLAP: 1, 0, or auto (the default: when that thread has a core to
+  // spare, i.e. this rank's threads plus one fit the cores it may run on, and every rank of
+  // the host's do in the host's).
+  bool overlap() const { return overlap_; }
 
   // Returns once every rank has called it.
   void barrier();
@@ -133,6 +139,7 @@ class Mpi {
   int rank_ = 0, size_ = 1;
   double timeout_s_ = 300;
   bool owns_mpi_ = false;  // MPI_Init was ours, so MPI_Finalize is too
+  bool overlap_ = false;
   // Kept between calls: all_reduce's receive slots (the ring's) or its received and summed
   // buffers (recursive doubling's), its requests (one per piece of a chunk: see kPieceBytes
   // in mpi_collective.cpp) and their statuses.

@@ -2,6 +2,7 @@
 #include "passes/schedule.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -65,6 +66,17 @@ std::vector<int32_t> greedy_order(const Graph& g, TieBreak tie) {
     }
   }
 
+  // Collectives (all_reduce) start as soon as their operand is made, and the nodes that read
+  // their results run as late as the other ready nodes allow: the CPU code starts each sum on
+  // the runtime's communication thread and waits for it just before its first reader
+  // (runtime/collective.h), so what runs between is computation overlapped with the
+  // communication (a data-parallel step's backward pass of the layers below a bucket).
+  std::vector<bool> collective(num_nodes, false), waits(num_nodes, false);
+  for (int32_t i = 0; i < num_nodes; ++i) collective[i] = op_info(nodes[i].op).has(kCollective);
+  for (int32_t i = 0; i < num_nodes; ++i)
+    for (ValueId v : operands[i])
+      if (int32_t p = producer(v); p >= 0 && collective[p]) waits[i] = true;
+
   // The node producing each state X's X.next: its key depends on X's readers left.
   std::vector<int32_t> next_producer(num_values, -1);
   for (int32_t i = 0; i < num_nodes; ++i)
@@ -81,7 +93,8 @@ std::vector<int32_t> greedy_order(const Graph& g, TieBreak tie) {
   // The ready nodes, ordered by key; the node index last makes every key unique, so the
   // order picked does not depend on the order nodes became ready. A key changes only
   // when a value's readers left drop (see below), so the set is updated, not rescanned.
-  using Key = std::tuple<bool, int64_t, int64_t, int32_t>;
+  // The first element: 0 for a collective, 2 for a reader of one's result, 1 for the rest.
+  using Key = std::tuple<int, bool, int64_t, int64_t, int32_t>;
   auto key_of = [&](int32_t i) -> Key {
     int64_t freed = 0, kept = 0, recency = -1;
     bool deferred = false;
@@ -102,12 +115,13 @@ std::vector<int32_t> greedy_order(const Graph& g, TieBreak tie) {
       kept += bytes[r.id];
     }
     const int64_t net = kept - freed;
+    const int overlap = collective[i] ? 0 : waits[i] ? 2 : 1;
     switch (tie) {
-      case TieBreak::Original: return {deferred, net, 0, i};
-      case TieBreak::Recent: return {deferred, net, -recency, i};
-      case TieBreak::DepthFirst: return {deferred, -recency, net, i};
+      case TieBreak::Original: return {overlap, deferred, net, 0, i};
+      case TieBreak::Recent: return {overlap, deferred, net, -recency, i};
+      case TieBreak::DepthFirst: return {overlap, deferred, -recency, net, i};
     }
-    return {deferred, net, 0, i};
+    return {overlap, deferred, net, 0, i};
   };
   std::set<Key> ready;
   std::vector<Key> key(num_nodes);
@@ -127,7 +141,7 @@ std::vector<int32_t> greedy_order(const Graph& g, TieBreak tie) {
     if (!is_constant(i) && !folded[i] && pending[i] == 0) make_ready(i);
 
   while (!ready.empty()) {
-    const int32_t i = std::get<3>(*ready.begin());
+    const int32_t i = std::get<4>(*ready.begin());
     ready.erase(ready.begin());
     for (ValueId v : operands[i])
       if (int32_t p = producer(v); p >= 0 && is_constant(p) && !emitted[p]) emit(p);
@@ -165,7 +179,12 @@ Graph schedule(const Graph& g, const PassOptions& /*options*/) {
   std::vector<int32_t> original(g.nodes().size());
   std::iota(original.begin(), original.end(), 0);
   std::vector<std::vector<int32_t>> tried = {original};
-  int64_t best_peak = peak_live_bytes(g);
+  // With a collective the greedy orders, which overlap it, are taken even when the original
+  // order's peak is lower: the cost of overlap is the memory of the results it keeps alive
+  // longer.
+  const bool overlap = std::any_of(g.nodes().begin(), g.nodes().end(),
+                                   [](const Node& n) { return op_info(n.op).has(kCollective); });
+  int64_t best_peak = overlap ? std::numeric_limits<int64_t>::max() : peak_live_bytes(g);
   std::optional<Graph> best;
   for (TieBreak tie : {TieBreak::Original, TieBreak::Recent, TieBreak::DepthFirst}) {
     std::vector<int32_t> order = greedy_order(g, tie);

@@ -441,11 +441,12 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
                 "data parallel: " + what + " over the ranks");
   };
   if (options.data_parallel) {
-    if (options.bucket_bytes < 1) fail("data_parallel: bucket_bytes must be at least 1");
+    if (options.bucket_bytes < 1 || options.first_bucket_bytes < 1)
+      fail("data_parallel: bucket_bytes and first_bucket_bytes must be at least 1");
     dp_weight = g.add_input("data_parallel.weight", {dtype, {}}, true);
     result.initial_values.emplace("data_parallel.weight", Tensor::scalar(dtype, 1.0));
     std::vector<size_t> bucket;  // indices into updates
-    int64_t bytes = 0;
+    int64_t bytes = 0, cap = std::min(options.first_bucket_bytes, options.bucket_bytes);
     auto flush = [&] {
       if (bucket.empty()) return;
       if (bucket.size() == 1) {
@@ -485,11 +486,12 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
       }
       bucket.clear();
       bytes = 0;
+      cap = options.bucket_bytes;
     };
     for (size_t i = updates.size(); i-- > 0;) {
       const TensorType& t = g.type(updates[i].grad);
       const int64_t b = t.numel() * static_cast<int64_t>(dtype_size(t.dtype));
-      if (!bucket.empty() && bytes + b > options.bucket_bytes) flush();
+      if (!bucket.empty() && bytes + b > cap) flush();
       bucket.push_back(i);
       bytes += b;
     }

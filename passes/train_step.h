@@ -84,8 +84,14 @@ struct TrainStepOptions {
   // updates itself (batch norm's running statistics). Other outputs stay this rank's.
   // With one process (no collective installed) and weight 1 the step computes exactly
   // what the plain step does.
+  //
+  // The first bucket holds at most first_bucket_bytes (as DDP's): it is complete early in
+  // the backward pass, so its sum overlaps the rest of it (the schedule starts every
+  // all_reduce as soon as its operand is made and runs its readers as late as it can; the
+  // CPU code runs the sums on the runtime's communication thread: runtime/collective.h).
   bool data_parallel = false;
   int64_t bucket_bytes = int64_t{25} << 20;
+  int64_t first_bucket_bytes = int64_t{1} << 20;
 };
 
 struct TrainStep {

@@ -22,6 +22,16 @@ int64_t now_ns() {
       .count();
 }
 
+// Adds the time since node's kiln_rt_prof_begin to its total, and `calls` to its count.
+void add_since_begin(int32_t node, int64_t calls) {
+  int64_t end = now_ns();
+  Table& t = table();
+  if (node < 0 || static_cast<size_t>(node) >= t.start.size()) return;
+  auto i = static_cast<size_t>(node);
+  t.ns[i] += end - t.start[i];
+  t.calls[i] += calls;
+}
+
 }  // namespace
 
 extern "C" {
@@ -31,14 +41,9 @@ void kiln_rt_prof_begin(int32_t node) {
   if (node >= 0 && static_cast<size_t>(node) < t.start.size()) t.start[static_cast<size_t>(node)] = now_ns();
 }
 
-void kiln_rt_prof_end(int32_t node) {
-  int64_t end = now_ns();
-  Table& t = table();
-  if (node < 0 || static_cast<size_t>(node) >= t.start.size()) return;
-  auto i = static_cast<size_t>(node);
-  t.ns[i] += end - t.start[i];
-  t.calls[i] += 1;
-}
+void kiln_rt_prof_end(int32_t node) { add_since_begin(node, 1); }
+
+void kiln_rt_prof_extend(int32_t node) { add_since_begin(node, 0); }
 
 void kiln_rt_prof_reset(int32_t num_nodes) {
   Table& t = table();

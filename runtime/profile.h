@@ -15,6 +15,9 @@ extern "C" {
 
 void kiln_rt_prof_begin(int32_t node);
 void kiln_rt_prof_end(int32_t node);
+// Like kiln_rt_prof_end, but adds the time to node i's total without counting a call: a
+// second stretch of the same call's work (a collective's wait, after its start).
+void kiln_rt_prof_extend(int32_t node);
 // Sizes the table for `num_nodes` nodes and zeroes every counter.
 void kiln_rt_prof_reset(int32_t num_nodes);
 // Copies min(n, table size) nodes' totals into ns[] and calls[] (either may be null);

@@ -192,7 +192,7 @@ Trainer::Trainer(const Graph& model, const TensorMap& params, TrainerOptions opt
 void Trainer::sum_over_ranks(void* data, int64_t count, int32_t dtype) const {
   if (!options_.distributed) return;
   kiln_rt_take_error();
-  kiln_rt_all_reduce_sum(data, count, dtype);  // what a compiled step's all_reduce calls
+  kiln_rt_all_reduce_sum(data, count, dtype);  // through the runtime, as a compiled step's sums go
   if (const char* error = kiln_rt_take_error())
     throw Error(std::string("trainer: rank ") + std::to_string(rank_) + ": " + error);
 }

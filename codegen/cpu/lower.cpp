@@ -136,18 +136,38 @@ void Lowerer::lower_level(const Graph& g, const KernelPlan& kp, std::vector<Valu
     if (k.kind == KernelKind::Loop) return lower_loop(g, k, ptr);
     lower_node(g, k, ptr, cursor);
   };
-  if (top && options_.profile) {
-    // At the top level every item is one node: time each node, constants included.
-    llvm::FunctionCallee begin = runtime(RtFn::kiln_rt_prof_begin);
-    llvm::FunctionCallee end = runtime(RtFn::kiln_rt_prof_end);
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      B_.CreateCall(begin, {B_.getInt32(static_cast<uint32_t>(i))});
-      if (item_of[i] >= 0) emit_here(items[static_cast<size_t>(item_of[i])]);
-      B_.CreateCall(end, {B_.getInt32(static_cast<uint32_t>(i))});
+  // The all_reduce nodes started and not yet waited for (runtime/collective.h: their sums may
+  // run on the communication thread while the kernels between go on), by node: each is
+  // waited for in the entry just before the first node that reads its result, the rest at
+  // the end. A collective is a kernel boundary: there is none in a fused body.
+  std::vector<size_t> in_flight;
+  const bool profile = top && options_.profile;
+  auto wait = [&](size_t c) {
+    const auto node = B_.getInt32(static_cast<uint32_t>(c));
+    if (profile) B_.CreateCall(runtime(RtFn::kiln_rt_prof_begin), {node});
+    B_.CreateCall(runtime(RtFn::kiln_rt_all_reduce_wait), {ptr[nodes[c].result().id]});
+    if (profile) B_.CreateCall(runtime(RtFn::kiln_rt_prof_extend), {node});  // the collective's time, not the reader's
+  };
+  auto wait_for_operands = [&](const Node& n) {
+    std::erase_if(in_flight, [&](size_t c) {
+      const ValueId r = nodes[c].result();
+      if (std::find(n.operands.begin(), n.operands.end(), r) == n.operands.end()) return false;
+      wait(c);
+      return true;
+    });
+  };
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!profile && item_of[i] < 0) continue;  // a constant: at the top level only profiled
+    wait_for_operands(nodes[i]);
+    if (profile) B_.CreateCall(runtime(RtFn::kiln_rt_prof_begin), {B_.getInt32(static_cast<uint32_t>(i))});
+    if (item_of[i] >= 0) emit_here(items[static_cast<size_t>(item_of[i])]);
+    if (profile) B_.CreateCall(runtime(RtFn::kiln_rt_prof_end), {B_.getInt32(static_cast<uint32_t>(i))});
+    if (nodes[i].op == Op::AllReduce) {
+      KILN_CHECK(top, "cpu codegen: an all_reduce inside a fused body");
+      in_flight.push_back(i);
     }
-  } else {
-    for (int item : items) emit_here(item);
   }
+  for (size_t c : in_flight) wait(c);
   if (top) {
     // LLVM's optimizer and register allocator cost more than linear time in a function's
     // length: a graph of thousands of kernels in one function took minutes to compile. A

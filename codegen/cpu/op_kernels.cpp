@@ -64,9 +64,11 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
                                  c64(attr_int(n.attrs, "k")), B_.getInt32(attr_bool(n.attrs, "largest") ? 1 : 0)});
       return;
     }
-    case Op::AllReduce:  // in place on the result, by the installed collective (runtime/collective.h)
+    case Op::AllReduce:
+      // Started in place on the result by the installed collective (runtime/collective.h);
+      // lower_level waits for it before the first reader of the result.
       if (!same_storage(g, n.result(), n.operands[0])) copy_bytes(out, in(0), rt.numel() * esize);
-      B_.CreateCall(runtime(RtFn::kiln_rt_all_reduce_sum), {out, c64(rt.numel()), B_.getInt32(aot_dtype(rt.dtype))});
+      B_.CreateCall(runtime(RtFn::kiln_rt_all_reduce_start), {out, c64(rt.numel()), B_.getInt32(aot_dtype(rt.dtype))});
       return;
     case Op::Reshape:  // a view when the memory plan put it over its dying operand
       if (same_storage(g, n.result(), n.operands[0])) return;

@@ -9,7 +9,11 @@
 #  4. a killed rank: a 2-rank run whose rank 1 is killed mid-epoch ends (every process gone)
 #     within 30 s with a nonzero status, and resuming it with 2 ranks from its last
 #     checkpoint ends bitwise where the uninterrupted 2-rank run ended;
-#  5. the TCP transport alone (as between hosts), over the loopback: the 2-rank result.
+#  5. the TCP transport alone (as between hosts), over the loopback: the 2-rank result;
+#  6. overlap: runs 2, 4 and 5 and the killed run force the communication thread
+#     (KILN_DIST_OVERLAP=1; on 2 cores the default, auto, leaves it off), so the bitwise
+#     checks hold it to the in-place sums' bits; a KILN_DIST_OVERLAP that is not 0, 1 or auto
+#     is refused.
 # Usage: train.sh KILN COMPARE_CHECKPOINTS WORKDIR
 set -euo pipefail
 kiln=$1 compare=$2 work=$3
@@ -26,12 +30,12 @@ step() { echo "== $*"; }
 step "one process, 2 and 4 ranks"
 "$kiln" train "${args[@]}" --epochs 2 --checkpoint one
 "$kiln" train "${args[@]}" --epochs 2 --checkpoint two --ranks 2
-"$kiln" train "${args[@]}" --epochs 2 --checkpoint four --ranks 4
+KILN_DIST_OVERLAP=1 "$kiln" train "${args[@]}" --epochs 2 --checkpoint four --ranks 4
 "$compare" one/$last two/$last --rtol $RTOL
 "$compare" one/$last four/$last --rtol $RTOL
 
-step "determinism: 2 ranks again"
-"$kiln" train "${args[@]}" --epochs 2 --checkpoint two_again --ranks 2
+step "determinism: 2 ranks again, the sums overlapped"
+KILN_DIST_OVERLAP=1 "$kiln" train "${args[@]}" --epochs 2 --checkpoint two_again --ranks 2
 "$compare" two/$last two_again/$last --bitwise
 
 step "resume across rank counts"
@@ -44,7 +48,7 @@ cp two/$first two_then_one/
 "$compare" two/$last two_then_one/$last --rtol $RTOL
 
 step "a killed rank ends the job; resuming ends where the uninterrupted run did"
-"$kiln" train "${args[@]}" --epochs 2 --checkpoint killed --ranks 2 &
+KILN_DIST_OVERLAP=1 "$kiln" train "${args[@]}" --epochs 2 --checkpoint killed --ranks 2 &
 launcher=$!
 for _ in $(seq 200); do  # until the first checkpoint (step 30) is written
   ls killed/ckpt-* >/dev/null 2>&1 && break
@@ -66,10 +70,16 @@ ls killed
 
 step "TCP over the loopback"
 if mpirun --version 2>/dev/null | grep -q "Open MPI"; then
-  OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=lo \
+  OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=lo KILN_DIST_OVERLAP=1 \
     "$kiln" train "${args[@]}" --epochs 2 --checkpoint tcp --ranks 2
   "$compare" two/$last tcp/$last --bitwise
 else
   echo "not Open MPI: skipped"
 fi
+step "a bad KILN_DIST_OVERLAP"
+status=0
+KILN_DIST_OVERLAP=maybe "$kiln" train "${args[@]}" --epochs 1 --checkpoint bad --ranks 2 2>bad.err || status=$?
+cat bad.err
+[ "$status" -ne 0 ] || { echo "FAIL: KILN_DIST_OVERLAP=maybe was accepted"; exit 1; }
+grep -q "KILN_DIST_OVERLAP='maybe' is not 0, 1 or auto" bad.err || { echo "FAIL: no message for KILN_DIST_OVERLAP"; exit 1; }
 echo "all data-parallel training checks passed"

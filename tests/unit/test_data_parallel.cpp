@@ -6,8 +6,11 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "codegen/backend.h"
 #include "codegen/cuda/emu/emu.h"
@@ -71,9 +74,20 @@ std::pair<std::vector<Tensor>, TensorMap> train(const TrainStep& step, const Ten
   return {losses, state};
 }
 
-// A stand-in collective: N ranks that all hold this rank's values, summed (x * N).
+// A stand-in collective: N ranks that all hold this rank's values, summed (x * N). It
+// counts the calls made from a thread other than the test's (the runtime's communication
+// thread, with KILN_COLLECTIVE_ASYNC).
+struct Ranks {
+  int n;
+  std::thread::id caller = std::this_thread::get_id();
+  std::atomic<int> calls{0}, elsewhere{0};
+};
+
 int32_t times_n(void* ctx, void* data, int64_t count, int32_t dtype, const char** error) {
-  const int n = *static_cast<int*>(ctx);
+  Ranks& r = *static_cast<Ranks*>(ctx);
+  const int n = r.n;
+  ++r.calls;
+  if (std::this_thread::get_id() != r.caller) ++r.elsewhere;
   if (dtype == KILN_DTYPE_F32) {
     float* p = static_cast<float*>(data);
     for (int64_t i = 0; i < count; ++i) p[i] *= static_cast<float>(n);
@@ -136,6 +150,47 @@ TEST_CASE("data parallel: the step sums weighted gradients in buckets, last laye
   CHECK(buckets == 1);
 }
 
+TEST_CASE("data parallel: the compiled order starts each sum early and reads it late", "[data_parallel]") {
+  // Overlap (runtime/collective.h): between an all_reduce and the first node that reads its
+  // result runs computation. Buckets of 400 bytes (see above): the first, fc2's gradients,
+  // is complete after fc2's backward GEMMs, so fc1's weight gradient (a GEMM) runs while it
+  // is summed; the loss's sum starts before the backward pass.
+  TensorMap params;
+  Graph m = model(params);
+  TrainStep dp = make_train_step(m, SGD{.lr = 0.1, .momentum = 0.9}, {.data_parallel = true, .bucket_bytes = 400});
+  const auto prepared = prepare(dp.graph);
+  const Graph& g = prepared->graph;
+  const auto& nodes = g.nodes();
+  auto first_reader = [&](ValueId v) {
+    for (size_t i = 0; i < nodes.size(); ++i)
+      if (std::find(nodes[i].operands.begin(), nodes[i].operands.end(), v) != nodes[i].operands.end()) return i;
+    return nodes.size();  // an output only: waited for at the end
+  };
+  auto gemms = [&](size_t from, size_t to) {
+    int n = 0;
+    for (size_t i = from; i < to; ++i)
+      n += nodes[i].op == Op::Matmul || (nodes[i].body && std::any_of(nodes[i].body->nodes().begin(), nodes[i].body->nodes().end(),
+                                                                   [](const Node& b) { return b.op == Op::Matmul; }));
+    return n;
+  };
+  std::vector<size_t> reduces;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (nodes[i].op == Op::AllReduce) reduces.push_back(i);
+  REQUIRE(reduces.size() == 7);
+  // The first started: the loss's (an output only), with every backward GEMM after it.
+  CHECK(first_reader(nodes[reduces[0]].result()) == nodes.size());
+  CHECK(gemms(reduces[0], nodes.size()) >= 3);
+  // Some bucket's sum has a GEMM between its start and its first reader.
+  int overlapped = 0;
+  for (size_t r : reduces) overlapped += gemms(r, first_reader(nodes[r].result())) > 0;
+  CHECK(overlapped >= 2);
+  // Every reader of a sum comes after the last GEMM.
+  size_t last_gemm = 0;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (gemms(i, i + 1)) last_gemm = i;
+  for (size_t r : reduces) CHECK(first_reader(nodes[r].result()) > last_gemm);
+}
+
 TEST_CASE("data parallel: one process with weight 1 computes the plain step's bits", "[data_parallel]") {
   TensorMap params;
   Graph m = model(params);
@@ -162,21 +217,26 @@ TEST_CASE("data parallel: 4 identical ranks of weight 1/4 compute the plain step
   Graph m = model(params);
   TrainStep plain = make_train_step(m, SGD{.lr = 0.1, .momentum = 0.9});
   TrainStep dp = make_train_step(m, SGD{.lr = 0.1, .momentum = 0.9}, {.data_parallel = true, .bucket_bytes = 400});
-  for (const std::string& target : targets()) {
-    INFO(target);
-    auto [l0, s0] = train(plain, params, target, 1.0);
-    int n = 4;
-    KilnCollective c{&n, 0, 4, &times_n};
-    Installed installed(c);
-    auto [l1, s1] = train(dp, params, target, 0.25);
-    for (size_t i = 0; i < l0.size(); ++i) CHECK(same_bits(l0[i], l1[i]));
-    for (const auto& [name, t] : s0) CHECK(same_bits(t, s1.at(name)));
-    // Without the collective the same weights make a quarter of each gradient.
-    kiln_rt_set_collective(nullptr);
-    auto [l2, s2] = train(dp, params, target, 0.25);
-    CHECK_FALSE(same_bits(s0.at("fc1.weight"), s2.at("fc1.weight")));
-    kiln_rt_set_collective(&c);
-  }
+  for (const std::string& target : targets())
+    for (int32_t flags : {0, KILN_COLLECTIVE_ASYNC}) {
+      INFO(target << (flags ? ", overlapped" : ", in place"));
+      auto [l0, s0] = train(plain, params, target, 1.0);
+      Ranks ranks{4};
+      KilnCollective c{&ranks, 0, 4, &times_n, flags};
+      Installed installed(c);
+      auto [l1, s1] = train(dp, params, target, 0.25);
+      for (size_t i = 0; i < l0.size(); ++i) CHECK(same_bits(l0[i], l1[i]));
+      for (const auto& [name, t] : s0) CHECK(same_bits(t, s1.at(name)));
+      // 7 all_reduce nodes a step, 3 steps; on the CPU an overlapping collective is called
+      // from the communication thread (a CUDA step calls it where its stream runs).
+      CHECK(ranks.calls == 3 * 7);
+      if (target == "cpu") CHECK(ranks.elsewhere == (flags ? 3 * 7 : 0));
+      // Without the collective the same weights make a quarter of each gradient.
+      kiln_rt_set_collective(nullptr);
+      auto [l2, s2] = train(dp, params, target, 0.25);
+      CHECK_FALSE(same_bits(s0.at("fc1.weight"), s2.at("fc1.weight")));
+      kiln_rt_set_collective(&c);
+    }
 }
 
 TEST_CASE("data parallel: a failing collective fails the call with its message", "[data_parallel]") {
@@ -187,20 +247,21 @@ TEST_CASE("data parallel: a failing collective fails the call with its message",
     *error = "rank 1 is gone";
     return 1;
   };
-  KilnCollective c{nullptr, 0, 2, fails};
-  for (const std::string& target : targets()) {
-    INFO(target);
-    auto exe = compile(dp.graph, CompileOptions{.target = target});
-    exe->set_state(params);
-    exe->set_state(dp.initial_state());
-    Installed installed(c);
-    try {
-      exe->run(batch());
-      FAIL("the call succeeded");
-    } catch (const Error& e) {
-      CHECK_THAT(std::string(e.what()), ContainsSubstring("rank 1 is gone"));
+  for (const std::string& target : targets())
+    for (int32_t flags : {0, KILN_COLLECTIVE_ASYNC}) {
+      INFO(target << (flags ? ", overlapped" : ", in place"));
+      KilnCollective c{nullptr, 0, 2, fails, flags};
+      auto exe = compile(dp.graph, CompileOptions{.target = target});
+      exe->set_state(params);
+      exe->set_state(dp.initial_state());
+      Installed installed(c);
+      try {
+        exe->run(batch());
+        FAIL("the call succeeded");
+      } catch (const Error& e) {
+        CHECK_THAT(std::string(e.what()), ContainsSubstring("rank 1 is gone"));
+      }
     }
-  }
 }
 
 TEST_CASE("data parallel: a model that already has the weight's name is refused", "[data_parallel]") {
