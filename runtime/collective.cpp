@@ -1,6 +1,7 @@
 // The installed collective (runtime/collective.h).
 #include "runtime/collective.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -14,11 +15,13 @@
 namespace {
 KilnCollective g_collective{};
 std::atomic<bool> g_installed{false};
+
 // The communication thread: runs the started sums one at a time, in the order started (the
 // same order on every rank, since every rank runs the same step), and marks each done.
 // Started on the first asynchronous sum; it waits on a condition variable between steps
 // and lives until the process exits (detached: it holds nothing a static destructor frees).
 struct Job {
+  KilnCollective collective;  // installed when the sum started
   void* data;
   int64_t count;
   int32_t dtype;
@@ -35,10 +38,9 @@ class CommThread {
   }
 
   void start(const KilnCollective& c, void* data, int64_t count, int32_t dtype) {
-    auto job = std::make_shared<Job>(Job{data, count, dtype, std::this_thread::get_id()});
+    auto job = std::make_shared<Job>(Job{c, data, count, dtype, std::this_thread::get_id()});
     {
       std::lock_guard<std::mutex> lock(m_);
-      collective_ = c;
       queue_.push_back(job);
       outstanding_.push_back(std::move(job));
     }
@@ -48,15 +50,15 @@ class CommThread {
   void wait(void* data) {
     std::unique_lock<std::mutex> lock(m_);
     const std::thread::id me = std::this_thread::get_id();
-    for (auto it = outstanding_.begin(); it != outstanding_.end(); ++it) {
-      if ((*it)->data != data || (*it)->owner != me) continue;
-      std::shared_ptr<Job> job = *it;
-      done_.wait(lock, [&] { return job->done; });
-      outstanding_.erase(it);
-      lock.unlock();
-      if (job->error) kiln::rt::record_error(job->error);
-      return;
-    }
+    auto mine = [&](const std::shared_ptr<Job>& j) { return j->data == data && j->owner == me; };
+    auto it = std::find_if(outstanding_.begin(), outstanding_.end(), mine);
+    if (it == outstanding_.end()) return;
+    std::shared_ptr<Job> job = *it;
+    done_.wait(lock, [&] { return job->done; });
+    // Other threads may have started sums while this one waited: find it again.
+    outstanding_.erase(std::find(outstanding_.begin(), outstanding_.end(), job));
+    lock.unlock();
+    if (job->error) kiln::rt::record_error(job->error);
   }
 
  private:
@@ -68,7 +70,7 @@ class CommThread {
       work_.wait(lock, [&] { return !queue_.empty(); });
       std::shared_ptr<Job> job = std::move(queue_.front());
       queue_.pop_front();
-      const KilnCollective c = collective_;
+      const KilnCollective& c = job->collective;
       lock.unlock();
       const char* error = nullptr;
       if (c.all_reduce_sum(c.ctx, job->data, job->count, job->dtype, &error) != 0)
@@ -81,7 +83,6 @@ class CommThread {
 
   std::mutex m_;
   std::condition_variable work_, done_;
-  KilnCollective collective_{};
   std::deque<std::shared_ptr<Job>> queue_;
   std::vector<std::shared_ptr<Job>> outstanding_;  // started, not yet waited for
 };
@@ -116,7 +117,11 @@ void kiln_rt_all_reduce_start(void* data, int64_t count, int32_t dtype) {
   if (!c || c->size <= 1 || count <= 0) return;
   if (!(c->flags & KILN_COLLECTIVE_ASYNC)) return kiln_rt_all_reduce_sum(data, count, dtype);
   g_comm_thread_started.store(true, std::memory_order_release);
-  CommThread::get().start(*c, data, count, dtype);
+  try {
+    CommThread::get().start(*c, data, count, dtype);
+  } catch (...) {  // no thread or no memory for the job: sum here, as without overlap
+    kiln_rt_all_reduce_sum(data, count, dtype);
+  }
 }
 
 void kiln_rt_all_reduce_wait(void* data) {

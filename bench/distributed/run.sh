@@ -4,7 +4,8 @@
 # --images images, as
 #   1 process x 1 thread, 1 process x T threads, R ranks x 1 thread (mpirun, shared memory),
 #   R ranks x 1 thread over TCP on the loopback (as between hosts), R ranks x 1 thread with
-#   KILN_DIST_OVERLAP=0 (each sum where the step reaches it, not overlapped);
+#   KILN_DIST_OVERLAP=1 (the sums on the communication thread even without a core to spare
+#   for it; the default, auto, decides per machine: docs/distributed.md);
 # each the best of --rounds alternated rounds, in training samples per second, with the
 # ratios to one process of as many threads and to one thread (the scaling efficiency).
 # usage: bench/distributed/run.sh [--kiln PATH] [--ranks R] [--images N] [--rounds K]
@@ -29,7 +30,7 @@ rate() {  # THREADS RANKS TCP MODEL
   local env=(KILN_NUM_THREADS=$1) extra=()
   [ "$2" -gt 1 ] && extra=(--ranks "$2")
   [ "$3" = tcp ] && env+=(OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=lo)
-  [ "$3" = seq ] && env+=(KILN_DIST_OVERLAP=0)
+  [ "$3" = ovl ] && env+=(KILN_DIST_OVERLAP=1)
   env "${env[@]}" "$kiln" train "$4" --data fashion-mnist --epochs 1 --batch 64 --train-limit "$images" \
     --test-limit 1000 "${extra[@]}" | cat | grep -o '[0-9.]* samples/s' | tail -1 | cut -d' ' -f1
 }
@@ -39,7 +40,7 @@ printf "%-6s %-30s %12s %18s %14s\n" model configuration samples/s "vs 1 process
 for model in mlp lenet; do
   declare -A best=()
   for _ in $(seq "$rounds"); do
-    for cfg in "1 1 shm" "$ranks 1 shm" "1 $ranks shm" "1 $ranks seq" "1 $ranks tcp"; do
+    for cfg in "1 1 shm" "$ranks 1 shm" "1 $ranks shm" "1 $ranks ovl" "1 $ranks tcp"; do
       set -- $cfg
       r=$(rate "$1" "$2" "$3" "$model")
       key="$1x$2$3"
@@ -47,11 +48,11 @@ for model in mlp lenet; do
     done
   done
   one=${best[1x1shm]} threads=${best["${ranks}x1shm"]}
-  for key in 1x1shm "${ranks}x1shm" "1x${ranks}shm" "1x${ranks}seq" "1x${ranks}tcp"; do
+  for key in 1x1shm "${ranks}x1shm" "1x${ranks}shm" "1x${ranks}ovl" "1x${ranks}tcp"; do
     t=${key%%x*} rest=${key#*x} r=${rest%???} net=${rest: -3}
     label="$r rank(s) x $t thread(s)"
     if [ "$net" = tcp ]; then label="$label, TCP"; fi
-    if [ "$net" = seq ]; then label="$label, no overlap"; fi
+    if [ "$net" = ovl ]; then label="$label, overlap forced"; fi
     n=$(( t * r ))
     awk -v m="$model" -v l="$label" -v s="${best[$key]}" -v p="$threads" -v o="$one" -v n="$n" \
       'BEGIN { printf "%-6s %-30s %12.0f %17.2fx %13.2f\n", m, l, s, s / p, s / (o * n) }'
