@@ -251,6 +251,17 @@ void check_sums(Mpi& mpi, uint64_t seed) {
   for (int64_t count : counts) check_sum<T>(mpi, count, seed++);
 }
 
+// After a sum of a bool buffer through the runtime: the error this thread's call recorded
+// (none with one rank, where the runtime calls no collective at all).
+void expect_bool_dtype_error(const char* how) {
+  const char* error = kiln_rt_take_error();
+  if (g_size > 1)
+    EXPECT(error && std::strstr(error, "dtype code 4 is not"), "%s of a bool dtype recorded '%s'", how,
+           error ? error : "(nothing)");
+  else
+    EXPECT(error == nullptr, "%s on one rank recorded '%s'", how, error);
+}
+
 void check_bad_arguments(Mpi& mpi) {
   float x[4] = {1, 2, 3, 4};
   auto throws = [&](int64_t count, int32_t dtype, void* data, const char* text) {
@@ -270,12 +281,7 @@ void check_bad_arguments(Mpi& mpi) {
   // Through the runtime: recorded as the call's error, not thrown (with one rank the
   // runtime calls no collective at all).
   kiln_rt_all_reduce_sum(x, 4, KILN_DTYPE_BOOL);
-  const char* error = kiln_rt_take_error();
-  if (g_size > 1)
-    EXPECT(error && std::strstr(error, "dtype code 4 is not"), "kiln_rt_all_reduce_sum with a bool dtype recorded '%s'",
-           error ? error : "(nothing)");
-  else
-    EXPECT(error == nullptr, "kiln_rt_all_reduce_sum on one rank recorded '%s'", error);
+  expect_bool_dtype_error("kiln_rt_all_reduce_sum");
   try {
     mpi.broadcast(x, sizeof x, g_size);
     EXPECT(false, "a broadcast from rank %d (no such rank) did not throw", g_size);
@@ -390,12 +396,7 @@ void check_overlapped(Mpi& mpi) {
   float bad[4] = {1, 2, 3, 4};
   kiln_rt_all_reduce_start(bad, 4, KILN_DTYPE_BOOL);
   kiln_rt_all_reduce_wait(bad);
-  const char* error = kiln_rt_take_error();
-  if (g_size > 1)
-    EXPECT(error && std::strstr(error, "dtype code 4 is not"), "an overlapped sum of a bool dtype recorded '%s'",
-           error ? error : "(nothing)");
-  else
-    EXPECT(error == nullptr, "an overlapped sum on one rank recorded '%s'", error);
+  expect_bool_dtype_error("an overlapped sum");
   kiln_rt_all_reduce_wait(bad);  // nothing left to wait for: returns at once
   EXPECT(kiln_rt_take_error() == nullptr, "a second wait recorded an error");
 }
