@@ -37,6 +37,15 @@ def size() -> int:
     return c[1] if c else 1
 
 
+def overlap() -> bool:
+    """Whether the compiled steps' sums run on the runtime's communication thread while the
+    backward pass goes on (``KILN_DIST_OVERLAP``: ``1``, ``0``, or ``auto``, the default: on
+    where each rank has a core to spare for that thread). False before init() and in a
+    single process."""
+    c = _kiln._collective()
+    return bool(c[2]) if c else False
+
+
 def abort(message: str):
     """Ends every rank of the job at once, printing ``kiln: rank R: message`` (a rank that
     fails alone would otherwise leave the others waiting in their next collective until

@@ -5,6 +5,7 @@
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 
@@ -137,10 +138,10 @@ void bind_training(nb::module_& m) {
     throw Error(why);
 #endif
   });
-  m.def("_collective", []() -> std::optional<std::pair<int, int>> {
+  m.def("_collective", []() -> std::optional<std::tuple<int, int, bool>> {
     const KilnCollective* c = kiln_rt_collective();
     if (!c) return std::nullopt;
-    return std::pair<int, int>{c->rank, c->size};
+    return std::tuple<int, int, bool>{c->rank, c->size, (c->flags & KILN_COLLECTIVE_ASYNC) != 0};
   });
 
   nb::class_<Trainer>(m, "_Trainer")

@@ -26,7 +26,8 @@ data = {"x": rng.standard_normal((1000, 20)).astype(np.float32), "y": rng.intege
 tr = kiln.Trainer(t.finish(), batch=32, distributed=distributed)
 hist = tr.fit(data, data, epochs=2)
 np.savez(out + f".{dist.rank()}.npz", **{k: np.asarray(v) for k, v in tr.state.items()},
-         test_loss=hist[-1]["test_loss"], train_loss=hist[-1]["train_loss"], size=dist.size())
+         test_loss=hist[-1]["test_loss"], train_loss=hist[-1]["train_loss"], size=dist.size(),
+         overlap=dist.overlap())
 """
 
 
@@ -38,14 +39,17 @@ def test_two_ranks_match_one_process(tmp_path):
     one = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "one"), "0"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr
+    # The ranks' sums on the communication thread (on 2 cores the default leaves it off).
     two = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", sys.executable, "-c", SCRIPT,
-                          str(tmp_path / "two"), "1"], env=env, capture_output=True, text=True, timeout=300)
+                          str(tmp_path / "two"), "1"], env=dict(env, KILN_DIST_OVERLAP="1"),
+                         capture_output=True, text=True, timeout=300)
     if "built without MPI" in two.stderr:
         pytest.skip("this kiln was built without MPI")
     assert two.returncode == 0, two.stderr
     a = np.load(tmp_path / "one.0.npz")
     r0, r1 = np.load(tmp_path / "two.0.npz"), np.load(tmp_path / "two.1.npz")
     assert int(r0["size"]) == 2 and int(a["size"]) == 1
+    assert bool(r0["overlap"]) and not bool(a["overlap"])
     for k in r0.files:
         assert r0[k].tobytes() == r1[k].tobytes(), k  # every rank holds the same bits
         if r0[k].dtype.kind == "f":
@@ -87,3 +91,4 @@ def test_single_process_defaults():
     # Before MPI starts (and in a single process): rank 0 of 1.
     assert kiln.distributed.rank() == 0 and kiln.distributed.size() == 1
     assert kiln.distributed.launched_by_mpi() is False
+    assert kiln.distributed.overlap() is False
