@@ -71,11 +71,26 @@ std::vector<int32_t> greedy_order(const Graph& g, TieBreak tie) {
   // the runtime's communication thread and waits for it just before its first reader
   // (runtime/collective.h), so what runs between is computation overlapped with the
   // communication (a data-parallel step's backward pass of the layers below a bucket).
-  std::vector<bool> collective(num_nodes, false), waits(num_nodes, false);
+  // So do the nodes that only feed collectives (every reader of theirs is a collective or
+  // such a node: a bucket's weighting and concat, a weight's gradient GEMM, the accuracy
+  // summed with the loss): as soon as they are ready, so that the sums start early.
+  std::vector<bool> collective(num_nodes, false), waits(num_nodes, false), feeds(num_nodes, false);
   for (int32_t i = 0; i < num_nodes; ++i) collective[i] = op_info(nodes[i].op).has(kCollective);
   for (int32_t i = 0; i < num_nodes; ++i)
     for (ValueId v : operands[i])
       if (int32_t p = producer(v); p >= 0 && collective[p]) waits[i] = true;
+  for (int32_t i = num_nodes; i-- > 0;) {  // readers come later in the original order
+    if (collective[i] || is_constant(i) || folded[i]) continue;
+    bool only = true, any = false;
+    for (ValueId r : nodes[i].results) {
+      only = only && !is_output[r.id];
+      for (int32_t c : readers[r.id]) {
+        any = true;
+        only = only && (collective[c] || feeds[c]);
+      }
+    }
+    feeds[i] = only && any;
+  }
 
   // The node producing each state X's X.next: its key depends on X's readers left.
   std::vector<int32_t> next_producer(num_values, -1);
@@ -115,7 +130,7 @@ std::vector<int32_t> greedy_order(const Graph& g, TieBreak tie) {
       kept += bytes[r.id];
     }
     const int64_t net = kept - freed;
-    const int overlap = collective[i] ? 0 : waits[i] ? 2 : 1;
+    const int overlap = collective[i] || feeds[i] ? 0 : waits[i] ? 2 : 1;
     switch (tie) {
       case TieBreak::Original: return {overlap, deferred, net, 0, i};
       case TieBreak::Recent: return {overlap, deferred, net, -recency, i};

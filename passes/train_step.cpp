@@ -21,6 +21,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <type_traits>
 
@@ -436,9 +437,44 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
   // Data-parallel: each rank's gradient weighted by its share of the global batch, summed
   // over the ranks in buckets.
   ValueId dp_weight;
-  auto global = [&](ValueId v, const std::string& what) {
-    return e.op(Op::AllReduce, {e.mul(dp_weight, v, "data parallel: this rank's share of " + what)},
-                "data parallel: " + what + " over the ranks");
+  // Sums `vs` over the ranks with one all_reduce, each weighted by this rank's share (`whats`
+  // name them in the notes): flattened and concatenated, those of a multiple of 16
+  // elements first (each then starts 64-byte aligned in the bucket, where the memory plan
+  // can have its product written in place instead of copied in by the concat; the order
+  // otherwise kept), summed, and sliced back; a value alone is summed as it is. The summed
+  // values, in the order of `vs`.
+  auto sum_over_ranks = [&](const std::vector<ValueId>& vs, const std::vector<std::string>& whats,
+                            const std::string& bucket) {
+    std::vector<ValueId> shares;
+    for (size_t i = 0; i < vs.size(); ++i)
+      shares.push_back(e.mul(dp_weight, vs[i], "data parallel: this rank's share of " + whats[i]));
+    if (vs.size() == 1) return std::vector<ValueId>{e.op(Op::AllReduce, {shares[0]}, "data parallel: " + whats[0] + " over the ranks")};
+    std::vector<size_t> order(vs.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_partition(order.begin(), order.end(), [&](size_t i) { return g.type(vs[i]).numel() % 16 == 0; });
+    std::vector<ValueId> flat;
+    for (size_t i : order) {
+      ValueId share = shares[i];
+      if (g.type(share).rank() != 1)
+        share = e.op(Op::Reshape, {share}, "data parallel: " + whats[i] + " flattened",
+                     {{"shape", std::vector<int64_t>{g.type(share).numel()}}});
+      flat.push_back(share);
+    }
+    ValueId joined = e.op(Op::Concat, flat, "data parallel: a bucket of " + bucket, {{"axis", int64_t{0}}});
+    ValueId summed = e.op(Op::AllReduce, {joined}, "data parallel: the bucket over the ranks");
+    std::vector<ValueId> out(vs.size());
+    int64_t at = 0;
+    for (size_t i : order) {
+      const TensorType t = g.type(vs[i]);  // a copy: emitting adds values
+      const int64_t n = t.numel();
+      ValueId piece = e.op(Op::Slice, {summed}, "data parallel: " + whats[i] + " summed",
+                           {{"start", std::vector<int64_t>{at}}, {"stop", std::vector<int64_t>{at + n}},
+                            {"step", std::vector<int64_t>{1}}});
+      out[i] = t.rank() == 1 ? piece
+                             : e.op(Op::Reshape, {piece}, "data parallel: " + whats[i] + " summed", {{"shape", t.shape}});
+      at += n;
+    }
+    return out;
   };
   if (options.data_parallel) {
     if (options.bucket_bytes < 1 || options.first_bucket_bytes < 1)
@@ -449,41 +485,16 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
     int64_t bytes = 0, cap = std::min(options.first_bucket_bytes, options.bucket_bytes);
     auto flush = [&] {
       if (bucket.empty()) return;
-      if (bucket.size() == 1) {
-        ParamUpdate& u = updates[bucket[0]];
-        u.grad = global(u.grad, "the gradient of %" + u.name);
-      } else {
-        // Gradients of a multiple of 16 elements first (the backward order otherwise kept):
-        // each then starts 64-byte aligned in the bucket, where the memory plan can have its
-        // product written in place instead of copied in by the concat.
-        std::stable_partition(bucket.begin(), bucket.end(),
-                              [&](size_t i) { return g.type(updates[i].grad).numel() % 16 == 0; });
-        std::vector<ValueId> flat;
-        std::string names;
-        for (size_t i : bucket) {
-          ParamUpdate& u = updates[i];
-          ValueId share = e.mul(dp_weight, u.grad, "data parallel: this rank's share of the gradient of %" + u.name);
-          if (g.type(share).rank() != 1)
-            share = e.op(Op::Reshape, {share}, "data parallel: the gradient of %" + u.name + " flattened",
-                         {{"shape", std::vector<int64_t>{g.type(u.grad).numel()}}});
-          flat.push_back(share);
-          names += (names.empty() ? "%" : ", %") + u.name;
-        }
-        ValueId joined = e.op(Op::Concat, flat, "data parallel: a bucket of gradients (" + names + ")", {{"axis", int64_t{0}}});
-        ValueId summed = e.op(Op::AllReduce, {joined}, "data parallel: the bucket's gradients over the ranks");
-        int64_t at = 0;
-        for (size_t i : bucket) {
-          ParamUpdate& u = updates[i];
-          const int64_t n = g.type(u.grad).numel();
-          ValueId piece = e.op(Op::Slice, {summed}, "data parallel: the summed gradient of %" + u.name,
-                               {{"start", std::vector<int64_t>{at}}, {"stop", std::vector<int64_t>{at + n}},
-                                {"step", std::vector<int64_t>{1}}});
-          u.grad = g.type(u.param).rank() == 1 ? piece
-                                               : e.op(Op::Reshape, {piece}, "data parallel: the summed gradient of %" + u.name,
-                                                      {{"shape", g.type(u.param).shape}});
-          at += n;
-        }
+      std::vector<ValueId> grads;
+      std::vector<std::string> whats;
+      std::string names;
+      for (size_t i : bucket) {
+        grads.push_back(updates[i].grad);
+        whats.push_back("the gradient of %" + updates[i].name);
+        names += (names.empty() ? "%" : ", %") + updates[i].name;
       }
+      std::vector<ValueId> summed = sum_over_ranks(grads, whats, "gradients (" + names + ")");
+      for (size_t k = 0; k < bucket.size(); ++k) updates[bucket[k]].grad = summed[k];
       bucket.clear();
       bytes = 0;
       cap = options.bucket_bytes;
@@ -509,16 +520,36 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
   result.nodes.optimizer = g.nodes().size() - before_optimizer;
 
   // Outputs: the loss, the model's other outputs, then every state input's next value.
-  // Data-parallel: float scalars and the model's own float state updates over the ranks.
-  auto output = [&](const std::string& name, ValueId v) {
-    const TensorType& t = g.type(v);
-    const bool over_ranks = options.data_parallel && is_float(t.dtype) &&
-                            (t.rank() == 0 || (name.ends_with(".next") && model.find(name.substr(0, name.size() - 5)).valid()));
-    g.add_output(name, over_ranks ? global(v, "'" + name + "'") : v);
-  };
-  output(options.loss, map[loss.id]);
+  // Data-parallel: float scalars and the model's own float state updates (batch norm's
+  // running statistics) over the ranks, one all_reduce per dtype: they are all made by the
+  // forward pass, so their sum starts before the backward pass (ResNet-18's 42 would each
+  // be a message of their own).
+  std::vector<std::pair<std::string, ValueId>> model_outputs{{options.loss, map[loss.id]}};
   for (const GraphOutput& o : model.outputs())
-    if (o.name != options.loss) output(o.name, map[o.value.id]);
+    if (o.name != options.loss) model_outputs.emplace_back(o.name, map[o.value.id]);
+  if (options.data_parallel) {
+    std::map<DType, std::vector<size_t>> by_dtype;  // the outputs summed over the ranks
+    for (size_t i = 0; i < model_outputs.size(); ++i) {
+      const auto& [name, v] = model_outputs[i];
+      const TensorType& t = g.type(v);
+      if (is_float(t.dtype) &&
+          (t.rank() == 0 || (name.ends_with(".next") && model.find(name.substr(0, name.size() - 5)).valid())))
+        by_dtype[t.dtype].push_back(i);
+    }
+    for (const auto& [dt, members] : by_dtype) {
+      std::vector<ValueId> vs;
+      std::vector<std::string> whats;
+      std::string names;
+      for (size_t i : members) {
+        vs.push_back(model_outputs[i].second);
+        whats.push_back("'" + model_outputs[i].first + "'");
+        names += (names.empty() ? "'" : ", '") + model_outputs[i].first + "'";
+      }
+      std::vector<ValueId> summed = sum_over_ranks(vs, whats, "outputs (" + names + ")");
+      for (size_t k = 0; k < members.size(); ++k) model_outputs[members[k]].second = summed[k];
+    }
+  }
+  for (const auto& [name, v] : model_outputs) g.add_output(name, v);
   size_t next_param = 0;
   for (const GraphInput& in : model.inputs()) {
     if (!in.is_state) continue;
