@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
     --batch) batch=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "resnet.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
