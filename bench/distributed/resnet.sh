@@ -9,12 +9,15 @@
 # per second, the ratio to one process of R threads, and the scaling efficiency (the
 # 1-thread share's step time over the configuration's). Then, from the R-rank step's
 # profile, the time its all_reduce nodes took a step (start and wait: with overlap, what was
-# left to wait for), with and without overlap.
+# left to wait for), with and without overlap. Last, where --peer names a Python with torch
+# and torchvision (default: /work/peers-venv's, if there), PyTorch DDP over Gloo in the same
+# run (bench/distributed/ddp.py) and Kiln's R-rank step against DDP's.
 # usage: bench/distributed/resnet.sh [--model FILE.onnx] [--bench PATH] [--ranks R]
-#                                    [--batch N] [--reps K] [--rounds K]
+#                                    [--batch N] [--reps K] [--rounds K] [--peer PYTHON]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 model=/work/models/resnet18_train_b16.onnx bench=build/bench/train_step_bench ranks=2 batch=16 reps=3 rounds=2
+peer=/work/peers-venv/bin/python
 while [ $# -gt 0 ]; do
   case $1 in
     --model) model=$2; shift 2 ;;
@@ -23,6 +26,7 @@ while [ $# -gt 0 ]; do
     --batch) batch=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
+    --peer) peer=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "resnet.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -77,3 +81,11 @@ for ov in 0 1; do
     awk -v ov="$ov" '$2 == "all_reduce" { n++; ms += $4 / $3; if ($4 / $3 > big) big = $4 / $3 }
       END { printf "KILN_DIST_OVERLAP=%s: %d all_reduce nodes, %.1f ms a step in them (the largest %.1f ms)\n", ov, n, ms, big }'
 done
+
+if [ -x "$peer" ] && "$peer" -c "import torch, torchvision" 2>/dev/null; then
+  "$peer" bench/distributed/ddp.py --ranks "$ranks" --batch "$batch" --reps "$reps" --rounds "$rounds" | tee /dev/stderr |
+    awk -v kiln="${best["1x${ranks}shm"]}" -v r="$ranks" '$0 ~ "DDP \\(Gloo\\)" { ddp = $(NF - 3) }
+      END { if (ddp) printf "Kiln %d ranks: %.1f ms a step, DDP: %.1f ms: Kiln %.2fx DDP\n", r, kiln, ddp, ddp / kiln }'
+else
+  echo "no PyTorch peer ($peer: --peer PYTHON with torch and torchvision): DDP not run"
+fi
