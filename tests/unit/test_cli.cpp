@@ -76,9 +76,13 @@ TEST_CASE("kiln info reports the host, LLVM and BLAS", "[cli]") {
   CHECK_THAT(missing.output, ContainsSubstring("\ngpus:     none: no CUDA driver found (libkiln-missing-driver.so.1)"));
   // The thread count: by default every core the process may run on (mpirun binds a rank to
   // one), KILN_NUM_THREADS when set.
-  auto pinned = run_kiln_env("taskset -c 0", "info");
-  CHECK(pinned.status == 0);
-  CHECK_THAT(pinned.output, ContainsSubstring("\nthreads:  1 (default: every core it may run on; this process may run on 1 of"));
+  if (run_shell("taskset -c 0 true").status == 0) {  // util-linux's taskset, where affinity may be set
+    auto pinned = run_kiln_env("taskset -c 0", "info");
+    CHECK(pinned.status == 0);
+    CHECK_THAT(pinned.output, ContainsSubstring("\nthreads:  1 (default: every core it may run on; this process may run on 1 of"));
+  } else {
+    WARN("taskset cannot pin a process here: the affinity check is skipped");
+  }
   auto asked = run_kiln_env("KILN_NUM_THREADS=3", "info");
   CHECK_THAT(asked.output, ContainsSubstring("\nthreads:  3 (KILN_NUM_THREADS; "));
 }
