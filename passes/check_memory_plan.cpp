@@ -9,6 +9,7 @@
 
 #include "ir/calling.h"
 #include "ir/printer.h"
+#include "passes/memory_plan.h"
 
 namespace kiln {
 
@@ -145,6 +146,68 @@ struct Checker {
     }
   }
 
+  // Slice views, by the rule restated from memory_plan.h. view_of: per value, the operand
+  // whose run it holds (a slice result planned at its run of the operand, or a value
+  // written in place over such a one), else invalid. view_end: per operand with views, the
+  // last time one of them is live (else -1). The overlap sweep leaves the views out and
+  // keeps their operand live to view_end instead.
+  std::vector<ValueId> view_of;
+  std::vector<int32_t> view_end;
+  void find_slice_views() {
+    const size_t values = g.values().size();
+    view_of.assign(values, ValueId{});
+    view_end.assign(values, -1);
+    std::vector<bool> has_views(values, false);
+    for (int32_t i = 0; i < end_of_graph; ++i) {
+      const Node& n = g.nodes()[i];
+      if (n.op != Op::Slice) continue;
+      const std::optional<int64_t> at = contiguous_slice_start(g, n);
+      const ValueId o = n.operands[0], r = n.result();
+      const ValuePlan& po = plan.values[o.id];
+      const ValuePlan& pr = plan.values[r.id];
+      if (!at || po.kind != BufferKind::Arena || pr.kind != BufferKind::Arena || pr.offset != po.offset + *at) continue;
+      view_of[r.id] = o;
+      has_views[o.id] = true;
+    }
+    for (size_t id = 0; id < values; ++id) {
+      if (!has_views[id]) continue;
+      const ValueId o{static_cast<int32_t>(id)};
+      // Every reader of o one of its views, at disjoint runs, and o no output: then nothing
+      // reads o's bytes where a value written over a view could have changed them.
+      if (last[id] >= end_of_graph) fail(describe(o) + " has slices planned as views but is a graph output");
+      std::vector<std::pair<int64_t, int64_t>> runs;
+      for (int32_t k = reader_begin[id]; k < reader_begin[id + 1]; ++k) {
+        const Node& n = g.nodes()[reader_list[k]];
+        if (n.op != Op::Slice || view_of[n.result().id] != o)
+          fail(describe(o) + " has slices planned as views, and node " + std::to_string(reader_list[k]) +
+               " reads it otherwise");
+        const ValuePlan& pr = plan.values[n.result().id];
+        runs.emplace_back(pr.offset, pr.offset + pr.bytes);
+      }
+      std::sort(runs.begin(), runs.end());
+      for (size_t k = 1; k < runs.size(); ++k)
+        if (runs[k].first < runs[k - 1].second) fail(describe(o) + " has slices planned as views at overlapping runs");
+    }
+    // Values written in place over a view join its operand's views, in definition order.
+    for (int32_t i = 0; i < end_of_graph; ++i) {
+      const Node& n = g.nodes()[i];
+      for (ValueId r : n.results) {
+        const ValuePlan& pr = plan.values[r.id];
+        if (pr.kind != BufferKind::Arena || view_of[r.id].valid()) continue;
+        for (ValueId p : n.operands) {
+          const ValuePlan& pp = plan.values[p.id];
+          if (view_of[p.id].valid() && pp.offset == pr.offset && pp.bytes == pr.bytes && last[p.id] == i &&
+              in_place_ok(n, p, r)) {
+            view_of[r.id] = view_of[p.id];
+            break;
+          }
+        }
+      }
+    }
+    for (size_t id = 0; id < values; ++id)
+      if (view_of[id].valid()) view_end[view_of[id].id] = std::max(view_end[view_of[id].id], last[id]);
+  }
+
   // a and b are arena values at overlapping bytes and overlapping lifetimes: is it one
   // value written in place over the other, or a concat operand in its slice of the result
   // (whose bytes it holds until the concat, the result's first node, its last reader)?
@@ -157,6 +220,7 @@ struct Checker {
     if (first[operand.id] == first[result.id]) return false;  // two results of one node
     if (po.offset != pr.offset || po.bytes != pr.bytes) return false;
     if (last[operand.id] != first[result.id]) return false;  // operand must die right there
+    if (view_end[operand.id] > first[result.id]) return false;  // its views still read its bytes
     return in_place_ok(g.nodes()[first[result.id]], operand, result);
   }
 
@@ -247,8 +311,11 @@ struct Checker {
   void check_overlaps() {
     std::vector<ValueId> arena;
     for (size_t id = 0; id < plan.values.size(); ++id)
-      if (plan.values[id].kind == BufferKind::Arena && plan.values[id].bytes > 0)
+      if (plan.values[id].kind == BufferKind::Arena && plan.values[id].bytes > 0 && !view_of[id].valid())
         arena.push_back(ValueId{static_cast<int32_t>(id)});
+    // An operand with views holds its bytes until the last of them dies.
+    std::vector<int32_t> end = last;
+    for (size_t id = 0; id < end.size(); ++id) end[id] = std::max(end[id], view_end[id]);
     // Times are node indices (or end_of_graph), so a counting sort orders them in linear time.
     auto by_time = [&](const std::vector<ValueId>& vs, const std::vector<int32_t>& time) {
       std::vector<int32_t> start(static_cast<size_t>(end_of_graph) + 2, 0);
@@ -259,7 +326,7 @@ struct Checker {
       return out;
     };
     arena = by_time(arena, first);
-    const std::vector<ValueId> by_end = by_time(arena, last);
+    const std::vector<ValueId> by_end = by_time(arena, end);
     std::multimap<int64_t, ValueId> live;  // by offset
     std::vector<std::multimap<int64_t, ValueId>::iterator> where(plan.values.size());
     size_t ended = 0;
@@ -273,7 +340,7 @@ struct Checker {
       }
     };
     for (ValueId y : arena) {
-      while (ended < by_end.size() && last[by_end[ended].id] < first[y.id]) live.erase(where[by_end[ended++].id]);
+      while (ended < by_end.size() && end[by_end[ended].id] < first[y.id]) live.erase(where[by_end[ended++].id]);
       const ValuePlan& p = plan.values[y.id];
       auto at = live.lower_bound(p.offset);
       // Below: live ranges are disjoint but for equal ones, so their ends fall as we go
@@ -292,9 +359,10 @@ struct Checker {
 }  // namespace
 
 void check_memory_plan(const Graph& g, const MemoryPlan& plan) {
-  Checker c{g, plan, {}, 0, {}, {}, {}, {}, {}};
+  Checker c{g, plan, {}, 0, {}, {}, {}, {}, {}, {}, {}};
   c.compute_liveness();
   c.find_concat_slices();
+  c.find_slice_views();
   c.check_values();
   c.check_overlaps();
 }

@@ -16,6 +16,7 @@
 
 #include "ir/calling.h"
 #include "ir/printer.h"
+#include "ir/strides.h"
 #include "passes/kernel_plan.h"
 
 namespace kiln {
@@ -41,7 +42,33 @@ struct Analysis {
   std::vector<ValuePlan> values;
   std::vector<Buffer> buffers;  // offsets not assigned yet
   int64_t concat_operands = 0;  // placed in their slices of a concat's result
+  int64_t slice_views = 0;      // slice results placed at their runs of the operand
 };
+
+// Drops the buffers emptied by moving their values into others.
+void drop_empty_buffers(Analysis& a) {
+  std::vector<int32_t> index(a.buffers.size(), -1);
+  std::vector<Buffer> kept;
+  for (size_t b = 0; b < a.buffers.size(); ++b)
+    if (!a.buffers[b].values.empty()) index[b] = static_cast<int32_t>(kept.size()), kept.push_back(std::move(a.buffers[b]));
+  for (ValuePlan& p : a.values)
+    if (p.buffer >= 0) p.buffer = index[static_cast<size_t>(p.buffer)];
+  a.buffers = std::move(kept);
+}
+
+// Moves buffer `from`'s values (one chain) into buffer `to` at `within`.
+void move_chain(Analysis& a, int32_t from, int32_t to, int64_t within) {
+  Buffer& f = a.buffers[static_cast<size_t>(from)];
+  Buffer& t = a.buffers[static_cast<size_t>(to)];
+  for (ValueId v : f.values) {
+    a.values[v.id].within = within;
+    a.values[v.id].buffer = to;
+    t.values.push_back(v);
+  }
+  t.start = std::min(t.start, f.start);
+  t.end = std::max(t.end, f.end);
+  f.values.clear();
+}
 
 // Concat operands into their slices of the result's buffer (memory_plan.h), then the
 // emptied buffers dropped. Linear in the graph.
@@ -72,28 +99,72 @@ void place_concat_operands(const Graph& g, Analysis& a, int64_t alignment) {
         continue;
       Buffer& from = a.buffers[op.buffer];
       if (from.values.empty() || from.values.back() != o) continue;
-      Buffer& to = a.buffers[rp.buffer];
-      for (ValueId v : from.values) {
-        a.values[v.id].within = at;
-        a.values[v.id].buffer = rp.buffer;
-        to.values.push_back(v);
-      }
-      to.start = std::min(to.start, from.start);
-      to.end = std::max(to.end, from.end);
-      from.values.clear();
+      move_chain(a, op.buffer, rp.buffer, at);
       hosts[rp.buffer] = true;
       moved = true;
       ++a.concat_operands;
     }
   }
-  if (!moved) return;
-  std::vector<int32_t> index(a.buffers.size(), -1);
-  std::vector<Buffer> kept;
+  if (moved) drop_empty_buffers(a);
+}
+
+// Slice results into their runs of the operand's buffer (memory_plan.h). Linear in the graph.
+void place_slice_views(const Graph& g, Analysis& a, int64_t alignment) {
+  const auto num_nodes = static_cast<int32_t>(g.nodes().size());
+  std::vector<std::vector<int32_t>> readers(g.values().size());
+  for (int32_t i = 0; i < num_nodes; ++i)
+    for (ValueId v : g.nodes()[i].operands) readers[v.id].push_back(i);
+  std::vector<bool> is_output(g.values().size(), false);
+  for (const GraphOutput& o : g.outputs()) is_output[o.value.id] = true;
+  // Per buffer, the latest start of a value in it (views moved in included).
+  std::vector<int32_t> latest(a.buffers.size(), -1);
   for (size_t b = 0; b < a.buffers.size(); ++b)
-    if (!a.buffers[b].values.empty()) index[b] = static_cast<int32_t>(kept.size()), kept.push_back(std::move(a.buffers[b]));
-  for (ValuePlan& p : a.values)
-    if (p.buffer >= 0) p.buffer = index[static_cast<size_t>(p.buffer)];
-  a.buffers = std::move(kept);
+    for (ValueId v : a.buffers[b].values) latest[b] = std::max(latest[b], a.values[v.id].start);
+  bool moved = false;
+  for (size_t id = 0; id < g.values().size(); ++id) {
+    const ValuePlan& op = a.values[id];
+    if (op.kind != BufferKind::Arena || op.buffer < 0 || is_output[id] || readers[id].empty()) continue;
+    // Nothing written over o's bytes after o (its buffer's other values came before it).
+    if (latest[static_cast<size_t>(op.buffer)] > op.start) continue;
+    struct View {
+      ValueId r;
+      int64_t at;
+    };
+    std::vector<View> views;
+    bool all = true;
+    for (int32_t i : readers[id]) {
+      const Node& n = g.nodes()[i];
+      const std::optional<int64_t> at = n.op == Op::Slice ? contiguous_slice_start(g, n) : std::nullopt;
+      const ValuePlan* rp = at ? &a.values[n.result().id] : nullptr;
+      if (!at || rp->kind != BufferKind::Arena || rp->buffer < 0 || (op.within + *at) % alignment != 0) {
+        all = false;
+        break;
+      }
+      const Buffer& rb = a.buffers[static_cast<size_t>(rp->buffer)];
+      bool own = rb.values.front() == n.result();  // heads a buffer of its own: one chain at 0
+      for (size_t k = 0; own && k < rb.values.size(); ++k) own = a.values[rb.values[k].id].within == 0;
+      if (!own) {
+        all = false;
+        break;
+      }
+      views.push_back({n.result(), *at});
+    }
+    if (!all) continue;
+    // Disjoint runs: a value written in place over one view changes no other's bytes.
+    std::sort(views.begin(), views.end(), [](const View& x, const View& y) { return x.at < y.at; });
+    bool disjoint = true;
+    for (size_t k = 1; k < views.size(); ++k)
+      disjoint = disjoint && views[k - 1].at + a.values[views[k - 1].r.id].bytes <= views[k].at;
+    if (!disjoint) continue;
+    for (const View& v : views) {
+      const auto from = static_cast<size_t>(a.values[v.r.id].buffer);
+      latest[static_cast<size_t>(op.buffer)] = std::max(latest[static_cast<size_t>(op.buffer)], latest[from]);
+      move_chain(a, static_cast<int32_t>(from), op.buffer, op.within + v.at);
+      ++a.slice_views;
+      moved = true;
+    }
+  }
+  if (moved) drop_empty_buffers(a);
 }
 
 Analysis analyze(const Graph& g, int64_t alignment) {
@@ -168,10 +239,22 @@ Analysis analyze(const Graph& g, int64_t alignment) {
     }
   }
   place_concat_operands(g, a, alignment);
+  place_slice_views(g, a, alignment);
   return a;
 }
 
 }  // namespace
+
+std::optional<int64_t> contiguous_slice_start(const Graph& g, const Node& n) {
+  if (n.op != Op::Slice || n.operands.size() != 1 || n.results.size() != 1) return std::nullopt;
+  const TensorType& in = g.type(n.operands[0]);
+  const TensorType& out = g.type(n.result());
+  if (out.numel() == 0) return std::nullopt;
+  const StridedView view = source_view(n, in.shape, out.shape);
+  const MergedDims m = merge_dims(out.shape, {view});
+  if (m.dims.size() > 1 || (m.dims.size() == 1 && m.strides[0][0] != 1)) return std::nullopt;
+  return view.base * static_cast<int64_t>(dtype_size(in.dtype));
+}
 
 std::vector<bool> gemm_folded_transposes(const Graph& g) {
   const size_t num_nodes = g.nodes().size();
@@ -383,8 +466,9 @@ MemoryPlan plan_memory(const Graph& g, const PassOptions& options) {
     }
   }
   for (const Buffer& b : a.buffers) r.in_place_values += static_cast<int64_t>(b.values.size()) - 1;
-  r.in_place_values -= a.concat_operands;  // the heads of the chains moved into concat results
+  r.in_place_values -= a.concat_operands + a.slice_views;  // heads of chains moved into other buffers
   r.concat_operands = a.concat_operands;
+  r.slice_views = a.slice_views;
   plan.values = std::move(a.values);
   plan.buffers = std::move(a.buffers);
   return plan;
@@ -406,6 +490,7 @@ std::string format_memory_report(const MemoryPlan& plan) {
       << " state updates in their state's buffer\n";
   if (r.concat_operands > 0)
     out << "concat: " << r.concat_operands << " operands in their slices of the result (nothing copied)\n";
+  if (r.slice_views > 0) out << "slice: " << r.slice_views << " results at their runs of the operand (nothing copied)\n";
   out << "external: inputs " << r.input_bytes << " bytes, state " << r.state_bytes << " bytes, constants "
       << r.constant_bytes << " bytes\n";
   return out.str();

@@ -41,6 +41,13 @@
 //    in NCHW16c alike: batch-1 channel concats), the operand is an arena value read once by
 //    the concat, the last value of a buffer of its own, and the slice starts at a multiple
 //    of the alignment. Its buffer then joins the result's, whose interval grows to cover it.
+//  - Slices as views: when every reader of an arena value o (not a graph output) is a slice
+//    whose result is one contiguous run of o's bytes (contiguous_slice_start), the runs are
+//    pairwise disjoint, nothing is written over o in place after it, and each slice result
+//    heads a buffer of its own, each result (with its in-place chain) is placed at its run
+//    of o's buffer (`within`) when that run starts at a multiple of the alignment: codegen
+//    copies nothing for it. o's buffer then lives until the last of them dies. (A
+//    data-parallel step's gradients sliced out of their summed bucket.)
 //  - A transpose of the last two axes whose every reader is a matmul (gemm_folded_transposes
 //    below) is folded by the kernel plan into those GEMMs' transpose flags: they read its
 //    source. So the source's interval also covers the transpose's readers (its end is at
@@ -50,6 +57,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,6 +100,7 @@ struct MemoryReport {
   int64_t in_place_values = 0;  // arena values written over an operand's buffer
   int64_t state_in_place = 0;   // state outputs written into their state's buffer
   int64_t concat_operands = 0;  // concat operands placed in their slices of the result
+  int64_t slice_views = 0;      // slice results placed at their runs of the operand
   int64_t input_bytes = 0, state_bytes = 0, constant_bytes = 0;  // external, for reference
 };
 
@@ -106,6 +115,10 @@ struct MemoryPlan {
 
 // Plans memory for `g` in its node order. Deterministic.
 MemoryPlan plan_memory(const Graph& g, const PassOptions& options);
+
+// For a slice node `n` of `g` whose result is one contiguous run of its operand's bytes (in
+// row-major order; not empty): the run's first byte in the operand. Otherwise nothing.
+std::optional<int64_t> contiguous_slice_start(const Graph& g, const Node& n);
 
 // Per node of `g`: whether it is a transpose of the last two axes read only by matmuls (as
 // either operand) and not a graph output, which the kernel plan folds into the GEMMs'

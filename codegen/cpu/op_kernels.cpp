@@ -74,6 +74,8 @@ void Lowerer::lower_node(const Graph& g, const Kernel& kernel, std::vector<Value
       if (same_storage(g, n.result(), n.operands[0])) return;
       return copy_bytes(out, in(0), rt.numel() * esize);
     case Op::Transpose: case Op::BroadcastTo: case Op::Slice:
+      if (n.op == Op::Slice)  // a view where the memory plan put the result at its run of the operand
+        if (auto at = contiguous_slice_start(g, n); at && same_storage(g, n.result(), n.operands[0], *at)) return;
       return copy_strided(rt.dtype, rt.shape, out, {strides_of(rt.shape), 0}, in(0),
                           source_view(n, it(0).shape, rt.shape));
     case Op::Concat: {

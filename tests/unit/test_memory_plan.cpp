@@ -7,9 +7,12 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <iostream>
 #include <random>
 
+#include "codegen/executable.h"
 #include "frontend/losses.h"
 #include "frontend/nn.h"
 #include "frontend/trace.h"
@@ -366,6 +369,85 @@ TEST_CASE("memory plan: a batch-1 concat's operands are written in their slices 
     MemoryPlan p3 = plan(g3);
     CHECK(same_buffer(p3, a3, cat3));
     CHECK_FALSE(same_buffer(p3, b3, cat3));
+  }
+}
+
+TEST_CASE("memory plan: slices of a value read only by slices are views of it", "[memory_plan]") {
+  // x -> s = exp(x) [64] -> a = s[0:16], b = s[16:64] (disjoint contiguous runs, the second
+  // at 64 bytes) -> relu(a) (in place over a: a's chain), neg(b), both outputs. Nothing
+  // copies a or b.
+  auto slice = [](Graph& g, ValueId v, int64_t start, int64_t stop) {
+    return g.add_node(Op::Slice, {v}, {{"start", std::vector<int64_t>{start}}, {"stop", std::vector<int64_t>{stop}},
+                                       {"step", std::vector<int64_t>{1}}});
+  };
+  Graph g("views");
+  ValueId x = g.add_input("x", f32({64}));
+  ValueId sx = g.add_node(Op::Exp, {x});
+  ValueId a = slice(g, sx, 0, 16);
+  ValueId b = slice(g, sx, 16, 64);
+  ValueId ra = g.add_node(Op::Relu, {a});
+  ValueId nb = g.add_node(Op::Neg, {b});
+  g.add_output("ra", ra);
+  g.add_output("nb", nb);
+  MemoryPlan p = plan(g);
+  CHECK(same_buffer(p, a, sx));
+  CHECK(same_buffer(p, b, sx));
+  CHECK(p.at(a).offset == p.at(sx).offset);
+  CHECK(p.at(b).offset == p.at(sx).offset + 64);
+  CHECK(p.report.slice_views == 2);
+  CHECK_THAT(format_memory_report(p), ContainsSubstring("slice: 2 results at their runs of the operand"));
+  // s's buffer lives until the last view's chain dies.
+  CHECK(p.buffers.at(p.at(sx).buffer).end >= p.at(ra).end);
+  REQUIRE(contiguous_slice_start(g, *g.defining_node(b)) == 64);
+  // The compiled code reads the views in place: the same values as the interpreter.
+  Tensor xs(DType::f32, {64});
+  for (int64_t i = 0; i < 64; ++i) xs.set(i, std::sin(0.3 * static_cast<double>(i)));
+  const TensorMap want = interpret(g, {{"x", xs}});
+  const TensorMap got = compile(g, CompileOptions{.target = "cpu"})->run({{"x", xs}});
+  for (const char* name : {"ra", "nb"}) {
+    REQUIRE(got.at(name).numel() == want.at(name).numel());
+    for (int64_t i = 0; i < want.at(name).numel(); ++i) CHECK(got.at(name).get(i) == want.at(name).get(i));
+  }
+
+  SECTION("another reader of s: every slice copied") {
+    Graph h("views2");
+    ValueId hx = h.add_input("x", f32({64}));
+    ValueId hs = h.add_node(Op::Exp, {hx});
+    ValueId ha = slice(h, hs, 0, 16);
+    ValueId hm = h.add_node(Op::Sum, {hs}, {{"axes", std::vector<int64_t>{}}, {"keepdims", false}});
+    h.add_output("a", h.add_node(Op::Neg, {ha}));
+    h.add_output("m", hm);
+    MemoryPlan hp = plan(h);
+    CHECK_FALSE(same_buffer(hp, ha, hs));
+    CHECK(hp.report.slice_views == 0);
+    SECTION("and a plan that makes a view anyway is rejected") {
+      MemoryPlan bad = hp;
+      move_buffer(bad, ha, bad.at(hs).offset);
+      CHECK_THROWS_WITH(check_memory_plan(h, bad), ContainsSubstring("reads it otherwise"));
+    }
+  }
+  SECTION("overlapping or unaligned runs: copied") {
+    for (auto [s0, e0, s1, e1] : {std::array<int64_t, 4>{0, 32, 16, 48}, std::array<int64_t, 4>{0, 10, 10, 64}}) {
+      Graph h("views3");
+      ValueId hx = h.add_input("x", f32({64}));
+      ValueId hs = h.add_node(Op::Exp, {hx});
+      ValueId h0 = slice(h, hs, s0, e0), h1 = slice(h, hs, s1, e1);
+      h.add_output("a", h.add_node(Op::Neg, {h0}));
+      h.add_output("b", h.add_node(Op::Neg, {h1}));
+      MemoryPlan hp = plan(h);
+      CHECK(hp.report.slice_views == 0);
+    }
+  }
+  SECTION("a strided slice is no run") {
+    Graph h("views4");
+    ValueId hx = h.add_input("x", f32({8, 8}));
+    ValueId hs = h.add_node(Op::Exp, {hx});
+    ValueId col = h.add_node(Op::Slice, {hs}, {{"start", std::vector<int64_t>{0, 0}}, {"stop", std::vector<int64_t>{8, 4}},
+                                               {"step", std::vector<int64_t>{1, 1}}});
+    ValueId row = h.add_node(Op::Slice, {hs}, {{"start", std::vector<int64_t>{2, 0}}, {"stop", std::vector<int64_t>{4, 8}},
+                                               {"step", std::vector<int64_t>{1, 1}}});
+    CHECK_FALSE(contiguous_slice_start(h, *h.defining_node(col)).has_value());
+    CHECK(contiguous_slice_start(h, *h.defining_node(row)) == 2 * 8 * 4);
   }
 }
 
