@@ -108,7 +108,8 @@ std::vector<int32_t> greedy_order(const Graph& g, TieBreak tie) {
   // The ready nodes, ordered by key; the node index last makes every key unique, so the
   // order picked does not depend on the order nodes became ready. A key changes only
   // when a value's readers left drop (see below), so the set is updated, not rescanned.
-  // The first element: 0 for a collective, 2 for a reader of one's result, 1 for the rest.
+  // The first element: 0 for a collective or a node that only feeds them, 2 for a reader of
+  // a collective's result, 1 for the rest.
   using Key = std::tuple<int, bool, int64_t, int64_t, int32_t>;
   auto key_of = [&](int32_t i) -> Key {
     int64_t freed = 0, kept = 0, recency = -1;

@@ -437,14 +437,20 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
   // Data-parallel: each rank's gradient weighted by its share of the global batch, summed
   // over the ranks in buckets.
   ValueId dp_weight;
-  // Sums `vs` over the ranks with one all_reduce, each weighted by this rank's share (`whats`
-  // name them in the notes): flattened and concatenated, those of a multiple of 16
-  // elements first (each then starts 64-byte aligned in the bucket, where the memory plan
-  // can have its product written in place instead of copied in by the concat; the order
-  // otherwise kept), summed, and sliced back; a value alone is summed as it is. The summed
-  // values, in the order of `vs`.
-  auto sum_over_ranks = [&](const std::vector<ValueId>& vs, const std::vector<std::string>& whats,
-                            const std::string& bucket) {
+  // Sums `vs` over the ranks with one all_reduce, each weighted by this rank's share: flattened
+  // and concatenated, those of a multiple of 16 elements first (each then starts 64-byte
+  // aligned in the bucket, where the memory plan can have its product written in place
+  // instead of copied in by the concat; the order otherwise kept), summed, and sliced back;
+  // a value alone is summed as it is. The notes name value i `what` + labels[i] and the
+  // bucket "a bucket of `kind` (labels...)". The summed values, in the order of `vs`.
+  auto sum_over_ranks = [&](const std::vector<ValueId>& vs, const std::vector<std::string>& labels,
+                            const std::string& what, const std::string& kind) {
+    std::vector<std::string> whats;
+    std::string names;
+    for (const std::string& l : labels) {
+      whats.push_back(what + l);
+      names += (names.empty() ? "" : ", ") + l;
+    }
     std::vector<ValueId> shares;
     for (size_t i = 0; i < vs.size(); ++i)
       shares.push_back(e.mul(dp_weight, vs[i], "data parallel: this rank's share of " + whats[i]));
@@ -460,7 +466,7 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
                      {{"shape", std::vector<int64_t>{g.type(share).numel()}}});
       flat.push_back(share);
     }
-    ValueId joined = e.op(Op::Concat, flat, "data parallel: a bucket of " + bucket, {{"axis", int64_t{0}}});
+    ValueId joined = e.op(Op::Concat, flat, "data parallel: a bucket of " + kind + " (" + names + ")", {{"axis", int64_t{0}}});
     ValueId summed = e.op(Op::AllReduce, {joined}, "data parallel: the bucket over the ranks");
     std::vector<ValueId> out(vs.size());
     int64_t at = 0;
@@ -486,14 +492,12 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
     auto flush = [&] {
       if (bucket.empty()) return;
       std::vector<ValueId> grads;
-      std::vector<std::string> whats;
-      std::string names;
+      std::vector<std::string> labels;
       for (size_t i : bucket) {
         grads.push_back(updates[i].grad);
-        whats.push_back("the gradient of %" + updates[i].name);
-        names += (names.empty() ? "%" : ", %") + updates[i].name;
+        labels.push_back("%" + updates[i].name);
       }
-      std::vector<ValueId> summed = sum_over_ranks(grads, whats, "gradients (" + names + ")");
+      std::vector<ValueId> summed = sum_over_ranks(grads, labels, "the gradient of ", "gradients");
       for (size_t k = 0; k < bucket.size(); ++k) updates[bucket[k]].grad = summed[k];
       bucket.clear();
       bytes = 0;
@@ -538,14 +542,12 @@ TrainStep make_train_step(const Graph& model, const Optimizer& optimizer,
     }
     for (const auto& [dt, members] : by_dtype) {
       std::vector<ValueId> vs;
-      std::vector<std::string> whats;
-      std::string names;
+      std::vector<std::string> labels;
       for (size_t i : members) {
         vs.push_back(model_outputs[i].second);
-        whats.push_back("'" + model_outputs[i].first + "'");
-        names += (names.empty() ? "'" : ", '") + model_outputs[i].first + "'";
+        labels.push_back("'" + model_outputs[i].first + "'");
       }
-      std::vector<ValueId> summed = sum_over_ranks(vs, whats, "outputs (" + names + ")");
+      std::vector<ValueId> summed = sum_over_ranks(vs, labels, "", "outputs");
       for (size_t k = 0; k < members.size(); ++k) model_outputs[members[k]].second = summed[k];
     }
   }
